@@ -1,0 +1,335 @@
+//! The elector: campaigns on a shared session, hands out [`Leadership`]
+//! handles that know their deadline and fire when leadership is lost.
+
+use std::sync::Arc;
+
+use tokio::sync::{Mutex, watch};
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+use crate::clock::{Clock, Instant, TokioClock};
+use crate::config::LeaseConfig;
+use crate::error::{Error, Result};
+use crate::names::{CandidateId, ElectionName};
+use crate::session::{LostReason, Session, SessionState};
+use crate::store::{FencingToken, Grant, Leader, LeaderWatch, Store};
+
+/// How many fresh sessions one campaign opens before giving up, when each
+/// ends before the campaign completes (e.g. the store expires them at once).
+const MAX_SESSIONS_PER_CAMPAIGN: usize = 3;
+
+/// Takes part in elections as one candidate, on one store, with one session
+/// (lease) shared by all its elections and reopened when it is lost.
+#[derive(Debug)]
+pub struct Elector {
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    config: LeaseConfig,
+    candidate: CandidateId,
+    session: Mutex<Option<Arc<Session>>>,
+}
+
+impl Elector {
+    /// An elector for `candidate` on `store`; fails if `config` is invalid.
+    pub fn new(store: Arc<dyn Store>, candidate: CandidateId, config: LeaseConfig) -> Result<Self> {
+        config.validate()?;
+        Ok(Elector {
+            store,
+            clock: Arc::new(TokioClock),
+            config,
+            candidate,
+            session: Mutex::new(None),
+        })
+    }
+
+    /// Uses `clock` for renewals and deadlines (simulation, tests).
+    pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// This elector's candidate id.
+    pub fn candidate(&self) -> &CandidateId {
+        &self.candidate
+    }
+
+    /// The lease timing in force.
+    pub fn config(&self) -> &LeaseConfig {
+        &self.config
+    }
+
+    /// The store elections are decided in.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// The current live session, opening a new one if there is none or the
+    /// last one ended.
+    pub async fn session(&self) -> Result<Arc<Session>> {
+        let mut current = self.session.lock().await;
+        let now = self.clock.now();
+        if let Some(session) = current
+            .as_ref()
+            .filter(|s| s.state().over_at(now).is_none())
+        {
+            return Ok(Arc::clone(session));
+        }
+        let session = Arc::new(
+            Session::open(
+                Arc::clone(&self.store),
+                Arc::clone(&self.clock),
+                self.config,
+            )
+            .await?,
+        );
+        tracing::debug!(session = %session.id(), candidate = %self.candidate, "session opened");
+        *current = Some(Arc::clone(&session));
+        Ok(session)
+    }
+
+    /// Resolves when this candidate holds `election`.
+    ///
+    /// Waits while another candidate holds it. If the session is lost while
+    /// waiting, a new one is opened and the campaign goes on. Dropping the
+    /// future withdraws the candidacy.
+    pub async fn campaign(&self, election: &ElectionName) -> Result<Leadership> {
+        let mut last_loss = None;
+        for _ in 0..MAX_SESSIONS_PER_CAMPAIGN {
+            let session = self.session().await?;
+            let outcome = tokio::select! {
+                outcome = self.store.campaign(session.id(), election, &self.candidate) => outcome,
+                reason = session.lost() => {
+                    last_loss = Some(reason);
+                    continue;
+                }
+            };
+            match outcome {
+                Ok(grant) => {
+                    tracing::info!(%election, candidate = %self.candidate, token = %grant.token, "became leader");
+                    return Leadership::start(
+                        grant,
+                        session,
+                        Arc::clone(&self.store),
+                        Arc::clone(&self.clock),
+                    )
+                    .await;
+                }
+                Err(Error::SessionExpired(_)) => {
+                    session.mark_expired();
+                    last_loss = Some(LostReason::SessionExpired);
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        Err(Error::Unavailable {
+            reason: format!(
+                "{MAX_SESSIONS_PER_CAMPAIGN} sessions in a row ended before the campaign for {election} completed \
+                 (last: {})",
+                last_loss.map_or_else(|| "unknown".to_owned(), |r| r.to_string())
+            ),
+            source: None,
+        })
+    }
+
+    /// The current leader of `election`, as the store sees it.
+    pub async fn leader(&self, election: &ElectionName) -> Result<Option<Leader>> {
+        self.store.leader(election).await
+    }
+
+    /// Watches `election`'s leader: the receiver always holds the latest known
+    /// leader (or `None`), so the final state is never missed.
+    pub async fn observe(&self, election: &ElectionName) -> Result<LeaderWatch> {
+        self.store.watch(election).await
+    }
+
+    /// Closes the session, releasing every election this elector holds.
+    pub async fn close(&self) -> Result<()> {
+        let session = self.session.lock().await.take();
+        match session {
+            Some(session) => session.close().await,
+            None => Ok(()),
+        }
+    }
+}
+
+/// This process's view of a grant: the token, the conservative deadline, and
+/// a signal that fires when leadership ends.
+///
+/// Dropping a `Leadership` without [`Leadership::resign`] releases the grant
+/// in the background.
+#[derive(Debug)]
+pub struct Leadership {
+    grant: Grant,
+    session: Arc<Session>,
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    lost: watch::Receiver<Option<LostReason>>,
+    publish: Arc<watch::Sender<Option<LostReason>>>,
+    _stop_monitor: DropGuard,
+}
+
+impl Leadership {
+    async fn start(
+        grant: Grant,
+        session: Arc<Session>,
+        store: Arc<dyn Store>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self> {
+        let (tx, rx) = watch::channel(None);
+        let publish = Arc::new(tx);
+        let stop = CancellationToken::new();
+        let holders = store.watch(&grant.election).await?;
+        let monitor = Monitor {
+            token: grant.token,
+            session: session.subscribe(),
+            holders,
+            publish: Arc::clone(&publish),
+            stop: stop.clone(),
+        };
+        tokio::spawn(monitor.run());
+        Ok(Leadership {
+            grant,
+            session,
+            store,
+            clock,
+            lost: rx,
+            publish,
+            _stop_monitor: stop.drop_guard(),
+        })
+    }
+
+    /// The fencing token of this leadership.
+    pub fn token(&self) -> FencingToken {
+        self.grant.token
+    }
+
+    /// The grant as the store made it.
+    pub fn grant(&self) -> &Grant {
+        &self.grant
+    }
+
+    /// The election held.
+    pub fn election(&self) -> &ElectionName {
+        &self.grant.election
+    }
+
+    /// Until when this leadership is valid (DESIGN rule 3); it moves forward
+    /// with every confirmed renewal.
+    pub fn deadline(&self) -> Instant {
+        self.session.deadline()
+    }
+
+    /// The session this leadership is attached to.
+    pub fn session(&self) -> &Arc<Session> {
+        &self.session
+    }
+
+    /// Whether this process may still act as leader right now: not lost,
+    /// and before the deadline by this process's clock.
+    pub fn is_leader(&self) -> bool {
+        self.lost_reason().is_none()
+    }
+
+    /// Why leadership ended, if it has. Reads the session's state directly,
+    /// so it is exact at the deadline whatever the scheduling of background
+    /// tasks.
+    pub fn lost_reason(&self) -> Option<LostReason> {
+        if let Some(reason) = self.lost.borrow().clone() {
+            return Some(reason);
+        }
+        self.session.state().over_at(self.clock.now())
+    }
+
+    /// Resolves when leadership ends, with the reason; no later than the
+    /// deadline.
+    pub async fn lost(&self) -> LostReason {
+        let mut own = self.lost.clone();
+        let mut session = self.session.subscribe();
+        loop {
+            own.borrow_and_update();
+            let deadline = session.borrow_and_update().deadline;
+            if let Some(reason) = self.lost_reason() {
+                return reason;
+            }
+            tokio::select! {
+                _ = own.changed() => {}
+                _ = session.changed() => {}
+                () = self.clock.sleep_until(deadline) => {}
+            }
+        }
+    }
+
+    /// Ends leadership locally (the lost signal fires first), then releases
+    /// the grant in the store, guarded by the token: it can never remove a
+    /// successor's grant.
+    pub async fn resign(mut self) -> Result<()> {
+        lose(&self.publish, LostReason::Resigned);
+        let grant = self.grant.clone();
+        // Prevent the Drop impl from releasing a second time.
+        self.publish = Arc::new(watch::channel(Some(LostReason::Resigned)).0);
+        self.store.resign(&grant).await
+    }
+}
+
+impl Drop for Leadership {
+    fn drop(&mut self) {
+        let was_leading = self.publish.borrow().is_none();
+        lose(&self.publish, LostReason::Resigned);
+        if !was_leading {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let (store, grant) = (Arc::clone(&self.store), self.grant.clone());
+            runtime.spawn(async move {
+                if let Err(error) = store.resign(&grant).await {
+                    tracing::debug!(election = %grant.election, %error, "release on drop failed");
+                }
+            });
+        }
+    }
+}
+
+/// Records the end of leadership; `true` if it was not already recorded.
+fn lose(publish: &watch::Sender<Option<LostReason>>, reason: LostReason) -> bool {
+    publish.send_if_modified(|lost| {
+        if lost.is_some() {
+            return false;
+        }
+        *lost = Some(reason);
+        true
+    })
+}
+
+/// Watches the store for the grant disappearing or being superseded; the
+/// session's own end and deadline are read directly by [`Leadership`].
+struct Monitor {
+    token: FencingToken,
+    session: watch::Receiver<SessionState>,
+    holders: LeaderWatch,
+    publish: Arc<watch::Sender<Option<LostReason>>>,
+    stop: CancellationToken,
+}
+
+impl Monitor {
+    async fn run(mut self) {
+        loop {
+            if self.session.borrow_and_update().ended.is_some() {
+                return;
+            }
+            let holder = self.holders.borrow_and_update().clone();
+            if holder.is_none_or(|h| h.token != self.token) {
+                if lose(&self.publish, LostReason::Superseded) {
+                    tracing::warn!(token = %self.token, "leadership lost: the store shows the grant gone or superseded");
+                }
+                return;
+            }
+            tokio::select! {
+                () = self.stop.cancelled() => return,
+                changed = self.session.changed() => if changed.is_err() { return },
+                changed = self.holders.changed() => if changed.is_err() {
+                    lose(&self.publish, LostReason::Superseded);
+                    return;
+                },
+            }
+        }
+    }
+}

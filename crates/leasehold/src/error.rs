@@ -1,0 +1,100 @@
+//! The one public error type of the library.
+
+use std::time::Duration;
+
+use crate::names::ElectionName;
+use crate::store::{FencingToken, SessionId};
+
+/// Everything that can go wrong in leasehold.
+///
+/// Each failure a caller may want to react to differently is its own variant:
+/// a lost race is not an outage, and an outage is not bad input.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The caller passed something that can never work: a bad election name,
+    /// URL, TTL or configuration. Retrying will not help.
+    #[error("invalid {what}: {reason}")]
+    InvalidInput {
+        /// What was invalid, e.g. "election name".
+        what: &'static str,
+        /// Why, in words a user can act on.
+        reason: String,
+    },
+
+    /// A guarded operation (resign, a fenced write) was made with a grant that
+    /// is no longer the current one: the election has been released, expired
+    /// or taken by a successor.
+    #[error("not the holder of election {election} (token {token})")]
+    NotHolder {
+        /// The election concerned.
+        election: ElectionName,
+        /// The token the caller presented.
+        token: FencingToken,
+    },
+
+    /// The store no longer knows the session: it expired (the store's clock
+    /// passed its TTL without a renewal) or was closed. Every grant attached
+    /// to it is gone.
+    #[error("session {0} expired")]
+    SessionExpired(SessionId),
+
+    /// The store could not be reached or did not answer in time. The state of
+    /// the store is unknown; the operation may be retried.
+    #[error("store unavailable: {reason}")]
+    Unavailable {
+        /// What failed.
+        reason: String,
+        /// The underlying cause, when there is one.
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+
+    /// The store holds data leasehold cannot read: not a leasehold store, or
+    /// damaged. Nothing was written.
+    #[error("store corrupt or not a leasehold store: {0}")]
+    Corrupt(String),
+
+    /// The store was written by a newer leasehold whose schema this version
+    /// does not understand. Nothing was written.
+    #[error(
+        "store schema version {found} is newer than this leasehold supports ({supported}); upgrade leasehold"
+    )]
+    IncompatibleSchema {
+        /// The version found in the store.
+        found: i64,
+        /// The newest version this build understands.
+        supported: i64,
+    },
+
+    /// An operation did not finish within the time the caller allowed.
+    #[error("timed out after {0:?}")]
+    Timeout(Duration),
+}
+
+impl Error {
+    pub(crate) fn invalid(what: &'static str, reason: impl Into<String>) -> Self {
+        Error::InvalidInput {
+            what,
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn unavailable(
+        reason: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Error::Unavailable {
+            reason: reason.into(),
+            source: Some(Box::new(source)),
+        }
+    }
+
+    /// Whether retrying the same operation later may succeed.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Error::Unavailable { .. } | Error::Timeout(_))
+    }
+}
+
+/// Result alias used throughout the library.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

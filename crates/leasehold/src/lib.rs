@@ -1,0 +1,45 @@
+//! leasehold: lease-based ownership (leader) election with fencing tokens.
+//!
+//! Exactly one replica of a group owns a responsibility at a time. Ownership
+//! is a *grant* attached to a *session* (a lease with a TTL, renewed in the
+//! background); the store's atomic compare-and-swap decides who gets it, and
+//! every grant carries a strictly increasing [`FencingToken`].
+//!
+//! ```
+//! # use std::{sync::Arc, time::Duration};
+//! # use leasehold::{CandidateId, ElectionName, Elector, LeaseConfig, store::memory::MemoryStore};
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> leasehold::Result<()> {
+//! let store = Arc::new(MemoryStore::new());
+//! let elector = Elector::new(store, CandidateId::new("replica-a")?, LeaseConfig::with_ttl(Duration::from_secs(2)))?;
+//! let election = ElectionName::new("nightly-billing")?;
+//!
+//! let leadership = elector.campaign(&election).await?;
+//! println!("leading with token {}", leadership.token());
+//! assert!(leadership.is_leader());
+//! leadership.resign().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! See `DESIGN.md` for the safety rules every backend and code path obeys.
+
+pub mod clock;
+mod config;
+mod elector;
+mod error;
+mod names;
+mod session;
+pub mod store;
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use config::{DEFAULT_DRIFT, DEFAULT_SKEW, DEFAULT_TTL, LeaseConfig};
+pub use elector::{Elector, Leadership};
+pub use error::{Error, Result};
+pub use names::{CandidateId, ElectionName, MAX_NAME_LEN};
+pub use session::{LostReason, Session};
+pub use store::{
+    ElectionState, FencingToken, Grant, Leader, LeaderWatch, SessionId, SessionLease, Store,
+    StoreUrl,
+};

@@ -1,0 +1,260 @@
+//! `memory:` — an in-process store, for library use and tests.
+//!
+//! Expiry runs on an injectable [`Clock`], so tests can drive it under
+//! simulated time.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+
+use crate::clock::{Clock, Instant, TokioClock};
+use crate::error::{Error, Result};
+use crate::names::{CandidateId, ElectionName};
+use crate::store::local::{self, Attempt, Changes, LocalBackend};
+use crate::store::{
+    ElectionState, FencingToken, Grant, Leader, LeaderWatch, SessionId, SessionLease, Store,
+};
+
+/// An in-process store. Cloning gives another handle to the same state.
+#[derive(Clone, Debug)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    clock: Arc<dyn Clock>,
+    state: Mutex<State>,
+    changes: watch::Sender<u64>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    next_session: u64,
+    sessions: HashMap<SessionId, Session>,
+    elections: BTreeMap<ElectionName, Election>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Session {
+    expires_at: Instant,
+    ttl: Duration,
+}
+
+#[derive(Debug, Default)]
+struct Election {
+    last_token: u64,
+    holder: Option<Grant>,
+}
+
+impl State {
+    fn alive(&self, session: SessionId, now: Instant) -> Option<Duration> {
+        self.sessions
+            .get(&session)
+            .filter(|s| s.expires_at > now)
+            .map(|s| s.expires_at - now)
+    }
+
+    fn live_holder(&self, election: &ElectionName, now: Instant) -> Option<(Grant, Duration)> {
+        let grant = self.elections.get(election)?.holder.as_ref()?;
+        let left = self.alive(grant.session, now)?;
+        Some((grant.clone(), left))
+    }
+
+    fn leader(&self, election: &ElectionName, now: Instant) -> Option<Leader> {
+        self.live_holder(election, now)
+            .map(|(grant, expires_in)| Leader {
+                candidate: grant.candidate,
+                token: grant.token,
+                expires_in,
+            })
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        MemoryStore::new()
+    }
+}
+
+impl MemoryStore {
+    /// A store whose expiry follows the host's monotonic clock.
+    pub fn new() -> Self {
+        MemoryStore::with_clock(Arc::new(TokioClock))
+    }
+
+    /// A store whose expiry follows `clock` (the store's own notion of time).
+    pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
+        MemoryStore {
+            inner: Arc::new(Inner {
+                clock,
+                state: Mutex::new(State {
+                    next_session: 1,
+                    ..State::default()
+                }),
+                changes: watch::channel(0).0,
+            }),
+        }
+    }
+}
+
+impl Inner {
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock cannot leave the maps half-updated in
+        // a way that breaks the invariants (every mutation is one assignment),
+        // so recover the guard rather than poisoning every later call.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn changed(&self) {
+        self.changes.send_modify(|v| *v = v.wrapping_add(1));
+    }
+}
+
+#[async_trait]
+impl LocalBackend for Inner {
+    fn changes(&self) -> Changes {
+        self.changes.subscribe()
+    }
+
+    async fn try_acquire(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        candidate: &CandidateId,
+    ) -> Result<Attempt> {
+        let now = self.clock.now();
+        let mut state = self.state();
+        if state.alive(session, now).is_none() {
+            return Err(Error::SessionExpired(session));
+        }
+        if let Some((holder, left)) = state.live_holder(election, now) {
+            if holder.session == session {
+                return Ok(Attempt::Granted(holder));
+            }
+            return Ok(Attempt::Held { expires_in: left });
+        }
+        let entry = state.elections.entry(election.clone()).or_default();
+        entry.last_token += 1;
+        let grant = Grant {
+            election: election.clone(),
+            candidate: candidate.clone(),
+            session,
+            token: FencingToken(entry.last_token),
+        };
+        entry.holder = Some(grant.clone());
+        drop(state);
+        self.changed();
+        Ok(Attempt::Granted(grant))
+    }
+
+    async fn read_leader(&self, election: &ElectionName) -> Result<Option<Leader>> {
+        let now = self.clock.now();
+        Ok(self.state().leader(election, now))
+    }
+
+    fn sleep(&self, duration: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        self.clock.sleep(duration)
+    }
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    async fn open_session(&self, ttl: Duration) -> Result<SessionLease> {
+        if ttl.is_zero() {
+            return Err(Error::invalid("TTL", "must be greater than zero"));
+        }
+        let now = self.inner.clock.now();
+        let mut state = self.inner.state();
+        let id = SessionId(state.next_session);
+        state.next_session += 1;
+        state.sessions.retain(|_, s| s.expires_at > now);
+        let expires_at = now + ttl;
+        state.sessions.insert(id, Session { expires_at, ttl });
+        Ok(SessionLease { id, ttl })
+    }
+
+    async fn keep_alive(&self, session: SessionId) -> Result<Duration> {
+        let now = self.inner.clock.now();
+        let mut state = self.inner.state();
+        let Some(entry) = state.sessions.get_mut(&session) else {
+            return Err(Error::SessionExpired(session));
+        };
+        if entry.expires_at <= now {
+            state.sessions.remove(&session);
+            return Err(Error::SessionExpired(session));
+        }
+        entry.expires_at = now + entry.ttl;
+        Ok(entry.ttl)
+    }
+
+    async fn close_session(&self, session: SessionId) -> Result<()> {
+        let mut state = self.inner.state();
+        state.sessions.remove(&session);
+        for election in state.elections.values_mut() {
+            if election
+                .holder
+                .as_ref()
+                .is_some_and(|g| g.session == session)
+            {
+                election.holder = None;
+            }
+        }
+        drop(state);
+        self.inner.changed();
+        Ok(())
+    }
+
+    async fn campaign(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        candidate: &CandidateId,
+    ) -> Result<Grant> {
+        local::campaign(&*self.inner, session, election, candidate).await
+    }
+
+    async fn resign(&self, grant: &Grant) -> Result<()> {
+        let now = self.inner.clock.now();
+        let mut state = self.inner.state();
+        let current = state.live_holder(&grant.election, now);
+        if current.is_none_or(|(holder, _)| holder.token != grant.token) {
+            return Err(Error::NotHolder {
+                election: grant.election.clone(),
+                token: grant.token,
+            });
+        }
+        if let Some(election) = state.elections.get_mut(&grant.election) {
+            election.holder = None;
+        }
+        drop(state);
+        self.inner.changed();
+        Ok(())
+    }
+
+    async fn leader(&self, election: &ElectionName) -> Result<Option<Leader>> {
+        self.inner.read_leader(election).await
+    }
+
+    async fn watch(&self, election: &ElectionName) -> Result<LeaderWatch> {
+        local::watch(Arc::clone(&self.inner), election).await
+    }
+
+    async fn elections(&self) -> Result<Vec<ElectionState>> {
+        let now = self.inner.clock.now();
+        let state = self.inner.state();
+        Ok(state
+            .elections
+            .keys()
+            .map(|name| ElectionState {
+                election: name.clone(),
+                leader: state.leader(name, now),
+            })
+            .collect())
+    }
+}

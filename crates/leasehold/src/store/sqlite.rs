@@ -1,0 +1,666 @@
+//! `sqlite:PATH` — the embedded store: many processes on one host share one
+//! database file.
+//!
+//! - Acquisition is one `BEGIN IMMEDIATE` transaction: SQLite's write lock is
+//!   the compare-and-swap.
+//! - Tokens come from a per-election counter that is never reset; rows are
+//!   never deleted, so tokens survive every process restarting.
+//! - Expiry runs on the host's `CLOCK_MONOTONIC`, the clock every process on
+//!   the host shares and the one the elector's deadlines use, never wall
+//!   time. Every session row is tagged with the kernel's boot id: a session
+//!   written under an earlier boot is expired (its monotonic times mean
+//!   nothing now).
+//! - Commits are fully synced (`synchronous=FULL`): a token handed out is
+//!   never handed out again, even after a power loss.
+//! - Waiters learn of grants and releases by other processes from inotify
+//!   on the database's folder (see `notify`), and of expiries by sleeping
+//!   until the holder's known expiry time: no polling period.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionBehavior, params};
+use tokio::sync::watch;
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+use crate::error::{Error, Result};
+use crate::names::{CandidateId, ElectionName};
+use crate::store::local::{self, Attempt, Changes, LocalBackend};
+use crate::store::{
+    ElectionState, FencingToken, Grant, Leader, LeaderWatch, SessionId, SessionLease, Store,
+};
+
+mod notify;
+
+/// The schema version this build writes and understands.
+const SCHEMA_VERSION: i64 = 1;
+/// `PRAGMA application_id` of a leasehold database ("LSHD").
+const APPLICATION_ID: i64 = 0x4c53_4844;
+/// How long a statement waits for another process's write lock.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+const SCHEMA: &str = "
+CREATE TABLE sessions (
+    id            INTEGER PRIMARY KEY AUTOINCREMENT,
+    boot_id       TEXT    NOT NULL,
+    expires_at_ns INTEGER NOT NULL,
+    ttl_ms        INTEGER NOT NULL,
+    pid           INTEGER NOT NULL
+);
+CREATE TABLE elections (
+    name             TEXT    PRIMARY KEY,
+    last_token       INTEGER NOT NULL,
+    holder_session   INTEGER,
+    holder_candidate TEXT,
+    holder_token     INTEGER
+) WITHOUT ROWID;
+";
+
+/// The live holder of `?1`, at monotonic time `?2` under boot `?3`.
+const LIVE_HOLDER: &str = "
+SELECT e.holder_candidate, e.holder_token, s.expires_at_ns - ?2, e.holder_session
+FROM elections e JOIN sessions s ON s.id = e.holder_session
+WHERE e.name = ?1 AND s.boot_id = ?3 AND s.expires_at_ns > ?2";
+
+/// The embedded SQLite store. Cloning gives another handle to the same
+/// connection.
+#[derive(Clone, Debug)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    db: Arc<Db>,
+    changes: watch::Sender<u64>,
+    notifier: OnceLock<()>,
+    stop_notifier: CancellationToken,
+    _stop_on_drop: DropGuard,
+}
+
+#[derive(Debug)]
+struct Db {
+    path: PathBuf,
+    conn: Mutex<Connection>,
+    boot_id: String,
+    announcer: notify::Announcer,
+}
+
+/// A live holder as read from the database.
+struct Holder {
+    candidate: String,
+    token: i64,
+    expires_in_ns: i64,
+    session: i64,
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database at `path`.
+    ///
+    /// Refuses, without writing anything, a directory, a file that is not a
+    /// SQLite database, a SQLite database that belongs to another program,
+    /// and a leasehold database of a newer schema version.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let db = Arc::new(Db::open(path.as_ref())?);
+        let stop_notifier = CancellationToken::new();
+        Ok(SqliteStore {
+            inner: Arc::new(Inner {
+                db,
+                changes: watch::channel(0).0,
+                notifier: OnceLock::new(),
+                _stop_on_drop: stop_notifier.clone().drop_guard(),
+                stop_notifier,
+            }),
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.inner.db.path
+    }
+}
+
+/// Nanoseconds on the host's `CLOCK_MONOTONIC`, shared by every process.
+fn monotonic_ns() -> i64 {
+    // CLOCK_MONOTONIC cannot fail on Linux for a valid clock id; if it ever
+    // did, 0 would make every session look expired (safe: nobody leads).
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map(|t| t.tv_sec() * 1_000_000_000 + t.tv_nsec())
+        .unwrap_or(0)
+}
+
+fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_else(|_| "unknown-boot".to_owned())
+}
+
+fn nanos(d: Duration) -> i64 {
+    i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)
+}
+
+fn duration_ns(ns: i64) -> Duration {
+    Duration::from_nanos(u64::try_from(ns).unwrap_or(0))
+}
+
+impl Db {
+    fn open(path: &Path) -> Result<Self> {
+        if path.as_os_str().is_empty() {
+            return Err(Error::invalid("sqlite path", "must not be empty"));
+        }
+        if path.is_dir() {
+            return Err(Error::invalid(
+                "sqlite path",
+                format!("{} is a directory, not a database file", path.display()),
+            ));
+        }
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let conn = Connection::open_with_flags(path, flags).map_err(|e| sql_error(path, e))?;
+        let db = Db {
+            path: path.to_owned(),
+            conn: Mutex::new(conn),
+            boot_id: boot_id(),
+            announcer: notify::Announcer::new(path),
+        };
+        db.prepare_schema()?;
+        Ok(db)
+    }
+
+    fn conn(&self) -> MutexGuard<'_, Connection> {
+        // rusqlite rolls back an open transaction when it is dropped during a
+        // panic, so the connection is consistent even if the lock is poisoned.
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn err(&self) -> impl Fn(rusqlite::Error) -> Error + '_ {
+        |e| sql_error(&self.path, e)
+    }
+
+    /// Checks what the file is before writing anything, then creates or
+    /// accepts the schema.
+    fn prepare_schema(&self) -> Result<()> {
+        let mut conn = self.conn();
+        let err = self.err();
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(&err)?;
+        // Reading the header fails with NOTADB on a file that is not SQLite;
+        // nothing has been written at that point.
+        let (app_id, version) = read_identity(&conn).map_err(&err)?;
+        self.check_identity(&conn, app_id, version)?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(&err)?;
+        conn.pragma_update(None, "synchronous", "FULL")
+            .map_err(&err)?;
+        if version == SCHEMA_VERSION {
+            return Ok(());
+        }
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(&err)?;
+        // Another process may have created the schema while we waited.
+        let (app_id, version) = read_identity(&tx).map_err(&err)?;
+        self.check_identity(&tx, app_id, version)?;
+        if version == 0 {
+            tx.execute_batch(SCHEMA).map_err(&err)?;
+            tx.pragma_update(None, "application_id", APPLICATION_ID)
+                .map_err(&err)?;
+            tx.pragma_update(None, "user_version", SCHEMA_VERSION)
+                .map_err(&err)?;
+        }
+        tx.commit().map_err(&err)
+    }
+
+    fn check_identity(&self, conn: &Connection, app_id: i64, version: i64) -> Result<()> {
+        let path = self.path.display();
+        if app_id == 0 && version == 0 {
+            let tables: i64 = conn
+                .query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
+                .map_err(self.err())?;
+            if tables > 0 {
+                return Err(Error::Corrupt(format!(
+                    "{path} is a SQLite database of another program ({tables} schema objects); \
+                     point leasehold at its own file"
+                )));
+            }
+            return Ok(());
+        }
+        if app_id != APPLICATION_ID {
+            return Err(Error::Corrupt(format!(
+                "{path} is a SQLite database of another program (application id {app_id:#x})"
+            )));
+        }
+        if version > SCHEMA_VERSION {
+            return Err(Error::IncompatibleSchema {
+                found: version,
+                supported: SCHEMA_VERSION,
+            });
+        }
+        if version < 1 {
+            return Err(Error::Corrupt(format!(
+                "{path} has leasehold's application id but schema version {version}"
+            )));
+        }
+        Ok(())
+    }
+
+    fn live_holder(
+        &self,
+        conn: &Connection,
+        election: &str,
+        now: i64,
+    ) -> rusqlite::Result<Option<Holder>> {
+        conn.query_row(LIVE_HOLDER, params![election, now, self.boot_id], |r| {
+            Ok(Holder {
+                candidate: r.get(0)?,
+                token: r.get(1)?,
+                expires_in_ns: r.get(2)?,
+                session: r.get(3)?,
+            })
+        })
+        .optional()
+    }
+
+    fn session_alive(&self, conn: &Connection, session: SessionId, now: i64) -> Result<()> {
+        let alive = conn
+            .query_row(
+                "SELECT 1 FROM sessions WHERE id = ?1 AND boot_id = ?2 AND expires_at_ns > ?3",
+                params![session_key(session), self.boot_id, now],
+                |_| Ok(()),
+            )
+            .optional()
+            .map_err(self.err())?;
+        alive.ok_or(Error::SessionExpired(session))
+    }
+
+    fn open_session(&self, ttl: Duration) -> Result<SessionLease> {
+        let ttl_ms = i64::try_from(ttl.as_nanos().div_ceil(1_000_000))
+            .map_err(|_| Error::invalid("TTL", format!("{ttl:?} is too long")))?;
+        let granted = Duration::from_millis(ttl_ms.unsigned_abs());
+        let mut conn = self.conn();
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(self.err())?;
+        let now = monotonic_ns();
+        // Sessions of an earlier boot or past their expiry can never come
+        // back; dropping them keeps the table small. Their grants are dead
+        // already (the holder query joins on live sessions).
+        tx.execute(
+            "DELETE FROM sessions WHERE boot_id <> ?1 OR expires_at_ns <= ?2",
+            params![self.boot_id, now],
+        )
+        .map_err(self.err())?;
+        let id: i64 = tx
+            .query_row(
+                "INSERT INTO sessions (boot_id, expires_at_ns, ttl_ms, pid) VALUES (?1, ?2, ?3, ?4)
+                 RETURNING id",
+                params![
+                    self.boot_id,
+                    now.saturating_add(nanos(granted)),
+                    ttl_ms,
+                    std::process::id()
+                ],
+                |r| r.get(0),
+            )
+            .map_err(self.err())?;
+        tx.commit().map_err(self.err())?;
+        Ok(SessionLease {
+            id: SessionId(id.unsigned_abs()),
+            ttl: granted,
+        })
+    }
+
+    fn keep_alive(&self, session: SessionId) -> Result<Duration> {
+        let conn = self.conn();
+        let now = monotonic_ns();
+        let ttl_ms: Option<i64> = conn
+            .query_row(
+                "UPDATE sessions SET expires_at_ns = ?3 + ttl_ms * 1000000
+                 WHERE id = ?1 AND boot_id = ?2 AND expires_at_ns > ?3
+                 RETURNING ttl_ms",
+                params![session_key(session), self.boot_id, now],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(self.err())?;
+        match ttl_ms {
+            Some(ms) => Ok(Duration::from_millis(ms.unsigned_abs())),
+            None => Err(Error::SessionExpired(session)),
+        }
+    }
+
+    fn close_session(&self, session: SessionId) -> Result<()> {
+        let mut conn = self.conn();
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(self.err())?;
+        tx.execute(
+            "UPDATE elections SET holder_session = NULL, holder_candidate = NULL, holder_token = NULL
+             WHERE holder_session = ?1",
+            params![session_key(session)],
+        )
+        .map_err(self.err())?;
+        tx.execute(
+            "DELETE FROM sessions WHERE id = ?1",
+            params![session_key(session)],
+        )
+        .map_err(self.err())?;
+        tx.commit().map_err(self.err())?;
+        self.announcer.announce();
+        Ok(())
+    }
+
+    /// One acquisition attempt; `true` with a grant that this call created.
+    fn try_acquire(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        candidate: &CandidateId,
+    ) -> Result<(Attempt, bool)> {
+        let mut conn = self.conn();
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(self.err())?;
+        let now = monotonic_ns();
+        self.session_alive(&tx, session, now)?;
+        if let Some(holder) = self
+            .live_holder(&tx, election.as_str(), now)
+            .map_err(self.err())?
+        {
+            if holder.session == session_key(session) {
+                let grant = holder.into_grant(&self.path, election, session)?;
+                return Ok((Attempt::Granted(grant), false));
+            }
+            let expires_in = duration_ns(holder.expires_in_ns);
+            return Ok((Attempt::Held { expires_in }, false));
+        }
+        let token: i64 = tx
+            .query_row(
+                "INSERT INTO elections (name, last_token, holder_session, holder_candidate, holder_token)
+                 VALUES (?1, 1, ?2, ?3, 1)
+                 ON CONFLICT (name) DO UPDATE SET
+                     last_token = last_token + 1,
+                     holder_session = excluded.holder_session,
+                     holder_candidate = excluded.holder_candidate,
+                     holder_token = last_token + 1
+                 RETURNING holder_token",
+                params![election.as_str(), session_key(session), candidate.as_str()],
+                |r| r.get(0),
+            )
+            .map_err(self.err())?;
+        tx.commit().map_err(self.err())?;
+        self.announcer.announce();
+        let grant = Grant {
+            election: election.clone(),
+            candidate: candidate.clone(),
+            session,
+            token: FencingToken(token.unsigned_abs()),
+        };
+        Ok((Attempt::Granted(grant), true))
+    }
+
+    fn resign(&self, grant: &Grant) -> Result<()> {
+        let conn = self.conn();
+        let now = monotonic_ns();
+        let released = conn
+            .execute(
+                "UPDATE elections SET holder_session = NULL, holder_candidate = NULL, holder_token = NULL
+                 WHERE name = ?1 AND holder_token = ?2 AND holder_session IN
+                     (SELECT id FROM sessions WHERE boot_id = ?3 AND expires_at_ns > ?4)",
+                params![
+                    grant.election.as_str(),
+                    token_key(grant.token),
+                    self.boot_id,
+                    now
+                ],
+            )
+            .map_err(self.err())?;
+        if released == 0 {
+            return Err(Error::NotHolder {
+                election: grant.election.clone(),
+                token: grant.token,
+            });
+        }
+        self.announcer.announce();
+        Ok(())
+    }
+
+    fn leader(&self, election: &ElectionName) -> Result<Option<Leader>> {
+        let conn = self.conn();
+        let holder = self
+            .live_holder(&conn, election.as_str(), monotonic_ns())
+            .map_err(self.err())?;
+        holder.map(|h| h.into_leader(&self.path)).transpose()
+    }
+
+    fn elections(&self) -> Result<Vec<ElectionState>> {
+        let conn = self.conn();
+        let now = monotonic_ns();
+        let mut stmt = conn
+            .prepare("SELECT name FROM elections ORDER BY name")
+            .map_err(self.err())?;
+        let names = stmt
+            .query_map([], |r| r.get::<_, String>(0))
+            .map_err(self.err())?
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(self.err())?;
+        names
+            .into_iter()
+            .map(|name| {
+                let leader = self
+                    .live_holder(&conn, &name, now)
+                    .map_err(self.err())?
+                    .map(|h| h.into_leader(&self.path))
+                    .transpose()?;
+                let election = ElectionName::new(name).map_err(|e| {
+                    Error::Corrupt(format!(
+                        "{}: stored election name: {e}",
+                        self.path.display()
+                    ))
+                })?;
+                Ok(ElectionState { election, leader })
+            })
+            .collect()
+    }
+}
+
+fn read_identity(conn: &Connection) -> rusqlite::Result<(i64, i64)> {
+    let app_id = conn.query_row("PRAGMA application_id", [], |r| r.get(0))?;
+    let version = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    Ok((app_id, version))
+}
+
+fn session_key(session: SessionId) -> i64 {
+    i64::try_from(session.0).unwrap_or(i64::MAX)
+}
+
+fn token_key(token: FencingToken) -> i64 {
+    i64::try_from(token.0).unwrap_or(i64::MAX)
+}
+
+impl Holder {
+    fn into_leader(self, path: &Path) -> Result<Leader> {
+        Ok(Leader {
+            candidate: stored_candidate(path, self.candidate)?,
+            token: FencingToken(self.token.unsigned_abs()),
+            expires_in: duration_ns(self.expires_in_ns),
+        })
+    }
+
+    fn into_grant(self, path: &Path, election: &ElectionName, session: SessionId) -> Result<Grant> {
+        Ok(Grant {
+            election: election.clone(),
+            candidate: stored_candidate(path, self.candidate)?,
+            session,
+            token: FencingToken(self.token.unsigned_abs()),
+        })
+    }
+}
+
+fn stored_candidate(path: &Path, candidate: String) -> Result<CandidateId> {
+    CandidateId::new(candidate)
+        .map_err(|e| Error::Corrupt(format!("{}: stored candidate id: {e}", path.display())))
+}
+
+fn sql_error(path: &Path, error: rusqlite::Error) -> Error {
+    let path = path.display();
+    match error.sqlite_error_code() {
+        Some(ErrorCode::NotADatabase) => Error::Corrupt(format!("{path} is not a SQLite database")),
+        Some(ErrorCode::DatabaseCorrupt) => Error::Corrupt(format!("{path} is damaged: {error}")),
+        Some(ErrorCode::CannotOpen) => Error::unavailable(format!("cannot open {path}"), error),
+        Some(ErrorCode::ReadOnly | ErrorCode::PermissionDenied) => {
+            Error::unavailable(format!("{path} is not writable"), error)
+        }
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => Error::unavailable(
+            format!("{path} stayed locked by another process for over {BUSY_TIMEOUT:?}"),
+            error,
+        ),
+        _ => Error::unavailable(format!("{path}: {error}"), error),
+    }
+}
+
+impl Inner {
+    /// Runs `op` on the blocking pool: SQLite calls may wait on the file lock.
+    async fn blocking<T: Send + 'static>(
+        &self,
+        op: impl FnOnce(&Db) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let db = Arc::clone(&self.db);
+        tokio::task::spawn_blocking(move || op(&db))
+            .await
+            .map_err(|e| Error::unavailable("sqlite worker failed", e))?
+    }
+
+    fn written(&self) {
+        self.changes.send_modify(|v| *v = v.wrapping_add(1));
+    }
+}
+
+/// Releases a grant whose campaign was dropped before it could be returned,
+/// so that a cancelled campaign never leaves the session holding the
+/// election (the [`Store`] cancellation obligation).
+struct ReleaseIfAbandoned {
+    pending: Option<tokio::task::JoinHandle<Result<(Attempt, bool)>>>,
+    db: Arc<Db>,
+}
+
+impl Drop for ReleaseIfAbandoned {
+    fn drop(&mut self) {
+        let Some(pending) = self.pending.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let db = Arc::clone(&self.db);
+        runtime.spawn(async move {
+            if let Ok(Ok((Attempt::Granted(grant), true))) = pending.await {
+                let released = tokio::task::spawn_blocking(move || db.resign(&grant)).await;
+                tracing::debug!(?released, "released the grant of a cancelled campaign");
+            }
+        });
+    }
+}
+
+#[async_trait]
+impl LocalBackend for Inner {
+    fn changes(&self) -> Changes {
+        self.notifier.get_or_init(|| {
+            notify::spawn(
+                &self.db.path,
+                self.changes.clone(),
+                self.stop_notifier.clone(),
+            );
+        });
+        self.changes.subscribe()
+    }
+
+    async fn try_acquire(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        candidate: &CandidateId,
+    ) -> Result<Attempt> {
+        let db = Arc::clone(&self.db);
+        let (election, candidate) = (election.clone(), candidate.clone());
+        let mut guard = ReleaseIfAbandoned {
+            pending: Some(tokio::task::spawn_blocking(move || {
+                db.try_acquire(session, &election, &candidate)
+            })),
+            db: Arc::clone(&self.db),
+        };
+        let pending = guard.pending.as_mut().expect("set just above");
+        let outcome = pending.await;
+        guard.pending = None;
+        let (attempt, fresh) =
+            outcome.map_err(|e| Error::unavailable("sqlite worker failed", e))??;
+        if fresh {
+            self.written();
+        }
+        Ok(attempt)
+    }
+
+    async fn read_leader(&self, election: &ElectionName) -> Result<Option<Leader>> {
+        let election = election.clone();
+        self.blocking(move |db| db.leader(&election)).await
+    }
+
+    fn sleep(&self, duration: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        // The database's clock is CLOCK_MONOTONIC, which tokio's timer follows.
+        Box::pin(tokio::time::sleep(duration))
+    }
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn open_session(&self, ttl: Duration) -> Result<SessionLease> {
+        if ttl.is_zero() {
+            return Err(Error::invalid("TTL", "must be greater than zero"));
+        }
+        self.inner.blocking(move |db| db.open_session(ttl)).await
+    }
+
+    async fn keep_alive(&self, session: SessionId) -> Result<Duration> {
+        self.inner.blocking(move |db| db.keep_alive(session)).await
+    }
+
+    async fn close_session(&self, session: SessionId) -> Result<()> {
+        self.inner
+            .blocking(move |db| db.close_session(session))
+            .await?;
+        self.inner.written();
+        Ok(())
+    }
+
+    async fn campaign(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        candidate: &CandidateId,
+    ) -> Result<Grant> {
+        local::campaign(&*self.inner, session, election, candidate).await
+    }
+
+    async fn resign(&self, grant: &Grant) -> Result<()> {
+        let owned = grant.clone();
+        self.inner.blocking(move |db| db.resign(&owned)).await?;
+        self.inner.written();
+        Ok(())
+    }
+
+    async fn leader(&self, election: &ElectionName) -> Result<Option<Leader>> {
+        self.inner.read_leader(election).await
+    }
+
+    async fn watch(&self, election: &ElectionName) -> Result<LeaderWatch> {
+        local::watch(Arc::clone(&self.inner), election).await
+    }
+
+    async fn elections(&self) -> Result<Vec<ElectionState>> {
+        self.inner.blocking(Db::elections).await
+    }
+}

@@ -1,0 +1,419 @@
+//! The conformance suite: plain async functions over [`StoreHarness`], run
+//! by every backend (see [`crate::conformance_tests`]). Each panics with a
+//! message saying which rule broke.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinSet;
+use tokio::time::{Instant, timeout};
+
+use super::{FaultyStore, StoreHarness, unique_election};
+use crate::clock::TokioClock;
+use crate::config::LeaseConfig;
+use crate::elector::Elector;
+use crate::error::Error;
+use crate::names::{CandidateId, ElectionName};
+use crate::session::LostReason;
+use crate::store::{Grant, Store};
+
+/// A TTL long enough never to expire during a test.
+const LONG_TTL: Duration = Duration::from_secs(30);
+/// The TTL of sessions a test lets expire.
+const SHORT_TTL: Duration = Duration::from_secs(1);
+/// How long a test waits for something that must happen.
+const PATIENCE: Duration = Duration::from_secs(15);
+
+fn candidate(name: &str) -> CandidateId {
+    CandidateId::new(name).expect("valid candidate id")
+}
+
+async fn within<T>(what: &str, fut: impl Future<Output = T>) -> T {
+    timeout(PATIENCE, fut)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: did not happen within {PATIENCE:?}"))
+}
+
+async fn grant_on(store: &Arc<dyn Store>, election: &ElectionName, who: &str) -> Grant {
+    let session = store.open_session(LONG_TTL).await.expect("open session");
+    within(
+        "uncontended campaign",
+        store.campaign(session.id, election, &candidate(who)),
+    )
+    .await
+    .expect("uncontended campaign succeeds")
+}
+
+/// Rule 1: among 50 concurrent candidates (each on its own handle and
+/// session) exactly one wins; after it resigns exactly one more wins.
+pub async fn one_winner_among_concurrent_candidates(harness: &dyn StoreHarness) {
+    let election = unique_election("one-winner");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut tasks = JoinSet::new();
+    for i in 0..50 {
+        let store = harness.open().await;
+        let (election, tx) = (election.clone(), tx.clone());
+        tasks.spawn(async move {
+            let session = store.open_session(LONG_TTL).await.expect("open session");
+            let grant = store
+                .campaign(session.id, &election, &candidate(&format!("c{i}")))
+                .await
+                .expect("campaign");
+            tx.send((store, grant)).expect("collector alive");
+            std::future::pending::<()>().await;
+        });
+    }
+    let (store, first) = within("a first winner", rx.recv()).await.expect("a winner");
+    // Give every other campaign time to (wrongly) complete too.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        rx.try_recv().is_err(),
+        "rule 1 broken: two of 50 concurrent candidates were granted the election"
+    );
+    let leader = store.leader(&election).await.expect("read leader");
+    assert_eq!(
+        leader.map(|l| (l.candidate, l.token)),
+        Some((first.candidate.clone(), first.token))
+    );
+    store.resign(&first).await.expect("winner resigns");
+    let (_, second) = within("a successor after resign", rx.recv())
+        .await
+        .expect("a successor");
+    assert!(second.token > first.token, "rule 2: tokens must increase");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        rx.try_recv().is_err(),
+        "rule 1 broken: a release let two waiters in"
+    );
+    tasks.abort_all();
+}
+
+/// Rule 2: 200 successive grants carry strictly increasing tokens, also
+/// across reopening a durable store.
+pub async fn tokens_strictly_increase(harness: &dyn StoreHarness) {
+    let election = unique_election("tokens");
+    let mut last = None;
+    let mut store = harness.open().await;
+    for i in 0..200 {
+        if harness.durable() && i == 100 {
+            drop(store);
+            store = harness.open().await;
+        }
+        let grant = grant_on(&store, &election, &format!("c{}", i % 3)).await;
+        if let Some(prev) = last {
+            assert!(
+                grant.token > prev,
+                "rule 2 broken: grant {i} has token {} after {prev}",
+                grant.token
+            );
+        }
+        last = Some(grant.token);
+        if i % 2 == 0 {
+            store.resign(&grant).await.expect("resign");
+        } else {
+            store.close_session(grant.session).await.expect("close");
+        }
+    }
+}
+
+/// A held election is not granted to anyone else while its session is
+/// renewed, nor before the session's TTL has passed since the holder's last
+/// renewal was sent; after that it is granted to a waiter.
+pub async fn no_takeover_before_expiry(harness: &dyn StoreHarness) {
+    let election = unique_election("expiry");
+    let holder = harness.open().await;
+    let sent = Instant::now();
+    let lease = holder.open_session(SHORT_TTL).await.expect("open");
+    let grant = within(
+        "campaign",
+        holder.campaign(lease.id, &election, &candidate("holder")),
+    )
+    .await
+    .expect("campaign");
+
+    let waiter = harness.open().await;
+    let waiting = waiter.open_session(LONG_TTL).await.expect("open");
+    let election2 = election.clone();
+    let mut contender = tokio::spawn(async move {
+        let grant = waiter
+            .campaign(waiting.id, &election2, &candidate("waiter"))
+            .await
+            .expect("campaign");
+        (Instant::now(), grant)
+    });
+
+    // Renew for three TTLs: the waiter must not get in.
+    let mut last_sent = sent;
+    let renew_until = Instant::now() + lease.ttl * 3;
+    while Instant::now() < renew_until {
+        tokio::time::sleep(lease.ttl / 4).await;
+        last_sent = Instant::now();
+        holder
+            .keep_alive(lease.id)
+            .await
+            .expect("renewal of a live session");
+        assert!(
+            !contender.is_finished(),
+            "rule 1 broken: election taken over while the holder renewed"
+        );
+    }
+    let (granted_at, successor) = within("takeover after expiry", &mut contender)
+        .await
+        .expect("contender task");
+    assert!(
+        granted_at >= last_sent + lease.ttl,
+        "rule 1 broken: taken over {:?} after the holder's last renewal, TTL is {:?}",
+        granted_at - last_sent,
+        lease.ttl
+    );
+    assert!(successor.token > grant.token);
+}
+
+/// A session whose TTL passed without renewal cannot be renewed, and its
+/// grant is gone.
+pub async fn renewal_after_expiry_fails(harness: &dyn StoreHarness) {
+    let election = unique_election("renew-expired");
+    let store = harness.open().await;
+    let lease = store.open_session(SHORT_TTL).await.expect("open");
+    store
+        .campaign(lease.id, &election, &candidate("a"))
+        .await
+        .expect("campaign");
+    tokio::time::sleep(lease.ttl + Duration::from_millis(300)).await;
+    match store.keep_alive(lease.id).await {
+        Err(Error::SessionExpired(id)) => assert_eq!(id, lease.id),
+        other => panic!("renewal after expiry must fail with SessionExpired, got {other:?}"),
+    }
+    assert_eq!(store.leader(&election).await.expect("read"), None);
+}
+
+/// Rule 6: a resign with an old token never removes a successor's grant.
+pub async fn resign_never_removes_a_successor(harness: &dyn StoreHarness) {
+    let election = unique_election("guarded-resign");
+    let a = harness.open().await;
+    let b = harness.open().await;
+    let first = grant_on(&a, &election, "a").await;
+    a.resign(&first).await.expect("first resign");
+    let second = grant_on(&b, &election, "b").await;
+    for attempt in [&first, &first] {
+        match a.resign(attempt).await {
+            Err(Error::NotHolder { token, .. }) => assert_eq!(token, first.token),
+            other => panic!("rule 6 broken: stale resign returned {other:?}"),
+        }
+    }
+    let leader = b.leader(&election).await.expect("read").expect("b leads");
+    assert_eq!(
+        leader.token, second.token,
+        "rule 6 broken: successor removed"
+    );
+    // The same holds when the old grant's session expired instead.
+    b.close_session(second.session).await.expect("close");
+    let third = grant_on(&a, &election, "a").await;
+    assert!(matches!(
+        b.resign(&second).await,
+        Err(Error::NotHolder { .. })
+    ));
+    assert_eq!(
+        a.leader(&election).await.expect("read").map(|l| l.token),
+        Some(third.token)
+    );
+}
+
+/// Observe reports leader → no leader → new leader, ending on the final
+/// state.
+pub async fn observe_sees_leader_release_and_successor(harness: &dyn StoreHarness) {
+    let election = unique_election("observe");
+    let observer = harness.open().await;
+    let mut watch = observer.watch(&election).await.expect("watch");
+    assert_eq!(*watch.borrow_and_update(), None);
+    let a = harness.open().await;
+    let first = grant_on(&a, &election, "a").await;
+    within(
+        "observer sees a",
+        watch.wait_for(|l| l.as_ref().is_some_and(|l| l.token == first.token)),
+    )
+    .await
+    .expect("watch open");
+    a.resign(&first).await.expect("resign");
+    within("observer sees no leader", watch.wait_for(Option::is_none))
+        .await
+        .expect("watch open");
+    let b = harness.open().await;
+    let second = grant_on(&b, &election, "b").await;
+    let seen = within(
+        "observer sees b",
+        watch.wait_for(|l| l.as_ref().is_some_and(|l| l.token == second.token)),
+    )
+    .await
+    .expect("watch open")
+    .clone()
+    .expect("some leader");
+    assert_eq!(seen.candidate, candidate("b"));
+    // An expiry (not a release) is observed too.
+    let lease = b.open_session(SHORT_TTL).await.expect("open");
+    b.resign(&second).await.expect("resign");
+    let third = b
+        .campaign(lease.id, &election, &candidate("short"))
+        .await
+        .expect("campaign");
+    within(
+        "observer sees the short-lived holder",
+        watch.wait_for(|l| l.as_ref().is_some_and(|l| l.token == third.token)),
+    )
+    .await
+    .expect("watch open");
+    within("observer sees the expiry", watch.wait_for(Option::is_none))
+        .await
+        .expect("watch open");
+}
+
+/// Closing a session releases every election it holds, at once.
+pub async fn closing_a_session_releases_its_grants(harness: &dyn StoreHarness) {
+    let store = harness.open().await;
+    let lease = store.open_session(LONG_TTL).await.expect("open");
+    let elections = [unique_election("close-a"), unique_election("close-b")];
+    for election in &elections {
+        store
+            .campaign(lease.id, election, &candidate("a"))
+            .await
+            .expect("campaign");
+    }
+    store.close_session(lease.id).await.expect("close");
+    for election in &elections {
+        assert_eq!(store.leader(election).await.expect("read"), None);
+    }
+    assert!(matches!(
+        store.keep_alive(lease.id).await,
+        Err(Error::SessionExpired(_))
+    ));
+    store
+        .close_session(lease.id)
+        .await
+        .expect("closing twice is fine");
+}
+
+/// A campaign dropped while waiting never ends up holding the election.
+pub async fn cancelled_campaign_does_not_hold(harness: &dyn StoreHarness) {
+    let election = unique_election("cancel");
+    let a = harness.open().await;
+    let first = grant_on(&a, &election, "a").await;
+    let b = harness.open().await;
+    let lease = b.open_session(LONG_TTL).await.expect("open");
+    let waited = timeout(
+        Duration::from_millis(300),
+        b.campaign(lease.id, &election, &candidate("b")),
+    )
+    .await;
+    assert!(
+        waited.is_err(),
+        "rule 1 broken: campaign won a held election"
+    );
+    a.resign(&first).await.expect("resign");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        b.leader(&election).await.expect("read"),
+        None,
+        "a cancelled campaign was granted the election"
+    );
+}
+
+/// Rule 7: invalid input is refused with a typed error.
+pub async fn invalid_input_is_rejected(harness: &dyn StoreHarness) {
+    let store = harness.open().await;
+    assert!(matches!(
+        store.open_session(Duration::ZERO).await,
+        Err(Error::InvalidInput { .. })
+    ));
+    for bad in ["", "/abs", ".dot", "white space", &"x".repeat(201)] {
+        assert!(matches!(
+            ElectionName::new(bad),
+            Err(Error::InvalidInput { .. })
+        ));
+    }
+    let mut config = LeaseConfig::with_ttl(Duration::from_secs(2));
+    config.renew_every = Duration::from_secs(1);
+    assert!(matches!(
+        Elector::new(Arc::clone(&store), candidate("a"), config),
+        Err(Error::InvalidInput { .. })
+    ));
+    assert!(matches!(
+        Elector::new(store, candidate("a"), LeaseConfig::with_ttl(Duration::ZERO)),
+        Err(Error::InvalidInput { .. })
+    ));
+}
+
+/// Every election the store has seen is listed, with its holder.
+pub async fn elections_are_listed(harness: &dyn StoreHarness) {
+    let store = harness.open().await;
+    let held = unique_election("list-held");
+    let free = unique_election("list-free");
+    let grant = grant_on(&store, &held, "a").await;
+    let other = grant_on(&store, &free, "b").await;
+    store.resign(&other).await.expect("resign");
+    let listed = store.elections().await.expect("list");
+    let find = |name: &ElectionName| {
+        listed
+            .iter()
+            .find(|e| &e.election == name)
+            .unwrap_or_else(|| panic!("{name} not listed"))
+    };
+    let leader = find(&held).leader.clone().expect("held has a leader");
+    assert_eq!(
+        (leader.candidate, leader.token),
+        (grant.candidate, grant.token)
+    );
+    assert_eq!(find(&free).leader, None);
+}
+
+fn short_config() -> LeaseConfig {
+    LeaseConfig::with_ttl(SHORT_TTL.max(Duration::from_secs(2)))
+}
+
+/// Rule 4: when renewals stop reaching the store, the elector's lost signal
+/// fires by the conservative deadline, which is before the store can expire
+/// the grant.
+pub async fn elector_loses_leadership_when_renewals_fail(harness: &dyn StoreHarness) {
+    let election = unique_election("elector-lost");
+    let faulty = Arc::new(FaultyStore::new(harness.open().await, Arc::new(TokioClock)));
+    let elector = Elector::new(faulty.clone(), candidate("a"), short_config()).expect("config");
+    let leadership = within("campaign", elector.campaign(&election))
+        .await
+        .expect("campaign");
+    assert!(leadership.is_leader());
+    faulty.set_unavailable(true);
+    let reason = within("lost signal", leadership.lost()).await;
+    assert!(
+        matches!(reason, LostReason::DeadlineExpired { .. }),
+        "lost for {reason:?}"
+    );
+    assert!(!leadership.is_leader());
+    assert!(Instant::now() >= leadership.deadline());
+}
+
+/// Rules 3 and 4: a partitioned leader's lost signal fires before a
+/// competitor is granted the election.
+pub async fn elector_steps_down_before_a_successor_is_granted(harness: &dyn StoreHarness) {
+    let election = unique_election("elector-handover");
+    let faulty = Arc::new(FaultyStore::new(harness.open().await, Arc::new(TokioClock)));
+    let a = Elector::new(faulty.clone(), candidate("a"), short_config()).expect("config");
+    let b = Elector::new(harness.open().await, candidate("b"), short_config()).expect("config");
+    let first = within("a campaigns", a.campaign(&election))
+        .await
+        .expect("campaign");
+    faulty.set_drop_keep_alives(true);
+    let second = within("b takes over", b.campaign(&election))
+        .await
+        .expect("campaign");
+    // Checked the moment b is granted, before anything else runs.
+    assert!(
+        !first.is_leader(),
+        "rule 4 broken: b was granted the election while a still considered itself leader"
+    );
+    assert!(Instant::now() >= first.deadline());
+    assert!(matches!(
+        first.lost_reason(),
+        Some(LostReason::DeadlineExpired { .. })
+    ));
+    assert!(second.token() > first.token());
+    second.resign().await.expect("resign");
+}

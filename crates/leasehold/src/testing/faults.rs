@@ -1,0 +1,134 @@
+//! A fault-injecting [`Store`] wrapper: the same trait, so any backend can be
+//! made slow, lossy or unavailable without mocks.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use std::sync::Mutex;
+
+use crate::clock::Clock;
+use crate::error::{Error, Result};
+use crate::names::{CandidateId, ElectionName};
+use crate::store::{ElectionState, Grant, Leader, LeaderWatch, SessionId, SessionLease, Store};
+
+/// Wraps a store and injects faults into what passes through it.
+#[derive(Debug)]
+pub struct FaultyStore {
+    inner: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    unavailable: AtomicBool,
+    drop_keep_alives: AtomicBool,
+    keep_alive_reply_delay: Mutex<Duration>,
+    keep_alives_sent: AtomicU64,
+}
+
+impl FaultyStore {
+    /// Wraps `inner`; delays are slept on `clock`.
+    pub fn new(inner: Arc<dyn Store>, clock: Arc<dyn Clock>) -> Self {
+        FaultyStore {
+            inner,
+            clock,
+            unavailable: AtomicBool::new(false),
+            drop_keep_alives: AtomicBool::new(false),
+            keep_alive_reply_delay: Mutex::new(Duration::ZERO),
+            keep_alives_sent: AtomicU64::new(0),
+        }
+    }
+
+    /// Every call fails with [`Error::Unavailable`] without reaching the
+    /// store while `on` (a partition between this client and the store).
+    pub fn set_unavailable(&self, on: bool) {
+        self.unavailable.store(on, Ordering::SeqCst);
+    }
+
+    /// Keep-alives are lost on the way to the store (never answered) while
+    /// `on`; everything else passes.
+    pub fn set_drop_keep_alives(&self, on: bool) {
+        self.drop_keep_alives.store(on, Ordering::SeqCst);
+    }
+
+    /// Keep-alive replies arrive `delay` after the store processed them.
+    pub fn set_keep_alive_reply_delay(&self, delay: Duration) {
+        *self
+            .keep_alive_reply_delay
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = delay;
+    }
+
+    /// How many keep-alives reached the store.
+    pub fn keep_alives_sent(&self) -> u64 {
+        self.keep_alives_sent.load(Ordering::SeqCst)
+    }
+
+    fn check(&self) -> Result<()> {
+        if self.unavailable.load(Ordering::SeqCst) {
+            return Err(Error::Unavailable {
+                reason: "fault injected: store unreachable".into(),
+                source: None,
+            });
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Store for FaultyStore {
+    async fn open_session(&self, ttl: Duration) -> Result<SessionLease> {
+        self.check()?;
+        self.inner.open_session(ttl).await
+    }
+
+    async fn keep_alive(&self, session: SessionId) -> Result<Duration> {
+        self.check()?;
+        if self.drop_keep_alives.load(Ordering::SeqCst) {
+            return std::future::pending().await;
+        }
+        self.keep_alives_sent.fetch_add(1, Ordering::SeqCst);
+        let outcome = self.inner.keep_alive(session).await;
+        let delay = *self
+            .keep_alive_reply_delay
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if !delay.is_zero() {
+            self.clock.sleep(delay).await;
+        }
+        outcome
+    }
+
+    async fn close_session(&self, session: SessionId) -> Result<()> {
+        self.check()?;
+        self.inner.close_session(session).await
+    }
+
+    async fn campaign(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        candidate: &CandidateId,
+    ) -> Result<Grant> {
+        self.check()?;
+        self.inner.campaign(session, election, candidate).await
+    }
+
+    async fn resign(&self, grant: &Grant) -> Result<()> {
+        self.check()?;
+        self.inner.resign(grant).await
+    }
+
+    async fn leader(&self, election: &ElectionName) -> Result<Option<Leader>> {
+        self.check()?;
+        self.inner.leader(election).await
+    }
+
+    async fn watch(&self, election: &ElectionName) -> Result<LeaderWatch> {
+        self.check()?;
+        self.inner.watch(election).await
+    }
+
+    async fn elections(&self) -> Result<Vec<ElectionState>> {
+        self.check()?;
+        self.inner.elections().await
+    }
+}

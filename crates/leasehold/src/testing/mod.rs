@@ -1,0 +1,67 @@
+//! For backend implementers and tests: the shared conformance suite every
+//! store runs, and fault-injecting wrappers (cargo feature `testing`).
+
+pub mod conformance;
+mod faults;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use async_trait::async_trait;
+
+pub use faults::FaultyStore;
+
+use crate::names::ElectionName;
+use crate::store::Store;
+
+/// Gives the conformance suite handles onto the store under test.
+#[async_trait]
+pub trait StoreHarness: Send + Sync {
+    /// A new handle onto the store under test; every handle sees the same
+    /// data (for SQLite: a new connection to the same file, as another
+    /// process would have).
+    async fn open(&self) -> Arc<dyn Store>;
+
+    /// Whether the data survives dropping every handle and opening again.
+    fn durable(&self) -> bool;
+}
+
+/// An election name no other test uses.
+pub fn unique_election(prefix: &str) -> ElectionName {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    ElectionName::new(format!("{prefix}-{}-{n}", std::process::id()))
+        .expect("test election names are valid")
+}
+
+/// Generates one `#[tokio::test]` per conformance case. `$harness` is an
+/// expression evaluating to a future of a [`StoreHarness`]; it is evaluated
+/// once per test.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($harness:expr) => {
+        $crate::conformance_tests!(@cases $harness;
+            one_winner_among_concurrent_candidates,
+            tokens_strictly_increase,
+            no_takeover_before_expiry,
+            renewal_after_expiry_fails,
+            resign_never_removes_a_successor,
+            observe_sees_leader_release_and_successor,
+            closing_a_session_releases_its_grants,
+            cancelled_campaign_does_not_hold,
+            invalid_input_is_rejected,
+            elections_are_listed,
+            elector_loses_leadership_when_renewals_fail,
+            elector_steps_down_before_a_successor_is_granted,
+        );
+    };
+    (@cases $harness:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let harness = $harness.await;
+                $crate::testing::conformance::$case(&harness).await;
+            }
+        )*
+    };
+}

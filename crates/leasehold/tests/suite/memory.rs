@@ -1,0 +1,23 @@
+//! The conformance suite on `memory:`.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use leasehold::store::Store;
+use leasehold::store::memory::MemoryStore;
+use leasehold::testing::StoreHarness;
+
+struct MemoryHarness(MemoryStore);
+
+#[async_trait]
+impl StoreHarness for MemoryHarness {
+    async fn open(&self) -> Arc<dyn Store> {
+        Arc::new(self.0.clone())
+    }
+
+    fn durable(&self) -> bool {
+        false
+    }
+}
+
+leasehold::conformance_tests!(async { MemoryHarness(MemoryStore::new()) });

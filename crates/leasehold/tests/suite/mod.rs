@@ -1,0 +1,3 @@
+mod elector_time;
+mod memory;
+mod sqlite;

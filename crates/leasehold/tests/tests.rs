@@ -1,0 +1,3 @@
+//! The library's integration tests: one binary, one module per area.
+
+mod suite;

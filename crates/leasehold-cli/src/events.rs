@@ -1,0 +1,57 @@
+//! One JSON line per event on stdout, for scripts and tests, and shared
+//! helpers for opening the store.
+
+use std::io::Write;
+use std::sync::Arc;
+
+use anyhow::Context;
+use leasehold::{Store, StoreUrl};
+use serde::Serialize;
+
+/// Nanoseconds on the host's monotonic clock (comparable across processes).
+pub fn monotonic_ns() -> i64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map(|t| t.tv_sec() * 1_000_000_000 + t.tv_nsec())
+        .unwrap_or(0)
+}
+
+#[derive(Debug, Serialize)]
+pub struct Event<'a> {
+    pub event: &'a str,
+    pub election: &'a str,
+    pub id: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub monotonic_ns: i64,
+}
+
+/// Prints `event` as one line and flushes, so a reader sees it at once.
+pub fn emit(event: &Event<'_>) -> anyhow::Result<()> {
+    let line = serde_json::to_string(event)?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{line}")?;
+    out.flush()?;
+    Ok(())
+}
+
+/// Opens the store a URL names, or the default SQLite file (creating its
+/// folder).
+pub fn open_store(url: Option<&StoreUrl>) -> anyhow::Result<Arc<dyn Store>> {
+    let url = match url {
+        Some(url) => url.clone(),
+        None => {
+            let url = StoreUrl::default_sqlite()?;
+            if let StoreUrl::Sqlite(path) = &url
+                && let Some(dir) = path.parent()
+            {
+                std::fs::create_dir_all(dir)
+                    .with_context(|| format!("cannot create {}", dir.display()))?;
+            }
+            url
+        }
+    };
+    let store = leasehold::store::open(&url).with_context(|| format!("cannot open store {url}"))?;
+    Ok(store)
+}

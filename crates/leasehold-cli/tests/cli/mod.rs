@@ -1,0 +1,3 @@
+mod campaign;
+mod harness;
+mod multi_process;

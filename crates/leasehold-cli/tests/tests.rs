@@ -1,0 +1,3 @@
+//! The `leasehold` binary's tests: real processes, real files.
+
+mod cli;

@@ -6,10 +6,10 @@ use anyhow::Context;
 use leasehold::Elector;
 
 use crate::cli::CampaignArgs;
-use crate::events::{Event, emit, monotonic_ns, open_store};
+use crate::events::{Event, emit, monotonic_ns};
 
 pub async fn run(args: CampaignArgs) -> anyhow::Result<ExitCode> {
-    let store = open_store(args.election.store.as_ref())?;
+    let store = args.election.store.open()?;
     let candidate = args.election.candidate();
     let elector = Elector::new(store, candidate.clone(), args.election.lease_config())?;
     let election = &args.election.election;

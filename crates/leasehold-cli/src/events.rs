@@ -1,12 +1,7 @@
-//! One JSON line per event on stdout, for scripts and tests, and shared
-//! helpers for opening the store.
+//! One JSON line per event on stdout, for scripts and tests.
 
-use std::io::Write;
-use std::sync::Arc;
-
-use anyhow::Context;
-use leasehold::{Store, StoreUrl};
 use serde::Serialize;
+use std::io::Write;
 
 /// Nanoseconds on the host's monotonic clock (comparable across processes).
 pub fn monotonic_ns() -> i64 {
@@ -34,24 +29,4 @@ pub fn emit(event: &Event<'_>) -> anyhow::Result<()> {
     writeln!(out, "{line}")?;
     out.flush()?;
     Ok(())
-}
-
-/// Opens the store a URL names, or the default SQLite file (creating its
-/// folder).
-pub fn open_store(url: Option<&StoreUrl>) -> anyhow::Result<Arc<dyn Store>> {
-    let url = match url {
-        Some(url) => url.clone(),
-        None => {
-            let url = StoreUrl::default_sqlite()?;
-            if let StoreUrl::Sqlite(path) = &url
-                && let Some(dir) = path.parent()
-            {
-                std::fs::create_dir_all(dir)
-                    .with_context(|| format!("cannot create {}", dir.display()))?;
-            }
-            url
-        }
-    };
-    let store = leasehold::store::open(&url).with_context(|| format!("cannot open store {url}"))?;
-    Ok(store)
 }

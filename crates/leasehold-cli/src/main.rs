@@ -1,15 +1,20 @@
 //! `leasehold`: run a command only while this replica holds an election.
 //!
 //! Exit codes: 0 success; 1 a runtime failure (store unreachable or
-//! corrupt, leadership lost); 2 bad usage or input.
+//! corrupt); 2 bad usage or input; `run` passes on its command's status
+//! (128+N for signal N) and exits 127 when the command cannot be started.
 
 use std::process::ExitCode;
 
 use clap::Parser;
 
 mod campaign;
+mod child;
 mod cli;
 mod events;
+mod guard;
+mod inspect;
+mod run;
 
 /// Bad usage or input.
 const EXIT_USAGE: u8 = 2;
@@ -17,7 +22,13 @@ const EXIT_USAGE: u8 = 2;
 const EXIT_FAILURE: u8 = 1;
 
 fn main() -> ExitCode {
-    let args = cli::Args::parse();
+    let args = match cli::Args::try_parse() {
+        Ok(args) => args,
+        Err(error) => return usage_error(&error),
+    };
+    if let cli::Command::Guard = args.command {
+        return guard::main();
+    }
     init_logging(args.verbose, args.quiet);
     match run(args) {
         Ok(code) => code,
@@ -32,29 +43,72 @@ fn main() -> ExitCode {
 }
 
 fn run(args: cli::Args) -> anyhow::Result<ExitCode> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    // One thread runs every task: the command is forked from this thread,
+    // and PR_SET_PDEATHSIG fires when the *thread* that forked exits, so it
+    // must be the one that lives as long as the process.
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async move {
         match args.command {
+            cli::Command::Run(cmd) => run::run(cmd).await,
+            cli::Command::Status(cmd) => inspect::status(cmd).await,
+            cli::Command::Observe(cmd) => inspect::observe(cmd).await,
+            cli::Command::List(cmd) => inspect::list(cmd).await,
             cli::Command::Campaign(cmd) => campaign::run(cmd).await,
+            cli::Command::Guard => Ok(guard::main()),
         }
     })
+}
+
+/// Prints help and version as clap does; any other parse error as one line
+/// naming the problem, exit 2.
+fn usage_error(error: &clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(
+        error.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        let _ = error.print();
+        return if error.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+            ExitCode::from(EXIT_USAGE)
+        } else {
+            ExitCode::SUCCESS
+        };
+    }
+    // clap's message is the first line plus indented details (such as the
+    // missing arguments); fold them into one line, without the usage block.
+    let rendered = error.render().to_string();
+    let mut lines = rendered.lines();
+    let first = lines.next().unwrap_or("invalid arguments");
+    let mut message = first.strip_prefix("error: ").unwrap_or(first).to_owned();
+    for detail in lines.take_while(|l| !l.trim().is_empty()) {
+        message.push(' ');
+        message.push_str(detail.trim());
+    }
+    if message.contains("<CMD>") {
+        message =
+            "no command to run: give it after --, as in: leasehold run --election E -- CMD [ARGS…]"
+                .into();
+    }
+    eprintln!("leasehold: {message} (see --help)");
+    ExitCode::from(EXIT_USAGE)
 }
 
 fn init_logging(verbose: u8, quiet: bool) {
     use tracing_subscriber::EnvFilter;
     let default = match (quiet, verbose) {
         (true, _) => "error",
-        (false, 0) => "warn",
-        (false, 1) => "info",
-        (false, 2) => "debug",
+        (false, 0) => "info",
+        (false, 1) => "debug",
         (false, _) => "trace",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
 }

@@ -64,3 +64,90 @@ pub fn events(stdout: &[u8]) -> Vec<Event> {
 pub fn stderr(output: &Output) -> String {
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
+
+/// A `leasehold run` (or other long-lived) process, SIGKILLed and reaped
+/// when dropped, so a failing test leaves nothing running.
+pub struct Proc {
+    pub child: std::process::Child,
+}
+
+impl Proc {
+    pub fn spawn(cmd: &mut Command) -> Self {
+        Proc {
+            child: cmd.spawn().expect("spawn leasehold"),
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        i32::try_from(self.child.id()).expect("pid fits")
+    }
+
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), signal).expect("signal");
+    }
+
+    /// Waits up to `limit` for the process to exit; its exit code.
+    pub fn wait_for_exit(
+        &mut self,
+        limit: std::time::Duration,
+    ) -> Option<std::process::ExitStatus> {
+        let until = std::time::Instant::now() + limit;
+        while std::time::Instant::now() < until {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return Some(status);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        None
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Polls `cond` every 10 ms for up to `limit`.
+pub fn wait_until(limit: std::time::Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let until = std::time::Instant::now() + limit;
+    loop {
+        if cond() {
+            return true;
+        }
+        if std::time::Instant::now() >= until {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// Whether a process is alive (a zombie counts as dead: it runs nothing).
+pub fn alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.chars().next())
+            .is_some_and(|state| state != 'Z' && state != 'X'),
+        Err(_) => false,
+    }
+}
+
+pub fn read_lines(path: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The leader's JSON as `status --json` prints it.
+pub fn status_json(store: &str, election: &str) -> Value {
+    let out = leasehold()
+        .args(["status", "--json", "--election", election, "--store", store])
+        .output()
+        .expect("spawn");
+    assert!(out.status.success(), "{}", stderr(&out));
+    serde_json::from_slice(&out.stdout).expect("status JSON")
+}

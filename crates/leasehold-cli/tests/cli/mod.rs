@@ -1,3 +1,4 @@
 mod campaign;
 mod harness;
 mod multi_process;
+mod run;

@@ -1,0 +1,285 @@
+//! `leasehold run`: campaign; while leader, supervise the command.
+
+use std::ffi::OsString;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use leasehold::{ElectionName, Elector, Leadership, LostReason};
+use nix::sys::signal::Signal;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::time::{Instant, sleep_until};
+
+use crate::child::{self, Child};
+use crate::cli::RunArgs;
+use crate::guard::Guard;
+
+/// Exit status when the command could not be started.
+const EXIT_CANNOT_START: u8 = 127;
+/// Pause before campaigning again after a transient store error.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// SIGTERM and SIGINT, caught from the start so that neither kills `run`
+/// before it has stopped its command and released the election.
+struct StopSignals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    fn install() -> anyhow::Result<Self> {
+        Ok(StopSignals {
+            term: signal(SignalKind::terminate()).context("cannot handle SIGTERM")?,
+            int: signal(SignalKind::interrupt()).context("cannot handle SIGINT")?,
+        })
+    }
+
+    async fn recv(&mut self) -> Signal {
+        tokio::select! {
+            _ = self.term.recv() => Signal::SIGTERM,
+            _ = self.int.recv() => Signal::SIGINT,
+        }
+    }
+}
+
+/// What to do after a term of leadership.
+enum Next {
+    Campaign,
+    Exit(ExitCode),
+}
+
+struct Runner {
+    elector: Elector,
+    election: ElectionName,
+    command: Vec<OsString>,
+    grace: Duration,
+    signals: StopSignals,
+    guard: Guard,
+}
+
+pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let store = args.election.store.open()?;
+    let elector = Elector::new(
+        store,
+        args.election.candidate(),
+        args.election.lease_config(),
+    )?;
+    let mut runner = Runner {
+        elector,
+        election: args.election.election.clone(),
+        command: args.command,
+        grace: args.grace,
+        signals: StopSignals::install()?,
+        guard: Guard::start()?,
+    };
+    let code = runner.serve().await;
+    if let Err(error) = runner.elector.close().await {
+        tracing::warn!(%error, "could not close the session; the store will expire it after the TTL");
+    }
+    code
+}
+
+impl Runner {
+    async fn serve(&mut self) -> anyhow::Result<ExitCode> {
+        loop {
+            let Some(leadership) = self.campaign().await? else {
+                return Ok(ExitCode::SUCCESS);
+            };
+            match self.lead(leadership).await? {
+                Next::Campaign => {}
+                Next::Exit(code) => return Ok(code),
+            }
+        }
+    }
+
+    /// Campaigns until leader (`Some`) or told to stop (`None`), logging who
+    /// leads meanwhile.
+    async fn campaign(&mut self) -> anyhow::Result<Option<Leadership>> {
+        let follower_log = match self.elector.observe(&self.election).await {
+            Ok(watch) => Some(tokio::spawn(log_leaders(
+                self.election.clone(),
+                self.elector.candidate().clone(),
+                watch,
+            ))),
+            Err(error) => {
+                tracing::warn!(%error, "cannot observe the election");
+                None
+            }
+        };
+        tracing::info!(election = %self.election, id = %self.elector.candidate(), "campaigning");
+        let outcome = loop {
+            tokio::select! {
+                outcome = self.elector.campaign(&self.election) => match outcome {
+                    Ok(leadership) => break Ok(Some(leadership)),
+                    Err(error) if error.is_transient() => {
+                        tracing::warn!(%error, retry_in = ?RETRY_AFTER, "campaign failed; retrying");
+                        tokio::select! {
+                            () = tokio::time::sleep(RETRY_AFTER) => {}
+                            signal = self.signals.recv() => {
+                                tracing::info!(%signal, "stopping while waiting to lead");
+                                break Ok(None);
+                            }
+                        }
+                    }
+                    Err(error) => break Err(anyhow::Error::new(error).context("campaign failed")),
+                },
+                signal = self.signals.recv() => {
+                    tracing::info!(%signal, "stopping while waiting to lead");
+                    break Ok(None);
+                }
+            }
+        };
+        if let Some(task) = follower_log {
+            task.abort();
+        }
+        outcome
+    }
+
+    /// Runs the command while `leadership` lasts.
+    async fn lead(&mut self, leadership: Leadership) -> anyhow::Result<Next> {
+        let token = leadership.token();
+        let env = [
+            ("LEASEHOLD_ELECTION", self.election.to_string()),
+            ("LEASEHOLD_ID", self.elector.candidate().to_string()),
+            ("LEASEHOLD_TOKEN", token.to_string()),
+        ];
+        let mut child = match child::spawn(&self.command, &env) {
+            Ok(child) => child,
+            Err(error) => {
+                let program = self
+                    .command
+                    .first()
+                    .map(|p| p.to_string_lossy().into_owned());
+                eprintln!(
+                    "leasehold: cannot run {}: {error}",
+                    program.unwrap_or_default()
+                );
+                if let Err(error) = leadership.resign().await {
+                    tracing::warn!(%error, "could not release the election");
+                }
+                return Ok(Next::Exit(ExitCode::from(EXIT_CANNOT_START)));
+            }
+        };
+        self.guard.protect(child.pgid);
+        tracing::info!(election = %self.election, id = %self.elector.candidate(), %token, pgid = child.pgid, "leading; command started");
+        let ended = self.supervise(&mut child, &leadership).await;
+        // Whatever ended the term, nothing of the command's group may keep
+        // working without a supervisor.
+        child.signal_group(Signal::SIGKILL);
+        self.guard.forget(child.pgid);
+        let (status, why) = ended?;
+        let code = child::exit_code(status);
+        match why {
+            TermEnd::Lost(reason) => {
+                tracing::warn!(election = %self.election, %token, %reason, status = code, "stepped down; campaigning again");
+                Ok(Next::Campaign)
+            }
+            TermEnd::AtRisk => {
+                release(leadership).await;
+                tracing::warn!(election = %self.election, %token, status = code, "stepped down before the deadline; campaigning again");
+                Ok(Next::Campaign)
+            }
+            TermEnd::Stopped(signal) => {
+                release(leadership).await;
+                tracing::info!(election = %self.election, %token, %signal, status = code, "stopped; election released");
+                Ok(Next::Exit(ExitCode::from(code)))
+            }
+            TermEnd::Exited => {
+                release(leadership).await;
+                tracing::info!(election = %self.election, %token, status = code, "command exited; election released");
+                Ok(Next::Exit(ExitCode::from(code)))
+            }
+        }
+    }
+
+    /// Waits for the command to exit, stopping it when leadership is lost or
+    /// at risk, or when `run` is told to stop.
+    async fn supervise(
+        &mut self,
+        child: &mut Child,
+        leadership: &Leadership,
+    ) -> anyhow::Result<(std::process::ExitStatus, TermEnd)> {
+        // When no renewal has been confirmed this long before the deadline,
+        // the command is asked to stop so that it can exit cleanly before
+        // the deadline's SIGKILL.
+        let lead = self.grace.min(self.elector.config().renew_every);
+        let mut why = TermEnd::Exited;
+        let mut kill_at: Option<Instant> = None;
+        let mut lost = false;
+        loop {
+            let deadline = leadership.deadline();
+            let at_risk = deadline.checked_sub(lead).unwrap_or(deadline);
+            let stopping = !matches!(why, TermEnd::Exited);
+            tokio::select! {
+                status = child.process.wait() => {
+                    let status = status.context("cannot wait for the command")?;
+                    return Ok((status, why));
+                }
+                reason = leadership.lost(), if !lost => {
+                    lost = true;
+                    tracing::warn!(election = %self.election, token = %leadership.token(), %reason, "leadership lost; killing the command");
+                    child.signal_group(Signal::SIGTERM);
+                    child.signal_group(Signal::SIGKILL);
+                    why = TermEnd::Lost(reason);
+                }
+                () = sleep_until(at_risk), if !stopping => {
+                    if leadership.deadline() <= deadline {
+                        tracing::warn!(election = %self.election, token = %leadership.token(),
+                            "no renewal confirmed; asking the command to stop before the lease deadline");
+                        child.signal_group(Signal::SIGTERM);
+                        kill_at = Some(deadline);
+                        why = TermEnd::AtRisk;
+                    }
+                }
+                () = sleep_until(kill_at.unwrap_or(deadline)), if kill_at.is_some() => {
+                    tracing::warn!(pgid = child.pgid, "the command did not exit in time; SIGKILL");
+                    child.signal_group(Signal::SIGKILL);
+                    kill_at = None;
+                }
+                signal = self.signals.recv(), if !stopping => {
+                    tracing::info!(%signal, grace = ?self.grace, "forwarding to the command");
+                    child.signal_group(signal);
+                    kill_at = Some((Instant::now() + self.grace).min(leadership.deadline()));
+                    why = TermEnd::Stopped(signal);
+                }
+            }
+        }
+    }
+}
+
+/// Why a term of leadership ended.
+enum TermEnd {
+    /// The command exited by itself.
+    Exited,
+    /// Leadership was lost; the command was killed.
+    Lost(LostReason),
+    /// Renewals were failing; the command was stopped before the deadline.
+    AtRisk,
+    /// `run` was told to stop; the signal was forwarded.
+    Stopped(Signal),
+}
+
+async fn release(leadership: Leadership) {
+    if let Err(error) = leadership.resign().await {
+        tracing::warn!(%error, "could not release the election");
+    }
+}
+
+async fn log_leaders(
+    election: ElectionName,
+    me: leasehold::CandidateId,
+    mut watch: leasehold::LeaderWatch,
+) {
+    loop {
+        match &*watch.borrow_and_update() {
+            Some(leader) if leader.candidate == me => {}
+            Some(leader) => {
+                tracing::info!(%election, leader = %leader.candidate, token = %leader.token, "waiting; election is led")
+            }
+            None => tracing::info!(%election, "waiting; election has no leader"),
+        }
+        if watch.changed().await.is_err() {
+            return;
+        }
+    }
+}

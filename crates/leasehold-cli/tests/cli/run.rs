@@ -1,0 +1,517 @@
+//! `leasehold run` with real processes and real signals.
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+
+use super::harness::{
+    Proc, Scratch, alive, leasehold, read_lines, status_json, stderr, wait_until,
+};
+
+const SECOND: Duration = Duration::from_secs(1);
+
+/// A replica of a service: `leasehold run` for `election` with `script`
+/// (run by sh) as the command.
+fn replica(scratch: &Scratch, id: &str, ttl: &str, script: &str) -> Proc {
+    Proc::spawn(
+        leasehold()
+            .args([
+                "run",
+                "--election",
+                "nightly-billing",
+                "--ttl",
+                ttl,
+                "--id",
+                id,
+            ])
+            .args(["--store", &scratch.store_url(), "--"])
+            .args(["sh", "-c", script])
+            .current_dir(scratch.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    )
+}
+
+/// A "billing" command: appends `run TOKEN ID PID` and the pid of a
+/// background grandchild to billing.log, then works until stopped.
+const BILLING: &str = r#"echo "run $LEASEHOLD_TOKEN $LEASEHOLD_ID $$" >> billing.log
+sleep 600 & echo "grandchild $!" >> billing.log
+wait"#;
+
+fn runs(scratch: &Scratch) -> Vec<(u64, String, i32)> {
+    read_lines(&scratch.path("billing.log"))
+        .iter()
+        .filter_map(|l| {
+            let mut f = l.strip_prefix("run ")?.split(' ');
+            Some((
+                f.next()?.parse().ok()?,
+                f.next()?.to_owned(),
+                f.next()?.parse().ok()?,
+            ))
+        })
+        .collect()
+}
+
+fn grandchildren(scratch: &Scratch) -> Vec<i32> {
+    read_lines(&scratch.path("billing.log"))
+        .iter()
+        .filter_map(|l| l.strip_prefix("grandchild ")?.parse().ok())
+        .collect()
+}
+
+/// Worked example 1: three replicas, one billing run at a time; SIGKILL of
+/// the leading runner kills its whole command group at once, and another
+/// replica runs the job after about the TTL, with a higher token.
+#[test]
+fn worked_example_1_one_scheduler_and_failover_after_sigkill() {
+    let scratch = Scratch::new();
+    let mut replicas: Vec<(String, Proc)> = ["a", "b", "c"]
+        .iter()
+        .map(|id| (id.to_string(), replica(&scratch, id, "2s", BILLING)))
+        .collect();
+    assert!(wait_until(10 * SECOND, || runs(&scratch).len() == 1
+        && grandchildren(&scratch).len() == 1));
+    std::thread::sleep(SECOND);
+    let first = runs(&scratch);
+    assert_eq!(first.len(), 1, "the job ran twice: {first:?}");
+    let (token, leader_id, child_pid) = first[0].clone();
+    let grandchild = grandchildren(&scratch)[0];
+    assert!(alive(child_pid) && alive(grandchild));
+
+    let at = replicas
+        .iter()
+        .position(|(id, _)| *id == leader_id)
+        .expect("leader is a replica");
+    let (_, leader) = replicas.remove(at);
+    let killed_at = Instant::now();
+    leader.signal(Signal::SIGKILL);
+    let mut gone_at = None;
+    let mut second_at = None;
+    assert!(
+        wait_until(15 * SECOND, || {
+            if gone_at.is_none() && !alive(child_pid) && !alive(grandchild) {
+                gone_at = Some(Instant::now());
+            }
+            if second_at.is_none() && runs(&scratch).len() >= 2 {
+                second_at = Some(Instant::now());
+            }
+            gone_at.is_some() && second_at.is_some()
+        }),
+        "child gone: {gone_at:?}, successor ran: {second_at:?}"
+    );
+    let (gone_at, second_at) = (gone_at.expect("set"), second_at.expect("set"));
+    assert!(
+        gone_at - killed_at < SECOND,
+        "orphan: the killed runner's command group lived {:?} on",
+        gone_at - killed_at
+    );
+    assert!(gone_at <= second_at, "two schedulers at once");
+    let all = runs(&scratch);
+    assert_eq!(all.len(), 2, "{all:?}");
+    assert!(all[1].0 > token, "the successor's token must be higher");
+    assert_ne!(all[1].1, leader_id);
+    drop(leader);
+}
+
+/// SIGTERM to the leader: the command gets the signal, the election is
+/// released, and a waiting replica runs within a fraction of the TTL.
+#[test]
+fn sigterm_hands_over_without_waiting_for_the_ttl() {
+    let scratch = Scratch::new();
+    let script = r#"trap 'echo "stopped $LEASEHOLD_TOKEN" >> billing.log; exit 0' TERM
+echo "run $LEASEHOLD_TOKEN $LEASEHOLD_ID $$" >> billing.log
+while :; do sleep 0.05; done"#;
+    let mut a = replica(&scratch, "a", "30s", script);
+    assert!(wait_until(10 * SECOND, || runs(&scratch).len() == 1));
+    let b = replica(&scratch, "b", "30s", script);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(runs(&scratch).len(), 1);
+    let sent = Instant::now();
+    a.signal(Signal::SIGTERM);
+    assert!(
+        wait_until(10 * SECOND, || runs(&scratch).len() == 2),
+        "no handover"
+    );
+    let took = sent.elapsed();
+    assert!(took < 10 * SECOND, "handover took {took:?} with a 30s TTL");
+    let status = a.wait_for_exit(10 * SECOND).expect("a exits");
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "the command trapped TERM and exited 0"
+    );
+    let log = read_lines(&scratch.path("billing.log"));
+    assert!(log.iter().any(|l| l == "stopped 1"), "{log:?}");
+    assert_eq!(runs(&scratch)[1].1, "b");
+    drop(b);
+}
+
+/// The command's own exit: `run` exits with its status and releases at once.
+#[test]
+fn the_commands_exit_status_is_passed_on_and_the_election_released() {
+    let scratch = Scratch::new();
+    for (script, code) in [("exit 0", 0), ("exit 3", 3), ("kill -USR1 $$", 128 + 10)] {
+        let out = leasehold()
+            .args([
+                "run",
+                "--election",
+                "job",
+                "--ttl",
+                "60s",
+                "--store",
+                &scratch.store_url(),
+            ])
+            .args(["--", "sh", "-c", script])
+            .output()
+            .expect("spawn");
+        assert_eq!(out.status.code(), Some(code), "{script}: {}", stderr(&out));
+        let status = status_json(&scratch.store_url(), "job");
+        assert!(
+            status["leader"].is_null(),
+            "{script}: not released: {status}"
+        );
+    }
+}
+
+/// The command sees its election, id and token.
+#[test]
+fn the_command_gets_election_id_and_token() {
+    let scratch = Scratch::new();
+    let out = leasehold()
+        .args(["run", "--election", "env-check", "--id", "replica-7"])
+        .env("LEASEHOLD_STORE", scratch.store_url())
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "echo $LEASEHOLD_ELECTION $LEASEHOLD_ID $LEASEHOLD_TOKEN",
+        ])
+        .output()
+        .expect("spawn");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "env-check replica-7 1"
+    );
+}
+
+#[test]
+fn bad_input_exits_2_with_one_line() {
+    let scratch = Scratch::new();
+    let store = scratch.store_url();
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["run", "--election", "a", "--store", &store],
+            "no command to run",
+        ),
+        (
+            &["run", "--election", "a", "--store", &store, "--"],
+            "no command to run",
+        ),
+        (&["run", "--store", &store, "--", "true"], "--election"),
+        (
+            &[
+                "run",
+                "--election",
+                "a",
+                "--store",
+                "zookeeper://x",
+                "--",
+                "true",
+            ],
+            "unknown scheme",
+        ),
+        (
+            &[
+                "run",
+                "--election",
+                "a",
+                "--store",
+                &store,
+                "--ttl",
+                "soon",
+                "--",
+                "true",
+            ],
+            "--ttl",
+        ),
+        (
+            &[
+                "run",
+                "--election",
+                "a",
+                "--store",
+                &store,
+                "--grace=-1s",
+                "--",
+                "true",
+            ],
+            "--grace",
+        ),
+        (
+            &[
+                "run",
+                "--election",
+                "a",
+                "--store",
+                &store,
+                "--ttl",
+                "3s",
+                "--renew-every",
+                "2s",
+                "--",
+                "true",
+            ],
+            "at least twice the renewal period",
+        ),
+        (
+            &[
+                "run",
+                "--election",
+                "no spaces",
+                "--store",
+                &store,
+                "--",
+                "true",
+            ],
+            "invalid election name",
+        ),
+    ];
+    for (args, needle) in cases {
+        let out = leasehold().args(*args).output().expect("spawn");
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+        assert_eq!(
+            err.trim_end().lines().count(),
+            1,
+            "{args:?}: not one line: {err}"
+        );
+    }
+}
+
+#[test]
+fn a_command_that_cannot_start_exits_127_and_releases() {
+    let scratch = Scratch::new();
+    let not_executable = scratch.path("script.sh");
+    std::fs::write(&not_executable, "#!/bin/sh\necho hi\n").expect("write");
+    for program in ["/no/such/program", not_executable.to_str().expect("utf-8")] {
+        let out = leasehold()
+            .args([
+                "run",
+                "--election",
+                "job",
+                "--ttl",
+                "60s",
+                "--store",
+                &scratch.store_url(),
+            ])
+            .args(["--", program])
+            .output()
+            .expect("spawn");
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(127), "{program}: {err}");
+        assert!(
+            err.contains("cannot run") && err.contains(program),
+            "{program}: {err}"
+        );
+        assert!(status_json(&scratch.store_url(), "job")["leader"].is_null());
+    }
+}
+
+#[test]
+fn a_corrupt_store_exits_1_without_a_panic() {
+    let scratch = Scratch::new();
+    let file = scratch.path("garbage.db");
+    std::fs::write(&file, vec![0x42u8; 4096]).expect("write");
+    let out = leasehold()
+        .args([
+            "run",
+            "--election",
+            "job",
+            "--store",
+            &format!("sqlite:{}", file.display()),
+        ])
+        .args(["--", "true"])
+        .output()
+        .expect("spawn");
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("not a SQLite database"), "{err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("backtrace"),
+        "{err}"
+    );
+}
+
+/// Twenty replicas whose command runs briefly: each leads once, in turn,
+/// never two at a time, with increasing tokens.
+#[test]
+fn twenty_replicas_take_turns() {
+    let scratch = Scratch::new();
+    let script = r#"mkdir running.lock 2>/dev/null || echo "OVERLAP $LEASEHOLD_ID" >> turns.log
+echo "turn $LEASEHOLD_TOKEN $LEASEHOLD_ID" >> turns.log
+sleep 0.05
+rmdir running.lock"#;
+    let mut replicas: Vec<Proc> = (0..20)
+        .map(|i| {
+            Proc::spawn(
+                leasehold()
+                    .args([
+                        "run",
+                        "--election",
+                        "turns",
+                        "--ttl",
+                        "10s",
+                        "--id",
+                        &format!("r{i}"),
+                    ])
+                    .args(["--store", &scratch.store_url(), "--", "sh", "-c", script])
+                    .current_dir(scratch.dir.path())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null()),
+            )
+        })
+        .collect();
+    for replica in &mut replicas {
+        let status = replica
+            .wait_for_exit(60 * SECOND)
+            .expect("every replica gets its turn");
+        assert!(status.success());
+    }
+    let log = read_lines(&scratch.path("turns.log"));
+    assert!(!log.iter().any(|l| l.starts_with("OVERLAP")), "{log:?}");
+    let turns: Vec<(u64, String)> = log
+        .iter()
+        .filter_map(|l| {
+            let mut f = l.strip_prefix("turn ")?.split(' ');
+            Some((f.next()?.parse().ok()?, f.next()?.to_owned()))
+        })
+        .collect();
+    assert_eq!(turns.len(), 20);
+    let mut ids: Vec<_> = turns.iter().map(|t| t.1.clone()).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 20, "every replica leads exactly once");
+    assert!(
+        turns.windows(2).all(|w| w[1].0 > w[0].0),
+        "tokens must increase: {turns:?}"
+    );
+}
+
+/// A runner stopped (SIGSTOP) past its TTL loses leadership; on SIGCONT it
+/// kills its command at once (the deadline has passed) and stays in the
+/// pool as a follower.
+#[test]
+fn a_runner_that_lost_leadership_kills_its_command_and_campaigns_again() {
+    let scratch = Scratch::new();
+    let a = replica(&scratch, "a", "1s", BILLING);
+    assert!(wait_until(10 * SECOND, || runs(&scratch).len() == 1
+        && grandchildren(&scratch).len() == 1));
+    let b = replica(&scratch, "b", "1s", BILLING);
+    let (_, _, a_child) = runs(&scratch)[0].clone();
+    let a_grandchild = grandchildren(&scratch)[0];
+    a.signal(Signal::SIGSTOP);
+    assert!(
+        wait_until(10 * SECOND, || runs(&scratch).len() == 2),
+        "b never took over"
+    );
+    a.signal(Signal::SIGCONT);
+    assert!(
+        wait_until(5 * SECOND, || !alive(a_child) && !alive(a_grandchild)),
+        "the ex-leader's command survived the loss of leadership"
+    );
+    // a is still a replica: when b goes, a leads again.
+    b.signal(Signal::SIGTERM);
+    assert!(
+        wait_until(10 * SECOND, || runs(&scratch).len() == 3),
+        "a did not campaign again"
+    );
+    let all = runs(&scratch);
+    assert_eq!(all[2].1, "a");
+    assert!(all[2].0 > all[1].0 && all[1].0 > all[0].0);
+    drop((a, b));
+}
+
+/// `status --json`, `observe` and `list --json` print exactly the shapes of
+/// DESIGN.md, fields in that order.
+#[test]
+fn status_observe_and_list_print_the_documented_json() {
+    let scratch = Scratch::new();
+    let store = scratch.store_url();
+    let status_line = || {
+        let out = leasehold()
+            .args([
+                "status",
+                "--json",
+                "--election",
+                "nightly-billing",
+                "--store",
+                &store,
+            ])
+            .output()
+            .expect("spawn");
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    assert_eq!(
+        status_line(),
+        r#"{"election":"nightly-billing","leader":null}"#
+    );
+
+    let mut observer = Proc::spawn(
+        leasehold()
+            .args([
+                "observe",
+                "--election",
+                "nightly-billing",
+                "--store",
+                &store,
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null()),
+    );
+    let stdout = observer.child.stdout.take().expect("stdout");
+    let reader = std::thread::spawn(move || {
+        use std::io::BufRead;
+        std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .collect::<Vec<String>>()
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    // The command lives 1.5 s, then exits: the election is released.
+    let mut leader = replica(&scratch, "shape-leader", "30s", "sleep 1.5");
+    assert!(wait_until(5 * SECOND, || status_line().contains("shape-leader")));
+    let line = status_line();
+    let prefix =
+        r#"{"election":"nightly-billing","leader":{"id":"shape-leader","token":1,"expires_in_ms":"#;
+    assert!(line.starts_with(prefix) && line.ends_with("}}"), "{line}");
+    let ms: u64 = line[prefix.len()..line.len() - 2]
+        .parse()
+        .expect("a number of ms");
+    assert!(ms <= 30_000);
+    let list = leasehold()
+        .args(["list", "--json", "--store", &store])
+        .output()
+        .expect("spawn");
+    let list = String::from_utf8_lossy(&list.stdout);
+    assert!(list.starts_with(&format!("[{prefix}")), "{list}");
+    assert!(
+        leader
+            .wait_for_exit(10 * SECOND)
+            .is_some_and(|s| s.success())
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    observer.signal(Signal::SIGTERM);
+    assert!(
+        observer
+            .wait_for_exit(5 * SECOND)
+            .is_some_and(|s| s.success())
+    );
+    let lines = reader.join().expect("reader");
+    assert_eq!(lines.len(), 3, "null, leader, null: {lines:?}");
+    assert_eq!(lines[0], r#"{"election":"nightly-billing","leader":null}"#);
+    assert!(lines[1].starts_with(prefix), "{}", lines[1]);
+    assert_eq!(lines[2], lines[0]);
+}

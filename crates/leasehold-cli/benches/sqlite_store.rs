@@ -14,11 +14,7 @@ use leasehold::store::Store;
 use leasehold::store::sqlite::SqliteStore;
 use leasehold::{CandidateId, ElectionName};
 
-fn monotonic_ns() -> i64 {
-    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-        .map(|t| t.tv_sec() * 1_000_000_000 + t.tv_nsec())
-        .unwrap_or(0)
-}
+use leasehold::clock::host_monotonic_ns as monotonic_ns;
 
 struct Stats {
     name: &'static str,

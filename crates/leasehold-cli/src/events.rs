@@ -3,12 +3,7 @@
 use serde::Serialize;
 use std::io::Write;
 
-/// Nanoseconds on the host's monotonic clock (comparable across processes).
-pub fn monotonic_ns() -> i64 {
-    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-        .map(|t| t.tv_sec() * 1_000_000_000 + t.tv_nsec())
-        .unwrap_or(0)
-}
+pub use leasehold::clock::host_monotonic_ns as monotonic_ns;
 
 #[derive(Debug, Serialize)]
 pub struct Event<'a> {

@@ -356,6 +356,7 @@ sleep 0.05
 rmdir running.lock"#;
     let mut replicas: Vec<Proc> = (0..20)
         .map(|i| {
+            let log = std::fs::File::create(scratch.path(&format!("r{i}.err"))).expect("log file");
             Proc::spawn(
                 leasehold()
                     .args([
@@ -370,15 +371,16 @@ rmdir running.lock"#;
                     .args(["--store", &scratch.store_url(), "--", "sh", "-c", script])
                     .current_dir(scratch.dir.path())
                     .stdout(Stdio::null())
-                    .stderr(Stdio::null()),
+                    .stderr(log),
             )
         })
         .collect();
-    for replica in &mut replicas {
+    for (i, replica) in replicas.iter_mut().enumerate() {
         let status = replica
             .wait_for_exit(60 * SECOND)
             .expect("every replica gets its turn");
-        assert!(status.success());
+        let err = std::fs::read_to_string(scratch.path(&format!("r{i}.err"))).unwrap_or_default();
+        assert!(status.success(), "replica r{i}: {status}: {err}");
     }
     let log = read_lines(&scratch.path("turns.log"));
     assert!(!log.iter().any(|l| l.starts_with("OVERLAP")), "{log:?}");
@@ -514,4 +516,79 @@ fn status_observe_and_list_print_the_documented_json() {
     assert_eq!(lines[0], r#"{"election":"nightly-billing","leader":null}"#);
     assert!(lines[1].starts_with(prefix), "{}", lines[1]);
     assert_eq!(lines[2], lines[0]);
+}
+
+/// A command that ignores SIGTERM gets SIGKILL after --grace; the election
+/// is released and `run` reports the kill.
+#[test]
+fn a_command_ignoring_sigterm_is_killed_after_the_grace_period() {
+    let scratch = Scratch::new();
+    let mut runner = Proc::spawn(
+        leasehold()
+            .args([
+                "run",
+                "--election",
+                "stubborn",
+                "--ttl",
+                "30s",
+                "--grace",
+                "300ms",
+            ])
+            .args(["--store", &scratch.store_url(), "--"])
+            .args([
+                "sh",
+                "-c",
+                "trap '' TERM; echo ready > ready; while :; do sleep 0.05; done",
+            ])
+            .current_dir(scratch.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    assert!(wait_until(10 * SECOND, || scratch.path("ready").exists()));
+    let sent = Instant::now();
+    runner.signal(Signal::SIGTERM);
+    let status = runner.wait_for_exit(10 * SECOND).expect("run exits");
+    assert!(
+        sent.elapsed() >= Duration::from_millis(300),
+        "killed before the grace period"
+    );
+    assert_eq!(
+        status.code(),
+        Some(128 + 9),
+        "the command was ended by SIGKILL"
+    );
+    assert!(status_json(&scratch.store_url(), "stubborn")["leader"].is_null());
+}
+
+/// A waiting replica says who leads, and says so again when it changes.
+#[test]
+fn a_follower_logs_who_leads() {
+    let scratch = Scratch::new();
+    let leader = replica(&scratch, "the-leader", "30s", BILLING);
+    assert!(wait_until(10 * SECOND, || runs(&scratch).len() == 1));
+    let mut follower = Proc::spawn(
+        leasehold()
+            .args([
+                "run",
+                "--election",
+                "nightly-billing",
+                "--id",
+                "the-follower",
+            ])
+            .args(["--store", &scratch.store_url(), "--", "true"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped()),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    follower.signal(Signal::SIGTERM);
+    assert!(
+        follower
+            .wait_for_exit(10 * SECOND)
+            .is_some_and(|s| s.success())
+    );
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut follower.child.stderr.take().expect("stderr"), &mut err)
+        .expect("read");
+    assert!(err.contains("leader=the-leader"), "{err}");
+    drop(leader);
 }

@@ -27,6 +27,7 @@ use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionB
 use tokio::sync::watch;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+use crate::clock::host_monotonic_ns as monotonic_ns;
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
 use crate::store::local::{self, Attempt, Changes, LocalBackend};
@@ -124,15 +125,6 @@ impl SqliteStore {
     }
 }
 
-/// Nanoseconds on the host's `CLOCK_MONOTONIC`, shared by every process.
-fn monotonic_ns() -> i64 {
-    // CLOCK_MONOTONIC cannot fail on Linux for a valid clock id; if it ever
-    // did, 0 would make every session look expired (safe: nobody leads).
-    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
-        .map(|t| t.tv_sec() * 1_000_000_000 + t.tv_nsec())
-        .unwrap_or(0)
-}
-
 fn boot_id() -> String {
     std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
         .map(|s| s.trim().to_owned())
@@ -168,8 +160,20 @@ impl Db {
             boot_id: boot_id(),
             announcer: notify::Announcer::new(path),
         };
-        db.prepare_schema()?;
-        Ok(db)
+        // Some steps of opening (switching to WAL while another process
+        // does the same, WAL recovery) report "busy" at once instead of
+        // waiting in SQLite's busy handler; retry them for a while.
+        let started = std::time::Instant::now();
+        let mut pause = Duration::from_millis(2);
+        loop {
+            match db.prepare_schema() {
+                Err(error) if is_busy(&error) && started.elapsed() < BUSY_TIMEOUT => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(50));
+                }
+                outcome => return outcome.map(|()| db),
+            }
+        }
     }
 
     fn conn(&self) -> MutexGuard<'_, Connection> {
@@ -190,22 +194,22 @@ impl Db {
         conn.busy_timeout(BUSY_TIMEOUT).map_err(&err)?;
         // Reading the header fails with NOTADB on a file that is not SQLite;
         // nothing has been written at that point.
-        let (app_id, version) = read_identity(&conn).map_err(&err)?;
-        self.check_identity(&conn, app_id, version)?;
+        let identity = read_identity(&conn).map_err(&err)?;
+        self.check_identity(identity)?;
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(&err)?;
         conn.pragma_update(None, "synchronous", "FULL")
             .map_err(&err)?;
-        if version == SCHEMA_VERSION {
+        if identity.version == SCHEMA_VERSION {
             return Ok(());
         }
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(&err)?;
         // Another process may have created the schema while we waited.
-        let (app_id, version) = read_identity(&tx).map_err(&err)?;
-        self.check_identity(&tx, app_id, version)?;
-        if version == 0 {
+        let identity = read_identity(&tx).map_err(&err)?;
+        self.check_identity(identity)?;
+        if identity.version == 0 {
             tx.execute_batch(SCHEMA).map_err(&err)?;
             tx.pragma_update(None, "application_id", APPLICATION_ID)
                 .map_err(&err)?;
@@ -215,12 +219,14 @@ impl Db {
         tx.commit().map_err(&err)
     }
 
-    fn check_identity(&self, conn: &Connection, app_id: i64, version: i64) -> Result<()> {
+    fn check_identity(&self, identity: Identity) -> Result<()> {
+        let Identity {
+            app_id,
+            version,
+            objects: tables,
+        } = identity;
         let path = self.path.display();
         if app_id == 0 && version == 0 {
-            let tables: i64 = conn
-                .query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
-                .map_err(self.err())?;
             if tables > 0 {
                 return Err(Error::Corrupt(format!(
                     "{path} is a SQLite database of another program ({tables} schema objects); \
@@ -468,10 +474,46 @@ impl Db {
     }
 }
 
-fn read_identity(conn: &Connection) -> rusqlite::Result<(i64, i64)> {
-    let app_id = conn.query_row("PRAGMA application_id", [], |r| r.get(0))?;
-    let version = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
-    Ok((app_id, version))
+fn is_busy(error: &Error) -> bool {
+    let Error::Unavailable {
+        source: Some(source),
+        ..
+    } = error
+    else {
+        return false;
+    };
+    source.downcast_ref::<rusqlite::Error>().is_some_and(|e| {
+        matches!(
+            e.sqlite_error_code(),
+            Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked)
+        )
+    })
+}
+
+/// `(application_id, user_version, schema objects)`, read in one statement
+/// so that all three come from the same snapshot even while another
+/// process is creating the schema.
+fn read_identity(conn: &Connection) -> rusqlite::Result<Identity> {
+    conn.query_row(
+        "SELECT (SELECT application_id FROM pragma_application_id()),
+                (SELECT user_version FROM pragma_user_version()),
+                (SELECT count(*) FROM sqlite_master)",
+        [],
+        |r| {
+            Ok(Identity {
+                app_id: r.get(0)?,
+                version: r.get(1)?,
+                objects: r.get(2)?,
+            })
+        },
+    )
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Identity {
+    app_id: i64,
+    version: i64,
+    objects: i64,
 }
 
 fn session_key(session: SessionId) -> i64 {
@@ -515,10 +557,9 @@ fn sql_error(path: &Path, error: rusqlite::Error) -> Error {
         Some(ErrorCode::ReadOnly | ErrorCode::PermissionDenied) => {
             Error::unavailable(format!("{path} is not writable"), error)
         }
-        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => Error::unavailable(
-            format!("{path} stayed locked by another process for over {BUSY_TIMEOUT:?}"),
-            error,
-        ),
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => {
+            Error::unavailable(format!("{path} is locked by another process"), error)
+        }
         _ => Error::unavailable(format!("{path}: {error}"), error),
     }
 }

@@ -156,3 +156,24 @@ async fn a_session_from_an_earlier_boot_is_expired() {
 fn rusqlite_conn(path: &std::path::Path) -> rusqlite::Connection {
     rusqlite::Connection::open(path).expect("open with rusqlite")
 }
+
+/// Many processes starting at once on a new file: every open succeeds
+/// (regression: reading the schema identity across two statements saw a
+/// half-created schema, and switching to WAL reported "busy" at once).
+#[test]
+fn concurrent_first_opens_all_succeed() {
+    for round in 0..5 {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("leasehold.db");
+        let barrier = std::sync::Barrier::new(16);
+        std::thread::scope(|s| {
+            for _ in 0..16 {
+                s.spawn(|| {
+                    barrier.wait();
+                    SqliteStore::open(&path)
+                        .unwrap_or_else(|e| panic!("round {round}: concurrent open failed: {e}"));
+                });
+            }
+        });
+    }
+}

@@ -592,3 +592,46 @@ fn a_follower_logs_who_leads() {
     assert!(err.contains("leader=the-leader"), "{err}");
     drop(leader);
 }
+
+/// Renewals that cannot reach the store (here: another process holds the
+/// SQLite write lock) make the leader stop its command before its lease
+/// deadline — SIGTERM first — and campaign again once the store is back.
+#[test]
+fn a_leader_whose_renewals_fail_stops_its_command_before_the_deadline() {
+    let scratch = Scratch::new();
+    let script = r#"trap 'echo "term $LEASEHOLD_TOKEN" >> billing.log; exit 0' TERM
+echo "run $LEASEHOLD_TOKEN $LEASEHOLD_ID $$" >> billing.log
+while :; do sleep 0.02; done"#;
+    let runner = replica(&scratch, "a", "2s", script);
+    assert!(wait_until(10 * SECOND, || runs(&scratch).len() == 1));
+    let (_, _, child) = runs(&scratch)[0].clone();
+    {
+        let db = rusqlite::Connection::open(scratch.path("leasehold.db")).expect("open");
+        db.execute_batch("BEGIN EXCLUSIVE")
+            .expect("take the write lock");
+        let locked_at = Instant::now();
+        assert!(
+            wait_until(5 * SECOND, || !alive(child)),
+            "the command outlived failing renewals"
+        );
+        // TTL 2s: renewals every ~667ms, deadline 2s·0.99 − 100ms after the
+        // last one sent. The command must be gone within that.
+        assert!(
+            locked_at.elapsed() < 2 * SECOND,
+            "stopped only after {:?}",
+            locked_at.elapsed()
+        );
+        let log = read_lines(&scratch.path("billing.log"));
+        assert!(
+            log.contains(&"term 1".to_owned()),
+            "no SIGTERM before the kill: {log:?}"
+        );
+        db.execute_batch("ROLLBACK").expect("release the lock");
+    }
+    assert!(
+        wait_until(15 * SECOND, || runs(&scratch).len() == 2),
+        "did not lead again"
+    );
+    assert_eq!(runs(&scratch)[1].0, 2);
+    drop(runner);
+}

@@ -9,7 +9,7 @@ use crate::cli::CampaignArgs;
 use crate::events::{Event, emit, monotonic_ns};
 
 pub async fn run(args: CampaignArgs) -> anyhow::Result<ExitCode> {
-    let store = args.election.store.open()?;
+    let store = args.election.store.open().await?;
     let candidate = args.election.candidate();
     let elector = Elector::new(store, candidate.clone(), args.election.lease_config())?;
     let election = &args.election.election;

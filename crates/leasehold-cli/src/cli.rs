@@ -57,7 +57,7 @@ pub enum Command {
 /// Where elections are decided.
 #[derive(Debug, ClapArgs)]
 pub struct StoreArgs {
-    /// The store URL: sqlite:PATH or memory:.
+    /// The store URL: sqlite:PATH, etcd://HOST:PORT[,HOST:PORT…][/PREFIX] or memory:.
     /// [default: sqlite:$XDG_STATE_HOME/leasehold/leasehold.db]
     #[arg(long, env = "LEASEHOLD_STORE", value_parser = parse_store)]
     pub store: Option<StoreUrl>,
@@ -65,7 +65,7 @@ pub struct StoreArgs {
 
 impl StoreArgs {
     /// Opens the store, or the default SQLite file (creating its folder).
-    pub fn open(&self) -> anyhow::Result<Arc<dyn Store>> {
+    pub async fn open(&self) -> anyhow::Result<Arc<dyn Store>> {
         let url = match &self.store {
             Some(url) => url.clone(),
             None => {
@@ -79,7 +79,9 @@ impl StoreArgs {
                 url
             }
         };
-        leasehold::store::open(&url).with_context(|| format!("cannot open store {url}"))
+        leasehold::store::open(&url)
+            .await
+            .with_context(|| format!("cannot open store {url}"))
     }
 }
 

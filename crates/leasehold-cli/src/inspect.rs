@@ -54,7 +54,7 @@ fn print_line(line: &str) -> anyhow::Result<()> {
 }
 
 pub async fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
-    let store = args.store.open()?;
+    let store = args.store.open().await?;
     let leader = store.leader(&args.election).await?;
     let status = Status::new(&args.election, leader.as_ref());
     if args.json {
@@ -66,7 +66,7 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub async fn observe(args: ObserveArgs) -> anyhow::Result<ExitCode> {
-    let store = args.store.open()?;
+    let store = args.store.open().await?;
     let mut watch = store.watch(&args.election).await?;
     let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -85,7 +85,7 @@ pub async fn observe(args: ObserveArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub async fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
-    let store = args.store.open()?;
+    let store = args.store.open().await?;
     let elections = store.elections().await?;
     let statuses: Vec<Status<'_>> = elections
         .iter()

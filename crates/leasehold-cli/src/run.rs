@@ -58,7 +58,7 @@ struct Runner {
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
-    let store = args.election.store.open()?;
+    let store = args.election.store.open().await?;
     let elector = Elector::new(
         store,
         args.election.candidate(),

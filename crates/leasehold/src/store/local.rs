@@ -13,7 +13,7 @@ use tokio::sync::watch;
 
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
-use crate::store::{Grant, Leader, LeaderWatch, SessionId};
+use crate::store::{Grant, Leader, LeaderWatch, SessionId, publish_leader};
 
 /// Bumped whenever anything in the store may have changed.
 pub(crate) type Changes = watch::Receiver<u64>;
@@ -107,17 +107,7 @@ pub(crate) async fn watch<B: LocalBackend>(
             changes.borrow_and_update();
             match backend.read_leader(&election).await {
                 Ok(leader) => {
-                    tx.send_if_modified(|seen| {
-                        let same = match (&*seen, &leader) {
-                            (Some(a), Some(b)) => a.same_grant(b),
-                            (None, None) => true,
-                            _ => false,
-                        };
-                        if !same {
-                            seen.clone_from(&leader);
-                        }
-                        !same
-                    });
+                    publish_leader(&tx, leader.clone());
                     current = leader;
                 }
                 Err(error) => {

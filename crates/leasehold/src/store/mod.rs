@@ -10,6 +10,8 @@ use tokio::sync::watch;
 use crate::error::Result;
 use crate::names::{CandidateId, ElectionName};
 
+#[cfg(feature = "etcd")]
+pub mod etcd;
 mod local;
 pub mod memory;
 #[cfg(feature = "sqlite")]
@@ -17,6 +19,11 @@ pub mod sqlite;
 mod url;
 
 pub use url::{StoreUrl, open};
+
+/// The key prefix of the etcd store when its URL names none.
+pub(crate) const fn etcd_default_prefix() -> &'static str {
+    "/leasehold"
+}
 
 /// Identifies one session (lease) in one store. Never reused by the store.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -153,4 +160,20 @@ pub trait Store: Send + Sync + fmt::Debug {
 
     /// Every election the store knows, with its current leader.
     async fn elections(&self) -> Result<Vec<ElectionState>>;
+}
+
+/// Publishes `leader` on a [`LeaderWatch`] sender if it is another grant
+/// than the one published (a renewal alone is not a change).
+pub(crate) fn publish_leader(tx: &watch::Sender<Option<Leader>>, leader: Option<Leader>) {
+    tx.send_if_modified(|seen| {
+        let same = match (&*seen, &leader) {
+            (Some(a), Some(b)) => a.same_grant(b),
+            (None, None) => true,
+            _ => false,
+        };
+        if !same {
+            *seen = leader;
+        }
+        !same
+    });
 }

@@ -17,9 +17,43 @@ pub enum StoreUrl {
     Memory,
     /// `sqlite:PATH` — the embedded store in the file at `PATH`.
     Sqlite(PathBuf),
+    /// `etcd://host:port[,host:port…][/prefix]` — an etcd v3 cluster.
+    Etcd {
+        /// `host:port` of each member to try.
+        endpoints: Vec<String>,
+        /// Where leasehold's keys live (default `/leasehold`).
+        prefix: String,
+    },
 }
 
-const SCHEMES: &str = "sqlite:PATH or memory:";
+const SCHEMES: &str = "sqlite:PATH, etcd://HOST:PORT[,HOST:PORT…][/PREFIX] or memory:";
+
+fn parse_etcd(url: &str, rest: &str) -> Result<StoreUrl> {
+    let bad = |reason: String| Error::invalid("store URL", format!("{url:?}: {reason}"));
+    let rest = rest
+        .strip_prefix("//")
+        .ok_or_else(|| bad("expected etcd://HOST:PORT[,HOST:PORT…][/PREFIX]".into()))?;
+    let (hosts, prefix) = match rest.find('/') {
+        Some(i) => (&rest[..i], rest[i..].trim_end_matches('/').to_owned()),
+        None => (rest, String::new()),
+    };
+    let mut endpoints = Vec::new();
+    for host in hosts.split(',') {
+        let Some((name, port)) = host.rsplit_once(':') else {
+            return Err(bad(format!("endpoint {host:?} has no :PORT")));
+        };
+        if name.is_empty() || port.parse::<u16>().is_err() {
+            return Err(bad(format!("endpoint {host:?} is not HOST:PORT")));
+        }
+        endpoints.push(host.to_owned());
+    }
+    let prefix = if prefix.is_empty() {
+        crate::store::etcd_default_prefix().to_owned()
+    } else {
+        prefix
+    };
+    Ok(StoreUrl::Etcd { endpoints, prefix })
+}
 
 impl StoreUrl {
     /// The default store: `sqlite:$XDG_STATE_HOME/leasehold/leasehold.db`,
@@ -72,7 +106,8 @@ impl FromStr for StoreUrl {
                 }
                 Ok(StoreUrl::Sqlite(PathBuf::from(path)))
             }
-            "etcd" | "zk" | "postgres" | "postgresql" => Err(Error::invalid(
+            "etcd" => parse_etcd(url, rest),
+            "zk" | "postgres" | "postgresql" => Err(Error::invalid(
                 "store URL",
                 format!("the {scheme}: store is not available in this build yet; use {SCHEMES}"),
             )),
@@ -89,12 +124,15 @@ impl fmt::Display for StoreUrl {
         match self {
             StoreUrl::Memory => f.write_str("memory:"),
             StoreUrl::Sqlite(path) => write!(f, "sqlite:{}", path.display()),
+            StoreUrl::Etcd { endpoints, prefix } => {
+                write!(f, "etcd://{}{prefix}", endpoints.join(","))
+            }
         }
     }
 }
 
-/// Opens the store a URL names.
-pub fn open(url: &StoreUrl) -> Result<Arc<dyn Store>> {
+/// Opens the store a URL names (connecting to it, for a remote store).
+pub async fn open(url: &StoreUrl) -> Result<Arc<dyn Store>> {
     match url {
         StoreUrl::Memory => Ok(Arc::new(MemoryStore::new())),
         #[cfg(feature = "sqlite")]
@@ -103,6 +141,15 @@ pub fn open(url: &StoreUrl) -> Result<Arc<dyn Store>> {
         StoreUrl::Sqlite(_) => Err(Error::invalid(
             "store URL",
             "this build of leasehold has no sqlite support (cargo feature \"sqlite\")",
+        )),
+        #[cfg(feature = "etcd")]
+        StoreUrl::Etcd { endpoints, prefix } => Ok(Arc::new(
+            crate::store::etcd::EtcdStore::connect(endpoints, prefix).await?,
+        )),
+        #[cfg(not(feature = "etcd"))]
+        StoreUrl::Etcd { .. } => Err(Error::invalid(
+            "store URL",
+            "this build of leasehold has no etcd support (cargo feature \"etcd\")",
         )),
     }
 }
@@ -126,6 +173,20 @@ mod tests {
             "sqlite:rel.db".parse::<StoreUrl>().ok(),
             Some(StoreUrl::Sqlite("rel.db".into()))
         );
+        assert_eq!(
+            "etcd://10.0.0.1:2379,10.0.0.2:2379/team/jobs/".parse::<StoreUrl>().ok(),
+            Some(StoreUrl::Etcd {
+                endpoints: vec!["10.0.0.1:2379".into(), "10.0.0.2:2379".into()],
+                prefix: "/team/jobs".into()
+            })
+        );
+        assert_eq!(
+            "etcd://localhost:2379".parse::<StoreUrl>().ok(),
+            Some(StoreUrl::Etcd {
+                endpoints: vec!["localhost:2379".into()],
+                prefix: "/leasehold".into()
+            })
+        );
     }
 
     #[test]
@@ -136,7 +197,11 @@ mod tests {
             ("redis://x", "unknown scheme \"redis\""),
             ("sqlite:", "names no file"),
             ("memory:foo", "takes no path"),
-            ("etcd://127.0.0.1:2379", "not available"),
+            ("zk://127.0.0.1:2181", "not available"),
+            ("etcd:127.0.0.1:2379", "expected etcd://"),
+            ("etcd://127.0.0.1", "no :PORT"),
+            ("etcd://127.0.0.1:x", "not HOST:PORT"),
+            ("etcd://a:1,,b:2", "no :PORT"),
         ] {
             let err = url.parse::<StoreUrl>().expect_err(url).to_string();
             assert!(err.contains(needle), "{url:?}: {err}");
@@ -145,7 +210,7 @@ mod tests {
 
     #[test]
     fn display_round_trips() {
-        for url in ["memory:", "sqlite:/a/b.db"] {
+        for url in ["memory:", "sqlite:/a/b.db", "etcd://h:1,k:2/p"] {
             let parsed: StoreUrl = url.parse().expect("valid");
             assert_eq!(parsed.to_string(), url);
         }

@@ -2,6 +2,8 @@
 //! store runs, and fault-injecting wrappers (cargo feature `testing`).
 
 pub mod conformance;
+#[cfg(feature = "etcd")]
+mod etcd_cluster;
 mod faults;
 
 use std::sync::Arc;
@@ -9,6 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
 
+#[cfg(feature = "etcd")]
+pub use etcd_cluster::EtcdCluster;
 pub use faults::FaultyStore;
 
 use crate::names::ElectionName;

@@ -1,3 +1,4 @@
 mod elector_time;
+mod etcd;
 mod memory;
 mod sqlite;

@@ -174,7 +174,9 @@ mod tests {
             Some(StoreUrl::Sqlite("rel.db".into()))
         );
         assert_eq!(
-            "etcd://10.0.0.1:2379,10.0.0.2:2379/team/jobs/".parse::<StoreUrl>().ok(),
+            "etcd://10.0.0.1:2379,10.0.0.2:2379/team/jobs/"
+                .parse::<StoreUrl>()
+                .ok(),
             Some(StoreUrl::Etcd {
                 endpoints: vec!["10.0.0.1:2379".into(), "10.0.0.2:2379".into()],
                 prefix: "/team/jobs".into()

@@ -73,10 +73,22 @@ impl EtcdCluster {
             .arg(&member.name)
             .arg("--data-dir")
             .arg(self.dir.join(&member.name))
-            .arg(format!("--listen-client-urls=http://127.0.0.1:{}", member.client_port))
-            .arg(format!("--advertise-client-urls=http://127.0.0.1:{}", member.client_port))
-            .arg(format!("--listen-peer-urls=http://127.0.0.1:{}", member.peer_port))
-            .arg(format!("--initial-advertise-peer-urls=http://127.0.0.1:{}", member.peer_port))
+            .arg(format!(
+                "--listen-client-urls=http://127.0.0.1:{}",
+                member.client_port
+            ))
+            .arg(format!(
+                "--advertise-client-urls=http://127.0.0.1:{}",
+                member.client_port
+            ))
+            .arg(format!(
+                "--listen-peer-urls=http://127.0.0.1:{}",
+                member.peer_port
+            ))
+            .arg(format!(
+                "--initial-advertise-peer-urls=http://127.0.0.1:{}",
+                member.peer_port
+            ))
             .arg(format!("--initial-cluster={}", initial.join(",")))
             .arg(format!("--initial-cluster-state={state}"))
             .arg(format!("--initial-cluster-token={}", self.token))
@@ -115,7 +127,11 @@ impl EtcdCluster {
 
     /// A store URL for the whole cluster with `prefix`.
     pub fn url(&self, prefix: &str) -> String {
-        format!("etcd://{}/{}", self.endpoints().join(","), prefix.trim_start_matches('/'))
+        format!(
+            "etcd://{}/{}",
+            self.endpoints().join(","),
+            prefix.trim_start_matches('/')
+        )
     }
 
     /// Member `i`'s process id, while it runs.
@@ -181,5 +197,7 @@ fn http_get(port: u16, path: &str) -> Option<String> {
     write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
     let mut response = String::new();
     stream.read_to_string(&mut response).ok()?;
-    response.split_once("\r\n\r\n").map(|(_, body)| body.to_owned())
+    response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
 }

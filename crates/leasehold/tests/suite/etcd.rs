@@ -35,3 +35,201 @@ async fn harness() -> EtcdHarness {
 }
 
 leasehold::conformance_tests!(harness());
+
+use std::time::Duration;
+
+use leasehold::testing::unique_election;
+use leasehold::{CandidateId, Elector, LeaseConfig};
+use nix::sys::signal::Signal;
+use tokio::time::Instant;
+
+async fn cluster() -> EtcdCluster {
+    tokio::task::spawn_blocking(|| EtcdCluster::start(3))
+        .await
+        .expect("cluster start")
+}
+
+async fn elector(endpoints: &[String], id: &str, ttl: Duration) -> Elector {
+    let store = EtcdStore::connect(endpoints, "/faults")
+        .await
+        .expect("connect");
+    Elector::new(
+        Arc::new(store),
+        CandidateId::new(id).expect("id"),
+        LeaseConfig::with_ttl(ttl),
+    )
+    .expect("config")
+}
+
+/// Drives a member fault while `a` leads and `b` campaigns: whatever
+/// happens, `b` is never granted while `a` still considers itself leader,
+/// and `a`'s leadership either survives or ends by its deadline.
+async fn leader_under_member_fault(
+    fault: impl FnOnce(&mut EtcdCluster),
+    heal: impl FnOnce(&mut EtcdCluster),
+) {
+    let mut cluster = cluster().await;
+    let election = unique_election("member-fault");
+    let ttl = Duration::from_secs(2);
+    let a = elector(&cluster.endpoints(), "a", ttl).await;
+    let b = elector(&cluster.endpoints(), "b", ttl).await;
+    let first = a.campaign(&election).await.expect("a campaigns");
+    let contender = {
+        let election = election.clone();
+        async move { b.campaign(&election).await.map(|l| (Instant::now(), l, b)) }
+    };
+    tokio::pin!(contender);
+    let window = tokio::time::sleep(ttl * 4);
+    tokio::pin!(window);
+    fault(&mut cluster);
+    let outcome = tokio::select! {
+        granted = &mut contender => Some(granted.expect("b's campaign")),
+        () = &mut window => None,
+    };
+    match outcome {
+        None => assert!(
+            first.is_leader(),
+            "a neither kept nor handed over leadership: {:?}",
+            first.lost_reason()
+        ),
+        Some((_, second, _)) => {
+            // Checked the moment b is granted.
+            assert!(
+                !first.is_leader(),
+                "two leaders: b was granted while a still led"
+            );
+            assert!(second.token() > first.token());
+        }
+    }
+    heal(&mut cluster);
+    cluster.wait_ready(Duration::from_secs(30));
+}
+
+/// SIGKILL of a member (and its restart) while a candidate leads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_killed_while_a_candidate_leads() {
+    leader_under_member_fault(|c| c.kill(0), |c| c.restart(0)).await;
+}
+
+/// A member paused with SIGSTOP, then resumed, while a candidate leads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_paused_while_a_candidate_leads() {
+    leader_under_member_fault(
+        |c| c.signal(0, Signal::SIGSTOP),
+        |c| c.signal(0, Signal::SIGCONT),
+    )
+    .await;
+}
+
+/// A client that can reach only a member that is then killed loses
+/// leadership by its deadline; a client of the other members takes over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_with_its_only_member_steps_down_first() {
+    let mut cluster = cluster().await;
+    let election = unique_election("cut-off");
+    let ttl = Duration::from_secs(2);
+    let endpoints = cluster.endpoints();
+    let a = elector(&endpoints[..1], "a", ttl).await;
+    let b = elector(&endpoints[1..], "b", ttl).await;
+    let first = a.campaign(&election).await.expect("a campaigns");
+    cluster.kill(0);
+    let second = tokio::time::timeout(ttl * 5, b.campaign(&election))
+        .await
+        .expect("b takes over within the bound")
+        .expect("b's campaign");
+    assert!(
+        !first.is_leader(),
+        "two leaders: a still led when b was granted"
+    );
+    assert!(second.token() > first.token());
+}
+
+const KV_CALLS: [&str; 2] = [
+    r#"grpc_server_handled_total{grpc_code="OK",grpc_method="Range""#,
+    r#"grpc_server_handled_total{grpc_code="OK",grpc_method="Txn""#,
+];
+
+fn kv_calls(cluster: &EtcdCluster) -> f64 {
+    KV_CALLS.iter().map(|s| cluster.metric_sum(s)).sum()
+}
+
+/// With 100 waiting candidates, a handover costs a handful of requests and
+/// watch events, not one per waiter: each waiter watches only its
+/// predecessor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handover_among_100_waiters_touches_only_the_next_in_line() {
+    let cluster = cluster().await;
+    let election = unique_election("herd");
+    let store: Arc<dyn Store> = Arc::new(
+        EtcdStore::connect(&cluster.endpoints(), "/herd")
+            .await
+            .expect("connect"),
+    );
+    let holder = store
+        .open_session(Duration::from_secs(60))
+        .await
+        .expect("open");
+    let first = store
+        .campaign(
+            holder.id,
+            &election,
+            &CandidateId::new("holder").expect("id"),
+        )
+        .await
+        .expect("campaign");
+    let (tx, mut granted) = tokio::sync::mpsc::unbounded_channel();
+    let mut waiters = tokio::task::JoinSet::new();
+    for i in 0..100 {
+        let (store, election, tx) = (Arc::clone(&store), election.clone(), tx.clone());
+        waiters.spawn(async move {
+            let lease = store
+                .open_session(Duration::from_secs(60))
+                .await
+                .expect("open");
+            let grant = store
+                .campaign(
+                    lease.id,
+                    &election,
+                    &CandidateId::new(format!("w{i}")).expect("id"),
+                )
+                .await
+                .expect("campaign");
+            tx.send(grant).expect("collector");
+            std::future::pending::<()>().await;
+        });
+    }
+    // Let every waiter reach its watch.
+    let settle = || {
+        let c = &cluster;
+        async move {
+            let mut last = kv_calls(c);
+            loop {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                let now = kv_calls(c);
+                if now == last {
+                    return now;
+                }
+                last = now;
+            }
+        }
+    };
+    let before = settle().await;
+    let events_before = cluster.metric_sum("etcd_debugging_mvcc_events_total");
+    store.resign(&first).await.expect("resign");
+    let next = tokio::time::timeout(Duration::from_secs(10), granted.recv())
+        .await
+        .expect("the next waiter is granted")
+        .expect("a grant");
+    assert!(next.token > first.token);
+    let after = settle().await;
+    let events = cluster.metric_sum("etcd_debugging_mvcc_events_total") - events_before;
+    let calls = after - before;
+    println!("handover among 100 waiters: {calls} KV requests, {events} watch events");
+    assert!(calls <= 6.0, "a handover cost {calls} KV requests: a herd");
+    assert!(
+        events <= 6.0,
+        "a handover sent {events} watch events: a herd"
+    );
+    assert!(granted.try_recv().is_err(), "two waiters granted");
+    waiters.abort_all();
+}

@@ -1,4 +1,5 @@
 mod campaign;
+mod etcd;
 mod harness;
 mod multi_process;
 mod run;

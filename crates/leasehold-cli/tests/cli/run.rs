@@ -14,6 +14,11 @@ const SECOND: Duration = Duration::from_secs(1);
 /// A replica of a service: `leasehold run` for `election` with `script`
 /// (run by sh) as the command.
 fn replica(scratch: &Scratch, id: &str, ttl: &str, script: &str) -> Proc {
+    replica_on(&scratch.store_url(), scratch, id, ttl, script)
+}
+
+/// The same on the store at `store`.
+pub fn replica_on(store: &str, scratch: &Scratch, id: &str, ttl: &str, script: &str) -> Proc {
     Proc::spawn(
         leasehold()
             .args([
@@ -25,7 +30,7 @@ fn replica(scratch: &Scratch, id: &str, ttl: &str, script: &str) -> Proc {
                 "--id",
                 id,
             ])
-            .args(["--store", &scratch.store_url(), "--"])
+            .args(["--store", store, "--"])
             .args(["sh", "-c", script])
             .current_dir(scratch.dir.path())
             .stdout(Stdio::null())
@@ -35,11 +40,11 @@ fn replica(scratch: &Scratch, id: &str, ttl: &str, script: &str) -> Proc {
 
 /// A "billing" command: appends `run TOKEN ID PID` and the pid of a
 /// background grandchild to billing.log, then works until stopped.
-const BILLING: &str = r#"echo "run $LEASEHOLD_TOKEN $LEASEHOLD_ID $$" >> billing.log
+pub const BILLING: &str = r#"echo "run $LEASEHOLD_TOKEN $LEASEHOLD_ID $$" >> billing.log
 sleep 600 & echo "grandchild $!" >> billing.log
 wait"#;
 
-fn runs(scratch: &Scratch) -> Vec<(u64, String, i32)> {
+pub fn runs(scratch: &Scratch) -> Vec<(u64, String, i32)> {
     read_lines(&scratch.path("billing.log"))
         .iter()
         .filter_map(|l| {
@@ -53,7 +58,7 @@ fn runs(scratch: &Scratch) -> Vec<(u64, String, i32)> {
         .collect()
 }
 
-fn grandchildren(scratch: &Scratch) -> Vec<i32> {
+pub fn grandchildren(scratch: &Scratch) -> Vec<i32> {
     read_lines(&scratch.path("billing.log"))
         .iter()
         .filter_map(|l| l.strip_prefix("grandchild ")?.parse().ok())
@@ -66,17 +71,26 @@ fn grandchildren(scratch: &Scratch) -> Vec<i32> {
 #[test]
 fn worked_example_1_one_scheduler_and_failover_after_sigkill() {
     let scratch = Scratch::new();
+    worked_example_1(&scratch.store_url(), &scratch);
+}
+
+pub fn worked_example_1(store: &str, scratch: &Scratch) {
     let mut replicas: Vec<(String, Proc)> = ["a", "b", "c"]
         .iter()
-        .map(|id| (id.to_string(), replica(&scratch, id, "2s", BILLING)))
+        .map(|id| {
+            (
+                id.to_string(),
+                replica_on(store, scratch, id, "2s", BILLING),
+            )
+        })
         .collect();
-    assert!(wait_until(10 * SECOND, || runs(&scratch).len() == 1
-        && grandchildren(&scratch).len() == 1));
+    assert!(wait_until(10 * SECOND, || runs(scratch).len() == 1
+        && grandchildren(scratch).len() == 1));
     std::thread::sleep(SECOND);
-    let first = runs(&scratch);
+    let first = runs(scratch);
     assert_eq!(first.len(), 1, "the job ran twice: {first:?}");
     let (token, leader_id, child_pid) = first[0].clone();
-    let grandchild = grandchildren(&scratch)[0];
+    let grandchild = grandchildren(scratch)[0];
     assert!(alive(child_pid) && alive(grandchild));
 
     let at = replicas
@@ -93,7 +107,7 @@ fn worked_example_1_one_scheduler_and_failover_after_sigkill() {
             if gone_at.is_none() && !alive(child_pid) && !alive(grandchild) {
                 gone_at = Some(Instant::now());
             }
-            if second_at.is_none() && runs(&scratch).len() >= 2 {
+            if second_at.is_none() && runs(scratch).len() >= 2 {
                 second_at = Some(Instant::now());
             }
             gone_at.is_some() && second_at.is_some()
@@ -107,7 +121,7 @@ fn worked_example_1_one_scheduler_and_failover_after_sigkill() {
         gone_at - killed_at
     );
     assert!(gone_at <= second_at, "two schedulers at once");
-    let all = runs(&scratch);
+    let all = runs(scratch);
     assert_eq!(all.len(), 2, "{all:?}");
     assert!(all[1].0 > token, "the successor's token must be higher");
     assert_ne!(all[1].1, leader_id);
@@ -119,18 +133,22 @@ fn worked_example_1_one_scheduler_and_failover_after_sigkill() {
 #[test]
 fn sigterm_hands_over_without_waiting_for_the_ttl() {
     let scratch = Scratch::new();
+    sigterm_handover(&scratch.store_url(), &scratch);
+}
+
+pub fn sigterm_handover(store: &str, scratch: &Scratch) {
     let script = r#"trap 'echo "stopped $LEASEHOLD_TOKEN" >> billing.log; exit 0' TERM
 echo "run $LEASEHOLD_TOKEN $LEASEHOLD_ID $$" >> billing.log
 while :; do sleep 0.05; done"#;
-    let mut a = replica(&scratch, "a", "30s", script);
-    assert!(wait_until(10 * SECOND, || runs(&scratch).len() == 1));
-    let b = replica(&scratch, "b", "30s", script);
+    let mut a = replica_on(store, scratch, "a", "30s", script);
+    assert!(wait_until(10 * SECOND, || runs(scratch).len() == 1));
+    let b = replica_on(store, scratch, "b", "30s", script);
     std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(runs(&scratch).len(), 1);
+    assert_eq!(runs(scratch).len(), 1);
     let sent = Instant::now();
     a.signal(Signal::SIGTERM);
     assert!(
-        wait_until(10 * SECOND, || runs(&scratch).len() == 2),
+        wait_until(10 * SECOND, || runs(scratch).len() == 2),
         "no handover"
     );
     let took = sent.elapsed();
@@ -142,8 +160,12 @@ while :; do sleep 0.05; done"#;
         "the command trapped TERM and exited 0"
     );
     let log = read_lines(&scratch.path("billing.log"));
-    assert!(log.iter().any(|l| l == "stopped 1"), "{log:?}");
-    assert_eq!(runs(&scratch)[1].1, "b");
+    let first_token = runs(scratch)[0].0;
+    assert!(
+        log.iter().any(|l| *l == format!("stopped {first_token}")),
+        "{log:?}"
+    );
+    assert_eq!(runs(scratch)[1].1, "b");
     drop(b);
 }
 

@@ -9,72 +9,16 @@
 //! arriving on a pipe. Figures are medians and maxima; nothing asserts a
 //! timing.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc::{Receiver, channel};
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, kill};
+use nix::sys::signal::Signal;
 use nix::unistd::Pid;
 
-struct Replica {
-    child: Child,
-    lines: Receiver<(Instant, String)>,
-}
+mod common;
+use common::{Replica, arg, ms, percentile};
 
-impl Replica {
-    fn start(store: &str, election: &str, id: &str, ttl: &str, script: &str) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_leasehold"))
-            .args([
-                "run",
-                "-q",
-                "--election",
-                election,
-                "--id",
-                id,
-                "--ttl",
-                ttl,
-            ])
-            .args(["--store", store, "--", "sh", "-c", script])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn leasehold run");
-        let stdout = child.stdout.take().expect("stdout");
-        let (tx, lines) = channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send((Instant::now(), line)).is_err() {
-                    return;
-                }
-            }
-        });
-        Replica { child, lines }
-    }
-
-    fn pid(&self) -> Pid {
-        Pid::from_raw(i32::try_from(self.child.id()).expect("pid"))
-    }
-
-    fn next_line(&self, limit: Duration) -> (Instant, String) {
-        self.lines
-            .recv_timeout(limit)
-            .expect("a line from the command")
-    }
-
-    fn stop(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.1}", d.as_secs_f64() * 1000.0)
+fn median(v: Vec<Duration>) -> Duration {
+    percentile(&v, 50.0)
 }
 
 const WORK: &str = r#"echo "start $LEASEHOLD_ID $LEASEHOLD_TOKEN"; trap 'exit 0' TERM; while :; do sleep 0.02; done"#;
@@ -83,14 +27,16 @@ fn failover_after_sigkill(store: &str, rounds: usize) -> Vec<Duration> {
     (0..rounds)
         .map(|i| {
             let election = format!("kill-{i}");
-            let a = Replica::start(store, &election, "a", "2s", WORK);
-            a.next_line(Duration::from_secs(10));
-            let b = Replica::start(store, &election, "b", "2s", WORK);
+            let a = Replica::leasehold(store, &election, "a", "2s", WORK);
+            a.line_with("", Duration::from_secs(10)).expect("a leads");
+            let b = Replica::leasehold(store, &election, "b", "2s", WORK);
             // Let b reach its wait, and a renew a few times.
             std::thread::sleep(Duration::from_millis(1500));
             let t0 = Instant::now();
-            kill(a.pid(), Signal::SIGKILL).expect("kill");
-            let (t1, _) = b.next_line(Duration::from_secs(10));
+            a.signal(Signal::SIGKILL);
+            let (t1, _) = b
+                .line_with("start", Duration::from_secs(10))
+                .expect("b leads");
             a.stop();
             b.stop();
             t1 - t0
@@ -102,13 +48,15 @@ fn handover_after_sigterm(store: &str, rounds: usize) -> Vec<Duration> {
     (0..rounds)
         .map(|i| {
             let election = format!("term-{i}");
-            let a = Replica::start(store, &election, "a", "15s", WORK);
-            a.next_line(Duration::from_secs(10));
-            let b = Replica::start(store, &election, "b", "15s", WORK);
+            let a = Replica::leasehold(store, &election, "a", "15s", WORK);
+            a.line_with("", Duration::from_secs(10)).expect("a leads");
+            let b = Replica::leasehold(store, &election, "b", "15s", WORK);
             std::thread::sleep(Duration::from_millis(300));
             let t0 = Instant::now();
-            kill(a.pid(), Signal::SIGTERM).expect("kill");
-            let (t1, _) = b.next_line(Duration::from_secs(30));
+            a.signal(Signal::SIGTERM);
+            let (t1, _) = b
+                .line_with("start", Duration::from_secs(30))
+                .expect("b leads");
             a.stop();
             b.stop();
             t1 - t0
@@ -120,18 +68,20 @@ fn handover_after_exit(store: &str, rounds: usize) -> Vec<Duration> {
     (0..rounds)
         .map(|i| {
             let election = format!("exit-{i}");
-            let a = Replica::start(
+            let a = Replica::leasehold(
                 store,
                 &election,
                 "a",
                 "15s",
                 r#"echo start; sleep 0.5; echo exiting"#,
             );
-            a.next_line(Duration::from_secs(10));
-            let b = Replica::start(store, &election, "b", "15s", WORK);
-            let (t0, last) = a.next_line(Duration::from_secs(10));
+            a.line_with("", Duration::from_secs(10)).expect("a leads");
+            let b = Replica::leasehold(store, &election, "b", "15s", WORK);
+            let (t0, last) = a.line_with("", Duration::from_secs(10)).expect("a leads");
             assert_eq!(last, "exiting");
-            let (t1, _) = b.next_line(Duration::from_secs(30));
+            let (t1, _) = b
+                .line_with("start", Duration::from_secs(30))
+                .expect("b leads");
             a.stop();
             b.stop();
             t1 - t0
@@ -164,13 +114,7 @@ fn footprint(pid: Pid, window: Duration) -> (u64, f64) {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let rounds = args
-        .iter()
-        .position(|a| a == "--rounds")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(10usize);
+    let rounds = arg("--rounds", 10);
     let dir = tempfile::tempdir().expect("temp dir");
     let store = format!("sqlite:{}", dir.path().join("bench.db").display());
 
@@ -178,8 +122,10 @@ fn main() {
     let term = handover_after_sigterm(&store, rounds);
     let exit = handover_after_exit(&store, rounds);
 
-    let leader = Replica::start(&store, "idle", "a", "15s", WORK);
-    leader.next_line(Duration::from_secs(10));
+    let leader = Replica::leasehold(&store, "idle", "a", "15s", WORK);
+    leader
+        .line_with("", Duration::from_secs(10))
+        .expect("leader");
     std::thread::sleep(Duration::from_secs(1));
     let (rss, cpu) = footprint(leader.pid(), Duration::from_secs(10));
     leader.stop();

@@ -177,11 +177,14 @@ impl Leadership {
         let (tx, rx) = watch::channel(None);
         let publish = Arc::new(tx);
         let stop = CancellationToken::new();
-        let holders = store.watch(&grant.election).await?;
+        // The monitor opens its watch in the background: the new leader's
+        // work does not wait for it, and the session's deadline still ends
+        // leadership in time if the store is slow to answer.
         let monitor = Monitor {
             token: grant.token,
+            election: grant.election.clone(),
+            store: Arc::clone(&store),
             session: session.subscribe(),
-            holders,
             publish: Arc::clone(&publish),
             stop: stop.clone(),
         };
@@ -303,19 +306,45 @@ fn lose(publish: &watch::Sender<Option<LostReason>>, reason: LostReason) -> bool
 /// session's own end and deadline are read directly by [`Leadership`].
 struct Monitor {
     token: FencingToken,
+    election: ElectionName,
+    store: Arc<dyn Store>,
     session: watch::Receiver<SessionState>,
-    holders: LeaderWatch,
     publish: Arc<watch::Sender<Option<LostReason>>>,
     stop: CancellationToken,
 }
 
+/// Pause between attempts to open the monitor's watch.
+const WATCH_RETRY: std::time::Duration = std::time::Duration::from_millis(250);
+
 impl Monitor {
+    async fn open_watch(&mut self) -> Option<LeaderWatch> {
+        loop {
+            match self.store.watch(&self.election).await {
+                Ok(watch) => return Some(watch),
+                Err(error) => {
+                    tracing::warn!(election = %self.election, %error, "cannot watch the election; retrying");
+                }
+            }
+            tokio::select! {
+                () = self.stop.cancelled() => return None,
+                changed = self.session.changed() => if changed.is_err() { return None },
+                () = tokio::time::sleep(WATCH_RETRY) => {}
+            }
+            if self.session.borrow().ended.is_some() {
+                return None;
+            }
+        }
+    }
+
     async fn run(mut self) {
+        let Some(mut holders) = self.open_watch().await else {
+            return;
+        };
         loop {
             if self.session.borrow_and_update().ended.is_some() {
                 return;
             }
-            let holder = self.holders.borrow_and_update().clone();
+            let holder = holders.borrow_and_update().clone();
             if holder.is_none_or(|h| h.token != self.token) {
                 if lose(&self.publish, LostReason::Superseded) {
                     tracing::warn!(token = %self.token, "leadership lost: the store shows the grant gone or superseded");
@@ -325,7 +354,7 @@ impl Monitor {
             tokio::select! {
                 () = self.stop.cancelled() => return,
                 changed = self.session.changed() => if changed.is_err() { return },
-                changed = self.holders.changed() => if changed.is_err() {
+                changed = holders.changed() => if changed.is_err() {
                     lose(&self.publish, LostReason::Superseded);
                     return;
                 },

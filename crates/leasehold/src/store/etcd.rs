@@ -482,25 +482,26 @@ impl Store for EtcdStore {
                 .then(|| (self.clone(), key.clone(), my_revision)),
         };
         loop {
-            // The candidate just ahead of us, if any.
+            // Our key and the candidate just ahead of it, in one read.
             let options = GetOptions::new()
                 .with_prefix()
-                .with_max_create_revision(my_revision - 1)
+                .with_max_create_revision(my_revision)
                 .with_sort(SortTarget::Create, SortOrder::Descend)
-                .with_limit(1);
-            let mut ahead = self.get(self.election_prefix(election), options).await?;
-            let revision = ahead.header().map_or(0, |h| h.revision());
-            match ahead.take_kvs().into_iter().next() {
+                .with_limit(2);
+            let mut found = self.get(self.election_prefix(election), options).await?;
+            let revision = found.header().map_or(0, |h| h.revision());
+            let mut kvs = found.take_kvs().into_iter();
+            let mine = kvs.next().filter(|kv| kv.create_revision() == my_revision);
+            if mine.is_none() {
+                // Our key is gone: the lease expired (or was revoked).
+                return Err(Error::SessionExpired(session));
+            }
+            match kvs.next() {
                 Some(predecessor) => {
                     let predecessor = String::from_utf8_lossy(predecessor.key()).into_owned();
                     self.wait_deleted(&predecessor, revision + 1).await;
                 }
                 None => {
-                    // Nobody ahead: we lead, if our key still exists.
-                    let mine = self.get(key.clone(), GetOptions::new()).await?;
-                    if mine.kvs().first().map(KeyValue::create_revision) != Some(my_revision) {
-                        return Err(Error::SessionExpired(session));
-                    }
                     guard.armed = None;
                     return Ok(Grant {
                         election: election.clone(),

@@ -1,0 +1,281 @@
+//! leasehold on etcd, side by side with `etcdctl lock` on the same cluster.
+//!
+//! `cargo bench -p leasehold-cli --bench etcd [-- --rounds N]`
+//!
+//! Starts its own 3-member cluster (Debian's etcd-server) on loopback. For
+//! each measurement both tools supervise the same `sh -c` command, which
+//! prints a line when it starts; times run from just before the signal (or
+//! the release) to that line arriving here. Medians and maxima over the
+//! rounds; nothing asserts a timing.
+
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use leasehold::store::Store;
+use leasehold::store::etcd::EtcdStore;
+use leasehold::testing::EtcdCluster;
+use leasehold::{CandidateId, ElectionName};
+use nix::sys::signal::Signal;
+
+mod common;
+use common::{Replica, alive, arg, ms, percentile};
+
+/// Prints `start ID PID`, then works until told to stop.
+const WORK: &str = r#"echo "start $$"; trap 'exit 0' TERM; while :; do sleep 0.02; done"#;
+
+#[derive(Clone, Copy, PartialEq)]
+enum Tool {
+    Leasehold,
+    Etcdctl,
+}
+
+impl Tool {
+    fn name(self) -> &'static str {
+        match self {
+            Tool::Leasehold => "leasehold run",
+            Tool::Etcdctl => "etcdctl lock",
+        }
+    }
+
+    fn replica(
+        self,
+        cluster: &EtcdCluster,
+        election: &str,
+        id: &str,
+        ttl_s: u64,
+        script: &str,
+    ) -> Replica {
+        match self {
+            Tool::Leasehold => Replica::leasehold(
+                &cluster.url("/bench"),
+                election,
+                id,
+                &format!("{ttl_s}s"),
+                script,
+            ),
+            Tool::Etcdctl => {
+                let mut command = Command::new("etcdctl");
+                command
+                    .env("ETCDCTL_API", "3")
+                    .arg(format!("--endpoints={}", cluster.endpoints().join(",")))
+                    .args([
+                        "lock",
+                        &format!("--ttl={ttl_s}"),
+                        election,
+                        "--",
+                        "sh",
+                        "-c",
+                        script,
+                    ]);
+                Replica::spawn(command)
+            }
+        }
+    }
+}
+
+fn child_pid(line: &str) -> Option<i32> {
+    line.split_whitespace().last()?.parse().ok()
+}
+
+struct Outcome {
+    samples: Vec<Duration>,
+    orphans: usize,
+    rounds: usize,
+}
+
+/// SIGKILL the lock holder's supervisor; time until the waiter's command
+/// starts, and whether the killed supervisor's command kept running.
+fn crash_failover(tool: Tool, cluster: &EtcdCluster, rounds: usize) -> Outcome {
+    let mut samples = Vec::new();
+    let mut orphans = 0;
+    for i in 0..rounds {
+        let election = format!("crash-{}-{i}", tool.name().replace(' ', "-"));
+        let a = tool.replica(cluster, &election, "a", 2, WORK);
+        let Some((_, line)) = a.line_with("start", Duration::from_secs(10)) else {
+            continue;
+        };
+        let b = tool.replica(cluster, &election, "b", 2, WORK);
+        // Vary where the kill falls between renewals and etcd's expiry checks.
+        std::thread::sleep(Duration::from_millis(1500 + (i as u64 * 233) % 700));
+        let t0 = Instant::now();
+        a.signal(Signal::SIGKILL);
+        if let Some((t1, _)) = b.line_with("start", Duration::from_secs(15)) {
+            samples.push(t1 - t0);
+        }
+        if let Some(pid) = child_pid(&line) {
+            std::thread::sleep(Duration::from_millis(200));
+            if alive(pid) {
+                orphans += 1;
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
+            }
+        }
+        a.stop();
+        b.stop();
+    }
+    Outcome {
+        samples,
+        orphans,
+        rounds,
+    }
+}
+
+/// SIGTERM the holder's supervisor; time until the waiter's command starts.
+fn sigterm_handover(tool: Tool, cluster: &EtcdCluster, rounds: usize) -> Outcome {
+    let mut samples = Vec::new();
+    let mut orphans = 0;
+    for i in 0..rounds {
+        let election = format!("term-{}-{i}", tool.name().replace(' ', "-"));
+        let a = tool.replica(cluster, &election, "a", 10, WORK);
+        let Some((_, line)) = a.line_with("start", Duration::from_secs(10)) else {
+            continue;
+        };
+        let b = tool.replica(cluster, &election, "b", 10, WORK);
+        std::thread::sleep(Duration::from_millis(300));
+        let t0 = Instant::now();
+        a.signal(Signal::SIGTERM);
+        if let Some((t1, _)) = b.line_with("start", Duration::from_secs(20)) {
+            samples.push(t1 - t0);
+        }
+        if let Some(pid) = child_pid(&line) {
+            std::thread::sleep(Duration::from_millis(200));
+            if alive(pid) {
+                orphans += 1;
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
+            }
+        }
+        a.stop();
+        b.stop();
+    }
+    Outcome {
+        samples,
+        orphans,
+        rounds,
+    }
+}
+
+/// `n` supervisors started together, each running a command that exits at
+/// once: time until all have run (each acquisition waits for the previous
+/// release). Panics if any supervisor fails, so a broken invocation cannot
+/// pass for a fast one.
+fn contenders(tool: Tool, cluster: &EtcdCluster, n: usize, round: usize) -> Duration {
+    let election = format!("queue-{}-{n}-{round}", tool.name().replace(' ', "-"));
+    let t0 = Instant::now();
+    let replicas: Vec<Replica> = (0..n)
+        .map(|i| tool.replica(cluster, &election, &format!("c{i}"), 10, "echo ran"))
+        .collect();
+    for mut r in replicas {
+        let ran = r.line_with("ran", Duration::from_secs(120)).is_some();
+        let status = r.child.wait().expect("wait");
+        assert!(ran && status.success(), "{} failed: {status}", tool.name());
+    }
+    t0.elapsed()
+}
+
+/// In-process: time for the first of `n` concurrent campaigns to be
+/// granted, and the resign → grant handover down the queue.
+async fn library(cluster: &EtcdCluster, n: usize) -> (Duration, Vec<Duration>) {
+    let store: Arc<dyn Store> = Arc::new(
+        EtcdStore::connect(&cluster.endpoints(), "/bench-lib")
+            .await
+            .expect("connect"),
+    );
+    let election = ElectionName::new(format!("lib-{n}-{}", leasehold::clock::host_monotonic_ns()))
+        .expect("name");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let t0 = Instant::now();
+    for i in 0..n {
+        let (store, election, tx) = (Arc::clone(&store), election.clone(), tx.clone());
+        tokio::spawn(async move {
+            let lease = store
+                .open_session(Duration::from_secs(30))
+                .await
+                .expect("open");
+            let grant = store
+                .campaign(
+                    lease.id,
+                    &election,
+                    &CandidateId::new(format!("c{i}")).expect("id"),
+                )
+                .await
+                .expect("campaign");
+            let _ = tx.send((Instant::now(), grant));
+        });
+    }
+    let (first_at, mut grant) = rx.recv().await.expect("a first grant");
+    let first = first_at - t0;
+    let mut handovers = Vec::new();
+    for _ in 1..n {
+        let released = Instant::now();
+        store.resign(&grant).await.expect("resign");
+        let (at, next) = rx.recv().await.expect("the next grant");
+        handovers.push(at - released);
+        grant = next;
+    }
+    (first, handovers)
+}
+
+fn main() {
+    let rounds = arg("--rounds", 5);
+    let cluster = EtcdCluster::start(3);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+
+    println!("etcd 3-member cluster on loopback, {rounds} rounds per process-level figure");
+    println!();
+    println!("library, in-process (EtcdStore, one client, concurrent campaigns):");
+    println!(
+        "{:<12} {:>22} {:>22} {:>22}",
+        "contenders", "first grant ms", "handover p50 ms", "handover p99 ms"
+    );
+    for n in [1usize, 10, 100] {
+        let (first, handovers) = runtime.block_on(library(&cluster, n));
+        let (p50, p99) = if handovers.is_empty() {
+            ("-".to_owned(), "-".to_owned())
+        } else {
+            (
+                ms(percentile(&handovers, 50.0)),
+                ms(percentile(&handovers, 99.0)),
+            )
+        };
+        println!("{n:<12} {:>22} {:>22} {:>22}", ms(first), p50, p99);
+    }
+    println!();
+    println!(
+        "{:<44} {:>14} {:>14} {:>10} {:>10}",
+        "processes", "median ms", "max ms", "orphans", "n"
+    );
+    for tool in [Tool::Leasehold, Tool::Etcdctl] {
+        let crash = crash_failover(tool, &cluster, rounds);
+        let term = sigterm_handover(tool, &cluster, rounds);
+        for (what, o) in [
+            ("crash failover, SIGKILL, TTL 2s", &crash),
+            ("SIGTERM handover, TTL 10s", &term),
+        ] {
+            let max = o.samples.iter().max().copied().unwrap_or_default();
+            println!(
+                "{:<44} {:>14} {:>14} {:>7}/{:<2} {:>10}",
+                format!("{}: {what}", tool.name()),
+                ms(percentile(&o.samples, 50.0)),
+                ms(max),
+                o.orphans,
+                o.rounds,
+                o.samples.len()
+            );
+        }
+        for n in [1usize, 10, 100] {
+            let runs: Vec<Duration> = (0..rounds.min(3))
+                .map(|r| contenders(tool, &cluster, n, r))
+                .collect();
+            println!(
+                "{:<44} {:>14} {:>14}",
+                format!("{}: {n} contenders, each runs once", tool.name()),
+                ms(percentile(&runs, 50.0)),
+                ms(runs.iter().max().copied().unwrap_or_default())
+            );
+        }
+    }
+}

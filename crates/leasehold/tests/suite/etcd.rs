@@ -141,6 +141,16 @@ async fn a_leader_cut_off_with_its_only_member_steps_down_first() {
         !first.is_leader(),
         "two leaders: a still led when b was granted"
     );
+    let reason = first.lost_reason();
+    assert!(
+        matches!(
+            reason,
+            Some(leasehold::LostReason::DeadlineExpired {
+                last_error: Some(_)
+            })
+        ),
+        "the lost signal must say renewals failed: {reason:?}"
+    );
     assert!(second.token() > first.token());
 }
 

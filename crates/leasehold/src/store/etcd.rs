@@ -81,8 +81,17 @@ impl Members {
         let started = tokio::time::Instant::now();
         let first = self.active();
         let mut last = String::new();
-        for attempt in 0..self.clients.len() * 2 {
+        // Until the request's time is up: every endpoint in turn, pausing
+        // after each full round (a cluster electing a new leader answers
+        // "no leader" at once for about an election timeout).
+        let mut pause = Duration::from_millis(25);
+        for attempt in 0.. {
             let i = (first + attempt) % self.clients.len();
+            if attempt > 0 && i == first {
+                tokio::time::sleep(pause.min(REQUEST_TIMEOUT.saturating_sub(started.elapsed())))
+                    .await;
+                pause = (pause * 2).min(Duration::from_millis(400));
+            }
             let left = REQUEST_TIMEOUT.saturating_sub(started.elapsed());
             if left.is_zero() {
                 break;

@@ -255,12 +255,17 @@ fn main() {
             ("crash failover, SIGKILL, TTL 2s", &crash),
             ("SIGTERM handover, TTL 10s", &term),
         ] {
-            let max = o.samples.iter().max().copied().unwrap_or_default();
+            let (median, max) = if o.samples.is_empty() {
+                ("none".to_owned(), "within 20 s".to_owned())
+            } else {
+                let max = o.samples.iter().max().copied().unwrap_or_default();
+                (ms(percentile(&o.samples, 50.0)), ms(max))
+            };
             println!(
                 "{:<44} {:>14} {:>14} {:>7}/{:<2} {:>10}",
                 format!("{}: {what}", tool.name()),
-                ms(percentile(&o.samples, 50.0)),
-                ms(max),
+                median,
+                max,
                 o.orphans,
                 o.rounds,
                 o.samples.len()

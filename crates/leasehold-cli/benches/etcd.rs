@@ -84,23 +84,42 @@ struct Outcome {
     rounds: usize,
 }
 
-/// SIGKILL the lock holder's supervisor; time until the waiter's command
-/// starts, and whether the killed supervisor's command kept running.
-fn crash_failover(tool: Tool, cluster: &EtcdCluster, rounds: usize) -> Outcome {
+/// How a holder's supervisor is stopped in a round.
+struct Stop {
+    signal: Signal,
+    ttl_s: u64,
+    /// Before the signal: fixed part, and a part varied across rounds so the
+    /// signal falls at different points between renewals.
+    settle: Duration,
+    vary_ms: u64,
+    wait: Duration,
+}
+
+/// Signals the lock holder's supervisor; time until the waiter's command
+/// starts, and whether the stopped supervisor's command kept running.
+fn stop_holder(tool: Tool, cluster: &EtcdCluster, rounds: usize, stop: &Stop) -> Outcome {
     let mut samples = Vec::new();
     let mut orphans = 0;
     for i in 0..rounds {
-        let election = format!("crash-{}-{i}", tool.name().replace(' ', "-"));
-        let a = tool.replica(cluster, &election, "a", 2, WORK);
+        let election = format!(
+            "{}-{}-{i}",
+            stop.signal.as_str(),
+            tool.name().replace(' ', "-")
+        );
+        let a = tool.replica(cluster, &election, "a", stop.ttl_s, WORK);
         let Some((_, line)) = a.line_with("start", Duration::from_secs(10)) else {
             continue;
         };
-        let b = tool.replica(cluster, &election, "b", 2, WORK);
-        // Vary where the kill falls between renewals and etcd's expiry checks.
-        std::thread::sleep(Duration::from_millis(1500 + (i as u64 * 233) % 700));
+        let b = tool.replica(cluster, &election, "b", stop.ttl_s, WORK);
+        let vary = if stop.vary_ms == 0 {
+            0
+        } else {
+            (i as u64 * 233) % stop.vary_ms
+        };
+        std::thread::sleep(stop.settle + Duration::from_millis(vary));
         let t0 = Instant::now();
-        a.signal(Signal::SIGKILL);
-        if let Some((t1, _)) = b.line_with("start", Duration::from_secs(15)) {
+        a.signal(stop.signal);
+        if let Some((t1, _)) = b.line_with("start", stop.wait) {
             samples.push(t1 - t0);
         }
         if let Some(pid) = child_pid(&line) {
@@ -120,39 +139,21 @@ fn crash_failover(tool: Tool, cluster: &EtcdCluster, rounds: usize) -> Outcome {
     }
 }
 
-/// SIGTERM the holder's supervisor; time until the waiter's command starts.
-fn sigterm_handover(tool: Tool, cluster: &EtcdCluster, rounds: usize) -> Outcome {
-    let mut samples = Vec::new();
-    let mut orphans = 0;
-    for i in 0..rounds {
-        let election = format!("term-{}-{i}", tool.name().replace(' ', "-"));
-        let a = tool.replica(cluster, &election, "a", 10, WORK);
-        let Some((_, line)) = a.line_with("start", Duration::from_secs(10)) else {
-            continue;
-        };
-        let b = tool.replica(cluster, &election, "b", 10, WORK);
-        std::thread::sleep(Duration::from_millis(300));
-        let t0 = Instant::now();
-        a.signal(Signal::SIGTERM);
-        if let Some((t1, _)) = b.line_with("start", Duration::from_secs(20)) {
-            samples.push(t1 - t0);
-        }
-        if let Some(pid) = child_pid(&line) {
-            std::thread::sleep(Duration::from_millis(200));
-            if alive(pid) {
-                orphans += 1;
-                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL);
-            }
-        }
-        a.stop();
-        b.stop();
-    }
-    Outcome {
-        samples,
-        orphans,
-        rounds,
-    }
-}
+const CRASH: Stop = Stop {
+    signal: Signal::SIGKILL,
+    ttl_s: 2,
+    settle: Duration::from_millis(1500),
+    vary_ms: 700,
+    wait: Duration::from_secs(15),
+};
+
+const TERMINATE: Stop = Stop {
+    signal: Signal::SIGTERM,
+    ttl_s: 10,
+    settle: Duration::from_millis(300),
+    vary_ms: 0,
+    wait: Duration::from_secs(20),
+};
 
 /// `n` supervisors started together, each running a command that exits at
 /// once: time until all have run (each acquisition waits for the previous
@@ -249,8 +250,8 @@ fn main() {
         "processes", "median ms", "max ms", "orphans", "n"
     );
     for tool in [Tool::Leasehold, Tool::Etcdctl] {
-        let crash = crash_failover(tool, &cluster, rounds);
-        let term = sigterm_handover(tool, &cluster, rounds);
+        let crash = stop_holder(tool, &cluster, rounds, &CRASH);
+        let term = stop_holder(tool, &cluster, rounds, &TERMINATE);
         for (what, o) in [
             ("crash failover, SIGKILL, TTL 2s", &crash),
             ("SIGTERM handover, TTL 10s", &term),

@@ -23,37 +23,25 @@ fn median(v: Vec<Duration>) -> Duration {
 
 const WORK: &str = r#"echo "start $LEASEHOLD_ID $LEASEHOLD_TOKEN"; trap 'exit 0' TERM; while :; do sleep 0.02; done"#;
 
-fn failover_after_sigkill(store: &str, rounds: usize) -> Vec<Duration> {
+/// Signals the leading runner after `settle`; time until the waiting
+/// replica's command starts.
+fn after_signal(
+    store: &str,
+    rounds: usize,
+    signal: Signal,
+    ttl: &str,
+    settle: Duration,
+) -> Vec<Duration> {
     (0..rounds)
         .map(|i| {
-            let election = format!("kill-{i}");
-            let a = Replica::leasehold(store, &election, "a", "2s", WORK);
+            let election = format!("{}-{i}", signal.as_str());
+            let a = Replica::leasehold(store, &election, "a", ttl, WORK);
             a.line_with("", Duration::from_secs(10)).expect("a leads");
-            let b = Replica::leasehold(store, &election, "b", "2s", WORK);
-            // Let b reach its wait, and a renew a few times.
-            std::thread::sleep(Duration::from_millis(1500));
+            let b = Replica::leasehold(store, &election, "b", ttl, WORK);
+            // Let b reach its wait (and, for a crash, a renew a few times).
+            std::thread::sleep(settle);
             let t0 = Instant::now();
-            a.signal(Signal::SIGKILL);
-            let (t1, _) = b
-                .line_with("start", Duration::from_secs(10))
-                .expect("b leads");
-            a.stop();
-            b.stop();
-            t1 - t0
-        })
-        .collect()
-}
-
-fn handover_after_sigterm(store: &str, rounds: usize) -> Vec<Duration> {
-    (0..rounds)
-        .map(|i| {
-            let election = format!("term-{i}");
-            let a = Replica::leasehold(store, &election, "a", "15s", WORK);
-            a.line_with("", Duration::from_secs(10)).expect("a leads");
-            let b = Replica::leasehold(store, &election, "b", "15s", WORK);
-            std::thread::sleep(Duration::from_millis(300));
-            let t0 = Instant::now();
-            a.signal(Signal::SIGTERM);
+            a.signal(signal);
             let (t1, _) = b
                 .line_with("start", Duration::from_secs(30))
                 .expect("b leads");
@@ -118,8 +106,20 @@ fn main() {
     let dir = tempfile::tempdir().expect("temp dir");
     let store = format!("sqlite:{}", dir.path().join("bench.db").display());
 
-    let kill = failover_after_sigkill(&store, rounds);
-    let term = handover_after_sigterm(&store, rounds);
+    let kill = after_signal(
+        &store,
+        rounds,
+        Signal::SIGKILL,
+        "2s",
+        Duration::from_millis(1500),
+    );
+    let term = after_signal(
+        &store,
+        rounds,
+        Signal::SIGTERM,
+        "15s",
+        Duration::from_millis(300),
+    );
     let exit = handover_after_exit(&store, rounds);
 
     let leader = Replica::leasehold(&store, "idle", "a", "15s", WORK);

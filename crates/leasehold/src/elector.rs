@@ -261,6 +261,17 @@ impl Leadership {
         }
     }
 
+    /// Ends leadership at once because the protected resource refused a
+    /// write as stale ([`crate::Error::Stale`]): someone newer has written,
+    /// so this process must stop acting, whatever its lease says. The grant
+    /// is left to expire or be released by [`Leadership::resign`].
+    pub fn supersede(&self) {
+        if lose(&self.publish, LostReason::Superseded) {
+            tracing::warn!(election = %self.grant.election, token = %self.grant.token,
+                "leadership ended: the resource refused this token as stale");
+        }
+    }
+
     /// Ends leadership locally (the lost signal fires first), then releases
     /// the grant in the store, guarded by the token: it can never remove a
     /// successor's grant.

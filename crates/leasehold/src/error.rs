@@ -67,6 +67,19 @@ pub enum Error {
         supported: i64,
     },
 
+    /// A fenced write presented a token lower than the highest the resource
+    /// has accepted: a newer leader has written since. The writer is no
+    /// longer leader, whatever it believes (DESIGN rule 5).
+    #[error("stale fencing token {presented} for {resource}: it has accepted token {highest}")]
+    Stale {
+        /// The protected resource.
+        resource: String,
+        /// The token the writer presented.
+        presented: FencingToken,
+        /// The highest token the resource has accepted.
+        highest: FencingToken,
+    },
+
     /// An operation did not finish within the time the caller allowed.
     #[error("timed out after {0:?}")]
     Timeout(Duration),

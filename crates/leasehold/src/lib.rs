@@ -28,6 +28,7 @@ pub mod clock;
 mod config;
 mod elector;
 mod error;
+pub mod fence;
 mod names;
 mod session;
 pub mod store;

@@ -408,6 +408,44 @@ impl Drop for WithdrawIfAbandoned {
     }
 }
 
+impl EtcdStore {
+    /// Writes `value` at `key` only while `grant` still leads its election:
+    /// one transaction that requires the leader key to carry the grant's
+    /// create revision (its token). Once leadership has moved, the write
+    /// cannot land: [`Error::Stale`] names the successor's token, or
+    /// [`Error::NotHolder`] if nobody holds the election.
+    pub async fn put_fenced(
+        &self,
+        grant: &Grant,
+        key: &str,
+        value: impl Into<Vec<u8>>,
+    ) -> Result<()> {
+        let leader_key = self.candidate_key(&grant.election, grant.session);
+        let token = i64::try_from(grant.token.0).unwrap_or(i64::MAX);
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                leader_key,
+                CompareOp::Equal,
+                token,
+            )])
+            .and_then([TxnOp::put(key, value, None)]);
+        if self.txn("fenced put", txn).await?.succeeded() {
+            return Ok(());
+        }
+        match self.first_candidate(&grant.election).await?.0 {
+            Some(kv) if kv.create_revision() > token => Err(Error::Stale {
+                resource: key.to_owned(),
+                presented: grant.token,
+                highest: FencingToken(kv.create_revision().unsigned_abs()),
+            }),
+            _ => Err(Error::NotHolder {
+                election: grant.election.clone(),
+                token: grant.token,
+            }),
+        }
+    }
+}
+
 #[async_trait]
 impl Store for EtcdStore {
     async fn open_session(&self, ttl: Duration) -> Result<SessionLease> {

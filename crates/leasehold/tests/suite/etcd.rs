@@ -243,3 +243,95 @@ async fn a_handover_among_100_waiters_touches_only_the_next_in_line() {
     assert!(granted.try_recv().is_err(), "two waiters granted");
     waiters.abort_all();
 }
+
+/// etcd's guarded write: random interleavings of writes by the current and
+/// by earlier leaders. Only the current leader's writes land; earlier
+/// leaders get `Stale` naming a higher token (or `NotHolder`). Prints the
+/// seed; rerun with `LEASEHOLD_SEED=<seed>`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_puts_from_earlier_leaders_never_land() {
+    let seed: u64 = std::env::var("LEASEHOLD_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| leasehold::clock::host_monotonic_ns().unsigned_abs());
+    println!("seed = {seed} (rerun with LEASEHOLD_SEED={seed})");
+    let mut state = seed | 1;
+    let mut next = move |n: u64| {
+        // xorshift64*: small, seedable, good enough to pick interleavings.
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        state.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+    };
+    let cluster = cluster().await;
+    let store = EtcdStore::connect(&cluster.endpoints(), "/fenced")
+        .await
+        .expect("connect");
+    let election = unique_election("fenced-put");
+    let key = "/resource/object-x";
+    let mut grants: Vec<leasehold::Grant> = Vec::new();
+    let mut rejected = 0;
+    for round in 0..40 {
+        if grants.is_empty() || next(3) == 0 {
+            if let Some(current) = grants.last() {
+                store.resign(current).await.expect("resign");
+            }
+            let lease = store
+                .open_session(Duration::from_secs(30))
+                .await
+                .expect("open");
+            let grant = store
+                .campaign(
+                    lease.id,
+                    &election,
+                    &CandidateId::new(format!("l{round}")).expect("id"),
+                )
+                .await
+                .expect("campaign");
+            grants.push(grant);
+            continue;
+        }
+        let writer = usize::try_from(next(grants.len() as u64)).expect("index");
+        let grant = &grants[writer];
+        let current = writer == grants.len() - 1;
+        let value = format!("{round}:{}", grant.token);
+        match store.put_fenced(grant, key, value.clone()).await {
+            Ok(()) => {
+                assert!(
+                    current,
+                    "seed {seed}: an earlier leader's write landed (round {round})"
+                );
+                let stored = store
+                    .leader(&election)
+                    .await
+                    .expect("read")
+                    .map(|l| l.token);
+                assert_eq!(stored, Some(grant.token), "seed {seed}");
+            }
+            Err(leasehold::Error::Stale {
+                presented, highest, ..
+            }) => {
+                assert!(!current, "seed {seed}: the current leader was refused");
+                assert!(highest > presented, "seed {seed}");
+                rejected += 1;
+            }
+            Err(leasehold::Error::NotHolder { .. }) => assert!(!current, "seed {seed}"),
+            Err(other) => panic!("seed {seed}: {other}"),
+        }
+    }
+    let mut client = etcd_client::Client::connect(cluster.endpoints(), None)
+        .await
+        .expect("client");
+    let stored = client.get(key, None).await.expect("get");
+    if let Some(kv) = stored.kvs().first() {
+        let token: u64 = kv
+            .value_str()
+            .expect("utf-8")
+            .split(':')
+            .nth(1)
+            .and_then(|t| t.parse().ok())
+            .expect("token in value");
+        assert!(grants.iter().any(|g| g.token.0 == token), "seed {seed}");
+    }
+    println!("{rejected} stale writes refused");
+}

@@ -1,4 +1,5 @@
 mod elector_time;
 mod etcd;
+mod fence;
 mod memory;
 mod sqlite;

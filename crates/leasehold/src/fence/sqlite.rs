@@ -1,0 +1,123 @@
+//! Fencing inside a SQLite transaction.
+//!
+//! ```sql
+//! CREATE TABLE IF NOT EXISTS leasehold_fence (
+//!     resource TEXT PRIMARY KEY,
+//!     highest  INTEGER NOT NULL
+//! );
+//! -- In the same transaction as the protected write; no row back = stale.
+//! INSERT INTO leasehold_fence (resource, highest) VALUES (?1, ?2)
+//! ON CONFLICT (resource) DO UPDATE SET highest = excluded.highest
+//!     WHERE excluded.highest >= leasehold_fence.highest
+//! RETURNING highest;
+//! ```
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
+
+use super::Fence;
+use crate::error::{Error, Result};
+use crate::store::FencingToken;
+
+const CREATE: &str = "CREATE TABLE IF NOT EXISTS leasehold_fence (
+    resource TEXT PRIMARY KEY,
+    highest  INTEGER NOT NULL
+)";
+
+const ADVANCE: &str = "INSERT INTO leasehold_fence (resource, highest) VALUES (?1, ?2)
+ON CONFLICT (resource) DO UPDATE SET highest = excluded.highest
+    WHERE excluded.highest >= leasehold_fence.highest
+RETURNING highest";
+
+fn sql(error: rusqlite::Error) -> Error {
+    Error::unavailable("sqlite fence", error)
+}
+
+/// Creates the fence table if it does not exist (idempotent).
+pub fn create_table(conn: &Connection) -> Result<()> {
+    conn.execute_batch(CREATE).map_err(sql)
+}
+
+/// Checks `token` for `resource` and records it, inside the caller's
+/// transaction: if the caller's write then commits, so does the new highest
+/// token; if the check fails, the caller rolls back and nothing is written.
+/// Start the transaction with `TransactionBehavior::Immediate` so that two
+/// writers serialize on the check. The table must exist ([`create_table`]).
+pub fn check_and_advance(tx: &Transaction<'_>, resource: &str, token: FencingToken) -> Result<()> {
+    let presented = i64::try_from(token.0)
+        .map_err(|_| Error::invalid("fencing token", format!("{token} is too large")))?;
+    let accepted: Option<i64> = tx
+        .query_row(ADVANCE, params![resource, presented], |r| r.get(0))
+        .optional()
+        .map_err(sql)?;
+    if accepted.is_some() {
+        return Ok(());
+    }
+    let highest: i64 = tx
+        .query_row(
+            "SELECT highest FROM leasehold_fence WHERE resource = ?1",
+            params![resource],
+            |r| r.get(0),
+        )
+        .map_err(sql)?;
+    Err(Error::Stale {
+        resource: resource.to_owned(),
+        presented: token,
+        highest: FencingToken(highest.unsigned_abs()),
+    })
+}
+
+/// A [`Fence`] kept in a SQLite file (its own connection and transaction),
+/// for services whose protected write is elsewhere but serialized with the
+/// check (see the HTTP layer).
+#[derive(Debug, Clone)]
+pub struct SqliteFence {
+    conn: Arc<Mutex<Connection>>,
+}
+
+impl SqliteFence {
+    /// Opens (creating) the fence table in the database at `path`.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let conn = Connection::open(path).map_err(sql)?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(sql)?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(sql)?;
+        conn.pragma_update(None, "synchronous", "FULL")
+            .map_err(sql)?;
+        create_table(&conn)?;
+        Ok(SqliteFence {
+            conn: Arc::new(Mutex::new(conn)),
+        })
+    }
+
+    /// Runs `write` in the same immediate transaction as the check.
+    pub fn fenced<T>(
+        &self,
+        resource: &str,
+        token: FencingToken,
+        write: impl FnOnce(&Transaction<'_>) -> Result<T>,
+    ) -> Result<T> {
+        let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sql)?;
+        check_and_advance(&tx, resource, token)?;
+        let value = write(&tx)?;
+        tx.commit().map_err(sql)?;
+        Ok(value)
+    }
+}
+
+#[async_trait]
+impl Fence for SqliteFence {
+    async fn check_and_advance(&self, resource: &str, token: FencingToken) -> Result<()> {
+        let (fence, resource) = (self.clone(), resource.to_owned());
+        tokio::task::spawn_blocking(move || fence.fenced(&resource, token, |_| Ok(())))
+            .await
+            .map_err(|e| Error::unavailable("sqlite fence worker failed", e))?
+    }
+}

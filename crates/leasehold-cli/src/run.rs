@@ -213,6 +213,14 @@ impl Runner {
             tokio::select! {
                 status = child.process.wait() => {
                     let status = status.context("cannot wait for the command")?;
+                    // A command that exits after leadership was lost (say,
+                    // because the resource refused its token) ends the term
+                    // like a loss: the replica stays in the pool.
+                    if matches!(why, TermEnd::Exited)
+                        && let Some(reason) = leadership.lost_reason()
+                    {
+                        why = TermEnd::Lost(reason);
+                    }
                     return Ok((status, why));
                 }
                 reason = leadership.lost(), if !lost => {

@@ -1,5 +1,6 @@
 mod campaign;
 mod etcd;
+mod fencing;
 mod harness;
 mod multi_process;
 mod run;

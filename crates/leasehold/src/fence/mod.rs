@@ -12,6 +12,8 @@
 //! - [`sqlite::check_and_advance`]: inside the caller's own rusqlite
 //!   transaction, so the check and the write commit or roll back together;
 //!   [`sqlite::SqliteFence`] for a file-backed [`Fence`].
+//! - PostgreSQL (feature `postgres`): `postgres::check_and_advance` inside
+//!   the caller's tokio-postgres transaction, and the same SQL to paste.
 //! - etcd: [`crate::store::etcd::EtcdStore::put_fenced`] writes only while
 //!   the election's leader key still carries the writer's token.
 //! - HTTP (feature `http`): the `Fencing-Token` header and a tower layer
@@ -27,6 +29,8 @@ use crate::store::FencingToken;
 
 #[cfg(feature = "http")]
 pub mod http;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 

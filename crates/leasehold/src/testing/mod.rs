@@ -5,6 +5,8 @@ pub mod conformance;
 #[cfg(feature = "etcd")]
 mod etcd_cluster;
 mod faults;
+#[cfg(feature = "postgres")]
+mod postgres_server;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,6 +16,8 @@ use async_trait::async_trait;
 #[cfg(feature = "etcd")]
 pub use etcd_cluster::EtcdCluster;
 pub use faults::FaultyStore;
+#[cfg(feature = "postgres")]
+pub use postgres_server::PostgresServer;
 
 use crate::names::ElectionName;
 use crate::store::Store;

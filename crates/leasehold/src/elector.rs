@@ -10,7 +10,7 @@ use crate::clock::{Clock, Instant, TokioClock};
 use crate::config::LeaseConfig;
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
-use crate::session::{LostReason, Session, SessionState};
+use crate::session::{DeadlinePolicy, LostReason, Session, SessionState};
 use crate::store::{FencingToken, Grant, Leader, LeaderWatch, Store};
 
 /// How many fresh sessions one campaign opens before giving up, when each
@@ -26,6 +26,7 @@ pub struct Elector {
     config: LeaseConfig,
     candidate: CandidateId,
     session: Mutex<Option<Arc<Session>>>,
+    policy: DeadlinePolicy,
 }
 
 impl Elector {
@@ -38,12 +39,23 @@ impl Elector {
             config,
             candidate,
             session: Mutex::new(None),
+            policy: DeadlinePolicy::Conservative,
         })
     }
 
     /// Uses `clock` for renewals and deadlines (simulation, tests).
     pub fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
+        self
+    }
+
+    /// **Unsafe, for tests only**: computes the deadline from when a renewal's
+    /// reply arrived, plus the full TTL, instead of DESIGN rule 3. Exists so
+    /// that the simulation can prove its checkers detect a broken deadline.
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    pub fn with_unsafe_deadline_from_reply(mut self) -> Self {
+        self.policy = DeadlinePolicy::FromReplyUnsafe;
         self
     }
 
@@ -74,10 +86,11 @@ impl Elector {
             return Ok(Arc::clone(session));
         }
         let session = Arc::new(
-            Session::open(
+            Session::open_with(
                 Arc::clone(&self.store),
                 Arc::clone(&self.clock),
                 self.config,
+                self.policy,
             )
             .await?,
         );
@@ -96,6 +109,7 @@ impl Elector {
         for _ in 0..MAX_SESSIONS_PER_CAMPAIGN {
             let session = self.session().await?;
             let outcome = tokio::select! {
+                biased;
                 outcome = self.store.campaign(session.id(), election, &self.candidate) => outcome,
                 reason = session.lost() => {
                     last_loss = Some(reason);
@@ -254,6 +268,7 @@ impl Leadership {
                 return reason;
             }
             tokio::select! {
+                biased;
                 _ = own.changed() => {}
                 _ = session.changed() => {}
                 () = self.clock.sleep_until(deadline) => {}
@@ -337,6 +352,7 @@ impl Monitor {
                 }
             }
             tokio::select! {
+                biased;
                 () = self.stop.cancelled() => return None,
                 changed = self.session.changed() => if changed.is_err() { return None },
                 () = tokio::time::sleep(WATCH_RETRY) => {}
@@ -363,6 +379,7 @@ impl Monitor {
                 return;
             }
             tokio::select! {
+                biased;
                 () = self.stop.cancelled() => return,
                 changed = self.session.changed() => if changed.is_err() { return },
                 changed = holders.changed() => if changed.is_err() {

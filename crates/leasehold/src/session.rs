@@ -77,6 +77,34 @@ impl SessionState {
     }
 }
 
+/// How the holder's deadline is computed. Only the conservative rule is
+/// safe; the other exists so that the simulation can show its checkers
+/// catch a broken deadline.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum DeadlinePolicy {
+    /// `sent + ttl·(1 − drift) − skew` (DESIGN rule 3).
+    #[default]
+    Conservative,
+    /// `reply received + ttl`: wrong on purpose, for tests only.
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
+    FromReplyUnsafe,
+}
+
+impl DeadlinePolicy {
+    fn deadline(
+        self,
+        config: &LeaseConfig,
+        sent: Instant,
+        replied: Instant,
+        ttl: Duration,
+    ) -> Option<Instant> {
+        match self {
+            DeadlinePolicy::Conservative => config.deadline(sent, ttl),
+            DeadlinePolicy::FromReplyUnsafe => Some(replied + ttl),
+        }
+    }
+}
+
 /// A live lease in the store, renewed in the background until it is closed,
 /// dropped, or lost.
 #[derive(Debug)]
@@ -96,10 +124,19 @@ impl Session {
         clock: Arc<dyn Clock>,
         config: LeaseConfig,
     ) -> Result<Self> {
+        Session::open_with(store, clock, config, DeadlinePolicy::Conservative).await
+    }
+
+    pub(crate) async fn open_with(
+        store: Arc<dyn Store>,
+        clock: Arc<dyn Clock>,
+        config: LeaseConfig,
+        policy: DeadlinePolicy,
+    ) -> Result<Self> {
         config.validate()?;
         let sent = clock.now();
         let lease = store.open_session(config.ttl).await?;
-        let Some(deadline) = config.deadline(sent, lease.ttl) else {
+        let Some(deadline) = policy.deadline(&config, sent, clock.now(), lease.ttl) else {
             // Best effort: the session is useless, let it go at once.
             let _ = store.close_session(lease.id).await;
             return Err(Error::invalid(
@@ -135,6 +172,7 @@ impl Session {
             renew_every: config.renew_period_for(lease.ttl),
             publish: Arc::clone(&publish),
             stop: stop.clone(),
+            policy,
         };
         tokio::spawn(renewer.run(sent, deadline));
         Ok(Session {
@@ -216,6 +254,7 @@ struct Renewer {
     renew_every: Duration,
     publish: Arc<watch::Sender<SessionState>>,
     stop: CancellationToken,
+    policy: DeadlinePolicy,
 }
 
 impl Renewer {
@@ -227,12 +266,14 @@ impl Renewer {
         let mut last_error: Option<String> = None;
         loop {
             tokio::select! {
+                biased;
                 () = self.stop.cancelled() => return,
                 () = self.clock.sleep_until(deadline) => return self.deadline_passed(last_error).await,
                 () = self.clock.sleep_until(next) => {}
             }
             let sent = self.clock.now();
             let outcome = tokio::select! {
+                biased;
                 () = self.stop.cancelled() => return,
                 () = self.clock.sleep_until(deadline) => return self.deadline_passed(last_error).await,
                 outcome = self.store.keep_alive(self.id) => outcome,
@@ -241,7 +282,8 @@ impl Renewer {
                 Ok(granted) => {
                     last_error = None;
                     last_sent = sent;
-                    match self.config.deadline(sent, granted) {
+                    let replied = self.clock.now();
+                    match self.policy.deadline(&self.config, sent, replied, granted) {
                         Some(d) => deadline = d,
                         None => {
                             tracing::warn!(session = %self.id, granted = %humanize(granted),

@@ -597,12 +597,14 @@ impl Store for EtcdStore {
                 let options = WatchOptions::new().with_prefix().with_start_revision(from);
                 let mut client = store.members.client();
                 let stream = tokio::select! {
+                    biased;
                     () = tx.closed() => return,
                     stream = client.watch(prefix, Some(options)) => stream,
                 };
                 if let Ok(mut stream) = stream {
                     loop {
                         let message = tokio::select! {
+                            biased;
                             () = tx.closed() => return,
                             message = stream.message() => message,
                         };
@@ -628,6 +630,7 @@ impl Store for EtcdStore {
                         Err(error) => {
                             tracing::debug!(%election, %error, "re-reading the leader failed; retrying");
                             tokio::select! {
+                                biased;
                                 () = tx.closed() => return,
                                 () = tokio::time::sleep(WATCH_RETRY) => {}
                             }

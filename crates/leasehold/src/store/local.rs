@@ -76,6 +76,7 @@ pub(crate) async fn campaign<B: LocalBackend + ?Sized>(
             Attempt::Granted(grant) => return Ok(grant),
             Attempt::Held { expires_in } => {
                 tokio::select! {
+                    biased;
                     changed = changes.changed() => changed.map_err(|_| store_closed())?,
                     () = backend.sleep(expires_in + EXPIRY_SLACK) => {}
                 }
@@ -100,6 +101,7 @@ pub(crate) async fn watch<B: LocalBackend>(
         loop {
             let wake_in = current.as_ref().map(|l| l.expires_in + EXPIRY_SLACK);
             tokio::select! {
+                biased;
                 () = tx.closed() => return,
                 changed = changes.changed() => if changed.is_err() { return },
                 () = sleep_opt(&*backend, wake_in) => {}
@@ -114,6 +116,7 @@ pub(crate) async fn watch<B: LocalBackend>(
                     tracing::warn!(%election, %error, "watch could not read the store; retrying");
                     current = None;
                     tokio::select! {
+                        biased;
                         () = tx.closed() => return,
                         _ = changes.changed() => {}
                         () = backend.sleep(READ_RETRY) => {}

@@ -118,6 +118,7 @@ pub(super) fn spawn(path: &Path, changes: watch::Sender<u64>, stop: Cancellation
     tokio::spawn(async move {
         loop {
             let mut ready = tokio::select! {
+                biased;
                 () = stop.cancelled() => return,
                 ready = fd.readable() => match ready {
                     Ok(ready) => ready,
@@ -156,6 +157,7 @@ fn fallback(changes: watch::Sender<u64>, stop: CancellationToken, why: String) {
         let mut tick = tokio::time::interval(FALLBACK_PERIOD);
         loop {
             tokio::select! {
+                biased;
                 () = stop.cancelled() => return,
                 _ = tick.tick() => changes.send_modify(|v| *v = v.wrapping_add(1)),
             }

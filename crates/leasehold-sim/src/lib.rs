@@ -1,0 +1,491 @@
+//! Deterministic fault simulation of the real leasehold elector.
+//!
+//! Each run is a function of its seed: several candidates run the library's
+//! real `Elector` (sessions, renewals, deadlines, campaigns) on tokio's
+//! paused clock against the in-memory store (linearizable compare-and-swap,
+//! expiry on its own clock). Between each candidate and the store sits a
+//! simulated link with delays, losses, partitions and pauses; candidates'
+//! clocks drift within the configured bound; the store's clock can be
+//! stepped forward within the skew bound; candidates crash and restart.
+//! Afterwards the history is checked against the invariants in
+//! [`invariants`], one file each. A failure names the seed and the command
+//! that replays it.
+
+pub mod clock;
+pub mod history;
+pub mod invariants;
+pub mod link;
+pub mod rng;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leasehold::clock::Instant;
+use leasehold::fence::MemoryFence;
+use leasehold::store::memory::MemoryStore;
+use leasehold::store::{ElectionState, Grant, Leader, LeaderWatch, SessionId, SessionLease, Store};
+use leasehold::{CandidateId, ElectionName, Elector, LeaseConfig, Result, Session};
+
+use crate::clock::{DriftingClock, StoreClock};
+use crate::history::{Crash, History, Term, Write};
+pub use crate::invariants::Violation;
+use crate::link::Link;
+use crate::rng::Rng;
+
+/// What one run simulates.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    pub candidates: usize,
+    pub ttl: Duration,
+    /// How long faults are injected before the network heals.
+    pub fault_phase: Duration,
+    /// Upper bound of each one-way network delay.
+    pub max_delay: Duration,
+    /// Liveness bound beyond the TTL after a crash.
+    pub failover_slack: Duration,
+    /// Largest forward step of the store's clock (the configured skew bound
+    /// is 100 ms; beyond it safety is not promised).
+    pub store_clock_step: Duration,
+    /// Test only: the holder's deadline from the reply, without margins.
+    pub unsafe_deadline: bool,
+    /// Test only: the resource accepts every write (no fencing).
+    pub unfenced_resource: bool,
+    pub write_every: Duration,
+}
+
+impl Default for Scenario {
+    fn default() -> Self {
+        Scenario {
+            candidates: 3,
+            ttl: Duration::from_secs(3),
+            fault_phase: Duration::from_secs(40),
+            max_delay: Duration::from_millis(40),
+            failover_slack: Duration::from_millis(1500),
+            store_clock_step: leasehold::DEFAULT_SKEW,
+            unsafe_deadline: false,
+            unfenced_resource: false,
+            write_every: Duration::from_millis(100),
+        }
+    }
+}
+
+impl Scenario {
+    /// The command that replays `seed` of this scenario.
+    pub fn replay_command(&self, seed: u64) -> String {
+        let mut cmd = format!("cargo run -p leasehold-sim -- --seed {seed}");
+        if self.unsafe_deadline {
+            cmd.push_str(" --unsafe-deadline");
+        }
+        if self.unfenced_resource {
+            cmd.push_str(" --unfenced");
+        }
+        if self.store_clock_step > leasehold::DEFAULT_SKEW {
+            cmd.push_str(&format!(
+                " --store-clock-step-ms {}",
+                self.store_clock_step.as_millis()
+            ));
+        }
+        cmd
+    }
+}
+
+/// A failed run: the broken invariant and what happened.
+#[derive(Debug)]
+pub struct Failure {
+    pub seed: u64,
+    pub violation: Violation,
+    pub history: History,
+    pub replay: String,
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "seed {}: {} broken: {}\nREPRODUCE WITH: {}",
+            self.seed, self.violation.invariant, self.violation.detail, self.replay
+        )
+    }
+}
+
+/// Runs one seed; `Ok` with the history if every invariant held.
+pub fn run(seed: u64, scenario: &Scenario) -> std::result::Result<History, Box<Failure>> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .rng_seed(tokio::runtime::RngSeed::from_bytes(&seed.to_le_bytes()))
+        .build()
+        .expect("a current-thread runtime");
+    let history = runtime.block_on(simulate(seed, scenario));
+    match invariants::check(&history, scenario) {
+        Ok(()) => Ok(history),
+        Err(violation) => Err(Box::new(Failure {
+            seed,
+            violation,
+            history,
+            replay: scenario.replay_command(seed),
+        })),
+    }
+}
+
+/// Records, at the store, every grant in the order the store makes it.
+#[derive(Debug)]
+struct GrantLog {
+    store: MemoryStore,
+    history: Arc<Mutex<History>>,
+}
+
+#[async_trait]
+impl Store for GrantLog {
+    async fn open_session(&self, ttl: Duration) -> Result<SessionLease> {
+        self.store.open_session(ttl).await
+    }
+    async fn keep_alive(&self, session: SessionId) -> Result<Duration> {
+        self.store.keep_alive(session).await
+    }
+    async fn close_session(&self, session: SessionId) -> Result<()> {
+        self.store.close_session(session).await
+    }
+    async fn campaign(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        candidate: &CandidateId,
+    ) -> Result<Grant> {
+        let grant = self.store.campaign(session, election, candidate).await?;
+        let who = candidate_index(candidate);
+        let mut history = lock(&self.history);
+        if !history.grants.iter().any(|&(_, t)| t == grant.token.0) {
+            history.grants.push((who, grant.token.0));
+        }
+        Ok(grant)
+    }
+    async fn resign(&self, grant: &Grant) -> Result<()> {
+        self.store.resign(grant).await
+    }
+    async fn leader(&self, election: &ElectionName) -> Result<Option<Leader>> {
+        self.store.leader(election).await
+    }
+    async fn watch(&self, election: &ElectionName) -> Result<LeaderWatch> {
+        self.store.watch(election).await
+    }
+    async fn elections(&self) -> Result<Vec<ElectionState>> {
+        self.store.elections().await
+    }
+}
+
+fn candidate_index(id: &CandidateId) -> usize {
+    id.as_str()
+        .trim_start_matches('c')
+        .parse()
+        .unwrap_or(usize::MAX)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A term in progress, so that a crash can close it.
+struct OpenTerm {
+    token: u64,
+    start: Duration,
+    session: Arc<Session>,
+}
+
+struct Slot {
+    index: usize,
+    link: Arc<Link>,
+    clock: Arc<DriftingClock>,
+    task: tokio::task::JoinHandle<()>,
+    open: Arc<Mutex<Option<OpenTerm>>>,
+    crashed: bool,
+}
+
+struct World {
+    scenario: Scenario,
+    t0: Instant,
+    store: Arc<GrantLog>,
+    election: ElectionName,
+    fence: Arc<MemoryFence>,
+    history: Arc<Mutex<History>>,
+    /// Planned handovers happen only while this is set.
+    handovers: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl World {
+    fn since_start(&self) -> Duration {
+        Instant::now() - self.t0
+    }
+
+    fn spawn(&self, i: usize, incarnation: u64, rng: &mut Rng) -> Slot {
+        let link = Arc::new(Link::new(
+            Arc::clone(&self.store) as Arc<dyn Store>,
+            rng.next_u64(),
+            self.scenario.max_delay,
+        ));
+        // Within the drift bound: up to 0.99·drift slow, or a little fast.
+        let rate = rng.float(1.0 - 0.99 * leasehold::DEFAULT_DRIFT, 1.05);
+        let clock = Arc::new(DriftingClock::new(rate));
+        let open = Arc::new(Mutex::new(None));
+        let task = tokio::spawn(candidate(Candidate {
+            index: i,
+            seed: rng.next_u64() ^ incarnation,
+            link: Arc::clone(&link),
+            clock: Arc::clone(&clock),
+            ttl: self.scenario.ttl,
+            unsafe_deadline: self.scenario.unsafe_deadline,
+            write_every: self.scenario.write_every,
+            unfenced: self.scenario.unfenced_resource,
+            election: self.election.clone(),
+            fence: Arc::clone(&self.fence),
+            history: Arc::clone(&self.history),
+            open: Arc::clone(&open),
+            handovers: Arc::clone(&self.handovers),
+            t0: self.t0,
+        }));
+        Slot {
+            index: i,
+            link,
+            clock,
+            task,
+            open,
+            crashed: false,
+        }
+    }
+
+    /// Kills a candidate: its task stops, its link swallows everything,
+    /// and an open term ends now (or at its deadline, if that came first).
+    fn crash(&self, slot: &mut Slot) {
+        slot.link.crash();
+        slot.task.abort();
+        slot.crashed = true;
+        if let Some(term) = lock(&slot.open).take() {
+            let deadline = slot.clock.to_real(term.session.deadline()) - self.t0;
+            let end = self.since_start().min(deadline).max(term.start);
+            lock(&self.history).terms.push(Term {
+                candidate: slot.index,
+                token: term.token,
+                start: term.start,
+                end,
+            });
+        }
+    }
+}
+
+struct Candidate {
+    index: usize,
+    seed: u64,
+    link: Arc<Link>,
+    clock: Arc<DriftingClock>,
+    ttl: Duration,
+    unsafe_deadline: bool,
+    write_every: Duration,
+    unfenced: bool,
+    election: ElectionName,
+    fence: Arc<MemoryFence>,
+    history: Arc<Mutex<History>>,
+    open: Arc<Mutex<Option<OpenTerm>>>,
+    handovers: Arc<std::sync::atomic::AtomicBool>,
+    t0: Instant,
+}
+
+/// One candidate: campaign; while leader, write to the fenced resource;
+/// sometimes hand over; when leadership ends, record the term and campaign
+/// again.
+async fn candidate(c: Candidate) {
+    let mut rng = Rng::new(c.seed);
+    let id = CandidateId::new(format!("c{}", c.index)).expect("valid id");
+    let mut elector = Elector::new(
+        Arc::clone(&c.link) as Arc<dyn Store>,
+        id,
+        LeaseConfig::with_ttl(c.ttl),
+    )
+    .expect("valid config")
+    .with_clock(Arc::clone(&c.clock) as Arc<dyn leasehold::clock::Clock>);
+    if c.unsafe_deadline {
+        elector = elector.with_unsafe_deadline_from_reply();
+    }
+    let since = |t0: Instant| Instant::now() - t0;
+    loop {
+        let leadership = match elector.campaign(&c.election).await {
+            Ok(leadership) => leadership,
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let token = leadership.token().0;
+        let start = since(c.t0);
+        *lock(&c.open) = Some(OpenTerm {
+            token,
+            start,
+            session: Arc::clone(leadership.session()),
+        });
+        let resign = loop {
+            tokio::select! {
+                biased;
+                _ = leadership.lost() => break false,
+                () = tokio::time::sleep(c.write_every) => {
+                    if !leadership.is_leader() {
+                        continue;
+                    }
+                    let (link, fence, history, t0) =
+                        (Arc::clone(&c.link), Arc::clone(&c.fence), Arc::clone(&c.history), c.t0);
+                    let issued = since(t0);
+                    let (index, unfenced) = (c.index, c.unfenced);
+                    tokio::spawn(async move {
+                        link.hop().await;
+                        let accepted = unfenced
+                            || fence.fenced("object", leasehold::FencingToken(token), || ()).is_ok();
+                        lock(&history).writes.push(Write { candidate: index, token, issued, decided: since(t0), accepted });
+                    });
+                    if c.handovers.load(std::sync::atomic::Ordering::Relaxed) && rng.chance(0.01) {
+                        break true;
+                    }
+                }
+            }
+        };
+        let deadline = c.clock.to_real(leadership.deadline()) - c.t0;
+        let end = since(c.t0).min(deadline).max(start);
+        lock(&c.open).take();
+        lock(&c.history).terms.push(Term {
+            candidate: c.index,
+            token,
+            start,
+            end,
+        });
+        if resign {
+            let _ = leadership.resign().await;
+            tokio::time::sleep(rng.millis(50, 500)).await;
+        }
+    }
+}
+
+async fn simulate(seed: u64, scenario: &Scenario) -> History {
+    let mut rng = Rng::new(seed);
+    let store_clock = Arc::new(StoreClock::new());
+    let history = Arc::new(Mutex::new(History::default()));
+    let world = World {
+        scenario: scenario.clone(),
+        t0: Instant::now(),
+        store: Arc::new(GrantLog {
+            store: MemoryStore::with_clock(
+                Arc::clone(&store_clock) as Arc<dyn leasehold::clock::Clock>
+            ),
+            history: Arc::clone(&history),
+        }),
+        election: ElectionName::new("sim").expect("valid name"),
+        fence: Arc::new(MemoryFence::new()),
+        history: Arc::clone(&history),
+        handovers: Arc::new(std::sync::atomic::AtomicBool::new(true)),
+    };
+    let mut slots: Vec<Slot> = (0..scenario.candidates)
+        .map(|i| world.spawn(i, 0, &mut rng))
+        .collect();
+    let mut restarts: Vec<(Instant, usize)> = Vec::new();
+    let mut faults = 0;
+
+    // Fault phase.
+    let fault_end = world.t0 + scenario.fault_phase;
+    loop {
+        let next = Instant::now() + rng.millis(300, 2500);
+        // Restart crashed candidates whose time has come, on the way.
+        restarts.sort();
+        while let Some(&(at, i)) = restarts.first() {
+            if at > next {
+                break;
+            }
+            tokio::time::sleep_until(at).await;
+            restarts.remove(0);
+            slots[i] = world.spawn(i, faults as u64 + 1, &mut rng);
+        }
+        if next >= fault_end {
+            break;
+        }
+        tokio::time::sleep_until(next).await;
+        faults += 1;
+        let i = usize::try_from(rng.below(slots.len() as u64)).expect("index");
+        match rng.below(6) {
+            0 => {
+                let link = Arc::clone(&slots[i].link);
+                let d = rng.millis(300, 5000);
+                link.set_partitioned(true);
+                tokio::spawn(async move {
+                    tokio::time::sleep(d).await;
+                    link.set_partitioned(false);
+                });
+            }
+            1 => slots[i]
+                .link
+                .pause_until(Instant::now() + rng.millis(500, 7000)),
+            2 if !slots[i].crashed => {
+                world.crash(&mut slots[i]);
+                restarts.push((Instant::now() + rng.millis(500, 4000), i));
+            }
+            3 => {
+                let links: Vec<_> = slots.iter().map(|s| Arc::clone(&s.link)).collect();
+                let d = rng.millis(200, 3000);
+                links.iter().for_each(|l| l.set_partitioned(true));
+                tokio::spawn(async move {
+                    tokio::time::sleep(d).await;
+                    links.iter().for_each(|l| l.set_partitioned(false));
+                });
+            }
+            4 => {
+                let step = u64::try_from(scenario.store_clock_step.as_millis()).unwrap_or(0);
+                store_clock.jump(rng.millis(0, step + 1));
+            }
+            _ => slots[i].link.set_loss(0.1),
+        }
+    }
+
+    // Heal, restart everyone, and let the group settle without handovers.
+    world
+        .handovers
+        .store(false, std::sync::atomic::Ordering::Relaxed);
+    for (i, slot) in slots.iter_mut().enumerate() {
+        if slot.crashed {
+            *slot = world.spawn(i, 1_000 + i as u64, &mut rng);
+        }
+        slot.link.heal();
+    }
+    tokio::time::sleep(scenario.ttl * 3).await;
+
+    // Liveness: crash the leader; someone else must lead within the bound.
+    let leader = world.store.leader(&world.election).await.ok().flatten();
+    let crash = leader.map(|l| {
+        let i = candidate_index(&l.candidate);
+        let at = world.since_start();
+        if let Some(slot) = slots.get_mut(i) {
+            world.crash(slot);
+        }
+        (i, at)
+    });
+    tokio::time::sleep(scenario.ttl + scenario.failover_slack * 2).await;
+    for slot in &mut slots {
+        if !slot.crashed {
+            world.crash(slot);
+        }
+    }
+    let mut history = lock(&history).clone();
+    history.faults = faults;
+    history.liveness_crash = Some(match crash {
+        Some((candidate, at)) => Crash {
+            candidate,
+            at,
+            next_leader_at: history
+                .terms
+                .iter()
+                .filter(|t| t.candidate != candidate && t.start >= at)
+                .map(|t| t.start)
+                .min(),
+        },
+        None => Crash {
+            candidate: usize::MAX,
+            at: world.since_start(),
+            next_leader_at: None,
+        },
+    });
+    history
+}

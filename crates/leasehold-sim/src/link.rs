@@ -1,0 +1,183 @@
+//! The simulated network between one candidate and the store: every call
+//! crosses it with a delay each way, and can be lost, refused (partition),
+//! held (the candidate is paused) or swallowed (the candidate crashed).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leasehold::clock::Instant;
+use leasehold::store::{ElectionState, Grant, Leader, LeaderWatch, SessionId, SessionLease, Store};
+use leasehold::{CandidateId, ElectionName, Error, Result};
+
+use crate::rng::Rng;
+
+/// How long a client waits for a lost message before giving up.
+const LOSS_TIMEOUT: Duration = Duration::from_millis(300);
+
+fn unavailable(reason: &str) -> Error {
+    Error::Unavailable {
+        reason: reason.into(),
+        source: None,
+    }
+}
+
+#[derive(Debug, Default)]
+struct Faults {
+    /// Overlapping partitions (one candidate's, or the store's outage).
+    partitions: u32,
+    crashed: bool,
+    paused_until: Option<Instant>,
+    loss: f64,
+}
+
+/// One candidate's link to the store.
+#[derive(Debug)]
+pub struct Link {
+    store: Arc<dyn Store>,
+    rng: Mutex<Rng>,
+    max_delay: Duration,
+    faults: Mutex<Faults>,
+}
+
+impl Link {
+    pub fn new(store: Arc<dyn Store>, seed: u64, max_delay: Duration) -> Self {
+        Link {
+            store,
+            rng: Mutex::new(Rng::new(seed)),
+            max_delay,
+            faults: Mutex::new(Faults::default()),
+        }
+    }
+
+    fn faults(&self) -> std::sync::MutexGuard<'_, Faults> {
+        self.faults.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn set_partitioned(&self, on: bool) {
+        let mut faults = self.faults();
+        if on {
+            faults.partitions += 1;
+        } else {
+            faults.partitions = faults.partitions.saturating_sub(1);
+        }
+    }
+
+    /// Ends every fault: the network is healthy again.
+    pub fn heal(&self) {
+        let mut faults = self.faults();
+        faults.partitions = 0;
+        faults.loss = 0.0;
+        faults.paused_until = None;
+    }
+
+    pub fn set_loss(&self, p: f64) {
+        self.faults().loss = p;
+    }
+
+    pub fn crash(&self) {
+        self.faults().crashed = true;
+    }
+
+    /// Holds every message of this candidate until `until` (a process
+    /// pause: nothing it sends leaves, nothing it receives is handled).
+    pub fn pause_until(&self, until: Instant) {
+        self.faults().paused_until = Some(until);
+    }
+
+    fn delay(&self) -> Duration {
+        let ms = u64::try_from(self.max_delay.as_millis()).unwrap_or(0);
+        let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
+        rng.millis(0, ms.max(1))
+    }
+
+    fn lost(&self) -> bool {
+        let loss = self.faults().loss;
+        loss > 0.0
+            && self
+                .rng
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .chance(loss)
+    }
+
+    /// Waits out a pause, then a network delay.
+    pub async fn hop(&self) {
+        let paused = self.faults().paused_until;
+        if let Some(until) = paused {
+            tokio::time::sleep_until(until).await;
+        }
+        tokio::time::sleep(self.delay()).await;
+    }
+
+    /// A call: request hop, the store's work, reply hop. A lost request or
+    /// reply surfaces as a timeout error (the store may or may not have
+    /// acted: an ambiguous failure); a crashed candidate hears nothing.
+    async fn call<T>(&self, op: impl Future<Output = Result<T>>) -> Result<T> {
+        if self.faults().crashed {
+            return std::future::pending().await;
+        }
+        self.hop().await;
+        if self.faults().crashed {
+            return std::future::pending().await;
+        }
+        if self.faults().partitions > 0 {
+            return Err(unavailable("simulated partition"));
+        }
+        if self.lost() {
+            tokio::time::sleep(LOSS_TIMEOUT).await;
+            return Err(unavailable("simulated loss of the request"));
+        }
+        let outcome = op.await;
+        self.hop().await;
+        if self.faults().crashed {
+            return std::future::pending().await;
+        }
+        if self.lost() {
+            tokio::time::sleep(LOSS_TIMEOUT).await;
+            return Err(unavailable("simulated loss of the reply"));
+        }
+        outcome
+    }
+}
+
+#[async_trait]
+impl Store for Link {
+    async fn open_session(&self, ttl: Duration) -> Result<SessionLease> {
+        self.call(self.store.open_session(ttl)).await
+    }
+
+    async fn keep_alive(&self, session: SessionId) -> Result<Duration> {
+        self.call(self.store.keep_alive(session)).await
+    }
+
+    async fn close_session(&self, session: SessionId) -> Result<()> {
+        self.call(self.store.close_session(session)).await
+    }
+
+    async fn campaign(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        candidate: &CandidateId,
+    ) -> Result<Grant> {
+        self.call(self.store.campaign(session, election, candidate))
+            .await
+    }
+
+    async fn resign(&self, grant: &Grant) -> Result<()> {
+        self.call(self.store.resign(grant)).await
+    }
+
+    async fn leader(&self, election: &ElectionName) -> Result<Option<Leader>> {
+        self.call(self.store.leader(election)).await
+    }
+
+    async fn watch(&self, election: &ElectionName) -> Result<LeaderWatch> {
+        self.call(self.store.watch(election)).await
+    }
+
+    async fn elections(&self) -> Result<Vec<ElectionState>> {
+        self.call(self.store.elections()).await
+    }
+}

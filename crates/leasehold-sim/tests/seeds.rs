@@ -1,0 +1,106 @@
+//! The simulation in CI: 10,000 seeds must hold every invariant, runs must
+//! be reproducible, and the checkers must catch deliberately broken setups.
+//! A failure prints its seed and the command that replays it.
+
+use leasehold_sim::{Scenario, run};
+
+/// Seeds `start..start + count`, or `LEASEHOLD_SIM_SEEDS` seeds in total
+/// split the same way.
+fn seeds(part: u64, parts: u64) -> std::ops::Range<u64> {
+    let total: u64 = std::env::var("LEASEHOLD_SIM_SEEDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10_000);
+    let per = total.div_ceil(parts);
+    part * per..((part + 1) * per).min(total)
+}
+
+fn all_hold(part: u64) {
+    let scenario = Scenario::default();
+    let mut faults = 0;
+    for seed in seeds(part, 4) {
+        match run(seed, &scenario) {
+            Ok(history) => faults += history.faults,
+            Err(failure) => panic!("{failure}"),
+        }
+    }
+    assert!(faults > 0, "no faults were injected");
+}
+
+#[test]
+fn seeds_hold_every_invariant_part_1_of_4() {
+    all_hold(0);
+}
+
+#[test]
+fn seeds_hold_every_invariant_part_2_of_4() {
+    all_hold(1);
+}
+
+#[test]
+fn seeds_hold_every_invariant_part_3_of_4() {
+    all_hold(2);
+}
+
+#[test]
+fn seeds_hold_every_invariant_part_4_of_4() {
+    all_hold(3);
+}
+
+#[test]
+fn a_seed_replays_exactly() {
+    let scenario = Scenario::default();
+    for seed in [7, 1234, 99_999] {
+        let a = run(seed, &scenario)
+            .map_err(|f| f.to_string())
+            .expect("passes");
+        let b = run(seed, &scenario)
+            .map_err(|f| f.to_string())
+            .expect("passes");
+        assert_eq!(
+            format!("{:?}", a.terms),
+            format!("{:?}", b.terms),
+            "seed {seed}"
+        );
+        assert_eq!(a.writes.len(), b.writes.len(), "seed {seed}");
+        assert_eq!(a.grants, b.grants, "seed {seed}");
+    }
+}
+
+/// Runs up to 1,000 seeds of `scenario` and returns the first failure.
+fn first_failure(scenario: &Scenario) -> String {
+    (0..1_000)
+        .find_map(|seed| run(seed, scenario).err())
+        .map(|f| f.to_string())
+        .unwrap_or_else(|| {
+            panic!("1,000 seeds of a broken setup found nothing: the checkers are blind")
+        })
+}
+
+#[test]
+fn the_checkers_catch_a_deadline_computed_from_the_reply() {
+    let failure = first_failure(&Scenario {
+        unsafe_deadline: true,
+        ..Scenario::default()
+    });
+    assert!(failure.contains("one leader at a time"), "{failure}");
+    assert!(failure.contains("--unsafe-deadline"), "{failure}");
+}
+
+#[test]
+fn the_checkers_catch_skew_beyond_the_bound() {
+    let failure = first_failure(&Scenario {
+        store_clock_step: std::time::Duration::from_millis(600),
+        ..Scenario::default()
+    });
+    assert!(failure.contains("one leader at a time"), "{failure}");
+}
+
+#[test]
+fn the_checkers_catch_an_unfenced_resource() {
+    let failure = first_failure(&Scenario {
+        unfenced_resource: true,
+        ..Scenario::default()
+    });
+    assert!(failure.contains("fenced writes never go back"), "{failure}");
+}

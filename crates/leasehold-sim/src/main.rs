@@ -31,7 +31,7 @@ fn main() -> ExitCode {
     }
     if args.iter().any(|a| a == "--help" || a == "-h") {
         println!(
-            "usage: leasehold-sim [--seed S | --seeds N [--start S]] [--unsafe-deadline] [--unfenced] [--store-clock-step-ms MS] [--history]"
+            "usage: leasehold-sim [--seed S | --seeds N [--start S]] [--unsafe-deadline] [--unfenced] [--store-clock-step-ms MS] [--history] [--keep-going]"
         );
         return ExitCode::SUCCESS;
     }
@@ -42,6 +42,8 @@ fn main() -> ExitCode {
             value("--seeds").unwrap_or(1000),
         ),
     };
+    let keep_going = args.iter().any(|a| a == "--keep-going");
+    let mut failed = 0u64;
     let began = Instant::now();
     let mut faults = 0;
     let mut terms = 0;
@@ -52,6 +54,12 @@ fn main() -> ExitCode {
                 faults += history.faults;
                 terms += history.terms.len();
                 writes += history.writes.len();
+            }
+            Err(failure) if keep_going => {
+                if failed == 0 {
+                    eprintln!("{failure}");
+                }
+                failed += 1;
             }
             Err(failure) => {
                 if args.iter().any(|a| a == "--history") {
@@ -67,6 +75,13 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             }
         }
+    }
+    if failed > 0 {
+        println!(
+            "{failed} of {count} seeds broke an invariant ({start}..{})",
+            start + count
+        );
+        return ExitCode::FAILURE;
     }
     println!(
         "{count} seeds passed ({start}..{}) in {:.1?}: {faults} faults injected, {terms} terms of leadership, {writes} fenced writes",

@@ -15,7 +15,6 @@ pub mod clock;
 pub mod history;
 pub mod invariants;
 pub mod link;
-pub mod rng;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -31,7 +30,7 @@ use crate::clock::{DriftingClock, StoreClock};
 use crate::history::{Crash, History, Term, Write};
 pub use crate::invariants::Violation;
 use crate::link::Link;
-use crate::rng::Rng;
+use leasehold::testing::Rng;
 
 /// What one run simulates.
 #[derive(Debug, Clone)]

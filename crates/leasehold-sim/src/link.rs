@@ -10,7 +10,7 @@ use leasehold::clock::Instant;
 use leasehold::store::{ElectionState, Grant, Leader, LeaderWatch, SessionId, SessionLease, Store};
 use leasehold::{CandidateId, ElectionName, Error, Result};
 
-use crate::rng::Rng;
+use leasehold::testing::Rng;
 
 /// How long a client waits for a lost message before giving up.
 const LOSS_TIMEOUT: Duration = Duration::from_millis(300);

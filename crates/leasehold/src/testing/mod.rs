@@ -7,6 +7,7 @@ mod etcd_cluster;
 mod faults;
 #[cfg(feature = "postgres")]
 mod postgres_server;
+mod rng;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,6 +19,7 @@ pub use etcd_cluster::EtcdCluster;
 pub use faults::FaultyStore;
 #[cfg(feature = "postgres")]
 pub use postgres_server::PostgresServer;
+pub use rng::Rng;
 
 use crate::names::ElectionName;
 use crate::store::Store;

@@ -250,19 +250,8 @@ async fn a_handover_among_100_waiters_touches_only_the_next_in_line() {
 /// seed; rerun with `LEASEHOLD_SEED=<seed>`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fenced_puts_from_earlier_leaders_never_land() {
-    let seed: u64 = std::env::var("LEASEHOLD_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| leasehold::clock::host_monotonic_ns().unsigned_abs());
-    println!("seed = {seed} (rerun with LEASEHOLD_SEED={seed})");
-    let mut state = seed | 1;
-    let mut next = move |n: u64| {
-        // xorshift64*: small, seedable, good enough to pick interleavings.
-        state ^= state >> 12;
-        state ^= state << 25;
-        state ^= state >> 27;
-        state.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
-    };
+    let (seed, mut rng) = leasehold::testing::Rng::from_env();
+    let mut next = move |n: u64| rng.below(n);
     let cluster = cluster().await;
     let store = EtcdStore::connect(&cluster.endpoints(), "/fenced")
         .await

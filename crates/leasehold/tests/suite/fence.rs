@@ -325,18 +325,8 @@ mod postgres {
             .await
             .expect("server");
         let mut clients = setup(&server).await;
-        let seed: u64 = std::env::var("LEASEHOLD_SEED")
-            .ok()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| leasehold::clock::host_monotonic_ns().unsigned_abs());
-        println!("seed = {seed} (rerun with LEASEHOLD_SEED={seed})");
-        let mut state = seed | 1;
-        let mut next = move |n: u64| {
-            state ^= state >> 12;
-            state ^= state << 25;
-            state ^= state >> 27;
-            state.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
-        };
+        let (seed, mut rng) = leasehold::testing::Rng::from_env();
+        let mut next = move |n: u64| rng.below(n);
         let mut highest = 0;
         for _ in 0..200 {
             let writer = usize::try_from(next(4)).expect("index");

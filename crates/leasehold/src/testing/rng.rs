@@ -1,10 +1,23 @@
-//! A small seeded generator: every run is a function of its seed.
+//! A small seeded generator for randomized tests and the simulation: every
+//! run is a function of its seed, and a failing run names it.
 
 /// xorshift64* — fast, seedable, and plenty for choosing faults.
 #[derive(Debug, Clone)]
 pub struct Rng(u64);
 
 impl Rng {
+    /// A generator seeded from `LEASEHOLD_SEED`, or from the clock; prints
+    /// the seed and how to rerun with it.
+    pub fn from_env() -> (u64, Self) {
+        let seed = std::env::var("LEASEHOLD_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| crate::clock::host_monotonic_ns().unsigned_abs());
+        println!("seed = {seed} (rerun with LEASEHOLD_SEED={seed})");
+        (seed, Rng::new(seed))
+    }
+
+    /// A generator for `seed`.
     pub fn new(seed: u64) -> Self {
         // Spread nearby seeds apart (splitmix64 step), never zero.
         let mut z = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -13,6 +26,7 @@ impl Rng {
         Rng((z ^ (z >> 31)) | 1)
     }
 
+    /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;

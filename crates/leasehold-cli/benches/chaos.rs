@@ -105,10 +105,16 @@ fn example(name: &str) -> PathBuf {
         .join(name);
     if !path.exists() {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = Command::new(cargo)
-            .args(["build", "--release", "-p", "leasehold-cli", "--examples"])
-            .status()
-            .expect("run cargo");
+        let release = bin
+            .parent()
+            .and_then(|d| d.file_name())
+            .is_some_and(|d| d == "release");
+        let mut build = Command::new(cargo);
+        build.args(["build", "-p", "leasehold-cli", "--examples"]);
+        if release {
+            build.arg("--release");
+        }
+        let status = build.status().expect("run cargo");
         assert!(status.success(), "cannot build the examples");
     }
     path

@@ -279,6 +279,11 @@ fn main() {
                 group.iter().for_each(|&g| {
                     let _ = killpg(Pid::from_raw(g), Signal::SIGCONT);
                 });
+                // Sometimes the command wakes a moment before its runner:
+                // its stale writes must then be refused by the store.
+                if rng.chance(0.5) {
+                    wait(Duration::from_millis(200), &mut lives, &replicas);
+                }
                 if let Some(pid) = runner_pid {
                     let _ = kill(Pid::from_raw(pid), Signal::SIGCONT);
                 }

@@ -12,10 +12,10 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use leasehold::ElectionName;
 use leasehold::store::Store;
 use leasehold::store::etcd::EtcdStore;
-use leasehold::testing::EtcdCluster;
-use leasehold::{CandidateId, ElectionName};
+use leasehold::testing::{EtcdCluster, campaign_on_new_session};
 use nix::sys::signal::Signal;
 
 mod common;
@@ -188,18 +188,13 @@ async fn library(cluster: &EtcdCluster, n: usize) -> (Duration, Vec<Duration>) {
     for i in 0..n {
         let (store, election, tx) = (Arc::clone(&store), election.clone(), tx.clone());
         tokio::spawn(async move {
-            let lease = store
-                .open_session(Duration::from_secs(30))
-                .await
-                .expect("open");
-            let grant = store
-                .campaign(
-                    lease.id,
-                    &election,
-                    &CandidateId::new(format!("c{i}")).expect("id"),
-                )
-                .await
-                .expect("campaign");
+            let grant = campaign_on_new_session(
+                &*store,
+                &election,
+                &format!("c{i}"),
+                Duration::from_secs(30),
+            )
+            .await;
             let _ = tx.send((Instant::now(), grant));
         });
     }

@@ -35,13 +35,11 @@ async fn within<T>(what: &str, fut: impl Future<Output = T>) -> T {
 }
 
 async fn grant_on(store: &Arc<dyn Store>, election: &ElectionName, who: &str) -> Grant {
-    let session = store.open_session(LONG_TTL).await.expect("open session");
     within(
         "uncontended campaign",
-        store.campaign(session.id, election, &candidate(who)),
+        super::campaign_on_new_session(&**store, election, who, LONG_TTL),
     )
     .await
-    .expect("uncontended campaign succeeds")
 }
 
 /// Rule 1: among 50 concurrent candidates (each on its own handle and

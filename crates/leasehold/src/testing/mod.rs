@@ -44,6 +44,22 @@ pub fn unique_election(prefix: &str) -> ElectionName {
         .expect("test election names are valid")
 }
 
+/// Opens a session with `ttl` on `store` and campaigns on it for
+/// `election` as `who`; panics on any error (test support).
+pub async fn campaign_on_new_session(
+    store: &dyn Store,
+    election: &ElectionName,
+    who: &str,
+    ttl: std::time::Duration,
+) -> crate::store::Grant {
+    let lease = store.open_session(ttl).await.expect("open a session");
+    let candidate = crate::names::CandidateId::new(who).expect("a valid candidate id");
+    store
+        .campaign(lease.id, election, &candidate)
+        .await
+        .expect("campaign")
+}
+
 /// Generates one `#[tokio::test]` per conformance case. `$harness` is an
 /// expression evaluating to a future of a [`StoreHarness`]; it is evaluated
 /// once per test.

@@ -192,18 +192,13 @@ async fn a_handover_among_100_waiters_touches_only_the_next_in_line() {
     for i in 0..100 {
         let (store, election, tx) = (Arc::clone(&store), election.clone(), tx.clone());
         waiters.spawn(async move {
-            let lease = store
-                .open_session(Duration::from_secs(60))
-                .await
-                .expect("open");
-            let grant = store
-                .campaign(
-                    lease.id,
-                    &election,
-                    &CandidateId::new(format!("w{i}")).expect("id"),
-                )
-                .await
-                .expect("campaign");
+            let grant = leasehold::testing::campaign_on_new_session(
+                &*store,
+                &election,
+                &format!("w{i}"),
+                Duration::from_secs(60),
+            )
+            .await;
             tx.send(grant).expect("collector");
             std::future::pending::<()>().await;
         });
@@ -265,18 +260,13 @@ async fn fenced_puts_from_earlier_leaders_never_land() {
             if let Some(current) = grants.last() {
                 store.resign(current).await.expect("resign");
             }
-            let lease = store
-                .open_session(Duration::from_secs(30))
-                .await
-                .expect("open");
-            let grant = store
-                .campaign(
-                    lease.id,
-                    &election,
-                    &CandidateId::new(format!("l{round}")).expect("id"),
-                )
-                .await
-                .expect("campaign");
+            let grant = leasehold::testing::campaign_on_new_session(
+                &store,
+                &election,
+                &format!("l{round}"),
+                Duration::from_secs(30),
+            )
+            .await;
             grants.push(grant);
             continue;
         }

@@ -114,18 +114,13 @@ async fn a_session_from_an_earlier_boot_is_expired() {
     let path = dir.path().join("leasehold.db");
     let store = SqliteStore::open(&path).expect("open");
     let election = leasehold::testing::unique_election("boot");
-    let lease = store
-        .open_session(std::time::Duration::from_secs(3600))
-        .await
-        .expect("open");
-    let grant = store
-        .campaign(
-            lease.id,
-            &election,
-            &leasehold::CandidateId::new("a").expect("id"),
-        )
-        .await
-        .expect("campaign");
+    let grant = leasehold::testing::campaign_on_new_session(
+        &store,
+        &election,
+        "a",
+        std::time::Duration::from_secs(3600),
+    )
+    .await;
     // Rewrite the session as if written under another boot: its monotonic
     // expiry means nothing now.
     {
@@ -135,7 +130,7 @@ async fn a_session_from_an_earlier_boot_is_expired() {
     }
     assert_eq!(store.leader(&election).await.expect("read"), None);
     assert!(matches!(
-        store.keep_alive(lease.id).await,
+        store.keep_alive(grant.session).await,
         Err(Error::SessionExpired(_))
     ));
     let other = store

@@ -23,8 +23,21 @@ pub struct Args {
     /// Only log errors.
     #[arg(short, long, global = true, conflicts_with = "verbose")]
     pub quiet: bool,
+    /// Log format on stderr: `text` for people, `json` (one object per line)
+    /// for log collectors.
+    #[arg(long, global = true, env = "LEASEHOLD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
     #[command(subcommand)]
     pub command: Command,
+}
+
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -49,6 +62,16 @@ pub enum Command {
     /// Campaign, hold the election for a while, resign; prints one JSON line
     /// per event. A way to try leasehold and to probe a store.
     Campaign(CampaignArgs),
+    /// Recommend a lease TTL for a renewal period, jitter and clock skew, or
+    /// judge a proposed one (--ttl).
+    ///
+    /// A holder may act for ttl·(1 − drift) − skew after sending a renewal;
+    /// the renewals it sends every R after that must confirm (taking up to
+    /// the jitter J) before then. The recommended TTL absorbs two lost
+    /// renewals in a row; the worst-case failover after a crash is TTL + 2·J.
+    /// With --measure N, J is the p99 of N renewal round trips against the
+    /// store. Exits 3 when --ttl is unsafe under the given conditions.
+    Tune(TuneArgs),
     /// Internal: kills a command's process group if its `run` dies.
     #[command(name = "__guard", hide = true)]
     Guard,
@@ -98,11 +121,11 @@ pub struct ElectionArgs {
     pub id: Option<CandidateId>,
     /// The lease TTL: how long the store keeps the election for a leader that
     /// stopped renewing; also about how long a crash leaves it unowned.
-    #[arg(long, env = "LEASEHOLD_TTL", default_value = "15s", value_parser = parse_duration)]
+    #[arg(long, env = "LEASEHOLD_TTL", default_value = "15s", value_parser = parse_duration, allow_hyphen_values = true)]
     pub ttl: Duration,
     /// How often the lease is renewed; the TTL must be at least twice this
     /// plus the 100ms clock-skew bound. [default: a third of --ttl]
-    #[arg(long, env = "LEASEHOLD_RENEW_EVERY", value_parser = parse_duration)]
+    #[arg(long, env = "LEASEHOLD_RENEW_EVERY", value_parser = parse_duration, allow_hyphen_values = true)]
     pub renew_every: Option<Duration>,
 }
 
@@ -128,8 +151,12 @@ pub struct RunArgs {
     pub election: ElectionArgs,
     /// How long the command may take to exit after a forwarded SIGTERM or
     /// SIGINT before it gets SIGKILL; never past the lease deadline.
-    #[arg(long, env = "LEASEHOLD_GRACE", default_value = "5s", value_parser = parse_duration)]
+    #[arg(long, env = "LEASEHOLD_GRACE", default_value = "5s", value_parser = parse_duration, allow_hyphen_values = true)]
     pub grace: Duration,
+    /// Serve /status (JSON), /healthz and /metrics (Prometheus) on this
+    /// address, HOST:PORT or :PORT (all interfaces). [default: no HTTP]
+    #[arg(long, env = "LEASEHOLD_HTTP", value_parser = parse_http_addr, value_name = "ADDR")]
+    pub http: Option<std::net::SocketAddr>,
     /// The command to run while leader, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<OsString>,
@@ -177,8 +204,52 @@ pub struct CampaignArgs {
     pub rounds: u32,
 }
 
+#[derive(Debug, ClapArgs)]
+pub struct TuneArgs {
+    /// How often the leader renews its lease (R). [default: a third of --ttl;
+    /// required without --ttl]
+    #[arg(long, value_parser = parse_duration, allow_hyphen_values = true, required_unless_present = "ttl")]
+    pub renew_every: Option<Duration>,
+    /// The slowest renewal round trip to ride out (J): network jitter plus
+    /// store latency under load. [default: with --measure, the
+    /// measured p99; required without --measure]
+    #[arg(long, value_parser = parse_duration, allow_hyphen_values = true, required_unless_present = "measure")]
+    pub jitter: Option<Duration>,
+    /// Bound on the skew between the leader's and the store's clocks (S).
+    #[arg(long, default_value = "100ms", value_parser = parse_duration, allow_hyphen_values = true)]
+    pub skew: Duration,
+    /// Judge this TTL instead of recommending one; exits 3 if it is unsafe.
+    /// [default: recommend one]
+    #[arg(long, value_parser = parse_duration, allow_hyphen_values = true)]
+    pub ttl: Option<Duration>,
+    /// Measure N renewal round trips against the store (--store or the
+    /// default) and use their p99 as the jitter (the larger of the two if
+    /// --jitter is given too). [default: no measurement]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub measure: Option<u32>,
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// Print one JSON object (the recommendation is `recommended_ttl_ms`).
+    #[arg(long)]
+    pub json: bool,
+}
+
 fn parse_duration(s: &str) -> Result<Duration, String> {
+    if s.trim_start().starts_with('-') {
+        return Err("durations cannot be negative".into());
+    }
     humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 500ms, 15s, 2m)"))
+}
+
+/// `HOST:PORT` or `:PORT` (all interfaces).
+fn parse_http_addr(s: &str) -> Result<std::net::SocketAddr, String> {
+    let full = match s.strip_prefix(':') {
+        Some(port) => format!("0.0.0.0:{port}"),
+        None => s.to_owned(),
+    };
+    full.parse().map_err(|_| {
+        "expected an address as IP:PORT or :PORT, such as 127.0.0.1:9090 or :9090".to_owned()
+    })
 }
 
 fn parse_election(s: &str) -> Result<ElectionName, String> {
@@ -191,4 +262,54 @@ fn parse_candidate(s: &str) -> Result<CandidateId, String> {
 
 fn parse_store(s: &str) -> Result<StoreUrl, String> {
     s.parse().map_err(|e: leasehold::Error| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::Args;
+
+    /// Every flag of every subcommand says what it does, and every optional
+    /// flag that takes a value names its default.
+    #[test]
+    fn every_flag_is_explained_with_its_default() {
+        let mut command = Args::command();
+        command.build();
+        let mut checked = 0;
+        for sub in command.get_subcommands().filter(|s| !s.is_hide_set()) {
+            assert!(sub.get_about().is_some(), "{} has no help", sub.get_name());
+            for arg in sub.get_arguments() {
+                let id = arg.get_id().as_str();
+                if matches!(id, "help" | "version") || arg.is_hide_set() {
+                    continue;
+                }
+                let help = arg
+                    .get_long_help()
+                    .or(arg.get_help())
+                    .map(ToString::to_string)
+                    .unwrap_or_default();
+                assert!(
+                    !help.trim().is_empty(),
+                    "{} --{id} has no help",
+                    sub.get_name()
+                );
+                let takes_value = arg.get_num_args().is_some_and(|n| n.takes_values())
+                    && !matches!(
+                        arg.get_action(),
+                        clap::ArgAction::SetTrue | clap::ArgAction::Count
+                    );
+                let optional = !arg.is_required_set() && !arg.is_positional();
+                if takes_value && optional && arg.get_default_values().is_empty() {
+                    assert!(
+                        help.contains("[default:"),
+                        "{} --{id} does not name its default: {help:?}",
+                        sub.get_name()
+                    );
+                }
+                checked += 1;
+            }
+        }
+        assert!(checked > 20, "only {checked} flags checked");
+    }
 }

@@ -23,15 +23,21 @@ pub struct LeaderJson {
     pub expires_in_ms: u64,
 }
 
+impl LeaderJson {
+    pub fn new(l: &Leader) -> Self {
+        LeaderJson {
+            id: l.candidate.to_string(),
+            token: l.token.0,
+            expires_in_ms: u64::try_from(l.expires_in.as_millis()).unwrap_or(u64::MAX),
+        }
+    }
+}
+
 impl<'a> Status<'a> {
     pub fn new(election: &'a ElectionName, leader: Option<&Leader>) -> Self {
         Status {
             election: election.as_str(),
-            leader: leader.map(|l| LeaderJson {
-                id: l.candidate.to_string(),
-                token: l.token.0,
-                expires_in_ms: u64::try_from(l.expires_in.as_millis()).unwrap_or(u64::MAX),
-            }),
+            leader: leader.map(LeaderJson::new),
         }
     }
 

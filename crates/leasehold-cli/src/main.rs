@@ -13,8 +13,11 @@ mod child;
 mod cli;
 mod events;
 mod guard;
+mod http;
 mod inspect;
+mod metrics;
 mod run;
+mod tune;
 
 /// Bad usage or input.
 const EXIT_USAGE: u8 = 2;
@@ -29,7 +32,7 @@ fn main() -> ExitCode {
     if let cli::Command::Guard = args.command {
         return guard::main();
     }
-    init_logging(args.verbose, args.quiet);
+    init_logging(args.verbose, args.quiet, args.log_format);
     match run(args) {
         Ok(code) => code,
         Err(error) => {
@@ -56,6 +59,7 @@ fn run(args: cli::Args) -> anyhow::Result<ExitCode> {
             cli::Command::Observe(cmd) => inspect::observe(cmd).await,
             cli::Command::List(cmd) => inspect::list(cmd).await,
             cli::Command::Campaign(cmd) => campaign::run(cmd).await,
+            cli::Command::Tune(cmd) => tune::run(cmd).await,
             cli::Command::Guard => Ok(guard::main()),
         }
     })
@@ -97,7 +101,7 @@ fn usage_error(error: &clap::Error) -> ExitCode {
     ExitCode::from(EXIT_USAGE)
 }
 
-fn init_logging(verbose: u8, quiet: bool) {
+fn init_logging(verbose: u8, quiet: bool, format: cli::LogFormat) {
     use tracing_subscriber::EnvFilter;
     let default = match (quiet, verbose) {
         (true, _) => "error",
@@ -106,9 +110,13 @@ fn init_logging(verbose: u8, quiet: bool) {
         (false, _) => "trace",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        cli::LogFormat::Text => builder
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+        cli::LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
 }

@@ -2,6 +2,7 @@
 
 use std::ffi::OsString;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -13,6 +14,7 @@ use tokio::time::{Instant, sleep_until};
 use crate::child::{self, Child};
 use crate::cli::RunArgs;
 use crate::guard::Guard;
+use crate::metrics::{RunnerMetrics, StepDown};
 
 /// Exit status when the command could not be started.
 const EXIT_CANNOT_START: u8 = 127;
@@ -55,15 +57,25 @@ struct Runner {
     grace: Duration,
     signals: StopSignals,
     guard: Guard,
+    metrics: Arc<RunnerMetrics>,
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let store = args.election.store.open().await?;
-    let elector = Elector::new(
-        store,
-        args.election.candidate(),
-        args.election.lease_config(),
-    )?;
+    let candidate = args.election.candidate();
+    let metrics = RunnerMetrics::new(args.election.election.as_str(), candidate.as_str());
+    let elector = Elector::new(Arc::clone(&store), candidate, args.election.lease_config())?
+        .with_renewal_observer(metrics.renewal_observer());
+    if let Some(addr) = args.http {
+        crate::http::serve(
+            addr,
+            args.election.election.clone(),
+            store,
+            Arc::clone(&metrics),
+        )
+        .await?;
+    }
+    check_margin(&elector).await;
     let mut runner = Runner {
         elector,
         election: args.election.election.clone(),
@@ -71,12 +83,51 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         grace: args.grace,
         signals: StopSignals::install()?,
         guard: Guard::start()?,
+        metrics,
     };
     let code = runner.serve().await;
     if let Err(error) = runner.elector.close().await {
         tracing::warn!(%error, "could not close the session; the store will expire it after the TTL");
     }
     code
+}
+
+/// Opens the session (timing the store's answer) and warns when the TTL and
+/// renewal period leave too little margin for that latency.
+async fn check_margin(elector: &Elector) {
+    let sent = std::time::Instant::now();
+    let session = match elector.session().await {
+        Ok(session) => session,
+        // The campaign reports (and retries) the same failure.
+        Err(_) => return,
+    };
+    let latency = sent.elapsed();
+    let config = elector.config();
+    let conditions = leasehold::tune::Conditions {
+        renew_every: config.renew_period_for(session.granted_ttl()),
+        jitter: latency,
+        skew: config.skew,
+        drift: config.drift,
+    };
+    let assessment = conditions.assess(session.granted_ttl());
+    let ttl = humantime::format_duration(session.granted_ttl());
+    let every = humantime::format_duration(conditions.renew_every);
+    let latency_ms = latency.as_secs_f64() * 1e3;
+    match assessment.verdict {
+        leasehold::tune::Verdict::Tolerant => {
+            tracing::debug!(%ttl, renew_every = %every, store_latency_ms = latency_ms,
+                lost_renewals_absorbed = assessment.lost_renewals_absorbed, "lease margin");
+        }
+        leasehold::tune::Verdict::Fragile => {
+            tracing::warn!(%ttl, renew_every = %every, store_latency_ms = latency_ms,
+                "thin lease margin: with this TTL and renewal period one lost or slow renewal ends \
+                 leadership (false failovers); see `leasehold tune --ttl {ttl} --renew-every {every} --measure 100`");
+        }
+        leasehold::tune::Verdict::Unsafe { reason } => {
+            tracing::warn!(%ttl, renew_every = %every, store_latency_ms = latency_ms,
+                "thin lease margin at the measured store latency: {reason}; see `leasehold tune`");
+        }
+    }
 }
 
 impl Runner {
@@ -161,32 +212,46 @@ impl Runner {
             }
         };
         self.guard.protect(child.pgid);
-        tracing::info!(election = %self.election, id = %self.elector.candidate(), %token, pgid = child.pgid, "leading; command started");
+        self.metrics
+            .became_leader(token, Arc::clone(leadership.session()));
+        tracing::info!(election = %self.election, id = %self.elector.candidate(), token = token.0, pgid = child.pgid, "leading; command started");
         let ended = self.supervise(&mut child, &leadership).await;
         // Whatever ended the term, nothing of the command's group may keep
         // working without a supervisor.
         child.signal_group(Signal::SIGKILL);
         self.guard.forget(child.pgid);
-        let (status, why) = ended?;
+        let (status, why) = match ended {
+            Ok(ended) => ended,
+            Err(error) => {
+                self.metrics.stepped_down(StepDown::Other);
+                return Err(error);
+            }
+        };
         let code = child::exit_code(status);
+        let id = self.elector.candidate().clone();
+        let election = &self.election;
         match why {
             TermEnd::Lost(reason) => {
-                tracing::warn!(election = %self.election, %token, %reason, status = code, "stepped down; campaigning again");
+                self.metrics.stepped_down(StepDown::from_lost(&reason));
+                tracing::warn!(%election, %id, token = token.0, %reason, status = code, "stepped down; campaigning again");
                 Ok(Next::Campaign)
             }
             TermEnd::AtRisk => {
+                self.metrics.stepped_down(StepDown::AtRisk);
                 release(leadership).await;
-                tracing::warn!(election = %self.election, %token, status = code, "stepped down before the deadline; campaigning again");
+                tracing::warn!(%election, %id, token = token.0, reason = "renewals failing; stopped before the lease deadline", status = code, "stepped down; campaigning again");
                 Ok(Next::Campaign)
             }
             TermEnd::Stopped(signal) => {
+                self.metrics.stepped_down(StepDown::Stopped);
                 release(leadership).await;
-                tracing::info!(election = %self.election, %token, %signal, status = code, "stopped; election released");
+                tracing::info!(%election, %id, token = token.0, reason = %format_args!("{signal} received"), status = code, "stopped; election released");
                 Ok(Next::Exit(ExitCode::from(code)))
             }
             TermEnd::Exited => {
+                self.metrics.stepped_down(StepDown::CommandExited);
                 release(leadership).await;
-                tracing::info!(election = %self.election, %token, status = code, "command exited; election released");
+                tracing::info!(%election, %id, token = token.0, reason = "command exited", status = code, "election released");
                 Ok(Next::Exit(ExitCode::from(code)))
             }
         }
@@ -225,14 +290,14 @@ impl Runner {
                 }
                 reason = leadership.lost(), if !lost => {
                     lost = true;
-                    tracing::warn!(election = %self.election, token = %leadership.token(), %reason, "leadership lost; killing the command");
+                    tracing::warn!(election = %self.election, id = %self.elector.candidate(), token = leadership.token().0, %reason, "leadership lost; killing the command");
                     child.signal_group(Signal::SIGTERM);
                     child.signal_group(Signal::SIGKILL);
                     why = TermEnd::Lost(reason);
                 }
                 () = sleep_until(at_risk), if !stopping => {
                     if leadership.deadline() <= deadline {
-                        tracing::warn!(election = %self.election, token = %leadership.token(),
+                        tracing::warn!(election = %self.election, token = leadership.token().0,
                             "no renewal confirmed; asking the command to stop before the lease deadline");
                         child.signal_group(Signal::SIGTERM);
                         kill_at = Some(deadline);
@@ -282,9 +347,9 @@ async fn log_leaders(
         match &*watch.borrow_and_update() {
             Some(leader) if leader.candidate == me => {}
             Some(leader) => {
-                tracing::info!(%election, leader = %leader.candidate, token = %leader.token, "waiting; election is led")
+                tracing::info!(%election, id = %me, leader = %leader.candidate, token = leader.token.0, "waiting; election is led")
             }
-            None => tracing::info!(%election, "waiting; election has no leader"),
+            None => tracing::info!(%election, id = %me, "waiting; election has no leader"),
         }
         if watch.changed().await.is_err() {
             return;

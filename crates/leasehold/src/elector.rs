@@ -10,7 +10,7 @@ use crate::clock::{Clock, Instant, TokioClock};
 use crate::config::LeaseConfig;
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
-use crate::session::{DeadlinePolicy, LostReason, Session, SessionState};
+use crate::session::{DeadlinePolicy, LostReason, RenewalObserver, Session, SessionState};
 use crate::store::{FencingToken, Grant, Leader, LeaderWatch, Store};
 
 /// How many fresh sessions one campaign opens before giving up, when each
@@ -27,6 +27,7 @@ pub struct Elector {
     candidate: CandidateId,
     session: Mutex<Option<Arc<Session>>>,
     policy: DeadlinePolicy,
+    observer: Option<RenewalObserver>,
 }
 
 impl Elector {
@@ -40,7 +41,15 @@ impl Elector {
             candidate,
             session: Mutex::new(None),
             policy: DeadlinePolicy::Conservative,
+            observer: None,
         })
+    }
+
+    /// Calls `observer` after every renewal of this elector's sessions
+    /// (round-trip times for metrics, failures for logs).
+    pub fn with_renewal_observer(mut self, observer: RenewalObserver) -> Self {
+        self.observer = Some(observer);
+        self
     }
 
     /// Uses `clock` for renewals and deadlines (simulation, tests).
@@ -91,6 +100,7 @@ impl Elector {
                 Arc::clone(&self.clock),
                 self.config,
                 self.policy,
+                self.observer.clone(),
             )
             .await?,
         );
@@ -118,7 +128,7 @@ impl Elector {
             };
             match outcome {
                 Ok(grant) => {
-                    tracing::info!(%election, candidate = %self.candidate, token = %grant.token, "became leader");
+                    tracing::info!(%election, id = %self.candidate, token = grant.token.0, "became leader");
                     return Leadership::start(
                         grant,
                         session,
@@ -282,7 +292,7 @@ impl Leadership {
     /// is left to expire or be released by [`Leadership::resign`].
     pub fn supersede(&self) {
         if lose(&self.publish, LostReason::Superseded) {
-            tracing::warn!(election = %self.grant.election, token = %self.grant.token,
+            tracing::warn!(election = %self.grant.election, token = self.grant.token.0,
                 "leadership ended: the resource refused this token as stale");
         }
     }
@@ -374,7 +384,10 @@ impl Monitor {
             let holder = holders.borrow_and_update().clone();
             if holder.is_none_or(|h| h.token != self.token) {
                 if lose(&self.publish, LostReason::Superseded) {
-                    tracing::warn!(token = %self.token, "leadership lost: the store shows the grant gone or superseded");
+                    tracing::warn!(
+                        token = self.token.0,
+                        "leadership lost: the store shows the grant gone or superseded"
+                    );
                 }
                 return;
             }

@@ -34,12 +34,13 @@ mod session;
 pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod tune;
 
 pub use config::{DEFAULT_DRIFT, DEFAULT_SKEW, DEFAULT_TTL, LeaseConfig};
 pub use elector::{Elector, Leadership};
 pub use error::{Error, Result};
 pub use names::{CandidateId, ElectionName, MAX_NAME_LEN};
-pub use session::{LostReason, Session};
+pub use session::{LostReason, RenewalEvent, RenewalObserver, Session};
 pub use store::{
     ElectionState, FencingToken, Grant, Leader, LeaderWatch, SessionId, SessionLease, Store,
     StoreUrl,

@@ -53,6 +53,48 @@ impl std::fmt::Display for LostReason {
     }
 }
 
+/// What happened to one renewal, reported to a [`RenewalObserver`].
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum RenewalEvent<'a> {
+    /// The store confirmed the renewal.
+    Renewed {
+        /// From sending the request to its reply.
+        round_trip: Duration,
+        /// The TTL the store granted.
+        granted_ttl: Duration,
+    },
+    /// The renewal failed; it is retried until the deadline.
+    Failed {
+        /// From sending the request to the failure.
+        after: Duration,
+        /// What failed.
+        error: &'a Error,
+    },
+}
+
+/// Called by the renewal task after every renewal (metrics, logs). It runs
+/// on the renewal task, so it must be quick and must not block.
+#[derive(Clone)]
+pub struct RenewalObserver(Arc<dyn Fn(&RenewalEvent<'_>) + Send + Sync>);
+
+impl RenewalObserver {
+    /// Wraps `f`.
+    pub fn new(f: impl Fn(&RenewalEvent<'_>) + Send + Sync + 'static) -> Self {
+        RenewalObserver(Arc::new(f))
+    }
+
+    fn notify(&self, event: &RenewalEvent<'_>) {
+        (self.0)(event);
+    }
+}
+
+impl std::fmt::Debug for RenewalObserver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RenewalObserver")
+    }
+}
+
 /// What the renewal task publishes.
 #[derive(Clone, Debug)]
 pub(crate) struct SessionState {
@@ -124,7 +166,7 @@ impl Session {
         clock: Arc<dyn Clock>,
         config: LeaseConfig,
     ) -> Result<Self> {
-        Session::open_with(store, clock, config, DeadlinePolicy::Conservative).await
+        Session::open_with(store, clock, config, DeadlinePolicy::Conservative, None).await
     }
 
     pub(crate) async fn open_with(
@@ -132,6 +174,7 @@ impl Session {
         clock: Arc<dyn Clock>,
         config: LeaseConfig,
         policy: DeadlinePolicy,
+        observer: Option<RenewalObserver>,
     ) -> Result<Self> {
         config.validate()?;
         let sent = clock.now();
@@ -173,6 +216,7 @@ impl Session {
             publish: Arc::clone(&publish),
             stop: stop.clone(),
             policy,
+            observer,
         };
         tokio::spawn(renewer.run(sent, deadline));
         Ok(Session {
@@ -255,6 +299,7 @@ struct Renewer {
     publish: Arc<watch::Sender<SessionState>>,
     stop: CancellationToken,
     policy: DeadlinePolicy,
+    observer: Option<RenewalObserver>,
 }
 
 impl Renewer {
@@ -275,9 +320,29 @@ impl Renewer {
             let outcome = tokio::select! {
                 biased;
                 () = self.stop.cancelled() => return,
-                () = self.clock.sleep_until(deadline) => return self.deadline_passed(last_error).await,
+                () = self.clock.sleep_until(deadline) => {
+                    // The renewal is still outstanding: it failed.
+                    if let Some(observer) = &self.observer {
+                        let after = self.clock.now().saturating_duration_since(sent);
+                        observer.notify(&RenewalEvent::Failed { after, error: &Error::Timeout(after) });
+                    }
+                    return self.deadline_passed(last_error).await;
+                }
                 outcome = self.store.keep_alive(self.id) => outcome,
             };
+            if let Some(observer) = &self.observer {
+                let elapsed = self.clock.now().saturating_duration_since(sent);
+                observer.notify(&match &outcome {
+                    Ok(granted) => RenewalEvent::Renewed {
+                        round_trip: elapsed,
+                        granted_ttl: *granted,
+                    },
+                    Err(error) => RenewalEvent::Failed {
+                        after: elapsed,
+                        error,
+                    },
+                });
+            }
             match outcome {
                 Ok(granted) => {
                     last_error = None;

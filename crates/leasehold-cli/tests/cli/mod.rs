@@ -3,4 +3,5 @@ mod etcd;
 mod fencing;
 mod harness;
 mod multi_process;
+mod operability;
 mod run;

@@ -274,3 +274,42 @@ async fn waiter_takes_over_on_resign_and_on_crash() {
     );
     drop((second, b));
 }
+
+/// The renewal observer sees every renewal with its round trip, and a
+/// renewal still outstanding at the deadline as a failure.
+#[tokio::test(start_paused = true)]
+async fn the_renewal_observer_sees_round_trips_and_failures() {
+    use std::sync::Mutex;
+    let events: Arc<Mutex<Vec<Result<Duration, String>>>> = Arc::default();
+    let seen = Arc::clone(&events);
+    let mut s = setup(ms(3000));
+    s.elector = s
+        .elector
+        .with_renewal_observer(leasehold::RenewalObserver::new(move |event| {
+            let entry = match event {
+                leasehold::RenewalEvent::Renewed { round_trip, .. } => Ok(*round_trip),
+                leasehold::RenewalEvent::Failed { error, .. } => Err(error.to_string()),
+                _ => Err("unknown event".into()),
+            };
+            seen.lock().expect("lock").push(entry);
+        }));
+    let election = unique_election("observer");
+    let leadership = s.elector.campaign(&election).await.expect("campaign");
+    s.faulty.set_keep_alive_reply_delay(ms(250));
+    tokio::time::sleep(ms(3500)).await;
+    let renewed: Vec<_> = events.lock().expect("lock").clone();
+    assert!(renewed.len() >= 3, "{renewed:?}");
+    assert!(renewed.iter().all(|e| *e == Ok(ms(250))), "{renewed:?}");
+    s.faulty.set_drop_keep_alives(true);
+    let reason = leadership.lost().await;
+    assert!(
+        matches!(reason, LostReason::DeadlineExpired { .. }),
+        "{reason:?}"
+    );
+    tokio::task::yield_now().await;
+    let last = events.lock().expect("lock").last().cloned();
+    assert!(
+        matches!(&last, Some(Err(e)) if e.contains("timed out")),
+        "{last:?}"
+    );
+}

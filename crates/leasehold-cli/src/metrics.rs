@@ -1,0 +1,204 @@
+//! What `run` knows about its own leadership, for `/status` and `/metrics`.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use leasehold::{FencingToken, RenewalEvent, RenewalObserver, Session};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+
+/// Why a term of leadership ended, as a metric label.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StepDown {
+    /// No renewal confirmed before the lease deadline.
+    DeadlineExpired,
+    /// The store expired the session.
+    SessionExpired,
+    /// The store shows the grant gone or another holder.
+    Superseded,
+    /// Renewals were failing; the command was stopped before the deadline.
+    AtRisk,
+    /// `run` was told to stop (SIGTERM/SIGINT).
+    Stopped,
+    /// The command exited by itself.
+    CommandExited,
+    /// Any other end (session closed, resigned elsewhere).
+    Other,
+}
+
+impl StepDown {
+    pub fn from_lost(reason: &leasehold::LostReason) -> Self {
+        use leasehold::LostReason as L;
+        match reason {
+            L::DeadlineExpired { .. } => StepDown::DeadlineExpired,
+            L::SessionExpired => StepDown::SessionExpired,
+            L::Superseded => StepDown::Superseded,
+            _ => StepDown::Other,
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            StepDown::DeadlineExpired => "deadline_expired",
+            StepDown::SessionExpired => "session_expired",
+            StepDown::Superseded => "superseded",
+            StepDown::AtRisk => "at_risk",
+            StepDown::Stopped => "stopped",
+            StepDown::CommandExited => "command_exited",
+            StepDown::Other => "other",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+/// The current term, if leading.
+#[derive(Debug)]
+struct Term {
+    token: FencingToken,
+    session: Arc<Session>,
+}
+
+/// Metrics and leadership state of one runner.
+#[derive(Debug)]
+pub struct RunnerMetrics {
+    registry: Registry,
+    term: Mutex<Option<Term>>,
+    is_leader: Gauge,
+    token: Gauge,
+    transitions: Counter,
+    step_downs: Family<ReasonLabel, Counter>,
+    renewal_seconds: Histogram,
+    renewal_failures: Counter,
+    lease_remaining: Gauge<f64, AtomicU64>,
+}
+
+impl RunnerMetrics {
+    pub fn new(election: &str, candidate: &str) -> Arc<Self> {
+        let mut registry = Registry::with_prefix_and_labels(
+            "leasehold",
+            [
+                ("election".into(), election.to_owned().into()),
+                ("candidate".into(), candidate.to_owned().into()),
+            ]
+            .into_iter(),
+        );
+        let metrics = RunnerMetrics {
+            term: Mutex::new(None),
+            is_leader: Gauge::default(),
+            token: Gauge::default(),
+            transitions: Counter::default(),
+            step_downs: Family::default(),
+            // 0.5 ms … 16 s.
+            renewal_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
+            renewal_failures: Counter::default(),
+            lease_remaining: Gauge::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "is_leader",
+            "1 while this runner holds the election, else 0",
+            metrics.is_leader.clone(),
+        );
+        registry.register(
+            "fencing_token",
+            "The fencing token of the current term (0 when not leading)",
+            metrics.token.clone(),
+        );
+        registry.register(
+            "leadership_transitions",
+            "Times this runner became leader or stopped being leader",
+            metrics.transitions.clone(),
+        );
+        registry.register(
+            "step_downs",
+            "Terms of leadership that ended, by reason",
+            metrics.step_downs.clone(),
+        );
+        registry.register(
+            "renewal_duration_seconds",
+            "Round trip of each lease renewal to the store",
+            metrics.renewal_seconds.clone(),
+        );
+        registry.register(
+            "renewal_failures",
+            "Lease renewals that failed (retried until the deadline)",
+            metrics.renewal_failures.clone(),
+        );
+        registry.register(
+            "lease_remaining_seconds",
+            "Time left until the leader's conservative lease deadline (0 when not leading)",
+            metrics.lease_remaining.clone(),
+        );
+        Arc::new(RunnerMetrics {
+            registry,
+            ..metrics
+        })
+    }
+
+    /// An observer that feeds the renewal histogram and failure counter.
+    pub fn renewal_observer(self: &Arc<Self>) -> RenewalObserver {
+        let metrics = Arc::clone(self);
+        RenewalObserver::new(move |event| match event {
+            RenewalEvent::Renewed { round_trip, .. } => {
+                metrics.renewal_seconds.observe(round_trip.as_secs_f64());
+            }
+            RenewalEvent::Failed { .. } => {
+                metrics.renewal_failures.inc();
+            }
+            _ => {}
+        })
+    }
+
+    pub fn became_leader(&self, token: FencingToken, session: Arc<Session>) {
+        *self.term.lock().unwrap_or_else(PoisonError::into_inner) = Some(Term { token, session });
+        self.is_leader.set(1);
+        self.token.set(i64::try_from(token.0).unwrap_or(i64::MAX));
+        self.transitions.inc();
+    }
+
+    pub fn stepped_down(&self, why: StepDown) {
+        *self.term.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        self.is_leader.set(0);
+        self.token.set(0);
+        self.transitions.inc();
+        self.step_downs
+            .get_or_create(&ReasonLabel {
+                reason: why.label(),
+            })
+            .inc();
+    }
+
+    /// The current term's token and time left, if this runner leads now.
+    pub fn leading(&self) -> Option<(FencingToken, Duration)> {
+        let term = self.term.lock().unwrap_or_else(PoisonError::into_inner);
+        let term = term.as_ref()?;
+        if term.session.ended().is_some() {
+            return None;
+        }
+        let left = term
+            .session
+            .deadline()
+            .checked_duration_since(leasehold::clock::Instant::now())?;
+        (!left.is_zero()).then_some((term.token, left))
+    }
+
+    /// The metrics in Prometheus text format.
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        let leading = self.leading();
+        self.is_leader.set(i64::from(leading.is_some()));
+        self.lease_remaining
+            .set(leading.map_or(0.0, |(_, left)| left.as_secs_f64()));
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}

@@ -1,0 +1,290 @@
+//! `leasehold tune`: recommend or judge a lease TTL (worked example 3).
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use leasehold::tune::{Assessment, Conditions, RECOMMENDED_LOST_RENEWALS, Verdict};
+use serde::Serialize;
+
+use crate::cli::TuneArgs;
+
+/// Exit status when the TTL given with `--ttl` is unsafe.
+pub const EXIT_UNSAFE: u8 = 3;
+/// TTL asked for the measuring session: long enough that no renewal during
+/// the measurement can find it expired.
+const MEASURE_TTL: Duration = Duration::from_secs(60);
+
+pub async fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
+    let measured = match args.measure {
+        Some(n) => Some(measure(&args, n).await?),
+        None => None,
+    };
+    let jitter = match (args.jitter, &measured) {
+        (Some(given), Some(m)) => given.max(m.p99),
+        (Some(given), None) => given,
+        (None, Some(m)) => m.p99,
+        (None, None) => anyhow::bail!("give --jitter or --measure N"),
+    };
+    let renew_every = match (args.renew_every, args.ttl) {
+        (Some(r), _) => r,
+        (None, Some(ttl)) => ttl / 3,
+        (None, None) => anyhow::bail!("give --renew-every or --ttl"),
+    };
+    let conditions = Conditions::new(renew_every, jitter, args.skew)?;
+    let recommendation = conditions.recommend();
+    let evaluated = args.ttl.map(|ttl| conditions.assess(ttl));
+    let report = Report {
+        renew_every_ms: millis(renew_every),
+        jitter_ms: jitter.as_secs_f64() * 1e3,
+        skew_ms: millis(args.skew),
+        drift: conditions.drift,
+        measured: measured.as_ref().map(Measured::json),
+        recommended_ttl_ms: millis(recommendation.recommended.ttl),
+        recommended_ttl: show(recommendation.recommended.ttl),
+        recommended: AssessmentJson::new(&recommendation.recommended),
+        alternatives: recommendation
+            .alternatives
+            .iter()
+            .map(AssessmentJson::new)
+            .collect(),
+        evaluated: evaluated.as_ref().map(AssessmentJson::new),
+    };
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        print_human(&report, &conditions, measured.as_ref(), evaluated.as_ref());
+    }
+    Ok(match evaluated {
+        Some(a) if !a.is_safe() => ExitCode::from(EXIT_UNSAFE),
+        _ => ExitCode::SUCCESS,
+    })
+}
+
+/// Round trips of renewals against a real store.
+struct Measured {
+    store: String,
+    samples: Vec<Duration>,
+    p50: Duration,
+    p99: Duration,
+}
+
+impl Measured {
+    fn json(&self) -> MeasuredJson {
+        MeasuredJson {
+            store: self.store.clone(),
+            samples: self.samples.len(),
+            p50_ms: self.p50.as_secs_f64() * 1e3,
+            p99_ms: self.p99.as_secs_f64() * 1e3,
+            max_ms: self.samples.last().map_or(0.0, |d| d.as_secs_f64() * 1e3),
+        }
+    }
+}
+
+/// Opens a session and renews it `n` times back to back, timing each.
+async fn measure(args: &TuneArgs, n: u32) -> anyhow::Result<Measured> {
+    let store = args.store.open().await?;
+    let lease = store.open_session(MEASURE_TTL).await?;
+    let mut samples = Vec::with_capacity(n as usize);
+    let mut outcome = Ok(());
+    for _ in 0..n {
+        let sent = Instant::now();
+        if let Err(error) = store.keep_alive(lease.id).await {
+            outcome = Err(error);
+            break;
+        }
+        samples.push(sent.elapsed());
+    }
+    if let Err(error) = store.close_session(lease.id).await {
+        tracing::warn!(%error, "could not close the measuring session; the store expires it");
+    }
+    outcome?;
+    samples.sort();
+    let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
+    Ok(Measured {
+        store: args
+            .store
+            .store
+            .as_ref()
+            .map_or_else(|| "default sqlite".to_owned(), ToString::to_string),
+        p50: at(0.5),
+        p99: at(0.99),
+        samples,
+    })
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    renew_every_ms: u64,
+    jitter_ms: f64,
+    skew_ms: u64,
+    drift: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    measured: Option<MeasuredJson>,
+    recommended_ttl_ms: u64,
+    recommended_ttl: String,
+    recommended: AssessmentJson,
+    alternatives: Vec<AssessmentJson>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    evaluated: Option<AssessmentJson>,
+}
+
+#[derive(Debug, Serialize)]
+struct MeasuredJson {
+    store: String,
+    samples: usize,
+    p50_ms: f64,
+    p99_ms: f64,
+    max_ms: f64,
+}
+
+#[derive(Debug, Serialize)]
+struct AssessmentJson {
+    ttl_ms: u64,
+    renew_every_ms: u64,
+    lost_renewals_absorbed: u32,
+    slowest_renewal_absorbed_ms: u64,
+    worst_case_failover_ms: u64,
+    verdict: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+}
+
+impl AssessmentJson {
+    fn new(a: &Assessment) -> Self {
+        AssessmentJson {
+            ttl_ms: millis(a.ttl),
+            renew_every_ms: millis(a.renew_every),
+            lost_renewals_absorbed: a.lost_renewals_absorbed,
+            slowest_renewal_absorbed_ms: millis(a.round_trip_absorbed),
+            worst_case_failover_ms: millis(a.worst_case_failover),
+            verdict: a.verdict.to_string(),
+            reason: match &a.verdict {
+                Verdict::Unsafe { reason } => Some(reason.clone()),
+                Verdict::Fragile => Some(
+                    "one lost or slow renewal ends leadership: false failovers, flapping under load"
+                        .into(),
+                ),
+                Verdict::Tolerant => None,
+            },
+        }
+    }
+}
+
+/// `11s`, `2.1s`, `88ms`, `255µs`: the shortest readable form, in the
+/// syntax the duration flags accept.
+fn show(d: Duration) -> String {
+    let trim = |x: f64| {
+        let text = format!("{x:.3}");
+        text.trim_end_matches('0').trim_end_matches('.').to_owned()
+    };
+    if d >= Duration::from_secs(1) {
+        format!("{}s", trim(d.as_secs_f64()))
+    } else if d >= Duration::from_millis(1) {
+        format!("{}ms", trim(d.as_secs_f64() * 1e3))
+    } else {
+        format!("{}µs", d.as_micros())
+    }
+}
+
+fn print_human(
+    report: &Report,
+    conditions: &Conditions,
+    measured: Option<&Measured>,
+    evaluated: Option<&Assessment>,
+) {
+    if let Some(m) = measured {
+        println!(
+            "Measured {} renewals on {}: p50 {}, p99 {}, max {}",
+            m.samples.len(),
+            m.store,
+            show(m.p50),
+            show(m.p99),
+            show(m.samples.last().copied().unwrap_or_default())
+        );
+    }
+    println!(
+        "Conditions: renew every {}, jitter {}, clock skew {}, clock drift {}%",
+        show(conditions.renew_every),
+        show(conditions.jitter),
+        show(conditions.skew),
+        conditions.drift * 100.0
+    );
+    println!(
+        "Recommended TTL: {} — absorbs {RECOMMENDED_LOST_RENEWALS} lost renewals in a row; \
+         after a crash the election is unowned for up to {}",
+        report.recommended_ttl,
+        show(Duration::from_millis(
+            report.recommended.worst_case_failover_ms
+        ))
+    );
+    println!(
+        "  leasehold run --ttl {} --renew-every {} …",
+        report.recommended_ttl,
+        show(conditions.renew_every)
+    );
+    println!();
+    println!(
+        "{:>8}  {:>22}  {:>26}  {:>20}  verdict",
+        "TTL", "lost renewals absorbed", "slowest renewal absorbed", "worst-case failover"
+    );
+    let mut rows: Vec<&AssessmentJson> = report.alternatives.iter().collect();
+    if let Some(e) = &report.evaluated
+        && !rows.iter().any(|r| r.ttl_ms == e.ttl_ms)
+    {
+        rows.push(e);
+        rows.sort_by_key(|r| r.ttl_ms);
+    }
+    for row in rows {
+        let mark = if row.ttl_ms == report.recommended_ttl_ms {
+            "  ← recommended"
+        } else if report
+            .evaluated
+            .as_ref()
+            .is_some_and(|e| e.ttl_ms == row.ttl_ms)
+        {
+            "  ← --ttl"
+        } else {
+            ""
+        };
+        let absorbed = if row.verdict == "unsafe" {
+            "-".to_owned()
+        } else {
+            row.lost_renewals_absorbed.to_string()
+        };
+        println!(
+            "{:>8}  {:>22}  {:>26}  {:>20}  {}{mark}",
+            show(Duration::from_millis(row.ttl_ms)),
+            absorbed,
+            show(Duration::from_millis(row.slowest_renewal_absorbed_ms)),
+            show(Duration::from_millis(row.worst_case_failover_ms)),
+            row.verdict
+        );
+    }
+    if let Some(e) = evaluated {
+        println!();
+        match &e.verdict {
+            Verdict::Tolerant => println!(
+                "TTL {}: safe; absorbs {} lost renewals in a row, worst-case failover {}",
+                show(e.ttl),
+                e.lost_renewals_absorbed,
+                show(e.worst_case_failover)
+            ),
+            Verdict::Fragile => println!(
+                "TTL {}: works but fragile: one lost or slow renewal (slower than {}) ends \
+                 leadership, causing false failovers; consider {}",
+                show(e.ttl),
+                show(e.round_trip_absorbed),
+                report.recommended_ttl
+            ),
+            Verdict::Unsafe { reason } => println!(
+                "TTL {}: UNSAFE: {reason}; consider {}",
+                show(e.ttl),
+                report.recommended_ttl
+            ),
+        }
+    }
+}

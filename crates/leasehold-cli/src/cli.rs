@@ -80,8 +80,9 @@ pub enum Command {
 /// Where elections are decided.
 #[derive(Debug, ClapArgs)]
 pub struct StoreArgs {
-    /// The store URL: sqlite:PATH, etcd://HOST:PORT[,HOST:PORT…][/PREFIX] or memory:.
-    /// [default: sqlite:$XDG_STATE_HOME/leasehold/leasehold.db]
+    /// The store URL: sqlite:PATH, etcd://HOST:PORT[,HOST:PORT…][/PREFIX],
+    /// zk://HOST:PORT[,HOST:PORT…][/CHROOT], postgres://USER@HOST[:PORT]/DB[?schema=NAME]
+    /// or memory:. [default: sqlite:$XDG_STATE_HOME/leasehold/leasehold.db]
     #[arg(long, env = "LEASEHOLD_STORE", value_parser = parse_store)]
     pub store: Option<StoreUrl>,
 }

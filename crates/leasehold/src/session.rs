@@ -313,6 +313,7 @@ impl Renewer {
             tokio::select! {
                 biased;
                 () = self.stop.cancelled() => return,
+                () = self.store.session_ended(self.id) => return self.store_ended_it(),
                 () = self.clock.sleep_until(deadline) => return self.deadline_passed(last_error).await,
                 () = self.clock.sleep_until(next) => {}
             }
@@ -376,6 +377,11 @@ impl Renewer {
                 }
             }
         }
+    }
+
+    fn store_ended_it(&self) {
+        tracing::warn!(session = %self.id, "the store reports the session ended");
+        end(&self.publish, LostReason::SessionExpired);
     }
 
     async fn deadline_passed(&self, last_error: Option<String>) {

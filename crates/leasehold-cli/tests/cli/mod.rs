@@ -5,3 +5,4 @@ mod harness;
 mod multi_process;
 mod operability;
 mod run;
+mod zk_postgres;

@@ -14,9 +14,13 @@ use crate::names::{CandidateId, ElectionName};
 pub mod etcd;
 mod local;
 pub mod memory;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 mod url;
+#[cfg(feature = "zookeeper")]
+pub mod zookeeper;
 
 pub use url::{StoreUrl, open};
 
@@ -160,6 +164,15 @@ pub trait Store: Send + Sync + fmt::Debug {
 
     /// Every election the store knows, with its current leader.
     async fn elections(&self) -> Result<Vec<ElectionState>>;
+
+    /// Resolves when the store learns, between renewals, that `session` has
+    /// ended (a ZooKeeper client told the session expired, say), so that
+    /// leadership ends at once rather than at the next renewal. Stores that
+    /// learn it only from a renewal keep the default, which never resolves.
+    async fn session_ended(&self, session: SessionId) {
+        let _ = session;
+        std::future::pending::<()>().await;
+    }
 }
 
 /// Publishes `leader` on a [`LeaderWatch`] sender if it is another grant

@@ -24,15 +24,40 @@ pub enum StoreUrl {
         /// Where leasehold's keys live (default `/leasehold`).
         prefix: String,
     },
+    /// `zk://host:port[,host:port…][/chroot]` — a ZooKeeper ensemble.
+    ZooKeeper {
+        /// `host:port` of each server to try.
+        endpoints: Vec<String>,
+        /// The node under which leasehold's nodes live (default `/leasehold`).
+        root: String,
+    },
+    /// `postgres://…` or `postgresql://…` — a PostgreSQL database.
+    Postgres {
+        /// The connection URL as given, without leasehold's own `schema`
+        /// parameter.
+        url: String,
+        /// The schema leasehold's tables live in (`?schema=NAME`, default
+        /// `leasehold`).
+        schema: String,
+    },
 }
 
-const SCHEMES: &str = "sqlite:PATH, etcd://HOST:PORT[,HOST:PORT…][/PREFIX] or memory:";
+const SCHEMES: &str = "sqlite:PATH, etcd://HOST:PORT[,HOST:PORT…][/PREFIX], \
+     zk://HOST:PORT[,HOST:PORT…][/CHROOT], postgres://USER@HOST[:PORT]/DB[?schema=NAME] or memory:";
 
-fn parse_etcd(url: &str, rest: &str) -> Result<StoreUrl> {
+/// The default PostgreSQL schema.
+pub const DEFAULT_POSTGRES_SCHEMA: &str = "leasehold";
+
+/// `HOST:PORT[,HOST:PORT…][/PATH]` after `scheme://`: the endpoints and the
+/// path (without a trailing `/`, empty if none).
+fn parse_cluster(url: &str, scheme: &str, rest: &str) -> Result<(Vec<String>, String)> {
     let bad = |reason: String| Error::invalid("store URL", format!("{url:?}: {reason}"));
-    let rest = rest
-        .strip_prefix("//")
-        .ok_or_else(|| bad("expected etcd://HOST:PORT[,HOST:PORT…][/PREFIX]".into()))?;
+    let path_name = if scheme == "zk" { "CHROOT" } else { "PREFIX" };
+    let rest = rest.strip_prefix("//").ok_or_else(|| {
+        bad(format!(
+            "expected {scheme}://HOST:PORT[,HOST:PORT…][/{path_name}]"
+        ))
+    })?;
     let (hosts, prefix) = match rest.find('/') {
         Some(i) => (&rest[..i], rest[i..].trim_end_matches('/').to_owned()),
         None => (rest, String::new()),
@@ -47,12 +72,66 @@ fn parse_etcd(url: &str, rest: &str) -> Result<StoreUrl> {
         }
         endpoints.push(host.to_owned());
     }
+    if prefix.contains("//") {
+        return Err(bad(format!("{path_name} {prefix:?} has an empty segment")));
+    }
+    Ok((endpoints, prefix))
+}
+
+fn parse_etcd(url: &str, rest: &str) -> Result<StoreUrl> {
+    let (endpoints, prefix) = parse_cluster(url, "etcd", rest)?;
     let prefix = if prefix.is_empty() {
         crate::store::etcd_default_prefix().to_owned()
     } else {
         prefix
     };
     Ok(StoreUrl::Etcd { endpoints, prefix })
+}
+
+fn parse_zookeeper(url: &str, rest: &str) -> Result<StoreUrl> {
+    let (endpoints, root) = parse_cluster(url, "zk", rest)?;
+    let root = if root.is_empty() {
+        crate::store::etcd_default_prefix().to_owned()
+    } else {
+        root
+    };
+    Ok(StoreUrl::ZooKeeper { endpoints, root })
+}
+
+/// Takes leasehold's `schema` parameter out of a PostgreSQL URL; the rest
+/// goes to tokio-postgres unchanged.
+fn parse_postgres(url: &str) -> Result<StoreUrl> {
+    let bad = |reason: String| Error::invalid("store URL", reason);
+    let (base, query) = match url.split_once('?') {
+        Some((base, query)) => (base, query),
+        None => (url, ""),
+    };
+    let mut schema = None;
+    let mut kept = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("schema", name)) => schema = Some(name.to_owned()),
+            _ => kept.push(pair),
+        }
+    }
+    let schema = schema.unwrap_or_else(|| DEFAULT_POSTGRES_SCHEMA.to_owned());
+    let valid = !schema.is_empty()
+        && schema.len() <= 63
+        && schema.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+        && schema
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if !valid {
+        return Err(bad(format!(
+            "schema {schema:?} must be 1–63 characters of a-z, 0-9 and _, not starting with a digit"
+        )));
+    }
+    let url = if kept.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    Ok(StoreUrl::Postgres { url, schema })
 }
 
 impl StoreUrl {
@@ -107,10 +186,8 @@ impl FromStr for StoreUrl {
                 Ok(StoreUrl::Sqlite(PathBuf::from(path)))
             }
             "etcd" => parse_etcd(url, rest),
-            "zk" | "postgres" | "postgresql" => Err(Error::invalid(
-                "store URL",
-                format!("the {scheme}: store is not available in this build yet; use {SCHEMES}"),
-            )),
+            "zk" => parse_zookeeper(url, rest),
+            "postgres" | "postgresql" => parse_postgres(url),
             other => Err(Error::invalid(
                 "store URL",
                 format!("unknown scheme {other:?} in {url:?}; expected {SCHEMES}"),
@@ -127,7 +204,35 @@ impl fmt::Display for StoreUrl {
             StoreUrl::Etcd { endpoints, prefix } => {
                 write!(f, "etcd://{}{prefix}", endpoints.join(","))
             }
+            StoreUrl::ZooKeeper { endpoints, root } => {
+                write!(f, "zk://{}{root}", endpoints.join(","))
+            }
+            // Without the password, if the URL has one.
+            StoreUrl::Postgres { url, schema } => {
+                f.write_str(&redact_password(url))?;
+                if schema != DEFAULT_POSTGRES_SCHEMA {
+                    let sep = if url.contains('?') { '&' } else { '?' };
+                    write!(f, "{sep}schema={schema}")?;
+                }
+                Ok(())
+            }
         }
+    }
+}
+
+/// `scheme://user:password@host…` → `scheme://user:***@host…`.
+fn redact_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
     }
 }
 
@@ -150,6 +255,24 @@ pub async fn open(url: &StoreUrl) -> Result<Arc<dyn Store>> {
         StoreUrl::Etcd { .. } => Err(Error::invalid(
             "store URL",
             "this build of leasehold has no etcd support (cargo feature \"etcd\")",
+        )),
+        #[cfg(feature = "zookeeper")]
+        StoreUrl::ZooKeeper { endpoints, root } => Ok(Arc::new(
+            crate::store::zookeeper::ZkStore::connect(endpoints, root).await?,
+        )),
+        #[cfg(not(feature = "zookeeper"))]
+        StoreUrl::ZooKeeper { .. } => Err(Error::invalid(
+            "store URL",
+            "this build of leasehold has no ZooKeeper support (cargo feature \"zookeeper\")",
+        )),
+        #[cfg(feature = "postgres")]
+        StoreUrl::Postgres { url, schema } => Ok(Arc::new(
+            crate::store::postgres::PostgresStore::connect(url, schema).await?,
+        )),
+        #[cfg(not(feature = "postgres"))]
+        StoreUrl::Postgres { .. } => Err(Error::invalid(
+            "store URL",
+            "this build of leasehold has no PostgreSQL support (cargo feature \"postgres\")",
         )),
     }
 }
@@ -192,6 +315,28 @@ mod tests {
     }
 
     #[test]
+    fn parses_zookeeper_and_postgres() {
+        assert_eq!(
+            "zk://a:2181,b:2181".parse::<StoreUrl>().ok(),
+            Some(StoreUrl::ZooKeeper {
+                endpoints: vec!["a:2181".into(), "b:2181".into()],
+                root: "/leasehold".into()
+            })
+        );
+        assert_eq!(
+            "postgres://u@h/db?schema=jobs&sslmode=disable"
+                .parse::<StoreUrl>()
+                .ok(),
+            Some(StoreUrl::Postgres {
+                url: "postgres://u@h/db?sslmode=disable".into(),
+                schema: "jobs".into()
+            })
+        );
+        let with_password: StoreUrl = "postgres://u:secret@h/db".parse().expect("valid");
+        assert_eq!(with_password.to_string(), "postgres://u:***@h/db");
+    }
+
+    #[test]
     fn rejects_bad_urls_with_reason() {
         for (url, needle) in [
             ("", "no scheme"),
@@ -199,7 +344,12 @@ mod tests {
             ("redis://x", "unknown scheme \"redis\""),
             ("sqlite:", "names no file"),
             ("memory:foo", "takes no path"),
-            ("zk://127.0.0.1:2181", "not available"),
+            ("zk:127.0.0.1:2181", "expected zk://"),
+            ("zk://127.0.0.1", "no :PORT"),
+            ("zk://h:1/a//b", "empty segment"),
+            ("postgres://h/db?schema=Bad-Name", "schema \"Bad-Name\""),
+            ("postgresql://h/db?schema=", "schema \"\""),
+            ("postgres://h/db?schema=9lives", "not starting with a digit"),
             ("etcd:127.0.0.1:2379", "expected etcd://"),
             ("etcd://127.0.0.1", "no :PORT"),
             ("etcd://127.0.0.1:x", "not HOST:PORT"),
@@ -212,7 +362,14 @@ mod tests {
 
     #[test]
     fn display_round_trips() {
-        for url in ["memory:", "sqlite:/a/b.db", "etcd://h:1,k:2/p"] {
+        for url in [
+            "memory:",
+            "sqlite:/a/b.db",
+            "etcd://h:1,k:2/p",
+            "zk://h:1,k:2/jobs",
+            "postgres://u@h:5432/db",
+            "postgresql://u@h/db?sslmode=disable&schema=jobs",
+        ] {
             let parsed: StoreUrl = url.parse().expect("valid");
             assert_eq!(parsed.to_string(), url);
         }

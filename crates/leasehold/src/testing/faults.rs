@@ -131,4 +131,8 @@ impl Store for FaultyStore {
         self.check()?;
         self.inner.elections().await
     }
+
+    async fn session_ended(&self, session: SessionId) {
+        self.inner.session_ended(session).await;
+    }
 }

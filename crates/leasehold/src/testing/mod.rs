@@ -8,6 +8,8 @@ mod faults;
 #[cfg(feature = "postgres")]
 mod postgres_server;
 mod rng;
+#[cfg(feature = "zookeeper")]
+mod zookeeper_server;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,6 +22,8 @@ pub use faults::FaultyStore;
 #[cfg(feature = "postgres")]
 pub use postgres_server::PostgresServer;
 pub use rng::Rng;
+#[cfg(feature = "zookeeper")]
+pub use zookeeper_server::ZooKeeperServer;
 
 use crate::names::ElectionName;
 use crate::store::Store;
@@ -58,6 +62,24 @@ pub async fn campaign_on_new_session(
         .campaign(lease.id, election, &candidate)
         .await
         .expect("campaign")
+}
+
+/// Campaigns until granted, retrying after any store error (an outage a
+/// test injects on purpose); panics on invalid input (test support).
+pub async fn campaign_until_granted(
+    elector: &crate::Elector,
+    election: &ElectionName,
+) -> crate::Leadership {
+    loop {
+        match elector.campaign(election).await {
+            Ok(leadership) => return leadership,
+            Err(error @ crate::Error::InvalidInput { .. }) => panic!("campaign: {error}"),
+            Err(error) => {
+                tracing::debug!(%error, "campaign failed; retrying");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
+    }
 }
 
 /// Generates one `#[tokio::test]` per conformance case. `$harness` is an

@@ -74,28 +74,60 @@ impl PostgresServer {
             .and_then(|l| l.local_addr())
             .expect("free port")
             .port();
-        let log = std::fs::File::create(dir.join("server.log")).expect("log file");
+        let mut pg = PostgresServer {
+            dir,
+            port,
+            process: None,
+        };
+        pg.spawn();
+        pg
+    }
+
+    fn spawn(&mut self) {
+        let log_path = self.dir.join("server.log");
+        let _ = std::fs::remove_file(&log_path);
+        let log = std::fs::File::create(&log_path).expect("log file");
         let mut server = Command::new(program("postgres"));
         server
             .arg("-D")
-            .arg(&data)
+            .arg(self.dir.join("data"))
             .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"])
             .arg("-c")
-            .arg(format!("unix_socket_directories={}", dir.display()))
+            .arg(format!("unix_socket_directories={}", self.dir.display()))
             .arg("-p")
-            .arg(port.to_string())
+            .arg(self.port.to_string())
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log);
-        as_server_user(&mut server, &dir);
-        let process = server.spawn().expect("start postgres");
-        let pg = PostgresServer {
-            dir,
-            port,
-            process: Some(process),
-        };
-        pg.wait_ready(Duration::from_secs(30));
-        pg
+        as_server_user(&mut server, &self.dir);
+        self.process = Some(server.spawn().expect("start postgres"));
+        self.wait_ready(Duration::from_secs(30));
+    }
+
+    /// Stops the server at once (SIGQUIT, as after a crash) and starts it
+    /// again on the same port and data. Connections are cut; committed
+    /// data survives.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut child) = self.process.take() {
+            // SIGQUIT: immediate shutdown; the postmaster ends its backends.
+            if let Ok(pid) = i32::try_from(child.id()) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGQUIT,
+                );
+            }
+            let until = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < until && matches!(child.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 
     fn wait_ready(&self, limit: Duration) {
@@ -128,21 +160,7 @@ impl PostgresServer {
 
 impl Drop for PostgresServer {
     fn drop(&mut self) {
-        if let Some(mut child) = self.process.take() {
-            // SIGQUIT: immediate shutdown; the postmaster ends its backends.
-            if let Ok(pid) = i32::try_from(child.id()) {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGQUIT,
-                );
-            }
-            let until = Instant::now() + Duration::from_secs(5);
-            while Instant::now() < until && matches!(child.try_wait(), Ok(None)) {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.stop();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

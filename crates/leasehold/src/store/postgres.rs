@@ -1,0 +1,679 @@
+//! The PostgreSQL store: `postgres://…` / `postgresql://…[?schema=NAME]`.
+//!
+//! - Tables live in their own schema (default `leasehold`), created on
+//!   first use together with a `schema_version` table; a newer version, or
+//!   tables leasehold did not create, are refused without writing.
+//! - A session is a row with an expiry on the **server's** clock
+//!   (`clock_timestamp()`), never the client's; a renewal is one `UPDATE`
+//!   of that row, which renews every election the session holds.
+//! - An election is a row with the holder's session, the candidate and a
+//!   token. Acquisition is one transaction that locks the election row and
+//!   the holder's session row (so a concurrent renewal either lands first
+//!   and is seen, or comes after and finds the session expired), and bumps
+//!   the token in the acquiring `UPDATE` — one statement, a function
+//!   created with the schema. The token is never reset, so it
+//!   increases across server restarts.
+//! - Releases and grants `NOTIFY` the channel `leasehold_{schema}` with the
+//!   election's name; waiters `LISTEN` and otherwise sleep until the holder's
+//!   expiry as the server reported it. There is no polling period. (Every
+//!   waiter of an election wakes on its release and one wins: O(N) reads
+//!   per handover, not a queue.)
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::{broadcast, watch};
+use tokio_postgres::{AsyncMessage, Client, NoTls};
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+use crate::error::{Error, Result};
+use crate::names::{CandidateId, ElectionName};
+use crate::store::{
+    ElectionState, FencingToken, Grant, Leader, LeaderWatch, SessionId, SessionLease, Store,
+    publish_leader,
+};
+
+/// The schema version this build writes and understands.
+pub const SCHEMA_VERSION: i64 = 1;
+/// How long to wait for a connection or one statement.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Pause before the listener or a watch retries after a failure.
+const RETRY: Duration = Duration::from_millis(250);
+/// Expired session rows older than this are deleted when sessions open.
+const KEEP_EXPIRED: &str = "1 hour";
+
+/// What the listener broadcasts: an election that changed, or `None` after
+/// (re)connecting, when anything may have changed unseen.
+type Notice = Option<Arc<str>>;
+
+/// An election store in a PostgreSQL database.
+#[derive(Debug, Clone)]
+pub struct PostgresStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    config: tokio_postgres::Config,
+    /// For messages: the URL without its password.
+    display: String,
+    schema: String,
+    channel: String,
+    client: tokio::sync::Mutex<Option<Arc<Client>>>,
+    notices: broadcast::Sender<Notice>,
+    _stop_listener: DropGuard,
+}
+
+fn unavailable(what: &str, error: tokio_postgres::Error) -> Error {
+    // tokio-postgres says only "db error" for errors the server reports.
+    let detail = match error.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => error.to_string(),
+    };
+    Error::Unavailable {
+        reason: format!("postgres {what}: {detail}"),
+        source: Some(Box::new(error)),
+    }
+}
+
+async fn timed<T>(
+    what: &str,
+    fut: impl Future<Output = std::result::Result<T, tokio_postgres::Error>>,
+) -> Result<T> {
+    match tokio::time::timeout(REQUEST_TIMEOUT, fut).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(error)) => Err(unavailable(what, error)),
+        Err(_) => Err(Error::Unavailable {
+            reason: format!("postgres {what}: no answer within {REQUEST_TIMEOUT:?}"),
+            source: None,
+        }),
+    }
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX)
+}
+
+fn from_millis(ms: i64) -> Duration {
+    Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
+fn session_key(session: SessionId) -> Result<i64> {
+    i64::try_from(session.0).map_err(|_| Error::SessionExpired(session))
+}
+
+fn token(value: i64) -> FencingToken {
+    FencingToken(u64::try_from(value).unwrap_or(0))
+}
+
+impl PostgresStore {
+    /// Connects to the database at `url` (a libpq-style URL) and creates
+    /// or checks leasehold's tables in `schema`.
+    pub async fn connect(url: &str, schema: &str) -> Result<Self> {
+        let config: tokio_postgres::Config = url.parse().map_err(|e: tokio_postgres::Error| {
+            Error::invalid("store URL", format!("not a PostgreSQL URL: {e}"))
+        })?;
+        let display = crate::store::StoreUrl::Postgres {
+            url: url.to_owned(),
+            schema: schema.to_owned(),
+        }
+        .to_string();
+        let (notices, _) = broadcast::channel(1024);
+        let stop = CancellationToken::new();
+        let inner = Arc::new(Inner {
+            config,
+            display,
+            schema: schema.to_owned(),
+            channel: format!("leasehold_{schema}"),
+            client: tokio::sync::Mutex::new(None),
+            notices,
+            _stop_listener: stop.clone().drop_guard(),
+        });
+        let client = inner.client().await?;
+        inner.migrate(&client).await?;
+        tokio::spawn(listen(Arc::downgrade(&inner), stop));
+        Ok(PostgresStore { inner })
+    }
+}
+
+impl Inner {
+    async fn connect(&self) -> Result<Client> {
+        let (client, connection) = timed(
+            &format!("connect to {}", self.display),
+            self.config.connect(NoTls),
+        )
+        .await?;
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, "postgres connection ended");
+            }
+        });
+        Ok(client)
+    }
+
+    /// The shared connection, reconnected if it broke.
+    async fn client(&self) -> Result<Arc<Client>> {
+        let mut slot = self.client.lock().await;
+        if let Some(client) = slot.as_ref()
+            && !client.is_closed()
+        {
+            return Ok(Arc::clone(client));
+        }
+        let client = Arc::new(self.connect().await?);
+        *slot = Some(Arc::clone(&client));
+        Ok(client)
+    }
+
+    fn table(&self, name: &str) -> String {
+        // The schema name is validated to [a-z0-9_] by the URL parser.
+        format!("{}.{name}", self.schema)
+    }
+
+    /// Creates the schema on first use; refuses a newer version, or tables
+    /// leasehold did not create, without writing.
+    async fn migrate(&self, client: &Client) -> Result<()> {
+        let s = &self.schema;
+        let exists = |table: &str| format!("SELECT to_regclass('{s}.{table}') IS NOT NULL");
+        let version_table: bool = timed(
+            "read the schema",
+            client.query_one(&exists("schema_version"), &[]),
+        )
+        .await?
+        .get(0);
+        if version_table {
+            let found: Option<i64> = timed(
+                "read the schema version",
+                client.query_one(
+                    &format!("SELECT max(version)::bigint FROM {s}.schema_version"),
+                    &[],
+                ),
+            )
+            .await?
+            .get(0);
+            match found {
+                Some(v) if v > SCHEMA_VERSION => {
+                    return Err(Error::IncompatibleSchema {
+                        found: v,
+                        supported: SCHEMA_VERSION,
+                    });
+                }
+                Some(_) => return Ok(()),
+                None => {}
+            }
+        } else {
+            for table in ["sessions", "elections"] {
+                let foreign: bool = timed("read the schema", client.query_one(&exists(table), &[]))
+                    .await?
+                    .get(0);
+                if foreign {
+                    return Err(Error::Corrupt(format!(
+                        "schema {s} has a table {table} that leasehold did not create; \
+                         choose another schema with ?schema=NAME"
+                    )));
+                }
+            }
+        }
+        // Concurrent first uses queue on an advisory lock; CREATE … IF NOT
+        // EXISTS is not safe against itself.
+        let ddl = format!(
+            "BEGIN;
+             SELECT pg_advisory_xact_lock(hashtext('leasehold schema {s}'));
+             CREATE SCHEMA IF NOT EXISTS {s};
+             CREATE TABLE IF NOT EXISTS {s}.schema_version (version bigint NOT NULL);
+             CREATE TABLE IF NOT EXISTS {s}.sessions (
+                 id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                 ttl_ms bigint NOT NULL CHECK (ttl_ms > 0),
+                 expires_at timestamptz NOT NULL);
+             CREATE TABLE IF NOT EXISTS {s}.elections (
+                 name text PRIMARY KEY,
+                 token bigint NOT NULL,
+                 session bigint,
+                 candidate text);
+             {acquire}
+             INSERT INTO {s}.schema_version (version)
+                 SELECT {SCHEMA_VERSION} WHERE NOT EXISTS (SELECT 1 FROM {s}.schema_version);
+             COMMIT;",
+            acquire = acquire_function(s)
+        );
+        if let Err(error) = timed("create the schema", client.batch_execute(&ddl)).await {
+            let _ = client.batch_execute("ROLLBACK").await;
+            return Err(error);
+        }
+        Ok(())
+    }
+
+    async fn read_leader(&self, election: &ElectionName) -> Result<Option<Leader>> {
+        let client = self.client().await?;
+        let row = timed(
+            "read the leader",
+            client.query_opt(
+                &format!(
+                    "SELECT e.candidate, e.token,
+                            (extract(epoch FROM h.expires_at - clock_timestamp()) * 1000)::bigint
+                     FROM {} e JOIN {} h ON h.id = e.session
+                     WHERE e.name = $1 AND h.expires_at > clock_timestamp()",
+                    self.table("elections"),
+                    self.table("sessions")
+                ),
+                &[&election.as_str()],
+            ),
+        )
+        .await?;
+        row.map(|row| self.leader_from(row.get(0), row.get(1), row.get(2)))
+            .transpose()
+    }
+
+    fn leader_from(&self, candidate: Option<String>, tok: i64, left_ms: i64) -> Result<Leader> {
+        let candidate = candidate
+            .as_deref()
+            .and_then(|c| CandidateId::new(c).ok())
+            .ok_or_else(|| {
+                Error::Corrupt(format!(
+                    "{} holds an invalid candidate",
+                    self.table("elections")
+                ))
+            })?;
+        Ok(Leader {
+            candidate,
+            token: token(tok),
+            expires_in: from_millis(left_ms),
+        })
+    }
+
+    /// One acquisition attempt, one statement: the grant, or how long the
+    /// current holder's session has left.
+    async fn try_acquire(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        candidate: &CandidateId,
+    ) -> Result<std::result::Result<Grant, Duration>> {
+        let id = session_key(session)?;
+        let client = self.client().await?;
+        let row = timed(
+            "campaign",
+            client.query_one(
+                &format!("SELECT * FROM {}($1, $2, $3)", self.table("acquire")),
+                &[&id, &election.as_str(), &candidate.as_str()],
+            ),
+        )
+        .await?;
+        let (granted, tok, wait_ms): (Option<bool>, Option<i64>, Option<i64>) =
+            (row.get(0), row.get(1), row.get(2));
+        match (granted, tok) {
+            (Some(true), Some(tok)) => Ok(Ok(Grant {
+                election: election.clone(),
+                candidate: candidate.clone(),
+                session,
+                token: token(tok),
+            })),
+            (Some(false), _) => Ok(Err(from_millis(wait_ms.unwrap_or(0)))),
+            _ => Err(Error::SessionExpired(session)),
+        }
+    }
+}
+
+/// `{schema}.acquire(session, election, candidate)`: the compare-and-swap,
+/// as one function so that acquisition is one statement. It locks the
+/// election row, then the holder's session row (a renewal racing with it
+/// either committed before and is seen, or runs after and finds the session
+/// expired), and bumps the token in the acquiring `UPDATE`. Returns
+/// `(true, token, 0)` when granted (also when the session already holds the
+/// election), `(false, token, ms)` with the holder's time left, or NULLs
+/// when the calling session has expired.
+fn acquire_function(s: &str) -> String {
+    format!(
+        "CREATE OR REPLACE FUNCTION {s}.acquire(
+             p_session bigint, p_name text, p_candidate text,
+             OUT o_granted boolean, OUT o_token bigint, OUT o_wait_ms bigint)
+         LANGUAGE plpgsql AS $fn$
+         DECLARE
+             v_token bigint;
+             v_holder bigint;
+             v_left bigint;
+         BEGIN
+             INSERT INTO {s}.elections AS e (name, token) VALUES (p_name, 0)
+                 ON CONFLICT (name) DO NOTHING;
+             SELECT e.token, e.session INTO v_token, v_holder
+                 FROM {s}.elections e WHERE e.name = p_name FOR UPDATE;
+             IF v_holder IS NOT NULL THEN
+                 SELECT (extract(epoch FROM h.expires_at - clock_timestamp()) * 1000)::bigint
+                     INTO v_left
+                     FROM {s}.sessions h
+                     WHERE h.id = v_holder AND h.expires_at > clock_timestamp() FOR UPDATE;
+                 IF FOUND THEN
+                     o_granted := v_holder = p_session;
+                     o_token := v_token;
+                     o_wait_ms := CASE WHEN o_granted THEN 0 ELSE v_left END;
+                     RETURN;
+                 END IF;
+             END IF;
+             PERFORM 1 FROM {s}.sessions h
+                 WHERE h.id = p_session AND h.expires_at > clock_timestamp() FOR SHARE;
+             IF NOT FOUND THEN
+                 RETURN;
+             END IF;
+             UPDATE {s}.elections e SET token = e.token + 1, session = p_session, candidate = p_candidate
+                 WHERE e.name = p_name RETURNING e.token INTO v_token;
+             PERFORM pg_notify('leasehold_{s}', p_name);
+             o_granted := true;
+             o_token := v_token;
+             o_wait_ms := 0;
+         END
+         $fn$;"
+    )
+}
+
+/// Keeps one connection LISTENing on the store's channel and broadcasts
+/// what it hears; after every (re)connection it broadcasts `None`, since
+/// notifications sent meanwhile were lost.
+async fn listen(inner: std::sync::Weak<Inner>, stop: CancellationToken) {
+    loop {
+        let Some(store) = inner.upgrade() else { return };
+        let (config, channel, notices) = (
+            store.config.clone(),
+            store.channel.clone(),
+            store.notices.clone(),
+        );
+        drop(store);
+        let connected = tokio::time::timeout(REQUEST_TIMEOUT, config.connect(NoTls)).await;
+        if let Ok(Ok((client, mut connection))) = connected {
+            let forward = {
+                let notices = notices.clone();
+                async move {
+                    loop {
+                        match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                            Some(Ok(AsyncMessage::Notification(n))) => {
+                                let _ = notices.send(Some(Arc::from(n.payload())));
+                            }
+                            Some(Ok(_)) => {}
+                            Some(Err(_)) | None => return,
+                        }
+                    }
+                }
+            };
+            // Runs while `forward` drives the connection.
+            let listening = async {
+                if client
+                    .batch_execute(&format!("LISTEN {channel}"))
+                    .await
+                    .is_ok()
+                {
+                    let _ = notices.send(None);
+                    std::future::pending::<()>().await;
+                }
+            };
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => return,
+                () = forward => {}
+                () = listening => {}
+            }
+            // Lost the connection: whatever happened meanwhile is unknown.
+            let _ = notices.send(None);
+        }
+        tokio::select! {
+            biased;
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(RETRY) => {}
+        }
+    }
+}
+
+/// Whether a notice concerns `election`.
+fn concerns(
+    notice: &std::result::Result<Notice, broadcast::error::RecvError>,
+    election: &str,
+) -> bool {
+    match notice {
+        Ok(Some(name)) => &**name == election,
+        // A resync, a lagged receiver or a closed channel: re-read.
+        Ok(None) | Err(_) => true,
+    }
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    async fn open_session(&self, ttl: Duration) -> Result<SessionLease> {
+        if ttl.is_zero() {
+            return Err(Error::invalid("TTL", "must be greater than zero"));
+        }
+        let ttl_ms = millis(ttl);
+        let client = self.inner.client().await?;
+        let s = self.inner.table("sessions");
+        let id: i64 = timed(
+            "open a session",
+            client.query_one(
+                &format!(
+                    "INSERT INTO {s} (ttl_ms, expires_at)
+                     VALUES ($1::bigint, clock_timestamp() + $1::bigint * interval '1 millisecond')
+                     RETURNING id"
+                ),
+                &[&ttl_ms],
+            ),
+        )
+        .await?
+        .get(0);
+        // Housekeeping: sessions long expired are of no use to anyone.
+        let _ = timed(
+            "forget old sessions",
+            client.execute(
+                &format!("DELETE FROM {s} WHERE expires_at < clock_timestamp() - interval '{KEEP_EXPIRED}'"),
+                &[],
+            ),
+        )
+        .await;
+        Ok(SessionLease {
+            id: SessionId(u64::try_from(id).unwrap_or(0)),
+            ttl: from_millis(ttl_ms),
+        })
+    }
+
+    async fn keep_alive(&self, session: SessionId) -> Result<Duration> {
+        let id = session_key(session)?;
+        let client = self.inner.client().await?;
+        let row = timed(
+            "renew the session",
+            client.query_opt(
+                &format!(
+                    "UPDATE {} SET expires_at = clock_timestamp() + ttl_ms * interval '1 millisecond'
+                     WHERE id = $1 AND expires_at > clock_timestamp() RETURNING ttl_ms",
+                    self.inner.table("sessions")
+                ),
+                &[&id],
+            ),
+        )
+        .await?;
+        match row {
+            Some(row) => Ok(from_millis(row.get(0))),
+            None => Err(Error::SessionExpired(session)),
+        }
+    }
+
+    async fn close_session(&self, session: SessionId) -> Result<()> {
+        let Ok(id) = session_key(session) else {
+            return Ok(());
+        };
+        let client = self.inner.client().await?;
+        let (e, s) = (self.inner.table("elections"), self.inner.table("sessions"));
+        // One implicit transaction: the release, its notifications and the
+        // session's end become visible together.
+        timed(
+            "close the session",
+            client.query(
+                &format!(
+                    "WITH released AS (
+                         UPDATE {e} SET session = NULL, candidate = NULL WHERE session = $1 RETURNING name),
+                     gone AS (DELETE FROM {s} WHERE id = $1)
+                     SELECT pg_notify($2, name) FROM released"
+                ),
+                &[&id, &self.inner.channel],
+            ),
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn campaign(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        candidate: &CandidateId,
+    ) -> Result<Grant> {
+        // Subscribed before the first attempt, so a release between the
+        // attempt and the wait is not missed.
+        let mut notices = self.inner.notices.subscribe();
+        loop {
+            match self.inner.try_acquire(session, election, candidate).await? {
+                Ok(grant) => return Ok(grant),
+                Err(left) => {
+                    let wake = tokio::time::Instant::now() + left + Duration::from_millis(1);
+                    loop {
+                        tokio::select! {
+                            biased;
+                            notice = notices.recv() => {
+                                if concerns(&notice, election.as_str()) {
+                                    break;
+                                }
+                            }
+                            () = tokio::time::sleep_until(wake) => break,
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    async fn resign(&self, grant: &Grant) -> Result<()> {
+        let id = session_key(grant.session)?;
+        let client = self.inner.client().await?;
+        let token_value = i64::try_from(grant.token.0).unwrap_or(i64::MAX);
+        let released = timed(
+            "release the election",
+            client.query(
+                &format!(
+                    "WITH released AS (
+                         UPDATE {} SET session = NULL, candidate = NULL
+                         WHERE name = $1 AND token = $2 AND session = $3 RETURNING name)
+                     SELECT pg_notify($4, name) FROM released",
+                    self.inner.table("elections")
+                ),
+                &[
+                    &grant.election.as_str(),
+                    &token_value,
+                    &id,
+                    &self.inner.channel,
+                ],
+            ),
+        )
+        .await?;
+        if released.is_empty() {
+            return Err(Error::NotHolder {
+                election: grant.election.clone(),
+                token: grant.token,
+            });
+        }
+        Ok(())
+    }
+
+    async fn leader(&self, election: &ElectionName) -> Result<Option<Leader>> {
+        self.inner.read_leader(election).await
+    }
+
+    async fn watch(&self, election: &ElectionName) -> Result<LeaderWatch> {
+        let mut notices = self.inner.notices.subscribe();
+        let first = self.inner.read_leader(election).await?;
+        let (tx, rx) = watch::channel(first);
+        let inner = Arc::clone(&self.inner);
+        let election = election.clone();
+        tokio::spawn(async move {
+            loop {
+                // Wake on a notice for this election, or when the current
+                // holder's session expires by the server's account.
+                let wake = tx
+                    .borrow()
+                    .as_ref()
+                    .map(|l| tokio::time::Instant::now() + l.expires_in + Duration::from_millis(1));
+                tokio::select! {
+                    biased;
+                    () = tx.closed() => return,
+                    notice = notices.recv() => {
+                        if !concerns(&notice, election.as_str()) {
+                            continue;
+                        }
+                    }
+                    () = async {
+                        match wake {
+                            Some(at) => tokio::time::sleep_until(at).await,
+                            None => std::future::pending().await,
+                        }
+                    } => {}
+                }
+                loop {
+                    match inner.read_leader(&election).await {
+                        Ok(leader) => {
+                            // A renewal moved the expiry: keep the latest one.
+                            let renewed = matches!((&*tx.borrow(), &leader),
+                                (Some(a), Some(b)) if a.same_grant(b));
+                            if renewed {
+                                tx.send_replace(leader);
+                            } else {
+                                publish_leader(&tx, leader);
+                            }
+                            break;
+                        }
+                        Err(error) => {
+                            tracing::debug!(%election, %error, "postgres watch: read failed; retrying");
+                            tokio::select! {
+                                biased;
+                                () = tx.closed() => return,
+                                () = tokio::time::sleep(RETRY) => {}
+                            }
+                        }
+                    }
+                }
+            }
+        });
+        Ok(rx)
+    }
+
+    async fn elections(&self) -> Result<Vec<ElectionState>> {
+        let client = self.inner.client().await?;
+        let rows = timed(
+            "list elections",
+            client.query(
+                &format!(
+                    "SELECT e.name, e.candidate, e.token,
+                            (extract(epoch FROM h.expires_at - clock_timestamp()) * 1000)::bigint,
+                            h.id IS NOT NULL
+                     FROM {} e LEFT JOIN {} h
+                          ON h.id = e.session AND h.expires_at > clock_timestamp()
+                     ORDER BY e.name",
+                    self.inner.table("elections"),
+                    self.inner.table("sessions")
+                ),
+                &[],
+            ),
+        )
+        .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in rows {
+            let name: String = row.get(0);
+            let election = ElectionName::new(name).map_err(|_| {
+                Error::Corrupt(format!(
+                    "{} holds an invalid election name",
+                    self.inner.table("elections")
+                ))
+            })?;
+            let live: bool = row.get(4);
+            let leader = if live {
+                Some(self.inner.leader_from(row.get(1), row.get(2), row.get(3))?)
+            } else {
+                None
+            };
+            out.push(ElectionState { election, leader });
+        }
+        Ok(out)
+    }
+}

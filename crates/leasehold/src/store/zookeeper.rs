@@ -1,0 +1,794 @@
+//! The ZooKeeper store: `zk://host:port[,host:port…][/chroot]`.
+//!
+//! - A leasehold session is a ZooKeeper session: its TTL is the session
+//!   timeout the server negotiated (ZooKeeper clamps the request between
+//!   its `minSessionTimeout` and `maxSessionTimeout`, by default 2 and 20
+//!   ticks), and the server expires it by its own clock. A renewal is one
+//!   request on the session, which the server counts as activity.
+//! - The ZooKeeper client pings the server by itself, which would keep a
+//!   session alive after its holder stopped renewing. So the store ends a
+//!   session (closing it, which deletes its nodes) when no renewal has
+//!   succeeded for a TTL: a session lives as long as it is renewed, as on
+//!   every other store. If the process dies or is cut off, the server
+//!   expires the session after the negotiated timeout.
+//! - A candidate is an ephemeral sequential node
+//!   `{chroot}/elections/{election}/c-{session}-{sequence}` holding
+//!   `{ttl_ms} {candidate}`; the lowest sequence leads and its `czxid` (the
+//!   ensemble-wide transaction id that created it; its high half is the
+//!   leader epoch, so it grows across restarts) is the fencing token. Each
+//!   waiter watches only its predecessor. `/` in an election name is stored
+//!   as `:`.
+//! - A session the client reports expired or closed ends leadership at once
+//!   ([`Store::session_ended`]).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use zookeeper_client::{
+    Acls, AddWatchMode, Client, CreateMode, CreateOptions, EventType, SessionState,
+};
+
+use crate::error::{Error, Result};
+use crate::names::{CandidateId, ElectionName};
+use crate::store::{
+    ElectionState, FencingToken, Grant, Leader, LeaderWatch, SessionId, SessionLease, Store,
+    publish_leader,
+};
+
+/// How long to wait for a connection to the ensemble.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one request may take before it counts as failed.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// Session timeout of the store's own client, used for reads and watches.
+const READER_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
+/// Pause before a watch reconnects after its session ended.
+const WATCH_RETRY: Duration = Duration::from_millis(250);
+/// Candidate node names start with this.
+const CANDIDATE: &str = "c-";
+
+/// An election store in a ZooKeeper ensemble.
+#[derive(Debug, Clone)]
+pub struct ZkStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// `host:port,host:port` as the client takes it.
+    cluster: String,
+    /// Where leasehold's nodes live, e.g. `/leasehold`.
+    root: String,
+    reader: tokio::sync::Mutex<Option<Client>>,
+    sessions: Mutex<HashMap<SessionId, Arc<ZkSession>>>,
+}
+
+#[derive(Debug)]
+struct ZkSession {
+    id: SessionId,
+    /// `None` once the session is being closed: dropping the last client
+    /// closes the ZooKeeper session.
+    client: Mutex<Option<Client>>,
+    ttl: Duration,
+    /// When the last successful renewal was sent; the session is closed a
+    /// TTL after it.
+    renewed: watch::Sender<Instant>,
+    /// Cancelled when the session ended, whatever the cause.
+    ended: CancellationToken,
+    /// Elections this session was granted (and has not resigned).
+    held: Mutex<HashSet<ElectionName>>,
+}
+
+impl ZkSession {
+    fn client(&self) -> Option<Client> {
+        if self.ended.is_cancelled() {
+            return None;
+        }
+        self.client
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Ends the session: every campaign on it stops and drops its client,
+    /// and the last client dropped closes the ZooKeeper session.
+    fn end(&self) -> Option<Client> {
+        self.ended.cancel();
+        self.client
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+}
+
+fn unavailable(what: &str, error: zookeeper_client::Error) -> Error {
+    Error::Unavailable {
+        reason: format!("zookeeper {what}: {error}"),
+        source: Some(Box::new(error)),
+    }
+}
+
+/// Runs one request with [`REQUEST_TIMEOUT`].
+async fn request<T>(
+    what: &str,
+    fut: impl Future<Output = std::result::Result<T, zookeeper_client::Error>>,
+) -> Result<std::result::Result<T, zookeeper_client::Error>> {
+    tokio::time::timeout(REQUEST_TIMEOUT, fut)
+        .await
+        .map_err(|_| Error::Unavailable {
+            reason: format!("zookeeper {what}: no answer within {REQUEST_TIMEOUT:?}"),
+            source: None,
+        })
+}
+
+fn persistent() -> CreateOptions<'static> {
+    CreateMode::Persistent.with_acls(Acls::anyone_all())
+}
+
+fn encode(election: &ElectionName) -> String {
+    election.as_str().replace('/', ":")
+}
+
+fn decode(node: &str) -> Option<ElectionName> {
+    ElectionName::new(node.replace(':', "/")).ok()
+}
+
+/// A candidate node: its sequence and name.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Candidate {
+    sequence: i64,
+    name: String,
+}
+
+/// The candidate nodes among `children`, lowest sequence first.
+fn queue(children: Vec<String>) -> Vec<Candidate> {
+    let mut queue: Vec<Candidate> = children
+        .into_iter()
+        .filter(|c| c.starts_with(CANDIDATE))
+        .filter_map(|name| {
+            let sequence = name.rsplit_once('-')?.1.parse().ok()?;
+            Some(Candidate { sequence, name })
+        })
+        .collect();
+    queue.sort();
+    queue
+}
+
+fn session_prefix(session: SessionId) -> String {
+    format!("{CANDIDATE}{:016x}-", session.0)
+}
+
+fn node_data(ttl: Duration, candidate: &CandidateId) -> Vec<u8> {
+    format!("{} {candidate}", ttl.as_millis()).into_bytes()
+}
+
+fn parse_node_data(path: &str, data: &[u8]) -> Result<(Duration, CandidateId)> {
+    let corrupt = || {
+        Error::Corrupt(format!(
+            "zookeeper node {path} is not a leasehold candidate"
+        ))
+    };
+    let text = std::str::from_utf8(data).map_err(|_| corrupt())?;
+    let (ttl, candidate) = text.split_once(' ').ok_or_else(corrupt)?;
+    let ttl = ttl.parse().map_err(|_| corrupt())?;
+    let candidate = CandidateId::new(candidate).map_err(|_| corrupt())?;
+    Ok((Duration::from_millis(ttl), candidate))
+}
+
+fn token_of(stat: &zookeeper_client::Stat) -> FencingToken {
+    FencingToken(u64::try_from(stat.czxid).unwrap_or(0))
+}
+
+impl ZkStore {
+    /// Connects to the ensemble at `endpoints` (`host:port` each), keeping
+    /// leasehold's nodes under `root`, and creates `root` if needed.
+    pub async fn connect(endpoints: &[String], root: &str) -> Result<Self> {
+        let store = ZkStore {
+            inner: Arc::new(Inner {
+                cluster: endpoints.join(","),
+                root: root.trim_end_matches('/').to_owned(),
+                reader: tokio::sync::Mutex::new(None),
+                sessions: Mutex::new(HashMap::new()),
+            }),
+        };
+        let reader = store.inner.reader().await?;
+        request(
+            "create the root node",
+            reader.mkdir(&store.inner.elections_dir(), &persistent()),
+        )
+        .await?
+        .map_err(|e| unavailable("create the root node", e))?;
+        Ok(store)
+    }
+}
+
+impl ZkStore {
+    /// **Tests only**: has the server end `session` the way Curator's
+    /// `KillSession` does — another connection takes the session over with
+    /// its id and password and closes it — so that this store's client
+    /// learns of the expiry from the server while it is connected.
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    pub async fn kill_session_from_outside(&self, session: SessionId) -> Result<()> {
+        let zk = self
+            .inner
+            .session(session)
+            .ok_or(Error::SessionExpired(session))?;
+        let info = zk
+            .client()
+            .ok_or(Error::SessionExpired(session))?
+            .session()
+            .clone();
+        let intruder = Client::connector()
+            .with_session(info)
+            .with_session_timeout(zk.ttl)
+            .connect(&self.inner.cluster)
+            .await
+            .map_err(|e| unavailable("take the session over", e))?;
+        let mut states = intruder.state_watcher();
+        drop(intruder);
+        let _ = tokio::time::timeout(REQUEST_TIMEOUT, async {
+            while !states.state().is_terminated() {
+                states.changed().await;
+            }
+        })
+        .await;
+        Ok(())
+    }
+
+    /// How many candidate nodes `session` has in `election` (tests: a
+    /// reconnect must never leave two).
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    pub async fn candidate_nodes(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+    ) -> Result<usize> {
+        let client = self.inner.reader().await?;
+        let children = match request(
+            "list candidates",
+            client.list_children(&self.inner.election_dir(election)),
+        )
+        .await?
+        {
+            Ok(children) => children,
+            Err(zookeeper_client::Error::NoNode) => Vec::new(),
+            Err(error) => return Err(unavailable("list candidates", error)),
+        };
+        let prefix = session_prefix(session);
+        Ok(children.iter().filter(|c| c.starts_with(&prefix)).count())
+    }
+}
+
+impl Inner {
+    fn elections_dir(&self) -> String {
+        format!("{}/elections", self.root)
+    }
+
+    fn election_dir(&self, election: &ElectionName) -> String {
+        format!("{}/{}", self.elections_dir(), encode(election))
+    }
+
+    async fn connect(&self, timeout: Duration) -> Result<Client> {
+        let connecting = Client::connector()
+            .with_session_timeout(timeout)
+            .with_fail_eagerly()
+            .connect(&self.cluster);
+        match tokio::time::timeout(CONNECT_TIMEOUT, connecting).await {
+            Ok(Ok(client)) => Ok(client),
+            Ok(Err(error)) => Err(Error::Unavailable {
+                reason: format!("cannot connect to zookeeper at {}: {error}", self.cluster),
+                source: Some(Box::new(error)),
+            }),
+            Err(_) => Err(Error::Unavailable {
+                reason: format!(
+                    "cannot connect to zookeeper at {} within {CONNECT_TIMEOUT:?}",
+                    self.cluster
+                ),
+                source: None,
+            }),
+        }
+    }
+
+    /// The store's own client, reconnected if its session ended.
+    async fn reader(&self) -> Result<Client> {
+        let mut reader = self.reader.lock().await;
+        if let Some(client) = reader.as_ref()
+            && !client.state().is_terminated()
+        {
+            return Ok(client.clone());
+        }
+        let client = self.connect(READER_SESSION_TIMEOUT).await?;
+        *reader = Some(client.clone());
+        Ok(client)
+    }
+
+    fn session(&self, id: SessionId) -> Option<Arc<ZkSession>> {
+        self.sessions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&id)
+            .cloned()
+    }
+
+    fn live_session(&self, id: SessionId) -> Result<(Arc<ZkSession>, Client)> {
+        let session = self.session(id).ok_or(Error::SessionExpired(id))?;
+        let client = session.client().ok_or(Error::SessionExpired(id))?;
+        Ok((session, client))
+    }
+
+    fn forget(&self, id: SessionId) {
+        self.sessions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&id);
+    }
+
+    /// The leader of `election` as `client` reads it.
+    async fn leader_via(&self, client: &Client, election: &ElectionName) -> Result<Option<Leader>> {
+        let dir = self.election_dir(election);
+        loop {
+            let children = match request("list candidates", client.list_children(&dir)).await? {
+                Ok(children) => children,
+                Err(zookeeper_client::Error::NoNode) => return Ok(None),
+                Err(error) => return Err(unavailable("list candidates", error)),
+            };
+            let Some(first) = queue(children).into_iter().next() else {
+                return Ok(None);
+            };
+            let path = format!("{dir}/{}", first.name);
+            match request("read the leader", client.get_data(&path)).await? {
+                Ok((data, stat)) => {
+                    let (ttl, candidate) = parse_node_data(&path, &data)?;
+                    return Ok(Some(Leader {
+                        candidate,
+                        token: token_of(&stat),
+                        // ZooKeeper does not tell how long another client's
+                        // session has left: the negotiated timeout bounds it.
+                        expires_in: ttl,
+                    }));
+                }
+                // Gone between the list and the read: list again.
+                Err(zookeeper_client::Error::NoNode) => {}
+                Err(error) => return Err(unavailable("read the leader", error)),
+            }
+        }
+    }
+
+    /// Closes sessions a TTL after their last successful renewal, and
+    /// notices sessions the client reports ended.
+    async fn supervise(
+        self: Arc<Self>,
+        session: Arc<ZkSession>,
+        mut states: zookeeper_client::StateWatcher,
+    ) {
+        let mut renewed = session.renewed.subscribe();
+        loop {
+            let expiry = *renewed.borrow_and_update() + session.ttl;
+            tokio::select! {
+                biased;
+                () = session.ended.cancelled() => break,
+                state = states.changed() => {
+                    if state.is_terminated() {
+                        tracing::warn!(session = %session.id, ?state, "zookeeper session ended");
+                        session.end();
+                        break;
+                    }
+                }
+                changed = renewed.changed() => if changed.is_err() { break },
+                () = tokio::time::sleep_until(expiry) => {
+                    tracing::debug!(session = %session.id, "not renewed for a TTL; closing the zookeeper session");
+                    session.end();
+                    break;
+                }
+            }
+        }
+        self.forget(session.id);
+    }
+}
+
+/// Withdraws a candidacy whose campaign was dropped before it completed:
+/// deletes this session's node in the election unless the session holds
+/// the election. The list is sent after any create of the dropped campaign
+/// on the same session, so ZooKeeper answers it after that create.
+struct Withdraw {
+    inner: Arc<Inner>,
+    session: Arc<ZkSession>,
+    election: ElectionName,
+    armed: bool,
+}
+
+impl Drop for Withdraw {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Some(client) = self.session.client() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (session, election) = (Arc::clone(&self.session), self.election.clone());
+        let dir = self.inner.election_dir(&election);
+        runtime.spawn(async move {
+            let held = session
+                .held
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .contains(&election);
+            if held {
+                return;
+            }
+            let prefix = session_prefix(session.id);
+            if let Ok(Ok(children)) = request("list candidates", client.list_children(&dir)).await {
+                for node in children.iter().filter(|c| c.starts_with(&prefix)) {
+                    let _ =
+                        request("withdraw", client.delete(&format!("{dir}/{node}"), None)).await;
+                }
+            }
+        });
+    }
+}
+
+#[async_trait]
+impl Store for ZkStore {
+    async fn open_session(&self, ttl: Duration) -> Result<SessionLease> {
+        if ttl.is_zero() {
+            return Err(Error::invalid("TTL", "must be greater than zero"));
+        }
+        let sent = Instant::now();
+        let client = self.inner.connect(ttl).await?;
+        let granted = client.session_timeout();
+        // ZooKeeper session ids are i64; keep the bits.
+        let id = SessionId(u64::from_ne_bytes(client.session_id().0.to_ne_bytes()));
+        if granted != ttl {
+            tracing::info!(session = %id, requested = ?ttl, negotiated = ?granted,
+                "zookeeper negotiated another session timeout (it clamps to its min/maxSessionTimeout); using it as the TTL");
+        }
+        let (renewed, _) = watch::channel(sent);
+        let session = Arc::new(ZkSession {
+            id,
+            client: Mutex::new(Some(client.clone())),
+            ttl: granted,
+            renewed,
+            ended: CancellationToken::new(),
+            held: Mutex::new(HashSet::new()),
+        });
+        self.inner
+            .sessions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id, Arc::clone(&session));
+        let inner = Arc::clone(&self.inner);
+        let states = client.state_watcher();
+        drop(client);
+        // The supervisor keeps only a state watcher, never a client, so that
+        // ending the session closes it.
+        tokio::spawn(inner.supervise(session, states));
+        Ok(SessionLease { id, ttl: granted })
+    }
+
+    async fn keep_alive(&self, session: SessionId) -> Result<Duration> {
+        let (zk, client) = self.inner.live_session(session)?;
+        let sent = Instant::now();
+        let outcome = tokio::select! {
+            biased;
+            () = zk.ended.cancelled() => return Err(Error::SessionExpired(session)),
+            outcome = request("renew the session", client.check_stat("/")) => outcome?,
+        };
+        match outcome {
+            Ok(_) => {
+                zk.renewed.send_replace(sent);
+                Ok(zk.ttl)
+            }
+            Err(
+                zookeeper_client::Error::SessionExpired | zookeeper_client::Error::ClientClosed,
+            ) => {
+                zk.end();
+                Err(Error::SessionExpired(session))
+            }
+            Err(error) => Err(unavailable("renew the session", error)),
+        }
+    }
+
+    async fn close_session(&self, session: SessionId) -> Result<()> {
+        let Some(zk) = self.inner.session(session) else {
+            return Ok(());
+        };
+        let Some(client) = zk.end() else {
+            return Ok(());
+        };
+        let mut states = client.state_watcher();
+        drop(client);
+        // Wait until the server has closed the session (and so deleted its
+        // nodes), so that the release is visible when this returns.
+        let closed = tokio::time::timeout(REQUEST_TIMEOUT, async {
+            while !states.state().is_terminated() {
+                states.changed().await;
+            }
+        })
+        .await;
+        self.inner.forget(session);
+        if closed.is_err() {
+            tracing::warn!(%session, "zookeeper did not confirm closing the session; it expires after its timeout");
+        }
+        Ok(())
+    }
+
+    async fn campaign(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        candidate: &CandidateId,
+    ) -> Result<Grant> {
+        let (zk, client) = self.inner.live_session(session)?;
+        let dir = self.inner.election_dir(election);
+        let expired = || Error::SessionExpired(session);
+        let options = persistent();
+        tokio::select! {
+            biased;
+            () = zk.ended.cancelled() => return Err(expired()),
+            made = request("create the election node", client.mkdir(&dir, &options)) => {
+                made?.map_err(|e| unavailable("create the election node", e))?;
+            }
+        }
+        let prefix = session_prefix(session);
+        let mut withdraw = Withdraw {
+            inner: Arc::clone(&self.inner),
+            session: Arc::clone(&zk),
+            election: election.clone(),
+            armed: true,
+        };
+        let ephemeral = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+        let (data, node_prefix) = (node_data(zk.ttl, candidate), format!("{dir}/{prefix}"));
+        loop {
+            let listed = tokio::select! {
+                biased;
+                () = zk.ended.cancelled() => return Err(expired()),
+                listed = request("list candidates", client.list_children(&dir)) => listed?,
+            };
+            let children = match listed {
+                Ok(children) => children,
+                Err(zookeeper_client::Error::SessionExpired) => return Err(expired()),
+                Err(error) => return Err(unavailable("list candidates", error)),
+            };
+            let queue = queue(children);
+            let mut mine = queue.iter().filter(|c| c.name.starts_with(&prefix));
+            let Some(me) = mine.next().cloned() else {
+                let created = tokio::select! {
+                    biased;
+                    () = zk.ended.cancelled() => return Err(expired()),
+                    created = request("create a candidate node",
+                        client.create(&node_prefix, &data, &ephemeral)) => created?,
+                };
+                match created {
+                    Ok(_) => {}
+                    Err(zookeeper_client::Error::SessionExpired) => return Err(expired()),
+                    Err(error) => return Err(unavailable("create a candidate node", error)),
+                }
+                continue;
+            };
+            // A create retried after a lost reply can leave a second node.
+            for extra in mine {
+                let _ = request(
+                    "delete a duplicate candidate",
+                    client.delete(&format!("{dir}/{}", extra.name), None),
+                )
+                .await;
+            }
+            let position = queue.iter().position(|c| *c == me).unwrap_or(0);
+            if position == 0 {
+                let path = format!("{dir}/{}", me.name);
+                let read = tokio::select! {
+                    biased;
+                    () = zk.ended.cancelled() => return Err(expired()),
+                    read = request("read the candidate node", client.get_data(&path)) => read?,
+                };
+                match read {
+                    Ok((_, stat)) => {
+                        zk.held
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .insert(election.clone());
+                        withdraw.armed = false;
+                        tracing::debug!(%election, %session, node = %me.name, "granted by zookeeper");
+                        return Ok(Grant {
+                            election: election.clone(),
+                            candidate: candidate.clone(),
+                            session,
+                            token: token_of(&stat),
+                        });
+                    }
+                    Err(zookeeper_client::Error::NoNode) => continue,
+                    Err(zookeeper_client::Error::SessionExpired) => return Err(expired()),
+                    Err(error) => return Err(unavailable("read the candidate node", error)),
+                }
+            }
+            let predecessor = format!("{dir}/{}", queue[position - 1].name);
+            let watched = tokio::select! {
+                biased;
+                () = zk.ended.cancelled() => return Err(expired()),
+                watched = request("watch the predecessor", client.check_and_watch_stat(&predecessor)) => watched?,
+            };
+            match watched {
+                Ok((None, _)) => continue,
+                Ok((Some(_), watcher)) => {
+                    tokio::select! {
+                        biased;
+                        () = zk.ended.cancelled() => return Err(expired()),
+                        _ = watcher.changed() => {}
+                    }
+                }
+                Err(zookeeper_client::Error::SessionExpired) => return Err(expired()),
+                Err(error) => return Err(unavailable("watch the predecessor", error)),
+            }
+        }
+    }
+
+    async fn resign(&self, grant: &Grant) -> Result<()> {
+        let not_holder = || Error::NotHolder {
+            election: grant.election.clone(),
+            token: grant.token,
+        };
+        let Ok((zk, client)) = self.inner.live_session(grant.session) else {
+            return Err(not_holder());
+        };
+        let dir = self.inner.election_dir(&grant.election);
+        let children = match request("list candidates", client.list_children(&dir)).await? {
+            Ok(children) => children,
+            Err(zookeeper_client::Error::NoNode) => return Err(not_holder()),
+            Err(error) => return Err(unavailable("list candidates", error)),
+        };
+        let prefix = session_prefix(grant.session);
+        let Some(first) = queue(children).into_iter().next() else {
+            return Err(not_holder());
+        };
+        if !first.name.starts_with(&prefix) {
+            return Err(not_holder());
+        }
+        let path = format!("{dir}/{}", first.name);
+        let stat = match request("read the candidate node", client.check_stat(&path)).await? {
+            Ok(Some(stat)) => stat,
+            Ok(None) => return Err(not_holder()),
+            Err(error) => return Err(unavailable("read the candidate node", error)),
+        };
+        if token_of(&stat) != grant.token {
+            return Err(not_holder());
+        }
+        // The path names this grant's node alone (sequence numbers are
+        // never reused under a parent), so deleting it cannot touch a
+        // successor's node.
+        match request(
+            "delete the candidate node",
+            client.delete(&path, Some(stat.version)),
+        )
+        .await?
+        {
+            Ok(()) => {}
+            Err(zookeeper_client::Error::NoNode) => return Err(not_holder()),
+            Err(error) => return Err(unavailable("delete the candidate node", error)),
+        }
+        zk.held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&grant.election);
+        Ok(())
+    }
+
+    async fn leader(&self, election: &ElectionName) -> Result<Option<Leader>> {
+        let client = self.inner.reader().await?;
+        self.inner.leader_via(&client, election).await
+    }
+
+    async fn watch(&self, election: &ElectionName) -> Result<LeaderWatch> {
+        let client = self.inner.reader().await?;
+        let dir = self.inner.election_dir(election);
+        // A persistent watch on the election's node, set before the first
+        // read so that no change between the two is missed; it fires for
+        // every candidate node created or deleted (release, expiry).
+        let watcher = request(
+            "watch the election",
+            client.watch(&dir, AddWatchMode::Persistent),
+        )
+        .await?
+        .map_err(|e| unavailable("watch the election", e))?;
+        let first = self.inner.leader_via(&client, election).await?;
+        let (tx, rx) = watch::channel(first);
+        let inner = Arc::clone(&self.inner);
+        let election = election.clone();
+        tokio::spawn(async move {
+            let mut watcher = Some(watcher);
+            loop {
+                if let Some(mut current) = watcher.take() {
+                    loop {
+                        let event = tokio::select! {
+                            biased;
+                            () = tx.closed() => return,
+                            event = current.changed() => event,
+                        };
+                        if event.event_type == EventType::Session
+                            && event.session_state.is_terminated()
+                        {
+                            break;
+                        }
+                        if event.event_type == EventType::Session
+                            && event.session_state != SessionState::SyncConnected
+                        {
+                            continue;
+                        }
+                        match inner.reader().await {
+                            Ok(client) => match inner.leader_via(&client, &election).await {
+                                Ok(leader) => publish_leader(&tx, leader),
+                                Err(error) => {
+                                    tracing::debug!(%election, %error, "zookeeper watch: read failed");
+                                }
+                            },
+                            Err(error) => {
+                                tracing::debug!(%election, %error, "zookeeper watch: no client")
+                            }
+                        }
+                    }
+                }
+                // The reader's session ended: reconnect, watch again, re-read.
+                tokio::select! {
+                    biased;
+                    () = tx.closed() => return,
+                    () = tokio::time::sleep(WATCH_RETRY) => {}
+                }
+                let Ok(client) = inner.reader().await else {
+                    continue;
+                };
+                let dir = inner.election_dir(&election);
+                if let Ok(Ok(w)) = request(
+                    "watch the election",
+                    client.watch(&dir, AddWatchMode::Persistent),
+                )
+                .await
+                {
+                    watcher = Some(w);
+                    if let Ok(leader) = inner.leader_via(&client, &election).await {
+                        publish_leader(&tx, leader);
+                    }
+                }
+            }
+        });
+        Ok(rx)
+    }
+
+    async fn elections(&self) -> Result<Vec<ElectionState>> {
+        let client = self.inner.reader().await?;
+        let nodes = match request(
+            "list elections",
+            client.list_children(&self.inner.elections_dir()),
+        )
+        .await?
+        {
+            Ok(nodes) => nodes,
+            Err(zookeeper_client::Error::NoNode) => Vec::new(),
+            Err(error) => return Err(unavailable("list elections", error)),
+        };
+        let mut out = Vec::new();
+        for node in nodes {
+            let Some(election) = decode(&node) else {
+                continue;
+            };
+            let leader = self.inner.leader_via(&client, &election).await?;
+            out.push(ElectionState { election, leader });
+        }
+        out.sort_by(|a, b| a.election.cmp(&b.election));
+        Ok(out)
+    }
+
+    async fn session_ended(&self, session: SessionId) {
+        // A session this store does not know has ended (or never was).
+        if let Some(zk) = self.inner.session(session) {
+            zk.ended.cancelled().await;
+        }
+    }
+}

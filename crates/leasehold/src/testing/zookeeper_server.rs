@@ -1,0 +1,155 @@
+//! A real ZooKeeper server for tests: Debian's `zookeeper` package
+//! (`ZooKeeperServerMain` from `/usr/share/java/zookeeper.jar`), standalone,
+//! on a free loopback port with its data in a temporary folder, stopped by
+//! process id when dropped (also when a test panics).
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Debian's ZooKeeper jar; its manifest names the jars it needs.
+const JAR: &str = "/usr/share/java/zookeeper.jar";
+/// The server's tick: sessions may be as short as two ticks.
+pub const TICK: Duration = Duration::from_millis(100);
+
+/// A running standalone ZooKeeper server on 127.0.0.1.
+#[derive(Debug)]
+pub struct ZooKeeperServer {
+    dir: PathBuf,
+    port: u16,
+    process: Option<Child>,
+}
+
+impl ZooKeeperServer {
+    /// Starts a server with a 100 ms tick (so the shortest session is
+    /// 200 ms) and sessions of up to 60 s, and waits until it answers.
+    /// Panics with a clear message if ZooKeeper is not installed (this is
+    /// test support).
+    pub fn start() -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "leasehold-zk-{}-{}",
+            std::process::id(),
+            crate::clock::host_monotonic_ns()
+        ));
+        std::fs::create_dir_all(dir.join("data")).expect("create the server folder");
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        let config = format!(
+            "tickTime={}\ndataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\n\
+             minSessionTimeout={}\nmaxSessionTimeout=60000\nmaxClientCnxns=0\nadmin.enableServer=false\n\
+             4lw.commands.whitelist=ruok,srvr\n",
+            TICK.as_millis(),
+            dir.join("data").display(),
+            (TICK * 2).as_millis(),
+        );
+        std::fs::write(dir.join("zoo.cfg"), config).expect("write zoo.cfg");
+        let mut server = ZooKeeperServer {
+            dir,
+            port,
+            process: None,
+        };
+        server.spawn();
+        server
+    }
+
+    fn spawn(&mut self) {
+        assert!(
+            std::path::Path::new(JAR).exists(),
+            "{JAR} is missing: install Debian's zookeeper package (scripts/test does)"
+        );
+        let log = std::fs::File::create(self.dir.join("server.log")).expect("log file");
+        let process = Command::new("java")
+            .args(["-Xmx256m", "-XX:+UseSerialGC", "-cp", JAR])
+            .arg("org.apache.zookeeper.server.ZooKeeperServerMain")
+            .arg(self.dir.join("zoo.cfg"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("cannot run java: install Debian's zookeeper package (scripts/test does)");
+        self.process = Some(process);
+        self.wait_ready(Duration::from_secs(60));
+    }
+
+    /// Whether the server serves sessions: `srvr` reports its mode only
+    /// then (`ruok` answers earlier, while sessions are still refused).
+    fn serving(&self) -> bool {
+        let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.port)) else {
+            return false;
+        };
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+        let mut answer = String::new();
+        stream.write_all(b"srvr").is_ok()
+            && stream.read_to_string(&mut answer).is_ok()
+            && answer.contains("Mode: standalone")
+    }
+
+    fn wait_ready(&mut self, limit: Duration) {
+        let until = Instant::now() + limit;
+        while !self.serving() {
+            if let Some(Ok(Some(status))) = self.process.as_mut().map(Child::try_wait) {
+                panic!(
+                    "zookeeper exited with {status}; see {}",
+                    self.dir.join("server.log").display()
+                );
+            }
+            assert!(
+                Instant::now() < until,
+                "zookeeper did not start; see {}",
+                self.dir.join("server.log").display()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `host:port` to connect to.
+    pub fn endpoints(&self) -> Vec<String> {
+        vec![format!("127.0.0.1:{}", self.port)]
+    }
+
+    /// A `zk://` store URL with leasehold's nodes under `root`.
+    pub fn url(&self, root: &str) -> String {
+        format!("zk://127.0.0.1:{}{root}", self.port)
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> Option<i32> {
+        self.process
+            .as_ref()
+            .and_then(|c| i32::try_from(c.id()).ok())
+    }
+
+    /// Sends `signal` to the server (SIGSTOP pauses it, SIGCONT resumes).
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        if let Some(pid) = self.pid() {
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal)
+                .expect("signal zookeeper");
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.process.take() {
+            // SIGKILL ends it even while paused by SIGSTOP.
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Kills the server (SIGKILL) and starts it again on the same port and
+    /// data: sessions survive if the restart is shorter than their timeout.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+}
+
+impl Drop for ZooKeeperServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

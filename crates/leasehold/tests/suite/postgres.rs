@@ -1,0 +1,301 @@
+//! The conformance suite and PostgreSQL-specific cases against a real
+//! server (Debian's postgresql), started per test on a free loopback port.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leasehold::store::Store;
+use leasehold::store::postgres::{PostgresStore, SCHEMA_VERSION};
+use leasehold::testing::{PostgresServer, StoreHarness, campaign_until_granted, unique_election};
+use leasehold::{CandidateId, Elector, Error, LeaseConfig};
+use tokio::time::Instant;
+
+struct PostgresHarness {
+    server: PostgresServer,
+}
+
+#[async_trait]
+impl StoreHarness for PostgresHarness {
+    async fn open(&self) -> Arc<dyn Store> {
+        Arc::new(
+            PostgresStore::connect(&self.server.url(), "conformance")
+                .await
+                .expect("connect to the test server"),
+        )
+    }
+
+    fn durable(&self) -> bool {
+        true
+    }
+}
+
+async fn server() -> PostgresServer {
+    tokio::task::spawn_blocking(PostgresServer::start)
+        .await
+        .expect("server start")
+}
+
+async fn harness() -> PostgresHarness {
+    PostgresHarness {
+        server: server().await,
+    }
+}
+
+leasehold::conformance_tests!(harness());
+
+async fn sql(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(connection);
+    client
+}
+
+/// First use creates the schema with a version table; a store written by a
+/// newer leasehold is refused, and nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schema_is_versioned_and_a_newer_one_is_refused() {
+    let server = server().await;
+    let store = PostgresStore::connect(&server.url(), "jobs")
+        .await
+        .expect("first use");
+    drop(store);
+    let admin = sql(&server.url()).await;
+    let version: i64 = admin
+        .query_one("SELECT version FROM jobs.schema_version", &[])
+        .await
+        .expect("version row")
+        .get(0);
+    assert_eq!(version, SCHEMA_VERSION);
+    // Concurrent first uses of another schema all succeed.
+    let mut opens = tokio::task::JoinSet::new();
+    for _ in 0..8 {
+        let url = server.url();
+        opens.spawn(async move { PostgresStore::connect(&url, "racing").await.map(|_| ()) });
+    }
+    while let Some(opened) = opens.join_next().await {
+        opened.expect("task").expect("concurrent first use");
+    }
+
+    admin
+        .batch_execute("UPDATE jobs.schema_version SET version = 99")
+        .await
+        .expect("pretend a newer leasehold wrote it");
+    let before = dump(&admin, "jobs").await;
+    match PostgresStore::connect(&server.url(), "jobs").await {
+        Err(Error::IncompatibleSchema { found, supported }) => {
+            assert_eq!((found, supported), (99, SCHEMA_VERSION));
+        }
+        other => panic!("a newer schema must be refused, got {other:?}"),
+    }
+    assert_eq!(dump(&admin, "jobs").await, before, "something was written");
+
+    // Tables of another program in the schema: refused, nothing written.
+    admin
+        .batch_execute("CREATE SCHEMA app; CREATE TABLE app.sessions (x int)")
+        .await
+        .expect("another program's schema");
+    match PostgresStore::connect(&server.url(), "app").await {
+        Err(Error::Corrupt(message)) => assert!(message.contains("did not create"), "{message}"),
+        other => panic!("foreign tables must be refused, got {other:?}"),
+    }
+    let tables: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM information_schema.tables WHERE table_schema = 'app'",
+            &[],
+        )
+        .await
+        .expect("count")
+        .get(0);
+    assert_eq!(tables, 1);
+}
+
+async fn dump(client: &tokio_postgres::Client, schema: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for table in ["schema_version", "sessions", "elections"] {
+        for row in client
+            .query(
+                &format!("SELECT t::text FROM {schema}.{table} t ORDER BY 1"),
+                &[],
+            )
+            .await
+            .expect("dump")
+        {
+            out.push(format!("{table}: {}", row.get::<_, String>(0)));
+        }
+    }
+    out
+}
+
+/// Expiry is on the server's clock: the expiry the store reports matches
+/// the row's `expires_at − clock_timestamp()` as the server computes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expiry_is_the_servers_clock() {
+    let server = server().await;
+    let store = PostgresStore::connect(&server.url(), "clock")
+        .await
+        .expect("connect");
+    let election = unique_election("clock");
+    let lease = store
+        .open_session(Duration::from_secs(30))
+        .await
+        .expect("open");
+    store
+        .campaign(lease.id, &election, &CandidateId::new("a").expect("id"))
+        .await
+        .expect("campaign");
+    let admin = sql(&server.url()).await;
+    // Move the session's expiry on the server: the store follows the row,
+    // not anything it remembers or computes itself.
+    admin
+        .execute(
+            "UPDATE clock.sessions SET expires_at = clock_timestamp() + interval '2 seconds'",
+            &[],
+        )
+        .await
+        .expect("update");
+    let left = store
+        .leader(&election)
+        .await
+        .expect("read")
+        .expect("leader")
+        .expires_in;
+    assert!(left <= Duration::from_secs(2), "{left:?}");
+    admin
+        .execute(
+            "UPDATE clock.sessions SET expires_at = clock_timestamp() - interval '1 second'",
+            &[],
+        )
+        .await
+        .expect("update");
+    assert_eq!(store.leader(&election).await.expect("read"), None);
+    assert!(matches!(
+        store.keep_alive(lease.id).await,
+        Err(Error::SessionExpired(_))
+    ));
+}
+
+/// One renewal of a session renews every election it holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_renewal_renews_every_election() {
+    let server = server().await;
+    let store = PostgresStore::connect(&server.url(), "many")
+        .await
+        .expect("connect");
+    let lease = store
+        .open_session(Duration::from_millis(800))
+        .await
+        .expect("open");
+    let elections: Vec<_> = (0..3).map(|_| unique_election("many")).collect();
+    let mut tokens = Vec::new();
+    for election in &elections {
+        let grant = store
+            .campaign(lease.id, election, &CandidateId::new("a").expect("id"))
+            .await
+            .expect("campaign");
+        tokens.push(grant.token);
+    }
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        store.keep_alive(lease.id).await.expect("renew");
+    }
+    for (election, token) in elections.iter().zip(&tokens) {
+        let leader = store
+            .leader(election)
+            .await
+            .expect("read")
+            .expect("still held");
+        assert_eq!(leader.token, *token);
+    }
+}
+
+/// The server restarts while a candidate leads and another waits: the
+/// waiter is never granted while the leader still considers itself
+/// leader, the store reconnects by itself, and tokens keep increasing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_restart_while_a_candidate_leads() {
+    let mut server = server().await;
+    let url = server.url();
+    let connect = |id: &'static str| {
+        let url = url.clone();
+        async move {
+            let store = PostgresStore::connect(&url, "restart")
+                .await
+                .expect("connect");
+            Elector::new(
+                Arc::new(store),
+                CandidateId::new(id).expect("id"),
+                LeaseConfig::with_ttl(Duration::from_secs(2)),
+            )
+            .expect("config")
+        }
+    };
+    let election = unique_election("restart");
+    let a = connect("a").await;
+    let b = connect("b").await;
+    let first = a.campaign(&election).await.expect("a campaigns");
+    let contender = tokio::spawn({
+        let election = election.clone();
+        async move {
+            let l = campaign_until_granted(&b, &election).await;
+            (Instant::now(), Ok::<_, leasehold::Error>(l), b)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::task::block_in_place(|| server.restart());
+    // Either a rides the restart out (its renewals reconnect and land
+    // before its deadline), or it steps down by its deadline and b is
+    // granted — never while a still considers itself leader.
+    let watch_until = Instant::now() + Duration::from_secs(8);
+    while Instant::now() < watch_until && !contender.is_finished() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let second = if contender.is_finished() {
+        let (granted_at, second, _b) = contender.await.expect("task");
+        let second = second.expect("b campaigns");
+        assert!(
+            granted_at >= first.deadline(),
+            "rule 4 broken: b granted {:?} before a's deadline",
+            first.deadline() - granted_at
+        );
+        second
+    } else {
+        assert!(first.is_leader(), "a lost leadership but b was not granted");
+        let token = first.token();
+        first.resign().await.expect("a resigns after the restart");
+        let (_, second, _b) = tokio::time::timeout(Duration::from_secs(10), contender)
+            .await
+            .expect("b granted after a resigned")
+            .expect("task");
+        let second = second.expect("b campaigns");
+        assert!(second.token() > token);
+        second
+    };
+    // The store works after the restart: tokens keep increasing.
+    let token = second.token();
+    second.resign().await.expect("resign after the restart");
+    let third = campaign_until_granted(&a, &election).await;
+    assert!(third.token() > token, "rule 2 across a restart");
+}
+
+/// Unreachable server and bad URLs: clear, typed errors.
+#[tokio::test]
+async fn unreachable_server_and_bad_url_are_clear_errors() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port();
+    let url = format!("postgresql://postgres@127.0.0.1:{port}/postgres");
+    match PostgresStore::connect(&url, "x").await {
+        Err(Error::Unavailable { reason, .. }) => {
+            assert!(reason.contains(&format!("127.0.0.1:{port}")), "{reason}");
+        }
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    assert!(matches!(
+        PostgresStore::connect("postgresql://h:notaport/db", "x").await,
+        Err(Error::InvalidInput { .. })
+    ));
+}

@@ -1,0 +1,288 @@
+//! The conformance suite and ZooKeeper-specific cases against a real server
+//! (Debian's zookeeper package), started per test on a free loopback port.
+//! The reconnect cases follow the double-leader reports against Curator's
+//! leader recipes (apache/curator issues 1211, 1169, 1137).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use leasehold::store::Store;
+use leasehold::store::zookeeper::ZkStore;
+use leasehold::testing::{StoreHarness, ZooKeeperServer, campaign_until_granted, unique_election};
+use leasehold::{CandidateId, Elector, LeaseConfig, LostReason};
+use nix::sys::signal::Signal;
+use tokio::time::Instant;
+
+struct ZkHarness {
+    server: ZooKeeperServer,
+}
+
+#[async_trait]
+impl StoreHarness for ZkHarness {
+    async fn open(&self) -> Arc<dyn Store> {
+        Arc::new(
+            ZkStore::connect(&self.server.endpoints(), "/conformance")
+                .await
+                .expect("connect to the test server"),
+        )
+    }
+
+    fn durable(&self) -> bool {
+        true
+    }
+}
+
+async fn server() -> ZooKeeperServer {
+    tokio::task::spawn_blocking(ZooKeeperServer::start)
+        .await
+        .expect("server start")
+}
+
+async fn harness() -> ZkHarness {
+    ZkHarness {
+        server: server().await,
+    }
+}
+
+leasehold::conformance_tests!(harness());
+
+async fn store(server: &ZooKeeperServer) -> Arc<ZkStore> {
+    Arc::new(
+        ZkStore::connect(&server.endpoints(), "/faults")
+            .await
+            .expect("connect"),
+    )
+}
+
+fn elector(store: &Arc<ZkStore>, id: &str, ttl: Duration) -> Elector {
+    Elector::new(
+        Arc::clone(store) as Arc<dyn Store>,
+        CandidateId::new(id).expect("id"),
+        LeaseConfig::with_ttl(ttl),
+    )
+    .expect("config")
+}
+
+/// The TTL is the session timeout the server negotiated: the test server
+/// (tick 100 ms) clamps to [200 ms, 60 s].
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_ttl_is_the_negotiated_session_timeout() {
+    let server = server().await;
+    let store = store(&server).await;
+    let short = store
+        .open_session(Duration::from_millis(50))
+        .await
+        .expect("open");
+    assert_eq!(short.ttl, Duration::from_millis(200));
+    let long = store
+        .open_session(Duration::from_secs(600))
+        .await
+        .expect("open");
+    assert_eq!(long.ttl, Duration::from_secs(60));
+    let fine = store
+        .open_session(Duration::from_millis(1500))
+        .await
+        .expect("open");
+    assert_eq!(fine.ttl, Duration::from_millis(1500));
+    // The elector uses the granted value for its deadline.
+    let mut config = LeaseConfig::with_ttl(Duration::from_secs(120));
+    config.renew_every = Duration::from_secs(10);
+    let elector = Elector::new(
+        Arc::clone(&store) as Arc<dyn Store>,
+        CandidateId::new("a").expect("id"),
+        config,
+    )
+    .expect("config");
+    let session = elector.session().await.expect("session");
+    assert_eq!(session.granted_ttl(), Duration::from_secs(60));
+    let left = session.deadline() - Instant::now();
+    assert!(left <= Duration::from_secs(60), "{left:?}");
+}
+
+/// A session the server expires while the client is connected (taken over
+/// and closed from outside, as Curator's KillSession does) ends leadership
+/// at once — long before the lease deadline — and a new session campaigns
+/// afresh with a higher token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_session_ends_leadership_at_once() {
+    let server = server().await;
+    let store = store(&server).await;
+    let a = elector(&store, "a", Duration::from_secs(20));
+    let election = unique_election("killed");
+    let first = a.campaign(&election).await.expect("campaign");
+    let killed_at = Instant::now();
+    store
+        .kill_session_from_outside(first.session().id())
+        .await
+        .expect("kill the session");
+    let reason = tokio::time::timeout(Duration::from_secs(10), first.lost())
+        .await
+        .expect("leadership ends without waiting for the deadline");
+    // The client's Expired event, or the leader's own watch seeing its node
+    // deleted by the server, whichever comes first.
+    assert!(
+        matches!(reason, LostReason::SessionExpired | LostReason::Superseded),
+        "{reason:?}"
+    );
+    assert!(
+        Instant::now() < first.deadline(),
+        "ended only at the deadline ({:?} after the kill)",
+        killed_at.elapsed()
+    );
+    let second = campaign_until_granted(&a, &election).await;
+    assert_ne!(second.session().id(), first.session().id());
+    assert!(second.token() > first.token());
+}
+
+/// Disconnect, then expire: the server is paused (SIGSTOP) for longer than
+/// the TTL. The leader steps down at its deadline while still disconnected;
+/// once the server resumes, the old session is expired, and whoever leads
+/// next has a higher token. At no instant do two candidates lead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disconnect_then_expire_never_gives_two_leaders() {
+    let server = server().await;
+    let store_a = store(&server).await;
+    let store_b = store(&server).await;
+    let ttl = Duration::from_secs(2);
+    let a = elector(&store_a, "a", ttl);
+    let b = elector(&store_b, "b", ttl);
+    let election = unique_election("stop-expire");
+    let first = a.campaign(&election).await.expect("a campaigns");
+    let contender = tokio::spawn({
+        let election = election.clone();
+        async move {
+            let l = campaign_until_granted(&b, &election).await;
+            (Instant::now(), Ok::<_, leasehold::Error>(l), b)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    server.signal(Signal::SIGSTOP);
+    let stopped_at = Instant::now();
+    let reason = tokio::time::timeout(Duration::from_secs(10), first.lost())
+        .await
+        .expect("a steps down while the server is paused");
+    assert!(
+        matches!(reason, LostReason::DeadlineExpired { .. }),
+        "{reason:?}"
+    );
+    assert!(stopped_at.elapsed() < ttl + Duration::from_millis(500));
+    assert!(!contender.is_finished(), "b granted by a paused server");
+    tokio::time::sleep(ttl).await;
+    server.signal(Signal::SIGCONT);
+    let (granted_at, second, _b) = tokio::time::timeout(Duration::from_secs(20), contender)
+        .await
+        .expect("someone leads after the server resumes")
+        .expect("task");
+    let second = second.expect("b campaigns");
+    assert!(granted_at >= first.deadline(), "b granted while a led");
+    assert!(second.token() > first.token(), "rule 2 after expiry");
+    // a's old session is gone; a campaigns on a new one and waits.
+    assert_eq!(
+        store_a
+            .candidate_nodes(first.session().id(), &election)
+            .await
+            .expect("list"),
+        0
+    );
+}
+
+/// Reconnect within the session timeout: the server is paused long enough
+/// for the client to see Disconnected, then resumed before the session can
+/// expire. The leader keeps one candidate node (never a second one, the
+/// Curator double-leader bug), a waiter is not granted while the leader
+/// leads, and a later expiry still hands over cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnect_then_expire_never_gives_two_leaders() {
+    let server = server().await;
+    let store_a = store(&server).await;
+    let store_b = store(&server).await;
+    let ttl = Duration::from_secs(4);
+    let a = elector(&store_a, "a", ttl);
+    let b = elector(&store_b, "b", ttl);
+    let election = unique_election("reconnect");
+    let first = a.campaign(&election).await.expect("a campaigns");
+    let contender = tokio::spawn({
+        let election = election.clone();
+        async move {
+            let l = campaign_until_granted(&b, &election).await;
+            (Instant::now(), Ok::<_, leasehold::Error>(l), b)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The client declares the connection lost after 2/5 of the session
+    // timeout (1.6 s) without an answer.
+    server.signal(Signal::SIGSTOP);
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    server.signal(Signal::SIGCONT);
+    // Give renewals time to confirm the session is alive again.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    if first.is_leader() {
+        assert!(!contender.is_finished(), "b granted while a leads");
+        assert_eq!(
+            store_a
+                .candidate_nodes(first.session().id(), &election)
+                .await
+                .expect("list"),
+            1,
+            "a reconnected leader must keep exactly one candidate node"
+        );
+        // Now let the session expire: a long pause.
+        server.signal(Signal::SIGSTOP);
+        let reason = tokio::time::timeout(Duration::from_secs(10), first.lost())
+            .await
+            .expect("a steps down");
+        assert!(
+            matches!(reason, LostReason::DeadlineExpired { .. }),
+            "{reason:?}"
+        );
+        tokio::time::sleep(ttl).await;
+        server.signal(Signal::SIGCONT);
+    }
+    let (granted_at, second, _b) = tokio::time::timeout(Duration::from_secs(30), contender)
+        .await
+        .expect("someone leads after the expiry")
+        .expect("task");
+    let second = second.expect("b campaigns");
+    assert!(granted_at >= first.deadline(), "b granted while a led");
+    assert!(second.token() > first.token());
+}
+
+/// A dropped campaign leaves no candidate node behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_campaign_withdraws_its_node() {
+    let server = server().await;
+    let store = store(&server).await;
+    let election = unique_election("withdraw");
+    let holder = store
+        .open_session(Duration::from_secs(30))
+        .await
+        .expect("open");
+    store
+        .campaign(holder.id, &election, &CandidateId::new("a").expect("id"))
+        .await
+        .expect("campaign");
+    let waiter = store
+        .open_session(Duration::from_secs(30))
+        .await
+        .expect("open");
+    let attempt = tokio::time::timeout(
+        Duration::from_millis(300),
+        store.campaign(waiter.id, &election, &CandidateId::new("b").expect("id")),
+    )
+    .await;
+    assert!(attempt.is_err(), "b was granted a held election");
+    let withdrawn = async {
+        while store
+            .candidate_nodes(waiter.id, &election)
+            .await
+            .expect("list")
+            != 0
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), withdrawn)
+        .await
+        .expect("the dropped campaign's node is deleted");
+}

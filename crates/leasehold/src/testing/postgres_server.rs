@@ -92,6 +92,8 @@ impl PostgresServer {
             .arg("-D")
             .arg(self.dir.join("data"))
             .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"])
+            // Benchmarks run 100 runners with two connections each.
+            .args(["-c", "max_connections=300"])
             .arg("-c")
             .arg(format!("unix_socket_directories={}", self.dir.display()))
             .arg("-p")

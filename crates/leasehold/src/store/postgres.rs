@@ -171,9 +171,33 @@ impl Inner {
     }
 
     /// Creates the schema on first use; refuses a newer version, or tables
-    /// leasehold did not create, without writing.
+    /// leasehold did not create, without writing. Runs in one transaction
+    /// behind an advisory lock, so concurrent first uses neither race on
+    /// `CREATE … IF NOT EXISTS` nor see each other's half-made schema.
     async fn migrate(&self, client: &Client) -> Result<()> {
+        timed("begin", client.batch_execute("BEGIN")).await?;
+        let outcome = self.migrate_in_transaction(client).await;
+        let end = if outcome.as_ref().is_ok_and(|created| *created) {
+            "COMMIT"
+        } else {
+            "ROLLBACK"
+        };
+        let ended = timed("end the schema transaction", client.batch_execute(end)).await;
+        outcome?;
+        ended
+    }
+
+    /// `Ok(true)` when it created the schema (to be committed).
+    async fn migrate_in_transaction(&self, client: &Client) -> Result<bool> {
         let s = &self.schema;
+        timed(
+            "lock the schema",
+            client.execute(
+                "SELECT pg_advisory_xact_lock(hashtext($1))",
+                &[&format!("leasehold schema {s}")],
+            ),
+        )
+        .await?;
         let exists = |table: &str| format!("SELECT to_regclass('{s}.{table}') IS NOT NULL");
         let version_table: bool = timed(
             "read the schema",
@@ -198,7 +222,7 @@ impl Inner {
                         supported: SCHEMA_VERSION,
                     });
                 }
-                Some(_) => return Ok(()),
+                Some(_) => return Ok(false),
                 None => {}
             }
         } else {
@@ -214,12 +238,8 @@ impl Inner {
                 }
             }
         }
-        // Concurrent first uses queue on an advisory lock; CREATE … IF NOT
-        // EXISTS is not safe against itself.
         let ddl = format!(
-            "BEGIN;
-             SELECT pg_advisory_xact_lock(hashtext('leasehold schema {s}'));
-             CREATE SCHEMA IF NOT EXISTS {s};
+            "CREATE SCHEMA IF NOT EXISTS {s};
              CREATE TABLE IF NOT EXISTS {s}.schema_version (version bigint NOT NULL);
              CREATE TABLE IF NOT EXISTS {s}.sessions (
                  id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -232,15 +252,11 @@ impl Inner {
                  candidate text);
              {acquire}
              INSERT INTO {s}.schema_version (version)
-                 SELECT {SCHEMA_VERSION} WHERE NOT EXISTS (SELECT 1 FROM {s}.schema_version);
-             COMMIT;",
+                 SELECT {SCHEMA_VERSION} WHERE NOT EXISTS (SELECT 1 FROM {s}.schema_version);",
             acquire = acquire_function(s)
         );
-        if let Err(error) = timed("create the schema", client.batch_execute(&ddl)).await {
-            let _ = client.batch_execute("ROLLBACK").await;
-            return Err(error);
-        }
-        Ok(())
+        timed("create the schema", client.batch_execute(&ddl)).await?;
+        Ok(true)
     }
 
     async fn read_leader(&self, election: &ElectionName) -> Result<Option<Leader>> {

@@ -12,14 +12,12 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use leasehold::ElectionName;
-use leasehold::store::Store;
 use leasehold::store::etcd::EtcdStore;
-use leasehold::testing::{EtcdCluster, campaign_on_new_session};
+use leasehold::testing::EtcdCluster;
 use nix::sys::signal::Signal;
 
 mod common;
-use common::{Replica, alive, arg, ms, percentile};
+use common::{Replica, alive, arg, library, ms, percentile};
 
 /// Prints `start ID PID`, then works until told to stop.
 const WORK: &str = r#"echo "start $$"; trap 'exit 0' TERM; while :; do sleep 0.02; done"#;
@@ -173,44 +171,6 @@ fn contenders(tool: Tool, cluster: &EtcdCluster, n: usize, round: usize) -> Dura
     t0.elapsed()
 }
 
-/// In-process: time for the first of `n` concurrent campaigns to be
-/// granted, and the resign → grant handover down the queue.
-async fn library(cluster: &EtcdCluster, n: usize) -> (Duration, Vec<Duration>) {
-    let store: Arc<dyn Store> = Arc::new(
-        EtcdStore::connect(&cluster.endpoints(), "/bench-lib")
-            .await
-            .expect("connect"),
-    );
-    let election = ElectionName::new(format!("lib-{n}-{}", leasehold::clock::host_monotonic_ns()))
-        .expect("name");
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let t0 = Instant::now();
-    for i in 0..n {
-        let (store, election, tx) = (Arc::clone(&store), election.clone(), tx.clone());
-        tokio::spawn(async move {
-            let grant = campaign_on_new_session(
-                &*store,
-                &election,
-                &format!("c{i}"),
-                Duration::from_secs(30),
-            )
-            .await;
-            let _ = tx.send((Instant::now(), grant));
-        });
-    }
-    let (first_at, mut grant) = rx.recv().await.expect("a first grant");
-    let first = first_at - t0;
-    let mut handovers = Vec::new();
-    for _ in 1..n {
-        let released = Instant::now();
-        store.resign(&grant).await.expect("resign");
-        let (at, next) = rx.recv().await.expect("the next grant");
-        handovers.push(at - released);
-        grant = next;
-    }
-    (first, handovers)
-}
-
 fn main() {
     let rounds = arg("--rounds", 5);
     let cluster = EtcdCluster::start(3);
@@ -228,7 +188,12 @@ fn main() {
         "contenders", "first grant ms", "handover p50 ms", "handover p99 ms"
     );
     for n in [1usize, 10, 100] {
-        let (first, handovers) = runtime.block_on(library(&cluster, n));
+        let (first, handovers) = runtime.block_on(async {
+            let store = EtcdStore::connect(&cluster.endpoints(), "/bench-lib")
+                .await
+                .expect("connect");
+            library(Arc::new(store), n).await
+        });
         let (p50, p99) = if handovers.is_empty() {
             ("-".to_owned(), "-".to_owned())
         } else {

@@ -9,16 +9,13 @@
 //! in-process, one store handle, concurrent campaigns each on its own
 //! session. Medians and maxima; nothing asserts a timing.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use leasehold::ElectionName;
-use leasehold::store::Store;
-use leasehold::testing::{EtcdCluster, PostgresServer, ZooKeeperServer, campaign_on_new_session};
+use leasehold::testing::{EtcdCluster, PostgresServer, ZooKeeperServer};
 use nix::sys::signal::Signal;
 
 mod common;
-use common::{Replica, arg, ms, percentile};
+use common::{Replica, arg, library, ms, percentile};
 
 /// Prints `start PID`, then works until told to stop.
 const WORK: &str = r#"echo "start $$"; trap 'exit 0' TERM; while :; do sleep 0.02; done"#;
@@ -71,42 +68,6 @@ fn processes(backend: &Backend, n: usize, round: usize) -> Duration {
         );
     }
     t0.elapsed()
-}
-
-/// In-process: the first of `n` concurrent campaigns granted, then each
-/// resign → next grant down the line.
-async fn library(backend: &Backend, n: usize) -> (Duration, Vec<Duration>) {
-    let url = backend.url.parse().expect("store URL");
-    let store: Arc<dyn Store> = leasehold::store::open(&url).await.expect("open the store");
-    let election = ElectionName::new(format!("lib-{n}-{}", leasehold::clock::host_monotonic_ns()))
-        .expect("name");
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let t0 = Instant::now();
-    for i in 0..n {
-        let (store, election, tx) = (Arc::clone(&store), election.clone(), tx.clone());
-        tokio::spawn(async move {
-            let grant = campaign_on_new_session(
-                &*store,
-                &election,
-                &format!("c{i}"),
-                Duration::from_secs(30),
-            )
-            .await;
-            let _ = tx.send((Instant::now(), grant));
-        });
-    }
-    let (first_at, mut grant) = rx.recv().await.expect("a first grant");
-    let first = first_at - t0;
-    let mut handovers = Vec::new();
-    for _ in 1..n {
-        let released = Instant::now();
-        store.resign(&grant).await.expect("resign");
-        let (at, next) = rx.recv().await.expect("the next grant");
-        handovers.push(at - released);
-        grant = next;
-    }
-    store.close_session(grant.session).await.expect("close");
-    (first, handovers)
 }
 
 fn median_max(samples: &[Duration]) -> String {
@@ -179,7 +140,11 @@ fn main() {
             median_max(&stop_leader(backend, rounds, Signal::SIGTERM)),
         ];
         for n in [10usize, 100] {
-            let (first, handovers) = runtime.block_on(library(backend, n));
+            let (first, handovers) = runtime.block_on(async {
+                let url = backend.url.parse().expect("store URL");
+                let store = leasehold::store::open(&url).await.expect("open the store");
+                library(store, n).await
+            });
             column.push(ms(first));
             column.push(format!(
                 "{} / {}",

@@ -5,6 +5,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::sync::mpsc::{Receiver, channel};
 use std::time::{Duration, Instant};
 
@@ -90,6 +91,42 @@ pub fn alive(pid: i32) -> bool {
             .and_then(|(_, rest)| rest.chars().next())
             .is_some_and(|state| state != 'Z' && state != 'X')
     })
+}
+
+/// In-process: `n` concurrent campaigns on `store`, each on its own
+/// session; the time until the first is granted, then each resign → next
+/// grant down the line.
+pub async fn library(store: Arc<dyn leasehold::Store>, n: usize) -> (Duration, Vec<Duration>) {
+    let election =
+        leasehold::ElectionName::new(format!("lib-{n}-{}", leasehold::clock::host_monotonic_ns()))
+            .expect("name");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let t0 = Instant::now();
+    for i in 0..n {
+        let (store, election, tx) = (Arc::clone(&store), election.clone(), tx.clone());
+        tokio::spawn(async move {
+            let grant = leasehold::testing::campaign_on_new_session(
+                &*store,
+                &election,
+                &format!("c{i}"),
+                Duration::from_secs(30),
+            )
+            .await;
+            let _ = tx.send((Instant::now(), grant));
+        });
+    }
+    let (first_at, mut grant) = rx.recv().await.expect("a first grant");
+    let first = first_at - t0;
+    let mut handovers = Vec::new();
+    for _ in 1..n {
+        let released = Instant::now();
+        store.resign(&grant).await.expect("resign");
+        let (at, next) = rx.recv().await.expect("the next grant");
+        handovers.push(at - released);
+        grant = next;
+    }
+    let _ = store.close_session(grant.session).await;
+    (first, handovers)
 }
 
 pub fn percentile(samples: &[Duration], p: f64) -> Duration {

@@ -40,6 +40,55 @@ pub trait StoreHarness: Send + Sync {
     fn durable(&self) -> bool;
 }
 
+/// A [`StoreHarness`] over a running server (an [`EtcdCluster`], a
+/// [`ZooKeeperServer`], a [`PostgresServer`]): every handle opens the store
+/// URL anew; the server lives as long as the harness.
+#[derive(Debug)]
+pub struct ServerHarness<S> {
+    server: S,
+    url: crate::store::StoreUrl,
+}
+
+impl<S> ServerHarness<S> {
+    /// A harness opening `url` (panics on a bad URL: test support).
+    pub fn new(server: S, url: &str) -> Self {
+        ServerHarness {
+            server,
+            url: url.parse().expect("a valid store URL"),
+        }
+    }
+
+    /// The server under test.
+    pub fn server(&self) -> &S {
+        &self.server
+    }
+}
+
+#[async_trait]
+impl<S: Send + Sync> StoreHarness for ServerHarness<S> {
+    async fn open(&self) -> Arc<dyn Store> {
+        crate::store::open(&self.url)
+            .await
+            .unwrap_or_else(|e| panic!("open {}: {e}", self.url))
+    }
+
+    fn durable(&self) -> bool {
+        true
+    }
+}
+
+/// Runs [`campaign_until_granted`] in a task: when it was granted, the
+/// leadership, and the elector (which must outlive the leadership).
+pub fn spawn_campaign(
+    elector: crate::Elector,
+    election: ElectionName,
+) -> tokio::task::JoinHandle<(tokio::time::Instant, crate::Leadership, crate::Elector)> {
+    tokio::spawn(async move {
+        let leadership = campaign_until_granted(&elector, &election).await;
+        (tokio::time::Instant::now(), leadership, elector)
+    })
+}
+
 /// An election name no other test uses.
 pub fn unique_election(prefix: &str) -> ElectionName {
     static NEXT: AtomicU64 = AtomicU64::new(0);

@@ -3,35 +3,16 @@
 
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use leasehold::store::Store;
 use leasehold::store::etcd::EtcdStore;
-use leasehold::testing::{EtcdCluster, StoreHarness};
+use leasehold::testing::{EtcdCluster, ServerHarness};
 
-struct EtcdHarness {
-    cluster: EtcdCluster,
-}
-
-#[async_trait]
-impl StoreHarness for EtcdHarness {
-    async fn open(&self) -> Arc<dyn Store> {
-        Arc::new(
-            EtcdStore::connect(&self.cluster.endpoints(), "/conformance")
-                .await
-                .expect("connect to the test cluster"),
-        )
-    }
-
-    fn durable(&self) -> bool {
-        true
-    }
-}
-
-async fn harness() -> EtcdHarness {
+async fn harness() -> ServerHarness<EtcdCluster> {
     let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(3))
         .await
         .expect("cluster start");
-    EtcdHarness { cluster }
+    let url = cluster.url("/conformance");
+    ServerHarness::new(cluster, &url)
 }
 
 leasehold::conformance_tests!(harness());

@@ -4,31 +4,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use leasehold::store::Store;
 use leasehold::store::postgres::{PostgresStore, SCHEMA_VERSION};
-use leasehold::testing::{PostgresServer, StoreHarness, campaign_until_granted, unique_election};
+use leasehold::testing::{
+    PostgresServer, ServerHarness, campaign_until_granted, spawn_campaign, unique_election,
+};
 use leasehold::{CandidateId, Elector, Error, LeaseConfig};
 use tokio::time::Instant;
-
-struct PostgresHarness {
-    server: PostgresServer,
-}
-
-#[async_trait]
-impl StoreHarness for PostgresHarness {
-    async fn open(&self) -> Arc<dyn Store> {
-        Arc::new(
-            PostgresStore::connect(&self.server.url(), "conformance")
-                .await
-                .expect("connect to the test server"),
-        )
-    }
-
-    fn durable(&self) -> bool {
-        true
-    }
-}
 
 async fn server() -> PostgresServer {
     tokio::task::spawn_blocking(PostgresServer::start)
@@ -36,10 +18,10 @@ async fn server() -> PostgresServer {
         .expect("server start")
 }
 
-async fn harness() -> PostgresHarness {
-    PostgresHarness {
-        server: server().await,
-    }
+async fn harness() -> ServerHarness<PostgresServer> {
+    let server = server().await;
+    let url = format!("{}?schema=conformance", server.url());
+    ServerHarness::new(server, &url)
 }
 
 leasehold::conformance_tests!(harness());
@@ -236,13 +218,7 @@ async fn server_restart_while_a_candidate_leads() {
     let a = connect("a").await;
     let b = connect("b").await;
     let first = a.campaign(&election).await.expect("a campaigns");
-    let contender = tokio::spawn({
-        let election = election.clone();
-        async move {
-            let l = campaign_until_granted(&b, &election).await;
-            (Instant::now(), Ok::<_, leasehold::Error>(l), b)
-        }
-    });
+    let contender = spawn_campaign(b, election.clone());
     tokio::time::sleep(Duration::from_millis(300)).await;
     tokio::task::block_in_place(|| server.restart());
     // Either a rides the restart out (its renewals reconnect and land
@@ -254,7 +230,6 @@ async fn server_restart_while_a_candidate_leads() {
     }
     let second = if contender.is_finished() {
         let (granted_at, second, _b) = contender.await.expect("task");
-        let second = second.expect("b campaigns");
         assert!(
             granted_at >= first.deadline(),
             "rule 4 broken: b granted {:?} before a's deadline",
@@ -269,7 +244,6 @@ async fn server_restart_while_a_candidate_leads() {
             .await
             .expect("b granted after a resigned")
             .expect("task");
-        let second = second.expect("b campaigns");
         assert!(second.token() > token);
         second
     };

@@ -6,32 +6,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use leasehold::store::Store;
 use leasehold::store::zookeeper::ZkStore;
-use leasehold::testing::{StoreHarness, ZooKeeperServer, campaign_until_granted, unique_election};
+use leasehold::testing::{
+    ServerHarness, ZooKeeperServer, campaign_until_granted, spawn_campaign, unique_election,
+};
 use leasehold::{CandidateId, Elector, LeaseConfig, LostReason};
 use nix::sys::signal::Signal;
 use tokio::time::Instant;
-
-struct ZkHarness {
-    server: ZooKeeperServer,
-}
-
-#[async_trait]
-impl StoreHarness for ZkHarness {
-    async fn open(&self) -> Arc<dyn Store> {
-        Arc::new(
-            ZkStore::connect(&self.server.endpoints(), "/conformance")
-                .await
-                .expect("connect to the test server"),
-        )
-    }
-
-    fn durable(&self) -> bool {
-        true
-    }
-}
 
 async fn server() -> ZooKeeperServer {
     tokio::task::spawn_blocking(ZooKeeperServer::start)
@@ -39,10 +21,10 @@ async fn server() -> ZooKeeperServer {
         .expect("server start")
 }
 
-async fn harness() -> ZkHarness {
-    ZkHarness {
-        server: server().await,
-    }
+async fn harness() -> ServerHarness<ZooKeeperServer> {
+    let server = server().await;
+    let url = server.url("/conformance");
+    ServerHarness::new(server, &url)
 }
 
 leasehold::conformance_tests!(harness());
@@ -149,13 +131,7 @@ async fn disconnect_then_expire_never_gives_two_leaders() {
     let b = elector(&store_b, "b", ttl);
     let election = unique_election("stop-expire");
     let first = a.campaign(&election).await.expect("a campaigns");
-    let contender = tokio::spawn({
-        let election = election.clone();
-        async move {
-            let l = campaign_until_granted(&b, &election).await;
-            (Instant::now(), Ok::<_, leasehold::Error>(l), b)
-        }
-    });
+    let contender = spawn_campaign(b, election.clone());
     tokio::time::sleep(Duration::from_millis(200)).await;
     server.signal(Signal::SIGSTOP);
     let stopped_at = Instant::now();
@@ -174,7 +150,6 @@ async fn disconnect_then_expire_never_gives_two_leaders() {
         .await
         .expect("someone leads after the server resumes")
         .expect("task");
-    let second = second.expect("b campaigns");
     assert!(granted_at >= first.deadline(), "b granted while a led");
     assert!(second.token() > first.token(), "rule 2 after expiry");
     // a's old session is gone; a campaigns on a new one and waits.
@@ -202,13 +177,7 @@ async fn reconnect_then_expire_never_gives_two_leaders() {
     let b = elector(&store_b, "b", ttl);
     let election = unique_election("reconnect");
     let first = a.campaign(&election).await.expect("a campaigns");
-    let contender = tokio::spawn({
-        let election = election.clone();
-        async move {
-            let l = campaign_until_granted(&b, &election).await;
-            (Instant::now(), Ok::<_, leasehold::Error>(l), b)
-        }
-    });
+    let contender = spawn_campaign(b, election.clone());
     tokio::time::sleep(Duration::from_millis(300)).await;
     // The client declares the connection lost after 2/5 of the session
     // timeout (1.6 s) without an answer.
@@ -243,7 +212,6 @@ async fn reconnect_then_expire_never_gives_two_leaders() {
         .await
         .expect("someone leads after the expiry")
         .expect("task");
-    let second = second.expect("b campaigns");
     assert!(granted_at >= first.deadline(), "b granted while a led");
     assert!(second.token() > first.token());
 }

@@ -223,21 +223,40 @@ impl ZkStore {
             .ok_or(Error::SessionExpired(session))?
             .session()
             .clone();
-        let intruder = Client::connector()
-            .with_session(info)
-            .with_session_timeout(zk.ttl)
-            .connect(&self.inner.cluster)
-            .await
-            .map_err(|e| unavailable("take the session over", e))?;
-        let mut states = intruder.state_watcher();
-        drop(intruder);
-        let _ = tokio::time::timeout(REQUEST_TIMEOUT, async {
-            while !states.state().is_terminated() {
-                states.changed().await;
+        // The session's own client may take the session back (reconnecting)
+        // before the intruder's close lands; try until the server has closed
+        // it and the client has noticed.
+        for _ in 0..50 {
+            let connecting = Client::connector()
+                .with_session(info.clone())
+                .with_session_timeout(zk.ttl)
+                .with_fail_eagerly()
+                .connect(&self.inner.cluster);
+            let Ok(Ok(intruder)) = tokio::time::timeout(Duration::from_secs(2), connecting).await
+            else {
+                // Refused while the owner reconnects: try again shortly.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            };
+            let mut states = intruder.state_watcher();
+            drop(intruder);
+            let _ = tokio::time::timeout(Duration::from_secs(2), async {
+                while !states.state().is_terminated() {
+                    states.changed().await;
+                }
+            })
+            .await;
+            if tokio::time::timeout(Duration::from_secs(5), zk.ended.cancelled())
+                .await
+                .is_ok()
+            {
+                return Ok(());
             }
+        }
+        Err(Error::Unavailable {
+            reason: format!("could not end zookeeper session {session} from outside"),
+            source: None,
         })
-        .await;
-        Ok(())
     }
 
     /// How many candidate nodes `session` has in `election` (tests: a

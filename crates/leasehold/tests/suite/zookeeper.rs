@@ -90,7 +90,7 @@ async fn the_ttl_is_the_negotiated_session_timeout() {
 async fn an_expired_session_ends_leadership_at_once() {
     let server = server().await;
     let store = store(&server).await;
-    let a = elector(&store, "a", Duration::from_secs(20));
+    let a = elector(&store, "a", Duration::from_secs(40));
     let election = unique_election("killed");
     let first = a.campaign(&election).await.expect("campaign");
     let killed_at = Instant::now();

@@ -105,7 +105,8 @@ fn init_logging(verbose: u8, quiet: bool, format: cli::LogFormat) {
     use tracing_subscriber::EnvFilter;
     let default = match (quiet, verbose) {
         (true, _) => "error",
-        (false, 0) => "info",
+        // The ZooKeeper client logs every (re)connection at info.
+        (false, 0) => "info,zookeeper_client=warn",
         (false, 1) => "debug",
         (false, _) => "trace",
     };

@@ -117,12 +117,14 @@ async fn an_expired_session_ends_leadership_at_once() {
     assert!(second.token() > first.token());
 }
 
-/// Disconnect, then expire: the server is paused (SIGSTOP) for longer than
-/// the TTL. The leader steps down at its deadline while still disconnected;
-/// once the server resumes, the old session is expired, and whoever leads
-/// next has a higher token. At no instant do two candidates lead.
+/// Expire, then reconnect: the server is paused (SIGSTOP) for longer than
+/// the TTL, so the client is disconnected and its session expires. The
+/// leader steps down at its deadline while still disconnected; once the
+/// server resumes, the old session is gone, and whoever leads next has a
+/// higher token. At no instant do two
+/// candidates lead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn disconnect_then_expire_never_gives_two_leaders() {
+async fn expire_then_reconnect_never_gives_two_leaders() {
     let server = server().await;
     let store_a = store(&server).await;
     let store_b = store(&server).await;
@@ -152,6 +154,14 @@ async fn disconnect_then_expire_never_gives_two_leaders() {
         .expect("task");
     assert!(granted_at >= first.deadline(), "b granted while a led");
     assert!(second.token() > first.token(), "rule 2 after expiry");
+    // The old session is over in the store too (closed by the elector when
+    // its deadline passed, or reported expired by the reconnected client).
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        store_a.session_ended(first.session().id()),
+    )
+    .await
+    .expect("the store reports the old session ended");
     // a's old session is gone; a campaigns on a new one and waits.
     assert_eq!(
         store_a

@@ -15,9 +15,9 @@
 //!   increases across server restarts.
 //! - Releases and grants `NOTIFY` the channel `leasehold_{schema}` with the
 //!   election's name; waiters `LISTEN` and otherwise sleep until the holder's
-//!   expiry as the server reported it. There is no polling period. (Every
-//!   waiter of an election wakes on its release and one wins: O(N) reads
-//!   per handover, not a queue.)
+//!   expiry as the server reported it; there is no polling period. Waiters
+//!   queue: a release notifies with the first waiter in line, and only it
+//!   tries, so a handover costs O(1) statements however many wait.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -250,10 +250,15 @@ impl Inner {
                  token bigint NOT NULL,
                  session bigint,
                  candidate text);
-             {acquire}
+             CREATE TABLE IF NOT EXISTS {s}.waiters (
+                 seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                 election text NOT NULL,
+                 session bigint NOT NULL,
+                 UNIQUE (election, session));
+             {functions}
              INSERT INTO {s}.schema_version (version)
                  SELECT {SCHEMA_VERSION} WHERE NOT EXISTS (SELECT 1 FROM {s}.schema_version);",
-            acquire = acquire_function(s)
+            functions = functions(s)
         );
         timed("create the schema", client.batch_execute(&ddl)).await?;
         Ok(true)
@@ -330,17 +335,48 @@ impl Inner {
     }
 }
 
-/// `{schema}.acquire(session, election, candidate)`: the compare-and-swap,
-/// as one function so that acquisition is one statement. It locks the
-/// election row, then the holder's session row (a renewal racing with it
-/// either committed before and is seen, or runs after and finds the session
-/// expired), and bumps the token in the acquiring `UPDATE`. Returns
-/// `(true, token, 0)` when granted (also when the session already holds the
-/// election), `(false, token, ms)` with the holder's time left, or NULLs
-/// when the calling session has expired.
-fn acquire_function(s: &str) -> String {
+/// The store's statements that change state, as functions so that each is
+/// one statement (one implicit transaction) however many steps it takes:
+///
+/// - `acquire(session, election, candidate)`: the compare-and-swap. It locks
+///   the election row, then the holder's session row (a renewal racing with
+///   it either committed before and is seen, or runs after and finds the
+///   session expired), and bumps the token in the acquiring `UPDATE`. A free
+///   election goes to the first waiter in line whose session is live; a
+///   candidate that has to wait joins the line. Returns `(true, token, 0)`
+///   when granted (also when the session already holds the election),
+///   `(false, token, ms)` with how long to sleep at most — until the
+///   holder's expiry for the first in line, until the first's expiry for the
+///   others — or NULLs when the calling session has expired.
+/// - `queue_head(election)`: the first waiter with a live session.
+/// - `notify_release(election)`: `NOTIFY` with `"{election} {head}"`, so that
+///   only the first in line wakes (no herd); observers read any notice.
+/// - `release(election, token, session)`, `withdraw(election, session)`,
+///   `close_session(session)`: the guarded release, leaving the line, and
+///   ending a session (releasing its grants and its places in line).
+fn functions(s: &str) -> String {
     format!(
-        "CREATE OR REPLACE FUNCTION {s}.acquire(
+        "CREATE OR REPLACE FUNCTION {s}.queue_head(
+             p_name text, OUT o_session bigint, OUT o_left_ms bigint)
+         LANGUAGE sql AS $fn$
+             SELECT w.session,
+                    (extract(epoch FROM h.expires_at - clock_timestamp()) * 1000)::bigint
+             FROM {s}.waiters w
+             JOIN {s}.sessions h ON h.id = w.session AND h.expires_at > clock_timestamp()
+             WHERE w.election = p_name
+             ORDER BY w.seq
+             LIMIT 1
+         $fn$;
+
+         CREATE OR REPLACE FUNCTION {s}.notify_release(p_name text) RETURNS void
+         LANGUAGE plpgsql AS $fn$
+         BEGIN
+             PERFORM pg_notify('leasehold_{s}',
+                 p_name || ' ' || coalesce((SELECT q.o_session FROM {s}.queue_head(p_name) q)::text, ''));
+         END
+         $fn$;
+
+         CREATE OR REPLACE FUNCTION {s}.acquire(
              p_session bigint, p_name text, p_candidate text,
              OUT o_granted boolean, OUT o_token bigint, OUT o_wait_ms bigint)
          LANGUAGE plpgsql AS $fn$
@@ -348,34 +384,104 @@ fn acquire_function(s: &str) -> String {
              v_token bigint;
              v_holder bigint;
              v_left bigint;
+             v_head bigint;
+             v_head_left bigint;
          BEGIN
              INSERT INTO {s}.elections AS e (name, token) VALUES (p_name, 0)
                  ON CONFLICT (name) DO NOTHING;
              SELECT e.token, e.session INTO v_token, v_holder
                  FROM {s}.elections e WHERE e.name = p_name FOR UPDATE;
+             PERFORM 1 FROM {s}.sessions h
+                 WHERE h.id = p_session AND h.expires_at > clock_timestamp() FOR SHARE;
+             IF NOT FOUND THEN
+                 DELETE FROM {s}.waiters w WHERE w.election = p_name AND w.session = p_session;
+                 RETURN;
+             END IF;
+             o_token := v_token;
              IF v_holder IS NOT NULL THEN
                  SELECT (extract(epoch FROM h.expires_at - clock_timestamp()) * 1000)::bigint
                      INTO v_left
                      FROM {s}.sessions h
                      WHERE h.id = v_holder AND h.expires_at > clock_timestamp() FOR UPDATE;
                  IF FOUND THEN
-                     o_granted := v_holder = p_session;
-                     o_token := v_token;
-                     o_wait_ms := CASE WHEN o_granted THEN 0 ELSE v_left END;
+                     IF v_holder = p_session THEN
+                         o_granted := true;
+                         o_wait_ms := 0;
+                         RETURN;
+                     END IF;
+                     INSERT INTO {s}.waiters (election, session) VALUES (p_name, p_session)
+                         ON CONFLICT DO NOTHING;
+                     SELECT q.o_session, q.o_left_ms INTO v_head, v_head_left
+                         FROM {s}.queue_head(p_name) q;
+                     o_granted := false;
+                     -- The first in line wakes at the holder's expiry; the
+                     -- others only if the first's session expires first.
+                     o_wait_ms := CASE WHEN v_head = p_session THEN v_left
+                                       ELSE v_head_left END;
                      RETURN;
                  END IF;
              END IF;
-             PERFORM 1 FROM {s}.sessions h
-                 WHERE h.id = p_session AND h.expires_at > clock_timestamp() FOR SHARE;
-             IF NOT FOUND THEN
+             INSERT INTO {s}.waiters (election, session) VALUES (p_name, p_session)
+                 ON CONFLICT DO NOTHING;
+             SELECT q.o_session, q.o_left_ms INTO v_head, v_head_left
+                 FROM {s}.queue_head(p_name) q;
+             IF v_head IS DISTINCT FROM p_session THEN
+                 o_granted := false;
+                 o_wait_ms := v_head_left;
                  RETURN;
              END IF;
              UPDATE {s}.elections e SET token = e.token + 1, session = p_session, candidate = p_candidate
                  WHERE e.name = p_name RETURNING e.token INTO v_token;
+             DELETE FROM {s}.waiters w
+                 WHERE w.election = p_name
+                   AND (w.session = p_session OR NOT EXISTS (
+                        SELECT 1 FROM {s}.sessions h
+                        WHERE h.id = w.session AND h.expires_at > clock_timestamp()));
              PERFORM pg_notify('leasehold_{s}', p_name);
              o_granted := true;
              o_token := v_token;
              o_wait_ms := 0;
+         END
+         $fn$;
+
+         CREATE OR REPLACE FUNCTION {s}.release(p_name text, p_token bigint, p_session bigint)
+         RETURNS boolean LANGUAGE plpgsql AS $fn$
+         BEGIN
+             UPDATE {s}.elections e SET session = NULL, candidate = NULL
+                 WHERE e.name = p_name AND e.token = p_token AND e.session = p_session;
+             IF NOT FOUND THEN
+                 RETURN false;
+             END IF;
+             PERFORM {s}.notify_release(p_name);
+             RETURN true;
+         END
+         $fn$;
+
+         CREATE OR REPLACE FUNCTION {s}.withdraw(p_name text, p_session bigint) RETURNS void
+         LANGUAGE plpgsql AS $fn$
+         BEGIN
+             DELETE FROM {s}.waiters w WHERE w.election = p_name AND w.session = p_session;
+             IF FOUND THEN
+                 -- It may have been woken for a release it will not take.
+                 PERFORM {s}.notify_release(p_name);
+             END IF;
+         END
+         $fn$;
+
+         CREATE OR REPLACE FUNCTION {s}.close_session(p_session bigint) RETURNS void
+         LANGUAGE plpgsql AS $fn$
+         DECLARE
+             v_names text[];
+         BEGIN
+             WITH released AS (
+                 UPDATE {s}.elections e SET session = NULL, candidate = NULL
+                 WHERE e.session = p_session RETURNING e.name),
+             unqueued AS (
+                 DELETE FROM {s}.waiters w WHERE w.session = p_session RETURNING w.election)
+             SELECT array_agg(DISTINCT n) INTO v_names
+                 FROM (SELECT name AS n FROM released UNION SELECT election FROM unqueued) x;
+             DELETE FROM {s}.sessions h WHERE h.id = p_session;
+             PERFORM {s}.notify_release(n) FROM unnest(coalesce(v_names, '{{}}')) n;
          END
          $fn$;"
     )
@@ -437,15 +543,63 @@ async fn listen(inner: std::sync::Weak<Inner>, stop: CancellationToken) {
     }
 }
 
-/// Whether a notice concerns `election`.
+/// Whether a notice concerns `election` (for observers: any change).
 fn concerns(
     notice: &std::result::Result<Notice, broadcast::error::RecvError>,
     election: &str,
 ) -> bool {
     match notice {
-        Ok(Some(name)) => &**name == election,
+        Ok(Some(payload)) => payload.split(' ').next() == Some(election),
         // A resync, a lagged receiver or a closed channel: re-read.
         Ok(None) | Err(_) => true,
+    }
+}
+
+/// Whether a notice wakes the waiter `session` of `election`: a release
+/// names the first in line; only it tries.
+fn wakes(
+    notice: &std::result::Result<Notice, broadcast::error::RecvError>,
+    election: &str,
+    session: &str,
+) -> bool {
+    match notice {
+        Ok(Some(payload)) => payload.split_once(' ') == Some((election, session)),
+        Ok(None) | Err(_) => true,
+    }
+}
+
+/// Leaves the line when a campaign is dropped or fails before it is
+/// granted, so that a release is never handed to a waiter that is gone.
+struct Withdraw {
+    inner: Arc<Inner>,
+    election: ElectionName,
+    session: SessionId,
+    armed: bool,
+}
+
+impl Drop for Withdraw {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (inner, election, session) =
+            (Arc::clone(&self.inner), self.election.clone(), self.session);
+        runtime.spawn(async move {
+            let Ok(id) = session_key(session) else { return };
+            let Ok(client) = inner.client().await else { return };
+            let statement = format!("SELECT {}($1, $2)", inner.table("withdraw"));
+            if let Err(error) = timed(
+                "leave the line",
+                client.execute(&statement, &[&election.as_str(), &id]),
+            )
+            .await
+            {
+                tracing::debug!(%election, %error, "could not leave the line; the session's expiry will");
+            }
+        });
     }
 }
 
@@ -512,19 +666,11 @@ impl Store for PostgresStore {
             return Ok(());
         };
         let client = self.inner.client().await?;
-        let (e, s) = (self.inner.table("elections"), self.inner.table("sessions"));
-        // One implicit transaction: the release, its notifications and the
-        // session's end become visible together.
         timed(
             "close the session",
-            client.query(
-                &format!(
-                    "WITH released AS (
-                         UPDATE {e} SET session = NULL, candidate = NULL WHERE session = $1 RETURNING name),
-                     gone AS (DELETE FROM {s} WHERE id = $1)
-                     SELECT pg_notify($2, name) FROM released"
-                ),
-                &[&id, &self.inner.channel],
+            client.execute(
+                &format!("SELECT {}($1)", self.inner.table("close_session")),
+                &[&id],
             ),
         )
         .await?;
@@ -540,16 +686,26 @@ impl Store for PostgresStore {
         // Subscribed before the first attempt, so a release between the
         // attempt and the wait is not missed.
         let mut notices = self.inner.notices.subscribe();
+        let mut withdraw = Withdraw {
+            inner: Arc::clone(&self.inner),
+            election: election.clone(),
+            session,
+            armed: true,
+        };
+        let me = session.0.to_string();
         loop {
             match self.inner.try_acquire(session, election, candidate).await? {
-                Ok(grant) => return Ok(grant),
+                Ok(grant) => {
+                    withdraw.armed = false;
+                    return Ok(grant);
+                }
                 Err(left) => {
                     let wake = tokio::time::Instant::now() + left + Duration::from_millis(1);
                     loop {
                         tokio::select! {
                             biased;
                             notice = notices.recv() => {
-                                if concerns(&notice, election.as_str()) {
+                                if wakes(&notice, election.as_str(), &me) {
                                     break;
                                 }
                             }
@@ -565,26 +721,16 @@ impl Store for PostgresStore {
         let id = session_key(grant.session)?;
         let client = self.inner.client().await?;
         let token_value = i64::try_from(grant.token.0).unwrap_or(i64::MAX);
-        let released = timed(
+        let released: bool = timed(
             "release the election",
-            client.query(
-                &format!(
-                    "WITH released AS (
-                         UPDATE {} SET session = NULL, candidate = NULL
-                         WHERE name = $1 AND token = $2 AND session = $3 RETURNING name)
-                     SELECT pg_notify($4, name) FROM released",
-                    self.inner.table("elections")
-                ),
-                &[
-                    &grant.election.as_str(),
-                    &token_value,
-                    &id,
-                    &self.inner.channel,
-                ],
+            client.query_one(
+                &format!("SELECT {}($1, $2, $3)", self.inner.table("release")),
+                &[&grant.election.as_str(), &token_value, &id],
             ),
         )
-        .await?;
-        if released.is_empty() {
+        .await?
+        .get(0);
+        if !released {
             return Err(Error::NotHolder {
                 election: grant.election.clone(),
                 token: grant.token,

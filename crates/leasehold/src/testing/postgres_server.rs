@@ -152,6 +152,11 @@ impl PostgresServer {
         format!("postgresql://postgres@127.0.0.1:{}/postgres", self.port)
     }
 
+    /// What the server has logged so far (tests count logged statements).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+    }
+
     /// The server's process id.
     pub fn pid(&self) -> Option<i32> {
         self.process

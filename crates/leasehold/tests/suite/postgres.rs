@@ -254,6 +254,85 @@ async fn server_restart_while_a_candidate_leads() {
     assert!(third.token() > token, "rule 2 across a restart");
 }
 
+/// No herd: with 30 candidates waiting, a release wakes only the first in
+/// line, so a handover costs a constant number of acquisition statements
+/// (counted in the server's statement log), not one per waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handover_wakes_only_the_first_in_line() {
+    let server = server().await;
+    let admin = sql(&server.url()).await;
+    for statement in [
+        "ALTER SYSTEM SET log_statement = 'all'",
+        "SELECT pg_reload_conf()",
+    ] {
+        admin
+            .batch_execute(statement)
+            .await
+            .expect("log every statement");
+    }
+    let store: Arc<dyn Store> = Arc::new(
+        PostgresStore::connect(&server.url(), "herd")
+            .await
+            .expect("connect"),
+    );
+    let election = unique_election("herd");
+    let holder = leasehold::testing::campaign_on_new_session(
+        &*store,
+        &election,
+        "holder",
+        Duration::from_secs(30),
+    )
+    .await;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for i in 0..30 {
+        let (store, election, tx) = (Arc::clone(&store), election.clone(), tx.clone());
+        tokio::spawn(async move {
+            let grant = leasehold::testing::campaign_on_new_session(
+                &*store,
+                &election,
+                &format!("w{i}"),
+                Duration::from_secs(30),
+            )
+            .await;
+            let _ = tx.send(grant);
+        });
+    }
+    let in_line = async {
+        loop {
+            let n: i64 = admin
+                .query_one("SELECT count(*) FROM herd.waiters", &[])
+                .await
+                .expect("count")
+                .get(0);
+            if n == 30 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), in_line)
+        .await
+        .expect("30 waiters in line");
+    let acquisitions = || server.log().matches("herd.acquire(").count();
+    let mut grant = holder;
+    for handover in 0..3 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let before = acquisitions();
+        store.resign(&grant).await.expect("resign");
+        grant = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("a waiter is granted")
+            .expect("channel open");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let cost = acquisitions() - before;
+        assert!(
+            (1..=3).contains(&cost),
+            "handover {handover} ran {cost} acquisition statements for 30 waiters"
+        );
+        assert!(rx.try_recv().is_err(), "two waiters granted at once");
+    }
+}
+
 /// Unreachable server and bad URLs: clear, typed errors.
 #[tokio::test]
 async fn unreachable_server_and_bad_url_are_clear_errors() {

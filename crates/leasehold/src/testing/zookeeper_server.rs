@@ -41,7 +41,7 @@ impl ZooKeeperServer {
         let config = format!(
             "tickTime={}\ndataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\n\
              minSessionTimeout={}\nmaxSessionTimeout=60000\nmaxClientCnxns=0\nadmin.enableServer=false\n\
-             4lw.commands.whitelist=ruok,srvr\n",
+             4lw.commands.whitelist=ruok,srvr,wchp,wchc\n",
             TICK.as_millis(),
             dir.join("data").display(),
             (TICK * 2).as_millis(),
@@ -75,17 +75,21 @@ impl ZooKeeperServer {
         self.wait_ready(Duration::from_secs(60));
     }
 
+    /// The answer to a four-letter command (`srvr`, `wchp`, …), if any.
+    pub fn four_letter(&self, command: &str) -> Option<String> {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+        stream.write_all(command.as_bytes()).ok()?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).ok()?;
+        Some(answer)
+    }
+
     /// Whether the server serves sessions: `srvr` reports its mode only
     /// then (`ruok` answers earlier, while sessions are still refused).
     fn serving(&self) -> bool {
-        let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.port)) else {
-            return false;
-        };
-        let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
-        let mut answer = String::new();
-        stream.write_all(b"srvr").is_ok()
-            && stream.read_to_string(&mut answer).is_ok()
-            && answer.contains("Mode: standalone")
+        self.four_letter("srvr")
+            .is_some_and(|a| a.contains("Mode: standalone"))
     }
 
     fn wait_ready(&mut self, limit: Duration) {

@@ -226,6 +226,89 @@ async fn reconnect_then_expire_never_gives_two_leaders() {
     assert!(second.token() > first.token());
 }
 
+/// No herd: with 30 candidates waiting, each waiter's session watches
+/// exactly one node, the candidate node just ahead of its own (read from the
+/// server's `wchc`: the paths each session watches), so a release wakes
+/// one waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_waiter_watches_only_its_predecessor() {
+    let server = server().await;
+    let store = store(&server).await;
+    let election = unique_election("herd");
+    let holder = leasehold::testing::campaign_on_new_session(
+        &*store,
+        &election,
+        "holder",
+        Duration::from_secs(30),
+    )
+    .await;
+    let mut waiting = tokio::task::JoinSet::new();
+    for i in 0..30 {
+        let (store, election) = (Arc::clone(&store), election.clone());
+        waiting.spawn(async move {
+            leasehold::testing::campaign_on_new_session(
+                &*store,
+                &election,
+                &format!("w{i}"),
+                Duration::from_secs(30),
+            )
+            .await
+        });
+    }
+    let dir = format!("/faults/elections/{}", election.as_str());
+    // session id → the paths under this election it watches.
+    let watches = || {
+        let answer = server.four_letter("wchc").unwrap_or_default();
+        let mut by_session: Vec<(u64, Vec<String>)> = Vec::new();
+        for line in answer.lines() {
+            let line = line.trim();
+            if let Some(hex) = line.strip_prefix("0x") {
+                by_session.push((u64::from_str_radix(hex, 16).unwrap_or(0), Vec::new()));
+            } else if line.starts_with(&dir)
+                && let Some(last) = by_session.last_mut()
+            {
+                last.1.push(line.to_owned());
+            }
+        }
+        by_session.retain(|(_, paths)| !paths.is_empty());
+        by_session
+    };
+    let all_watching = async {
+        while watches().len() < 30 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), all_watching)
+        .await
+        .expect("30 waiters watching");
+    let reader = zookeeper_client::Client::connect(&server.endpoints()[0])
+        .await
+        .expect("connect");
+    let mut nodes = reader.list_children(&dir).await.expect("list");
+    nodes.sort_by_key(|n| n.rsplit('-').next().map(str::to_owned));
+    for (session, paths) in watches() {
+        let mine = format!("c-{session:016x}-");
+        let at = nodes
+            .iter()
+            .position(|n| n.starts_with(&mine))
+            .unwrap_or_else(|| panic!("no node for session {session:x}: {nodes:?}"));
+        assert!(at > 0, "the holder watches a candidate");
+        assert_eq!(
+            paths,
+            vec![format!("{dir}/{}", nodes[at - 1])],
+            "session {session:x} must watch only its predecessor"
+        );
+    }
+    store.resign(&holder).await.expect("resign");
+    let next = tokio::time::timeout(Duration::from_secs(10), waiting.join_next())
+        .await
+        .expect("a waiter is granted")
+        .expect("a waiter")
+        .expect("task");
+    assert!(next.token > holder.token);
+    waiting.abort_all();
+}
+
 /// A dropped campaign leaves no candidate node behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_campaign_withdraws_its_node() {

@@ -166,7 +166,7 @@ fn tune_measures_renewals_against_the_store() {
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
 }
 
-fn free_port() -> SocketAddr {
+fn free_addr() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     listener.local_addr().expect("addr")
 }
@@ -218,7 +218,7 @@ fn runner_with_http(scratch: &Scratch, id: &str, addr: SocketAddr, ttl: &str) ->
 #[test]
 fn run_serves_status_healthz_and_metrics() {
     let scratch = Scratch::new();
-    let (addr_a, addr_b) = (free_port(), free_port());
+    let (addr_a, addr_b) = (free_addr(), free_addr());
     let a = runner_with_http(&scratch, "a", addr_a, "2s");
     assert!(wait_until(10 * SECOND, || {
         get(addr_a, "/status").is_some_and(|(_, body)| body.contains("\"is_leader\":true"))

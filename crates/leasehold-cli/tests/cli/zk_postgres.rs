@@ -3,47 +3,10 @@
 
 use leasehold::testing::{PostgresServer, ZooKeeperServer};
 
-use super::harness::{Scratch, leasehold, stderr};
-use super::run::{sigterm_handover, worked_example_1};
-
-/// The command's status is passed on and the election is free afterwards.
-fn exit_status_and_release(store: &str) {
-    let out = leasehold()
-        .args(["run", "--election", "job", "--ttl", "30s", "--store", store])
-        .args(["--", "sh", "-c", "exit 3"])
-        .output()
-        .expect("spawn");
-    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
-    let out = leasehold()
-        .args(["status", "--json", "--election", "job", "--store", store])
-        .output()
-        .expect("spawn");
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        r#"{"election":"job","leader":null}"#,
-        "{}",
-        stderr(&out)
-    );
-}
-
-/// A store that cannot be reached: exit 1, one line naming the address.
-fn unreachable_exits_1(url: &str, needle: &str) {
-    let out = leasehold()
-        .args(["run", "--election", "job", "--store", url, "--", "true"])
-        .output()
-        .expect("spawn");
-    let err = stderr(&out);
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(err.contains(needle), "{err}");
-    assert!(!err.contains("panicked"), "{err}");
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("port")
-        .port()
-}
+use super::harness::Scratch;
+use super::run::{
+    exit_status_and_release, free_port, sigterm_handover, unreachable_exits_1, worked_example_1,
+};
 
 #[test]
 fn worked_example_1_on_zookeeper() {

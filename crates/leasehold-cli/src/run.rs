@@ -103,15 +103,24 @@ async fn check_margin(elector: &Elector) {
     };
     let latency = sent.elapsed();
     let config = elector.config();
+    let effective = config.renew_period_for(session.granted_ttl());
+    if effective != config.renew_every {
+        tracing::info!(
+            configured = %to_millis(config.renew_every),
+            renew_every = %to_millis(effective),
+            granted_ttl = %to_millis(session.granted_ttl()),
+            "renewing more often than configured: the renewal period must stay below half of what the granted TTL leaves after drift and skew"
+        );
+    }
     let conditions = leasehold::tune::Conditions {
-        renew_every: config.renew_period_for(session.granted_ttl()),
+        renew_every: effective,
         jitter: latency,
         skew: config.skew,
         drift: config.drift,
     };
     let assessment = conditions.assess(session.granted_ttl());
-    let ttl = humantime::format_duration(session.granted_ttl());
-    let every = humantime::format_duration(conditions.renew_every);
+    let ttl = to_millis(session.granted_ttl());
+    let every = to_millis(conditions.renew_every);
     let latency_ms = latency.as_secs_f64() * 1e3;
     match assessment.verdict {
         leasehold::tune::Verdict::Tolerant => {
@@ -128,6 +137,13 @@ async fn check_margin(elector: &Elector) {
                 "thin lease margin at the measured store latency: {reason}; see `leasehold tune`");
         }
     }
+}
+
+/// A duration rounded to whole milliseconds, as humantime prints it.
+fn to_millis(d: Duration) -> humantime::FormattedDuration {
+    humantime::format_duration(Duration::from_millis(
+        u64::try_from(d.as_millis()).unwrap_or(u64::MAX),
+    ))
 }
 
 impl Runner {

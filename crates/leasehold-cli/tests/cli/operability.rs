@@ -380,6 +380,19 @@ fn run_warns_when_the_lease_margin_is_thin() {
         "{}",
         stderr(&out)
     );
+    // A period above half the validity is shortened, and `run` says so.
+    let out = run("1s", "450ms");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("renewing more often than configured"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        !stderr(&out).contains("thin lease margin"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 /// JSON logs: one object per line; leadership changes carry the election,

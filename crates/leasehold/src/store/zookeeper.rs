@@ -211,6 +211,10 @@ impl ZkStore {
     /// `KillSession` does — another connection takes the session over with
     /// its id and password and closes it — so that this store's client
     /// learns of the expiry from the server while it is connected.
+    ///
+    /// The intruder runs on a thread of its own while this call blocks its
+    /// caller's thread: called from a current-thread runtime, the session's
+    /// own client cannot reconnect (and take the session back) in between.
     #[cfg(feature = "testing")]
     #[doc(hidden)]
     pub async fn kill_session_from_outside(&self, session: SessionId) -> Result<()> {
@@ -223,38 +227,36 @@ impl ZkStore {
             .ok_or(Error::SessionExpired(session))?
             .session()
             .clone();
-        // The session's own client may take the session back (reconnecting)
-        // before the intruder's close lands; try until the server has closed
-        // it and the client has noticed.
-        for _ in 0..50 {
-            let connecting = Client::connector()
-                .with_session(info.clone())
-                .with_session_timeout(zk.ttl)
-                .with_fail_eagerly()
-                .connect(&self.inner.cluster);
-            let Ok(Ok(intruder)) = tokio::time::timeout(Duration::from_secs(2), connecting).await
-            else {
-                // Refused while the owner reconnects: try again shortly.
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            };
-            let mut states = intruder.state_watcher();
-            drop(intruder);
-            let _ = tokio::time::timeout(Duration::from_secs(2), async {
-                while !states.state().is_terminated() {
-                    states.changed().await;
-                }
-            })
-            .await;
-            if tokio::time::timeout(Duration::from_secs(5), zk.ended.cancelled())
+        let (cluster, ttl) = (self.inner.cluster.clone(), zk.ttl);
+        let intruder = std::thread::spawn(move || -> std::result::Result<(), String> {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            runtime.block_on(async move {
+                let client = Client::connector()
+                    .with_session(info)
+                    .with_session_timeout(ttl)
+                    .connect(&cluster)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let mut states = client.state_watcher();
+                drop(client);
+                tokio::time::timeout(Duration::from_secs(5), async {
+                    while !states.state().is_terminated() {
+                        states.changed().await;
+                    }
+                })
                 .await
-                .is_ok()
-            {
-                return Ok(());
-            }
-        }
-        Err(Error::Unavailable {
-            reason: format!("could not end zookeeper session {session} from outside"),
+                .map_err(|_| "the intruder's close was not confirmed".to_owned())
+            })
+        });
+        let outcome = intruder
+            .join()
+            .map_err(|_| "the intruder thread panicked".to_owned())
+            .and_then(|r| r);
+        outcome.map_err(|reason| Error::Unavailable {
+            reason: format!("could not end zookeeper session {session} from outside: {reason}"),
             source: None,
         })
     }

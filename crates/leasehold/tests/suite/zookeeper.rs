@@ -86,11 +86,11 @@ async fn the_ttl_is_the_negotiated_session_timeout() {
 /// and closed from outside, as Curator's KillSession does) ends leadership
 /// at once — long before the lease deadline — and a new session campaigns
 /// afresh with a higher token.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(flavor = "current_thread")]
 async fn an_expired_session_ends_leadership_at_once() {
     let server = server().await;
     let store = store(&server).await;
-    let a = elector(&store, "a", Duration::from_secs(40));
+    let a = elector(&store, "a", Duration::from_secs(20));
     let election = unique_election("killed");
     let first = a.campaign(&election).await.expect("campaign");
     let killed_at = Instant::now();

@@ -103,6 +103,14 @@ impl Error {
         }
     }
 
+    /// `what` got no answer from the store within `after`.
+    pub(crate) fn no_answer(what: &str, after: Duration) -> Self {
+        Error::Unavailable {
+            reason: format!("{what}: no answer within {after:?}"),
+            source: None,
+        }
+    }
+
     /// Whether retrying the same operation later may succeed.
     pub fn is_transient(&self) -> bool {
         matches!(self, Error::Unavailable { .. } | Error::Timeout(_))

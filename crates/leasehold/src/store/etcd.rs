@@ -35,7 +35,7 @@ use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
 use crate::store::{
     ElectionState, FencingToken, Grant, Leader, LeaderWatch, SessionId, SessionLease, Store,
-    publish_leader,
+    publish_leader, read_until_ok,
 };
 
 /// How long one request may take, over every endpoint tried, before the
@@ -620,23 +620,13 @@ impl Store for EtcdStore {
                 }
                 // Something changed, or the watch broke: re-read, publish,
                 // and watch again from the read's revision.
-                loop {
-                    match store.leader_at(&election).await {
-                        Ok((leader, revision)) => {
-                            publish_leader(&tx, leader);
-                            from = revision + 1;
-                            break;
-                        }
-                        Err(error) => {
-                            tracing::debug!(%election, %error, "re-reading the leader failed; retrying");
-                            tokio::select! {
-                                biased;
-                                () = tx.closed() => return,
-                                () = tokio::time::sleep(WATCH_RETRY) => {}
-                            }
-                        }
-                    }
-                }
+                let Some((leader, revision)) =
+                    read_until_ok(&tx, &election, WATCH_RETRY, || store.leader_at(&election)).await
+                else {
+                    return;
+                };
+                publish_leader(&tx, leader);
+                from = revision + 1;
             }
         });
         Ok(rx)

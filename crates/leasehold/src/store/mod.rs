@@ -175,6 +175,32 @@ pub trait Store: Send + Sync + fmt::Debug {
     }
 }
 
+/// For watch tasks: runs `read` until it succeeds, pausing `pause` after
+/// each failure; `None` once every receiver of `tx` is gone.
+pub(crate) async fn read_until_ok<T, Fut>(
+    tx: &watch::Sender<Option<Leader>>,
+    election: &ElectionName,
+    pause: Duration,
+    mut read: impl FnMut() -> Fut,
+) -> Option<T>
+where
+    Fut: Future<Output = Result<T>>,
+{
+    loop {
+        match read().await {
+            Ok(value) => return Some(value),
+            Err(error) => {
+                tracing::debug!(%election, %error, "re-reading the leader failed; retrying");
+                tokio::select! {
+                    biased;
+                    () = tx.closed() => return None,
+                    () = tokio::time::sleep(pause) => {}
+                }
+            }
+        }
+    }
+}
+
 /// Publishes `leader` on a [`LeaderWatch`] sender if it is another grant
 /// than the one published (a renewal alone is not a change).
 pub(crate) fn publish_leader(tx: &watch::Sender<Option<Leader>>, leader: Option<Leader>) {

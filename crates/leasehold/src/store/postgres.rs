@@ -31,7 +31,7 @@ use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
 use crate::store::{
     ElectionState, FencingToken, Grant, Leader, LeaderWatch, SessionId, SessionLease, Store,
-    publish_leader,
+    publish_leader, read_until_ok,
 };
 
 /// The schema version this build writes and understands.
@@ -84,10 +84,10 @@ async fn timed<T>(
     match tokio::time::timeout(REQUEST_TIMEOUT, fut).await {
         Ok(Ok(value)) => Ok(value),
         Ok(Err(error)) => Err(unavailable(what, error)),
-        Err(_) => Err(Error::Unavailable {
-            reason: format!("postgres {what}: no answer within {REQUEST_TIMEOUT:?}"),
-            source: None,
-        }),
+        Err(_) => Err(Error::no_answer(
+            &format!("postgres {what}"),
+            REQUEST_TIMEOUT,
+        )),
     }
 }
 
@@ -772,28 +772,18 @@ impl Store for PostgresStore {
                         }
                     } => {}
                 }
-                loop {
-                    match inner.read_leader(&election).await {
-                        Ok(leader) => {
-                            // A renewal moved the expiry: keep the latest one.
-                            let renewed = matches!((&*tx.borrow(), &leader),
-                                (Some(a), Some(b)) if a.same_grant(b));
-                            if renewed {
-                                tx.send_replace(leader);
-                            } else {
-                                publish_leader(&tx, leader);
-                            }
-                            break;
-                        }
-                        Err(error) => {
-                            tracing::debug!(%election, %error, "postgres watch: read failed; retrying");
-                            tokio::select! {
-                                biased;
-                                () = tx.closed() => return,
-                                () = tokio::time::sleep(RETRY) => {}
-                            }
-                        }
-                    }
+                let Some(leader) =
+                    read_until_ok(&tx, &election, RETRY, || inner.read_leader(&election)).await
+                else {
+                    return;
+                };
+                // A renewal moved the expiry: keep the latest one.
+                let renewed = matches!((&*tx.borrow(), &leader),
+                    (Some(a), Some(b)) if a.same_grant(b));
+                if renewed {
+                    tx.send_replace(leader);
+                } else {
+                    publish_leader(&tx, leader);
                 }
             }
         });

@@ -119,10 +119,7 @@ async fn request<T>(
 ) -> Result<std::result::Result<T, zookeeper_client::Error>> {
     tokio::time::timeout(REQUEST_TIMEOUT, fut)
         .await
-        .map_err(|_| Error::Unavailable {
-            reason: format!("zookeeper {what}: no answer within {REQUEST_TIMEOUT:?}"),
-            source: None,
-        })
+        .map_err(|_| Error::no_answer(&format!("zookeeper {what}"), REQUEST_TIMEOUT))
 }
 
 fn persistent() -> CreateOptions<'static> {

@@ -42,6 +42,8 @@ pub async fn run(args: CampaignArgs) -> anyhow::Result<ExitCode> {
             .resign()
             .await
             .with_context(|| format!("resigning {election} failed"))?;
+        // The release is done: the next candidate may be granted now.
+        emit(&event("released", token, None))?;
     }
     elector.close().await?;
     Ok(ExitCode::SUCCESS)

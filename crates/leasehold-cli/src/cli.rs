@@ -1,6 +1,8 @@
 //! Command-line arguments.
 
 use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -8,24 +10,29 @@ use anyhow::Context;
 use clap::{Args as ClapArgs, Parser, Subcommand};
 use leasehold::{CandidateId, ElectionName, LeaseConfig, Store, StoreUrl};
 
+/// The help heading of the options every subcommand takes.
+const GLOBAL: &str = "Global options";
+
 /// Lease-based ownership election: exactly one replica owns a
 /// responsibility at a time, with fencing tokens and safe handover.
 ///
 /// Exit codes: 0 success; 1 runtime failure (store unreachable or corrupt);
-/// 2 bad usage or input; `run` exits with its command's status (128+N if a
-/// signal ended it), or 127 if the command could not be started.
+/// 2 bad usage or input; 3 `tune --ttl`: the TTL is unsafe; `run` exits with
+/// its command's status (128+N if a signal ended it), or 127 if the command
+/// could not be started.
 #[derive(Debug, Parser)]
 #[command(name = "leasehold", version)]
 pub struct Args {
-    /// More log output (-v info, -vv debug, -vvv trace); RUST_LOG overrides.
-    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    /// More log output: -v debug, -vv trace (the default level is info);
+    /// RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true, help_heading = GLOBAL)]
     pub verbose: u8,
     /// Only log errors.
-    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    #[arg(short, long, global = true, conflicts_with = "verbose", help_heading = GLOBAL)]
     pub quiet: bool,
     /// Log format on stderr: `text` for people, `json` (one object per line)
     /// for log collectors.
-    #[arg(long, global = true, env = "LEASEHOLD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    #[arg(long, global = true, env = "LEASEHOLD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, help_heading = GLOBAL)]
     pub log_format: LogFormat,
     #[command(subcommand)]
     pub command: Command,
@@ -70,8 +77,23 @@ pub enum Command {
     /// the jitter J) before then. The recommended TTL absorbs two lost
     /// renewals in a row; the worst-case failover after a crash is TTL + 2·J.
     /// With --measure N, J is the p99 of N renewal round trips against the
-    /// store. Exits 3 when --ttl is unsafe under the given conditions.
+    /// store. On etcd (--store etcd://…) the worst case includes etcd's
+    /// 500ms expiry check. Exits 3 when --ttl is unsafe under the given
+    /// conditions.
     Tune(TuneArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    ///
+    /// For example: `leasehold completions bash >
+    /// ~/.local/share/bash-completion/completions/leasehold`, `leasehold
+    /// completions zsh > ~/.zfunc/_leasehold` (with ~/.zfunc in $fpath), or
+    /// `leasehold completions fish > ~/.config/fish/completions/leasehold.fish`.
+    Completions(CompletionsArgs),
+    /// Print the manual page leasehold(1) in roff, or write it and one page
+    /// per subcommand into a directory (--dir).
+    ///
+    /// For example: `leasehold man | man -l -`, or `leasehold man --dir
+    /// /usr/local/share/man/man1`.
+    Man(ManArgs),
     /// Internal: kills a command's process group if its `run` dies.
     #[command(name = "__guard", hide = true)]
     Guard,
@@ -112,7 +134,9 @@ impl StoreArgs {
 /// Which election, as whom, with which lease timing.
 #[derive(Debug, ClapArgs)]
 pub struct ElectionArgs {
-    /// The election (1–200 bytes of A-Z a-z 0-9 . _ / -, not starting with / or .).
+    /// The election: the name of the responsibility the replicas compete
+    /// for, such as nightly-billing; every replica uses the same name
+    /// (1–200 bytes of A-Z a-z 0-9 . _ / -, not starting with / or .).
     #[arg(long, short = 'e', env = "LEASEHOLD_ELECTION", value_parser = parse_election)]
     pub election: ElectionName,
     #[command(flatten)]
@@ -124,9 +148,7 @@ pub struct ElectionArgs {
     /// stopped renewing; also about how long a crash leaves it unowned.
     #[arg(long, env = "LEASEHOLD_TTL", default_value = "15s", value_parser = parse_duration, allow_hyphen_values = true)]
     pub ttl: Duration,
-    /// How often the lease is renewed; the TTL must be at least twice this
-    /// plus the 100ms clock-skew bound. [default: a third of --ttl]
-    #[arg(long, env = "LEASEHOLD_RENEW_EVERY", value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(long, env = "LEASEHOLD_RENEW_EVERY", value_parser = parse_duration, allow_hyphen_values = true, help = renew_every_help())]
     pub renew_every: Option<Duration>,
 }
 
@@ -155,9 +177,11 @@ pub struct RunArgs {
     #[arg(long, env = "LEASEHOLD_GRACE", default_value = "5s", value_parser = parse_duration, allow_hyphen_values = true)]
     pub grace: Duration,
     /// Serve /status (JSON), /healthz and /metrics (Prometheus) on this
-    /// address, HOST:PORT or :PORT (all interfaces). [default: no HTTP]
+    /// address: HOST:PORT (an IP address or a host name, served on every
+    /// address it resolves to, such as localhost:9464) or :PORT (all
+    /// interfaces). [default: no HTTP]
     #[arg(long, env = "LEASEHOLD_HTTP", value_parser = parse_http_addr, value_name = "ADDR")]
-    pub http: Option<std::net::SocketAddr>,
+    pub http: Option<HttpAddr>,
     /// The command to run while leader, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<OsString>,
@@ -165,7 +189,8 @@ pub struct RunArgs {
 
 #[derive(Debug, ClapArgs)]
 pub struct StatusArgs {
-    /// The election.
+    /// The election to report on: the name its replicas give to `run
+    /// --election` (`list` shows every election in the store).
     #[arg(long, short = 'e', env = "LEASEHOLD_ELECTION", value_parser = parse_election)]
     pub election: ElectionName,
     #[command(flatten)]
@@ -177,7 +202,8 @@ pub struct StatusArgs {
 
 #[derive(Debug, ClapArgs)]
 pub struct ObserveArgs {
-    /// The election.
+    /// The election to watch: the name its replicas give to `run
+    /// --election` (`list` shows every election in the store).
     #[arg(long, short = 'e', env = "LEASEHOLD_ELECTION", value_parser = parse_election)]
     pub election: ElectionName,
     #[command(flatten)]
@@ -224,8 +250,9 @@ pub struct TuneArgs {
     #[arg(long, value_parser = parse_duration, allow_hyphen_values = true)]
     pub ttl: Option<Duration>,
     /// Measure N renewal round trips against the store (--store or the
-    /// default) and use their p99 as the jitter (the larger of the two if
-    /// --jitter is given too). [default: no measurement]
+    /// default) and use their p99, rounded up to whole milliseconds, as the
+    /// jitter (the larger of the two if --jitter is given too). [default: no
+    /// measurement]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub measure: Option<u32>,
     #[command(flatten)]
@@ -235,6 +262,55 @@ pub struct TuneArgs {
     pub json: bool,
 }
 
+#[derive(Debug, ClapArgs)]
+pub struct CompletionsArgs {
+    /// The shell to write the completion script for.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+#[derive(Debug, ClapArgs)]
+pub struct ManArgs {
+    /// Write leasehold.1 and a page per subcommand (leasehold-run.1, …)
+    /// into this directory. [default: print leasehold.1 on stdout]
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+}
+
+/// `run --help` and `campaign --help` for --renew-every: the renewal rule
+/// in the library's words, with what it means for two TTLs.
+fn renew_every_help() -> String {
+    let limit = |ttl: Duration| {
+        let config = LeaseConfig::with_ttl(ttl);
+        let half = config.validity(ttl).map(|v| v / 2).unwrap_or_default();
+        format!(
+            "under {} for --ttl {}",
+            show_ms(half),
+            humantime::format_duration(ttl)
+        )
+    };
+    format!(
+        "How often the lease is renewed; {rule} (clock drift bound {drift}%, skew bound {skew}): {a}, {b}. \
+         Should the store grant a shorter TTL than asked (ZooKeeper clamps it), the period is \
+         shortened to a third of what that TTL leaves, and `run` logs it. [default: a third of --ttl]",
+        rule = leasehold::RENEWAL_RULE,
+        drift = leasehold::DEFAULT_DRIFT * 100.0,
+        skew = humantime::format_duration(leasehold::DEFAULT_SKEW),
+        a = limit(leasehold::DEFAULT_TTL),
+        b = limit(Duration::from_secs(2)),
+    )
+}
+
+/// A duration as whole or fractional seconds (`7.375s`) or milliseconds.
+fn show_ms(d: Duration) -> String {
+    let ms = d.as_millis();
+    if ms >= 1000 {
+        format!("{}s", ms as f64 / 1000.0)
+    } else {
+        format!("{ms}ms")
+    }
+}
+
 fn parse_duration(s: &str) -> Result<Duration, String> {
     if s.trim_start().starts_with('-') {
         return Err("durations cannot be negative".into());
@@ -242,14 +318,62 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 500ms, 15s, 2m)"))
 }
 
-/// `HOST:PORT` or `:PORT` (all interfaces).
-fn parse_http_addr(s: &str) -> Result<std::net::SocketAddr, String> {
+/// Where `run --http` serves: what the user gave, and the addresses it
+/// stands for (a host name may resolve to several, such as 127.0.0.1 and ::1
+/// for localhost).
+#[derive(Clone, Debug)]
+pub struct HttpAddr {
+    /// As given.
+    pub given: String,
+    /// Every address to listen on; never empty.
+    pub addrs: Vec<SocketAddr>,
+}
+
+impl std::fmt::Display for HttpAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.given)
+    }
+}
+
+/// `IP:PORT`, `HOST:PORT` (resolved now) or `:PORT` (all interfaces).
+fn parse_http_addr(s: &str) -> Result<HttpAddr, String> {
+    use std::net::ToSocketAddrs;
+    const EXPECTED: &str =
+        "expected HOST:PORT or :PORT, such as 127.0.0.1:9464, localhost:9464 or :9464";
     let full = match s.strip_prefix(':') {
         Some(port) => format!("0.0.0.0:{port}"),
         None => s.to_owned(),
     };
-    full.parse().map_err(|_| {
-        "expected an address as IP:PORT or :PORT, such as 127.0.0.1:9090 or :9090".to_owned()
+    if let Ok(addr) = full.parse::<SocketAddr>() {
+        return Ok(HttpAddr {
+            given: s.to_owned(),
+            addrs: vec![addr],
+        });
+    }
+    let Some((host, port)) = full.rsplit_once(':') else {
+        return Err(EXPECTED.to_owned());
+    };
+    let Ok(port) = port.parse::<u16>() else {
+        return Err(EXPECTED.to_owned());
+    };
+    if host.is_empty() || host.contains(char::is_whitespace) {
+        return Err(EXPECTED.to_owned());
+    }
+    let resolved = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve {host}: {e} ({EXPECTED})"))?;
+    let mut addrs: Vec<SocketAddr> = Vec::new();
+    for addr in resolved {
+        if !addrs.contains(&addr) {
+            addrs.push(addr);
+        }
+    }
+    if addrs.is_empty() {
+        return Err(format!("{host} resolves to no address ({EXPECTED})"));
+    }
+    Ok(HttpAddr {
+        given: s.to_owned(),
+        addrs,
     })
 }
 

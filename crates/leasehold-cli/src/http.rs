@@ -12,6 +12,7 @@ use axum::routing::get;
 use leasehold::{ElectionName, Store};
 use serde::Serialize;
 
+use crate::cli::HttpAddr;
 use crate::inspect::LeaderJson;
 use crate::metrics::RunnerMetrics;
 
@@ -25,23 +26,39 @@ struct Shared {
     metrics: Arc<RunnerMetrics>,
 }
 
-/// Binds `addr` now (so that a taken port fails `run` before it campaigns)
-/// and serves in the background.
+/// Binds every address of `addr` now (so that a taken port fails `run`
+/// before it campaigns) and serves in the background; the bound addresses
+/// (the caller logs them, after its first line about the lease).
+///
+/// A host name may resolve to an address family this host cannot bind (say,
+/// `::1` with IPv6 disabled): such an address is skipped while another one
+/// binds. Any other failure, such as a port in use, is an error.
 pub async fn serve(
-    addr: SocketAddr,
+    addr: &HttpAddr,
     election: ElectionName,
     store: Arc<dyn Store>,
     metrics: Arc<RunnerMetrics>,
-) -> anyhow::Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|error| {
-        let hint = match error.kind() {
-            std::io::ErrorKind::AddrInUse => "; another process listens there, choose another port",
-            std::io::ErrorKind::AddrNotAvailable => "; that IP is not an address of this host",
-            _ => "",
-        };
-        anyhow::anyhow!("cannot serve HTTP on {addr} (--http): {error}{hint}")
-    })?;
-    let bound = listener.local_addr()?;
+) -> anyhow::Result<Vec<SocketAddr>> {
+    let mut listeners = Vec::new();
+    let mut unavailable = Vec::new();
+    for &one in &addr.addrs {
+        match tokio::net::TcpListener::bind(one).await {
+            Ok(listener) => listeners.push(listener),
+            Err(error) if addr.addrs.len() > 1 && cannot_bind_here(&error) => {
+                unavailable.push((one, error));
+            }
+            Err(error) => return Err(bind_error(addr, one, &error)),
+        }
+    }
+    if listeners.is_empty() {
+        let (one, error) = unavailable
+            .first()
+            .ok_or_else(|| anyhow::anyhow!("--http {addr}: no address to serve on"))?;
+        return Err(bind_error(addr, *one, error));
+    }
+    for (one, error) in &unavailable {
+        tracing::warn!(addr = %one, %error, "not serving HTTP on this address of --http {addr}");
+    }
     let app = Router::new()
         .route("/status", get(status))
         .route("/healthz", get(healthz))
@@ -51,16 +68,41 @@ pub async fn serve(
             store,
             metrics,
         });
-    tokio::spawn(async move {
-        if let Err(error) = axum::serve(listener, app).await {
-            tracing::error!(%error, "the HTTP server stopped");
-        }
-    });
-    tracing::info!(addr = %bound, "serving /status, /healthz and /metrics");
+    let mut bound = Vec::with_capacity(listeners.len());
+    for listener in listeners {
+        bound.push(listener.local_addr()?);
+        let app = app.clone();
+        tokio::spawn(async move {
+            if let Err(error) = axum::serve(listener, app).await {
+                tracing::error!(%error, "the HTTP server stopped");
+            }
+        });
+    }
     Ok(bound)
 }
 
-/// DESIGN.md's status object plus `is_leader` (this runner's own view).
+/// Whether binding failed because this host has no such address or family,
+/// rather than because of a conflict.
+fn cannot_bind_here(error: &std::io::Error) -> bool {
+    error.kind() == std::io::ErrorKind::AddrNotAvailable
+        || error.raw_os_error() == Some(nix::libc::EAFNOSUPPORT)
+}
+
+fn bind_error(addr: &HttpAddr, one: SocketAddr, error: &std::io::Error) -> anyhow::Error {
+    let hint = match error.kind() {
+        std::io::ErrorKind::AddrInUse => "; another process listens there, choose another port",
+        std::io::ErrorKind::AddrNotAvailable => "; that IP is not an address of this host",
+        _ => "",
+    };
+    let given = if addr.given == one.to_string() {
+        String::new()
+    } else {
+        format!(" ({addr})")
+    };
+    anyhow::anyhow!("cannot serve HTTP on {one}{given} (--http): {error}{hint}")
+}
+
+/// docs/DESIGN.md's status object plus `is_leader` (this runner's own view).
 #[derive(Debug, Serialize)]
 struct StatusJson {
     election: String,

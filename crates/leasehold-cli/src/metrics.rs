@@ -32,6 +32,19 @@ pub enum StepDown {
 }
 
 impl StepDown {
+    /// Every reason, so that each counter is exported (at 0) from the start:
+    /// a series that appears only with its first increment breaks `rate()`
+    /// and alerts on `absent()`.
+    pub const ALL: [StepDown; 7] = [
+        StepDown::DeadlineExpired,
+        StepDown::SessionExpired,
+        StepDown::Superseded,
+        StepDown::AtRisk,
+        StepDown::Stopped,
+        StepDown::CommandExited,
+        StepDown::Other,
+    ];
+
     pub fn from_lost(reason: &leasehold::LostReason) -> Self {
         use leasehold::LostReason as L;
         match reason {
@@ -118,6 +131,12 @@ impl RunnerMetrics {
             "Times this runner became leader or stopped being leader",
             metrics.transitions.clone(),
         );
+        for why in StepDown::ALL {
+            // The guard is dropped at once: only the series' creation matters.
+            drop(metrics.step_downs.get_or_create(&ReasonLabel {
+                reason: why.label(),
+            }));
+        }
         registry.register(
             "step_downs",
             "Terms of leadership that ended, by reason",
@@ -200,5 +219,26 @@ impl RunnerMetrics {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{RunnerMetrics, StepDown};
+
+    /// Every reason's counter is exported at 0 before the first step-down.
+    #[test]
+    fn every_step_down_reason_is_exported_from_the_start() {
+        let text = RunnerMetrics::new("e", "c").encode().expect("encode");
+        for why in StepDown::ALL {
+            let line = format!(
+                "leasehold_step_downs_total{{election=\"e\",candidate=\"c\",reason=\"{}\"}} 0",
+                why.label()
+            );
+            assert!(
+                text.lines().any(|l| l == line),
+                "{line} missing from {text}"
+            );
+        }
     }
 }

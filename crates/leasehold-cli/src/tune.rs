@@ -3,7 +3,10 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use leasehold::tune::{Assessment, Conditions, RECOMMENDED_LOST_RENEWALS, Verdict};
+use leasehold::tune::{
+    Assessment, Conditions, ETCD_EXPIRY_CHECK, RECOMMENDED_LOST_RENEWALS, Verdict,
+    store_expiry_check,
+};
 use serde::Serialize;
 
 use crate::cli::TuneArgs;
@@ -19,6 +22,8 @@ pub async fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
         Some(n) => Some(measure(&args, n).await?),
         None => None,
     };
+    // Measured round trips count in whole milliseconds, rounded up, so the
+    // JSON's `jitter_ms` is exactly the jitter the figures assume.
     let jitter = match (args.jitter, &measured) {
         (Some(given), Some(m)) => given.max(m.p99),
         (Some(given), None) => given,
@@ -30,13 +35,20 @@ pub async fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
         (None, Some(ttl)) => ttl / 3,
         (None, None) => anyhow::bail!("give --renew-every or --ttl"),
     };
-    let conditions = Conditions::new(renew_every, jitter, args.skew)?;
+    let expiry_check = args
+        .store
+        .store
+        .as_ref()
+        .map_or(Duration::ZERO, store_expiry_check);
+    let conditions =
+        Conditions::new(renew_every, jitter, args.skew)?.with_store_expiry_check(expiry_check);
     let recommendation = conditions.recommend();
     let evaluated = args.ttl.map(|ttl| conditions.assess(ttl));
     let report = Report {
         renew_every_ms: millis(renew_every),
-        jitter_ms: jitter.as_secs_f64() * 1e3,
+        jitter_ms: millis(jitter),
         skew_ms: millis(args.skew),
+        store_expiry_check_ms: millis(expiry_check),
         drift: conditions.drift,
         measured: measured.as_ref().map(Measured::json),
         recommended_ttl_ms: millis(recommendation.recommended.ttl),
@@ -73,9 +85,9 @@ impl Measured {
         MeasuredJson {
             store: self.store.clone(),
             samples: self.samples.len(),
-            p50_ms: self.p50.as_secs_f64() * 1e3,
-            p99_ms: self.p99.as_secs_f64() * 1e3,
-            max_ms: self.samples.last().map_or(0.0, |d| d.as_secs_f64() * 1e3),
+            p50_ms: millis(ceil_ms(self.p50)),
+            p99_ms: millis(self.p99),
+            max_ms: millis(ceil_ms(self.samples.last().copied().unwrap_or_default())),
         }
     }
 }
@@ -100,6 +112,7 @@ async fn measure(args: &TuneArgs, n: u32) -> anyhow::Result<Measured> {
     outcome?;
     samples.sort();
     let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
+    let p99 = ceil_ms(at(0.99));
     Ok(Measured {
         store: args
             .store
@@ -107,7 +120,7 @@ async fn measure(args: &TuneArgs, n: u32) -> anyhow::Result<Measured> {
             .as_ref()
             .map_or_else(|| "default sqlite".to_owned(), ToString::to_string),
         p50: at(0.5),
-        p99: at(0.99),
+        p99,
         samples,
     })
 }
@@ -116,11 +129,30 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// `d` rounded up to whole milliseconds.
+fn ceil_ms(d: Duration) -> Duration {
+    let ms = d.as_nanos().div_ceil(1_000_000);
+    Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX))
+}
+
+/// "1 lost renewal", "2 lost renewals".
+fn lost_renewals(n: u32) -> String {
+    if n == 1 {
+        "1 lost renewal".to_owned()
+    } else {
+        format!("{n} lost renewals")
+    }
+}
+
+/// `tune --json`: every `*_ms` field is a whole number of milliseconds.
 #[derive(Debug, Serialize)]
 struct Report {
     renew_every_ms: u64,
-    jitter_ms: f64,
+    jitter_ms: u64,
     skew_ms: u64,
+    /// How late the store may notice an expiry (etcd: 500), included in
+    /// every `worst_case_failover_ms`.
+    store_expiry_check_ms: u64,
     drift: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     measured: Option<MeasuredJson>,
@@ -136,9 +168,10 @@ struct Report {
 struct MeasuredJson {
     store: String,
     samples: usize,
-    p50_ms: f64,
-    p99_ms: f64,
-    max_ms: f64,
+    /// Rounded up to whole milliseconds.
+    p50_ms: u64,
+    p99_ms: u64,
+    max_ms: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -198,7 +231,7 @@ fn print_human(
 ) {
     if let Some(m) = measured {
         println!(
-            "Measured {} renewals on {}: p50 {}, p99 {}, max {}",
+            "Measured {} renewals on {}: p50 {}, p99 {} (rounded up), max {}",
             m.samples.len(),
             m.store,
             show(m.p50),
@@ -214,9 +247,22 @@ fn print_human(
         conditions.drift * 100.0
     );
     println!(
-        "Recommended TTL: {} — absorbs {RECOMMENDED_LOST_RENEWALS} lost renewals in a row; \
-         after a crash the election is unowned for up to {}",
+        "Renewal rule, as `leasehold run` enforces it: {}",
+        leasehold::RENEWAL_RULE
+    );
+    let failover = if conditions.store_expiry_check.is_zero() {
+        "TTL + 2 × jitter".to_owned()
+    } else {
+        format!(
+            "TTL + 2 × jitter + {} for etcd's expiry check",
+            show(conditions.store_expiry_check)
+        )
+    };
+    println!(
+        "Recommended TTL: {} — absorbs {} in a row; after a crash the election is unowned \
+         for up to {} ({failover})",
         report.recommended_ttl,
+        lost_renewals(RECOMMENDED_LOST_RENEWALS),
         show(Duration::from_millis(
             report.recommended.worst_case_failover_ms
         ))
@@ -264,13 +310,22 @@ fn print_human(
             row.verdict
         );
     }
+    if conditions.store_expiry_check.is_zero() {
+        println!();
+        println!(
+            "Worst-case failover is TTL + 2 × jitter; on etcd add up to {} (etcd checks for \
+             expired leases every {}; give --store etcd://… to include it)",
+            show(ETCD_EXPIRY_CHECK),
+            show(ETCD_EXPIRY_CHECK)
+        );
+    }
     if let Some(e) = evaluated {
         println!();
         match &e.verdict {
             Verdict::Tolerant => println!(
-                "TTL {}: safe; absorbs {} lost renewals in a row, worst-case failover {}",
+                "TTL {}: safe; absorbs {} in a row, worst-case failover {}",
                 show(e.ttl),
-                e.lost_renewals_absorbed,
+                lost_renewals(e.lost_renewals_absorbed),
                 show(e.worst_case_failover)
             ),
             Verdict::Fragile => println!(

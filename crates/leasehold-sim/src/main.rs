@@ -9,46 +9,75 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use clap::Parser;
 use leasehold_sim::{Scenario, run};
 
+/// Runs seeds of the deterministic fault simulation of the leasehold
+/// elector and checks every invariant; a failure prints its seed and the
+/// command that replays it.
+///
+/// Exit codes: 0 every seed held every invariant; 1 a seed broke one; 2 bad
+/// usage.
+#[derive(Debug, Parser)]
+#[command(name = "leasehold-sim", version)]
+struct Args {
+    /// Replay this one seed.
+    #[arg(long, value_name = "S", conflicts_with_all = ["seeds", "start"])]
+    seed: Option<u64>,
+    /// How many seeds to run, from --start.
+    #[arg(long, value_name = "N", default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    seeds: u64,
+    /// The first seed of --seeds.
+    #[arg(long, value_name = "S", default_value_t = 0)]
+    start: u64,
+    /// Test the checkers: compute the holder's deadline from the reply,
+    /// without margins (breaks "one leader at a time").
+    #[arg(long)]
+    unsafe_deadline: bool,
+    /// Test the checkers: the resource accepts every write (no fencing).
+    #[arg(long)]
+    unfenced: bool,
+    /// Largest forward step of the store's clock, in milliseconds; beyond
+    /// the 100 ms skew bound safety is not promised. [default: 100]
+    #[arg(long, value_name = "MS")]
+    store_clock_step_ms: Option<u64>,
+    /// On a failure, print the run's terms, writes and grants.
+    #[arg(long)]
+    history: bool,
+    /// Run every seed even after one fails; report how many failed.
+    #[arg(long)]
+    keep_going: bool,
+}
+
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().collect();
-    let value = |name: &str| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .and_then(|v| v.parse::<u64>().ok())
+    // Bad usage exits 2 with clap's message; --help and --version exit 0.
+    let args = Args::parse();
+    let mut scenario = Scenario {
+        unsafe_deadline: args.unsafe_deadline,
+        unfenced_resource: args.unfenced,
+        ..Scenario::default()
     };
-    let mut scenario = Scenario::default();
-    if args.iter().any(|a| a == "--unsafe-deadline") {
-        scenario.unsafe_deadline = true;
-    }
-    if args.iter().any(|a| a == "--unfenced") {
-        scenario.unfenced_resource = true;
-    }
-    if let Some(ms) = value("--store-clock-step-ms") {
+    if let Some(ms) = args.store_clock_step_ms {
         scenario.store_clock_step = Duration::from_millis(ms);
     }
-    if args.iter().any(|a| a == "--help" || a == "-h") {
-        println!(
-            "usage: leasehold-sim [--seed S | --seeds N [--start S]] [--unsafe-deadline] [--unfenced] [--store-clock-step-ms MS] [--history] [--keep-going]"
-        );
-        return ExitCode::SUCCESS;
-    }
-    let (start, count) = match value("--seed") {
+    let (start, count) = match args.seed {
         Some(seed) => (seed, 1),
-        None => (
-            value("--start").unwrap_or(0),
-            value("--seeds").unwrap_or(1000),
-        ),
+        None => (args.start, args.seeds),
     };
-    let keep_going = args.iter().any(|a| a == "--keep-going");
+    let Some(end) = start.checked_add(count) else {
+        eprintln!(
+            "leasehold-sim: --start {start} plus --seeds {count} is past the last seed {}",
+            u64::MAX
+        );
+        return ExitCode::from(2);
+    };
+    let keep_going = args.keep_going;
     let mut failed = 0u64;
     let began = Instant::now();
     let mut faults = 0;
     let mut terms = 0;
     let mut writes = 0;
-    for seed in start..start + count {
+    for seed in start..end {
         match run(seed, &scenario) {
             Ok(history) => {
                 faults += history.faults;
@@ -62,7 +91,7 @@ fn main() -> ExitCode {
                 failed += 1;
             }
             Err(failure) => {
-                if args.iter().any(|a| a == "--history") {
+                if args.history {
                     for t in &failure.history.terms {
                         eprintln!("term {t:?}");
                     }
@@ -77,15 +106,11 @@ fn main() -> ExitCode {
         }
     }
     if failed > 0 {
-        println!(
-            "{failed} of {count} seeds broke an invariant ({start}..{})",
-            start + count
-        );
+        println!("{failed} of {count} seeds broke an invariant ({start}..{end})");
         return ExitCode::FAILURE;
     }
     println!(
-        "{count} seeds passed ({start}..{}) in {:.1?}: {faults} faults injected, {terms} terms of leadership, {writes} fenced writes",
-        start + count,
+        "{count} seeds passed ({start}..{end}) in {:.1?}: {faults} faults injected, {terms} terms of leadership, {writes} fenced writes",
         began.elapsed()
     );
     ExitCode::SUCCESS

@@ -15,6 +15,16 @@ pub const DEFAULT_SKEW: Duration = Duration::from_millis(100);
 pub const DEFAULT_TTL: Duration = Duration::from_secs(15);
 /// The largest drift bound accepted.
 pub const MAX_DRIFT: f64 = 0.5;
+/// The one rule for the renewal period, in the words that
+/// [`LeaseConfig::validate`]'s error, `leasehold run --help` and `leasehold
+/// tune` all use. `TTL·(1 − drift) − skew` is how long a holder may act after
+/// sending a renewal (DESIGN rule 3); renewing more often than every half of
+/// it means that when one renewal is lost, the next is still sent before the
+/// deadline. [`LeaseConfig::validate`] refuses a period that breaks it, and a
+/// session whose store granted a shorter TTL than requested renews every
+/// third of that time instead ([`LeaseConfig::renew_period_for`]).
+pub const RENEWAL_RULE: &str =
+    "the renewal period must be shorter than half of TTL·(1 − drift) − skew";
 
 /// How a session's lease is timed.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -47,8 +57,9 @@ impl LeaseConfig {
         }
     }
 
-    /// Checks that a holder can renew in time and still has a positive
-    /// conservative validity; every violation names the numbers involved.
+    /// Checks that the TTL and renewal period obey [`RENEWAL_RULE`] (so a
+    /// holder can lose a renewal and still renew before its conservative
+    /// deadline); every violation names the numbers involved.
     pub fn validate(&self) -> Result<()> {
         let bad = |reason: String| Err(Error::invalid("lease configuration", reason));
         if self.ttl.is_zero() {
@@ -63,27 +74,34 @@ impl LeaseConfig {
                 self.drift
             ));
         }
-        let minimum = self.renew_every.saturating_mul(2).saturating_add(self.skew);
-        if self.ttl < minimum {
-            return bad(format!(
-                "TTL {} must be at least twice the renewal period ({}) plus the skew bound ({}) = {}",
-                show(self.ttl),
-                show(self.renew_every),
-                show(self.skew),
-                show(minimum)
-            ));
+        if self.renewal_rule_holds(self.ttl) {
+            return Ok(());
         }
+        let arithmetic = format!(
+            "({}·{} − {})/2",
+            show(self.ttl),
+            1.0 - self.drift,
+            show(self.skew)
+        );
         match self.validity(self.ttl) {
-            Some(validity) if validity > self.renew_every => Ok(()),
-            _ => bad(format!(
-                "with TTL {}, drift {} and skew {} a holder could not renew before its \
-                 conservative deadline (renewal period {})",
+            Some(validity) => bad(format!(
+                "renewal period {} is too long for TTL {}: {RENEWAL_RULE}, here {arithmetic} = {}",
+                show(self.renew_every),
                 show(self.ttl),
-                self.drift,
-                show(self.skew),
-                show(self.renew_every)
+                show(validity / 2)
+            )),
+            None => bad(format!(
+                "TTL {} is too short: {RENEWAL_RULE}, and here {arithmetic} is not positive",
+                show(self.ttl)
             )),
         }
+    }
+
+    /// Whether [`RENEWAL_RULE`] holds for this renewal period and a TTL:
+    /// `2·renew_every < ttl·(1 − drift) − skew`.
+    pub fn renewal_rule_holds(&self, ttl: Duration) -> bool {
+        self.validity(ttl)
+            .is_some_and(|validity| self.renew_every.saturating_mul(2) < validity)
     }
 
     /// How long after sending a successful create or renewal request the
@@ -100,12 +118,14 @@ impl LeaseConfig {
         self.validity(granted_ttl).map(|v| sent + v)
     }
 
-    /// The renewal period to use with the TTL the store actually granted: the
-    /// configured one, shortened to a third of the validity if the store
-    /// granted less than was asked for.
+    /// The renewal period to use with the TTL the store actually granted:
+    /// the configured one while [`RENEWAL_RULE`] holds for the granted TTL
+    /// (always so for a valid configuration granted the TTL it asked for);
+    /// else, when the store granted less than was asked, a third of
+    /// `granted·(1 − drift) − skew`, which obeys the rule.
     pub fn renew_period_for(&self, granted_ttl: Duration) -> Duration {
         match self.validity(granted_ttl) {
-            Some(validity) if validity / 2 < self.renew_every => {
+            Some(validity) if !self.renewal_rule_holds(granted_ttl) => {
                 (validity / 3).max(Duration::from_nanos(1))
             }
             _ => self.renew_every,
@@ -156,10 +176,31 @@ mod tests {
     fn rejects_with_numbers() {
         let mut c = LeaseConfig::with_ttl(ms(2000));
         c.renew_every = ms(1000);
-        let err = c.validate().expect_err("ttl < 2r + s").to_string();
+        let err = c.validate().expect_err("2r ≥ ttl·0.99 − s").to_string();
         assert!(
-            err.contains("TTL 2s must be at least twice the renewal period (1s) plus the skew bound (100ms) = 2.1s"),
+            err.contains(
+                "renewal period 1s is too long for TTL 2s: the renewal period must be shorter \
+                 than half of TTL·(1 − drift) − skew, here (2s·0.99 − 100ms)/2 = 940ms"
+            ),
             "{err}"
+        );
+        assert!(err.contains(RENEWAL_RULE), "{err}");
+        // Issue 12: 450 ms passed validation with TTL 1 s although the
+        // runner then renewed every 296 ms and `tune` called it fragile.
+        let mut c = LeaseConfig::with_ttl(ms(1000));
+        c.renew_every = ms(450);
+        let err = c.validate().expect_err("900ms ≥ 890ms").to_string();
+        assert!(err.contains("= 445ms"), "{err}");
+        c.renew_every = ms(444);
+        c.validate().expect("888ms < 890ms");
+        let mut c = LeaseConfig::with_ttl(ms(100));
+        let err = c.validate().expect_err("no validity").to_string();
+        assert!(err.contains("is not positive"), "{err}");
+        assert!(err.contains(RENEWAL_RULE), "{err}");
+        c.renew_every = ms(1);
+        assert!(
+            c.validate().is_err(),
+            "TTL 100ms leaves no time after the skew"
         );
         assert!(LeaseConfig::with_ttl(Duration::ZERO).validate().is_err());
         let mut c = LeaseConfig::with_ttl(ms(2000));
@@ -191,6 +232,11 @@ mod tests {
             shorter < ms(1000) && shorter > Duration::ZERO,
             "{shorter:?}"
         );
+        let shortened = LeaseConfig {
+            renew_every: shorter,
+            ..c
+        };
+        assert!(shortened.renewal_rule_holds(ms(1000)), "{shorter:?}");
     }
 
     proptest! {
@@ -211,6 +257,13 @@ mod tests {
                 prop_assert!(deadline < sent + ms(granted_ms));
                 prop_assert!(deadline > sent);
             }
+                // One rule: a configuration is valid exactly when the session
+            // renews at the configured period with the TTL it asked for.
+            prop_assert_eq!(
+                c.validate().is_ok(),
+                c.validity(c.ttl).is_some() && c.renew_period_for(c.ttl) == c.renew_every
+                    && (0.0..MAX_DRIFT).contains(&c.drift)
+            );
             if c.validate().is_ok() {
                 let deadline = c.deadline(sent, c.ttl);
                 prop_assert!(deadline.is_some_and(|d| d > sent + c.renew_every));

@@ -1,5 +1,5 @@
 //! Choosing a TTL: failover speed against false failovers (worked example 3
-//! of the design document).
+//! of docs/DESIGN.md).
 //!
 //! A holder renews every `R`; a renewal's round trip takes up to `J`
 //! (jitter); the holder's and the store's clocks disagree by up to `S`
@@ -10,6 +10,8 @@
 //! `n = #{k ≥ 1 : k·R + J < V}`, and a holder rides out `n − 1` renewals in a
 //! row that are lost (dropped, refused, timed out) without a false failover.
 //!
+//! - The renewal period breaks [`RENEWAL_RULE`](crate::RENEWAL_RULE) (`2·R ≥ V`): refused by
+//!   [`LeaseConfig::validate`], so `leasehold run` would not start. **Unsafe.**
 //! - `n = 0`: even an on-time renewal lands too late; every term ends in a
 //!   false failover. **Unsafe.**
 //! - `n = 1`: one lost renewal ends leadership: a network blip causes a
@@ -22,12 +24,29 @@
 //! lease TTL after it received the last renewal, which may have been in
 //! flight for up to `J`, and the successor's grant takes up to another `J`:
 //! worst case `TTL + 2·J`, plus however late the store itself notices an
-//! expiry (etcd's lessor checks every 500 ms).
+//! expiry ([`Conditions::store_expiry_check`]: etcd's lessor checks every
+//! 500 ms, [`ETCD_EXPIRY_CHECK`]).
 
 use std::time::Duration;
 
 use crate::config::{DEFAULT_DRIFT, LeaseConfig, MAX_DRIFT, humanize};
 use crate::error::{Error, Result};
+use crate::store::StoreUrl;
+
+/// How late etcd may notice that a lease expired: its lessor checks for
+/// expired leases every 500 ms.
+pub const ETCD_EXPIRY_CHECK: Duration = Duration::from_millis(500);
+
+/// How late a store may notice an expiry after the TTL has run out:
+/// [`ETCD_EXPIRY_CHECK`] on etcd; zero on the others, whose waiters wake at
+/// the holder's known expiry (SQLite, PostgreSQL, memory) or which expire a
+/// session when its timeout passes (ZooKeeper).
+pub fn store_expiry_check(url: &StoreUrl) -> Duration {
+    match url {
+        StoreUrl::Etcd { .. } => ETCD_EXPIRY_CHECK,
+        _ => Duration::ZERO,
+    }
+}
 
 /// How many lost renewals in a row the recommended TTL absorbs.
 pub const RECOMMENDED_LOST_RENEWALS: u32 = 2;
@@ -44,6 +63,9 @@ pub struct Conditions {
     pub skew: Duration,
     /// Bound on the holder's clock running slow (fraction).
     pub drift: f64,
+    /// How late the store itself may notice an expired lease (etcd:
+    /// [`ETCD_EXPIRY_CHECK`]); added to the worst-case failover.
+    pub store_expiry_check: Duration,
 }
 
 impl Conditions {
@@ -54,9 +76,18 @@ impl Conditions {
             jitter,
             skew,
             drift: DEFAULT_DRIFT,
+            store_expiry_check: Duration::ZERO,
         };
         conditions.validate()?;
         Ok(conditions)
+    }
+
+    /// The same conditions on a store that notices expiries up to `check`
+    /// late (see [`store_expiry_check`]).
+    #[must_use]
+    pub fn with_store_expiry_check(mut self, check: Duration) -> Self {
+        self.store_expiry_check = check;
+        self
     }
 
     fn validate(&self) -> Result<()> {
@@ -96,16 +127,8 @@ impl Conditions {
             }
             _ => 0,
         };
-        let verdict = if self.renew_every.saturating_mul(2) >= ttl {
-            Verdict::Unsafe {
-                reason: format!(
-                    "renewing every {} is half the TTL {} or more: the lease would run out \
-                     with the second renewal still outstanding; renew at most every third of the TTL",
-                    humanize(self.renew_every),
-                    humanize(ttl)
-                ),
-            }
-        } else if let Err(error) = lease.validate() {
+        // The rule `leasehold run` enforces comes first, in its words.
+        let verdict = if let Err(error) = lease.validate() {
             Verdict::Unsafe {
                 reason: match error {
                     Error::InvalidInput { reason, .. } => reason,
@@ -133,7 +156,9 @@ impl Conditions {
             renew_every: self.renew_every,
             round_trip_absorbed: validity.saturating_sub(self.renew_every),
             lost_renewals_absorbed: renewals_in_time.saturating_sub(1),
-            worst_case_failover: ttl.saturating_add(self.jitter.saturating_mul(2)),
+            worst_case_failover: ttl
+                .saturating_add(self.jitter.saturating_mul(2))
+                .saturating_add(self.store_expiry_check),
             verdict,
         }
     }
@@ -210,8 +235,9 @@ pub struct Assessment {
     /// Renewals in a row that may be lost (taking the jitter each) without
     /// a false failover.
     pub lost_renewals_absorbed: u32,
-    /// Longest time the election can stay unowned after the holder crashes
-    /// (`TTL + 2·J`), not counting the store's own expiry-detection delay.
+    /// Longest time the election can stay unowned after the holder crashes:
+    /// `TTL + 2·J` plus the store's own expiry-detection delay
+    /// ([`Conditions::store_expiry_check`]).
     pub worst_case_failover: Duration,
     /// Safe, fragile or unsafe.
     pub verdict: Verdict,
@@ -232,7 +258,8 @@ pub enum Verdict {
     /// Works, but one lost or slow renewal ends leadership: false failovers
     /// and flapping under load.
     Fragile,
-    /// Cannot work: rejected by the lease rules, or renewals cannot confirm
+    /// Cannot work: the renewal period breaks [`RENEWAL_RULE`](crate::RENEWAL_RULE) (so
+    /// [`LeaseConfig::validate`] refuses it), or renewals cannot confirm
     /// before the deadline.
     Unsafe {
         /// Why, with the numbers.
@@ -264,6 +291,7 @@ pub struct Recommendation {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::RENEWAL_RULE;
     use proptest::prelude::*;
 
     fn ms(n: u64) -> Duration {
@@ -298,6 +326,45 @@ mod tests {
         let c = Conditions::new(ms(5000), ms(0), ms(0)).expect("valid");
         let a = c.assess(ms(10_000));
         assert!(!a.is_safe(), "{a:?}");
+    }
+
+    /// Issue 12: `--ttl 1s --renew-every 450ms` was valid for `run`, which
+    /// then renewed every 296 ms, while `tune` called 450 ms fragile. Now
+    /// `tune` refuses it with the validation error's words.
+    #[test]
+    fn the_renewal_rule_is_the_validation_rule() {
+        let c = Conditions::new(ms(450), ms(0), ms(100)).expect("valid");
+        let a = c.assess(ms(1000));
+        let Verdict::Unsafe { reason } = &a.verdict else {
+            panic!("{a:?}")
+        };
+        assert!(reason.contains(RENEWAL_RULE), "{reason}");
+        let lease = c.lease(ms(1000));
+        let Err(Error::InvalidInput {
+            reason: refused, ..
+        }) = lease.validate()
+        else {
+            panic!("valid")
+        };
+        assert_eq!(reason, &refused);
+        // Just inside the rule, with no jitter: one lost renewal absorbed.
+        let c = Conditions::new(ms(444), ms(0), ms(100)).expect("valid");
+        assert_eq!(c.assess(ms(1000)).verdict, Verdict::Tolerant);
+    }
+
+    #[test]
+    fn etcd_adds_its_expiry_check_to_the_worst_case_failover() {
+        let c = Conditions::new(ms(3000), ms(1000), ms(500)).expect("valid");
+        let etcd: StoreUrl = "etcd://127.0.0.1:2379".parse().expect("url");
+        let sqlite: StoreUrl = "sqlite:/tmp/x.db".parse().expect("url");
+        assert_eq!(store_expiry_check(&etcd), ms(500));
+        assert_eq!(store_expiry_check(&sqlite), Duration::ZERO);
+        let on_etcd = c.with_store_expiry_check(store_expiry_check(&etcd));
+        assert_eq!(on_etcd.assess(ms(11_000)).worst_case_failover, ms(13_500));
+        assert_eq!(c.assess(ms(11_000)).worst_case_failover, ms(13_000));
+        // The TTL itself does not change: the check delays the successor,
+        // not the holder.
+        assert_eq!(on_etcd.recommend().recommended.ttl, ms(11_000));
     }
 
     #[test]
@@ -343,6 +410,16 @@ mod tests {
             let b = c.assess(shorter);
             prop_assert!(shorter.is_zero() || step_for(shorter) != step_for(ttl)
                 || b.lost_renewals_absorbed < lost || !b.is_safe(), "{b:?}");
+        }
+
+        /// The tune model and the lease rules agree: with no jitter, a TTL is
+        /// safe exactly when `leasehold run` accepts it.
+        #[test]
+        fn safe_without_jitter_exactly_when_valid(
+            r in 1u64..10_000, s in 0u64..2_000, t in 1u64..100_000,
+        ) {
+            let c = Conditions::new(ms(r), Duration::ZERO, ms(s)).expect("valid");
+            prop_assert_eq!(c.assess(ms(t)).is_safe(), c.lease(ms(t)).validate().is_ok());
         }
 
         /// A longer TTL never absorbs less and never fails over sooner.

@@ -28,6 +28,19 @@ fn campaigns_holds_and_resigns_with_increasing_tokens() {
         })
         .collect();
     assert_eq!(acquired, vec![1, 2, 3]);
+    // Each round says when the release completed, not only that it began.
+    let sequence: Vec<(String, Option<u64>)> = events(&out.stdout)
+        .into_iter()
+        .map(|e| (e.event, e.token))
+        .collect();
+    let mut expected = Vec::new();
+    for token in 1..=3 {
+        expected.push(("campaigning".to_owned(), None));
+        for event in ["acquired", "releasing", "released"] {
+            expected.push((event.to_owned(), Some(token)));
+        }
+    }
+    assert_eq!(sequence, expected);
     // A later process continues the same counter: tokens survive restarts.
     let out = leasehold()
         .args([
@@ -113,7 +126,7 @@ fn bad_input_exits_2_with_one_clear_line() {
                 "--renew-every",
                 "1s",
             ],
-            "at least twice the renewal period",
+            "the renewal period must be shorter than half of TTL·(1 − drift) − skew",
         ),
     ];
     for (args, needle) in cases {

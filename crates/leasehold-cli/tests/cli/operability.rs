@@ -73,7 +73,7 @@ fn tune_judges_a_proposed_ttl() {
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("TTL 4s: UNSAFE"), "{text}");
-    assert!(text.contains("half the TTL"), "{text}");
+    assert!(text.contains(leasehold::RENEWAL_RULE), "{text}");
     // The conservative 15 s: fine.
     let out = tune(&[&base[..], &["--ttl", "15s", "--json"]].concat());
     assert!(out.status.success(), "{}", stderr(&out));
@@ -144,9 +144,11 @@ fn tune_measures_renewals_against_the_store() {
     assert!(out.status.success(), "{}", stderr(&out));
     let v = json(&out);
     assert_eq!(v["measured"]["samples"], 50, "{v}");
-    let p99 = v["measured"]["p99_ms"].as_f64().expect("p99");
-    assert!(p99 > 0.0, "{v}");
-    assert_eq!(v["jitter_ms"].as_f64(), Some(p99), "{v}");
+    // Whole milliseconds, rounded up: the jitter the figures assume.
+    let p99 = v["measured"]["p99_ms"].as_u64().expect("p99 in whole ms");
+    assert!(p99 > 0, "{v}");
+    assert_eq!(v["jitter_ms"].as_u64(), Some(p99), "{v}");
+    assert_ms_are_integers(&v, "");
     // The measuring session is closed: nothing is left in the store.
     let list = leasehold()
         .args(["list", "--json", "--store", &store])
@@ -164,6 +166,82 @@ fn tune_measures_renewals_against_the_store() {
         "1s",
     ]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+}
+
+/// Every `*_ms` field, at any depth, is a whole number (issue 12:
+/// `"jitter_ms":1000.0` was a float among integers).
+fn assert_ms_are_integers(v: &Value, path: &str) {
+    match v {
+        Value::Object(map) => {
+            for (key, value) in map {
+                let at = format!("{path}.{key}");
+                if key.ends_with("_ms") {
+                    assert!(value.is_u64(), "{at} is {value}, not a whole number");
+                }
+                assert_ms_are_integers(value, &at);
+            }
+        }
+        Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                assert_ms_are_integers(item, &format!("{path}[{i}]"));
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Issue 12: `tune` names etcd's expiry check in its worst case (and adds
+/// it with `--store etcd://…`), says "1 lost renewal", and writes every
+/// `*_ms` as an integer.
+#[test]
+fn tune_counts_etcds_expiry_check_in_whole_milliseconds() {
+    let base = ["--renew-every", "3s", "--jitter", "1s", "--skew", "500ms"];
+    let out = tune(&[&base[..], &["--json"]].concat());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let plain = json(&out);
+    assert_ms_are_integers(&plain, "");
+    assert_eq!(plain["jitter_ms"], 1000, "{plain}");
+    assert_eq!(plain["store_expiry_check_ms"], 0, "{plain}");
+    assert_eq!(plain["recommended"]["worst_case_failover_ms"], 13_000);
+    // No store given: the output says what etcd adds.
+    let out = tune(&base);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("on etcd add up to 500ms"), "{text}");
+
+    // The store is not contacted without --measure.
+    let etcd = ["--store", "etcd://127.0.0.1:9/x"];
+    let out = tune(&[&base[..], &etcd[..], &["--json"]].concat());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v = json(&out);
+    assert_ms_are_integers(&v, "");
+    assert_eq!(v["store_expiry_check_ms"], 500, "{v}");
+    assert_eq!(v["recommended_ttl_ms"], plain["recommended_ttl_ms"], "{v}");
+    assert_eq!(v["recommended"]["worst_case_failover_ms"], 13_500, "{v}");
+    for a in v["alternatives"].as_array().expect("alternatives") {
+        assert_eq!(
+            a["worst_case_failover_ms"].as_u64(),
+            a["ttl_ms"].as_u64().map(|t| t + 2000 + 500),
+            "{a}"
+        );
+    }
+    let out = tune(&[&base[..], &etcd[..]].concat());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("up to 13.5s (TTL + 2 × jitter + 500ms for etcd's expiry check)"),
+        "{text}"
+    );
+
+    // V = 3s·0.99 − 100ms = 2.87s: renewals at 1s and 2s confirm in time,
+    // so one lost renewal is absorbed.
+    let out = tune(&["--renew-every", "1s", "--jitter", "0s", "--ttl", "3s"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("TTL 3s: safe; absorbs 1 lost renewal in a row"),
+        "{text}"
+    );
+    assert!(!text.contains("1 lost renewals"), "{text}");
+    assert!(text.contains("absorbs 2 lost renewals in a row"), "{text}");
 }
 
 fn free_addr() -> SocketAddr {
@@ -185,6 +263,22 @@ fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     let (head, body) = response.split_once("\r\n\r\n")?;
     let code = head.split(' ').nth(1)?.parse().ok()?;
     Some((code, body.to_owned()))
+}
+
+/// The sum of every sample `name{…}` in Prometheus text (all label sets).
+fn sum(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| {
+            !l.starts_with('#')
+                && l.starts_with(name)
+                && l[name.len()..]
+                    .chars()
+                    .next()
+                    .is_some_and(|c| c == '{' || c == ' ')
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 /// The value of the sample `name{…}` in Prometheus text.
@@ -265,6 +359,22 @@ fn run_serves_status_healthz_and_metrics() {
     let left = sample(&m, "leasehold_lease_remaining_seconds").expect("lease left");
     assert!(left > 0.0 && left <= 2.0, "{m}");
     assert!(m.ends_with("# EOF\n"), "{m}");
+    // Every step-down reason is exported, at 0, before the first step-down
+    // (issue 12: the series appeared only with its first increment).
+    for reason in [
+        "deadline_expired",
+        "session_expired",
+        "superseded",
+        "at_risk",
+        "stopped",
+        "command_exited",
+        "other",
+    ] {
+        let line = format!(
+            r#"leasehold_step_downs_total{{election="billing",candidate="a",reason="{reason}"}} 0"#
+        );
+        assert!(m.lines().any(|l| l == line), "{line} missing: {m}");
+    }
     let (_, m) = get(addr_b, "/metrics").expect("metrics");
     assert_eq!(sample(&m, "leasehold_is_leader"), Some(0.0), "{m}");
     assert_eq!(
@@ -290,7 +400,7 @@ fn run_serves_status_healthz_and_metrics() {
         db.execute_batch("BEGIN EXCLUSIVE").expect("lock");
         assert!(wait_until(10 * SECOND, || {
             get(addr_b, "/metrics").is_some_and(|(_, m)| {
-                sample(&m, "leasehold_step_downs_total").is_some()
+                sum(&m, "leasehold_step_downs_total") >= 1.0
                     && sample(&m, "leasehold_renewal_failures_total").is_some_and(|n| n >= 1.0)
             })
         }));
@@ -346,6 +456,46 @@ fn a_taken_http_port_is_a_clear_error_before_campaigning() {
     assert!(stderr(&out).contains("--http"), "{}", stderr(&out));
 }
 
+/// Issue 12: `--http localhost:PORT` was refused although the help says
+/// HOST:PORT. A host name is resolved and served on its addresses.
+#[test]
+fn run_serves_http_on_a_host_name() {
+    let scratch = Scratch::new();
+    let port = free_addr().port();
+    let run = Proc::spawn(
+        leasehold()
+            .args(["run", "--election", "billing", "--id", "a"])
+            .args(["--http", &format!("localhost:{port}")])
+            .args(["--store", &scratch.store_url(), "--", "sleep", "600"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    let loopback = SocketAddr::from(([127, 0, 0, 1], port));
+    assert!(
+        wait_until(10 * SECOND, || {
+            get(loopback, "/status").is_some_and(|(_, body)| body.contains("\"is_leader\":true"))
+        }),
+        "nothing serves localhost:{port}"
+    );
+    drop(run);
+    // A name that does not resolve is bad input, named in one line.
+    let out = leasehold()
+        .args([
+            "run",
+            "--election",
+            "billing",
+            "--http",
+            "no-such-host.invalid:9464",
+        ])
+        .args(["--store", &scratch.store_url(), "--", "true"])
+        .output()
+        .expect("spawn");
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("cannot resolve no-such-host.invalid"), "{err}");
+}
+
 #[test]
 fn run_warns_when_the_lease_margin_is_thin() {
     let scratch = Scratch::new();
@@ -364,9 +514,9 @@ fn run_warns_when_the_lease_margin_is_thin() {
             .output()
             .expect("spawn")
     };
-    // V = 1s·0.99 − 100ms = 890 ms: the second renewal, sent at 890 ms,
-    // can never confirm in time.
-    let out = run("1s", "445ms");
+    // V = 1s·0.99 − 100ms = 890 ms: the second renewal, sent at 889.998 ms,
+    // confirms in time only if the store answers within 2 µs.
+    let out = run("1s", "444999us");
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(
         stderr(&out).contains("thin lease margin"),
@@ -380,18 +530,90 @@ fn run_warns_when_the_lease_margin_is_thin() {
         "{}",
         stderr(&out)
     );
-    // A period above half the validity is shortened, and `run` says so.
+    // A period of half the validity or more breaks the renewal rule: it is
+    // refused (it used to be accepted and silently shortened to 296 ms).
     let out = run("1s", "450ms");
-    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(
-        stderr(&out).contains("renewing more often than configured"),
+        stderr(&out).contains(leasehold::RENEWAL_RULE),
         "{}",
         stderr(&out)
     );
+}
+
+/// Issue 12: one rule for the renewal period, stated in the same words by
+/// `run --help`, the validation error and `tune`, which agree on where it
+/// lies; and `run`'s first log line states the lease it runs with.
+#[test]
+fn run_and_tune_state_one_renewal_rule() {
+    let rule = leasehold::RENEWAL_RULE;
+    let help = leasehold().args(["run", "--help"]).output().expect("spawn");
+    let help = String::from_utf8_lossy(&help.stdout).replace('\n', " ");
+    let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(help.contains(rule), "{help}");
+    assert!(help.contains("under 7.375s for --ttl 15s"), "{help}");
+
+    let scratch = Scratch::new();
+    let run = |every: &str| {
+        leasehold()
+            .args([
+                "run",
+                "--election",
+                "e",
+                "--ttl",
+                "1s",
+                "--renew-every",
+                every,
+            ])
+            .args(["--store", &scratch.store_url(), "--", "true"])
+            .env_remove("RUST_LOG")
+            .output()
+            .expect("spawn")
+    };
+    let judge = |every: &str| tune(&["--ttl", "1s", "--renew-every", every, "--jitter", "0s"]);
+    // (1s·0.99 − 100ms)/2 = 445ms: 450ms and 445ms break the rule, 444ms
+    // obeys it; `run` and `tune` draw the line at the same place.
+    for every in ["450ms", "445ms"] {
+        let out = run(every);
+        assert_eq!(out.status.code(), Some(2), "{every}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains(rule), "{err}");
+        assert!(err.contains("= 445ms"), "{err}");
+        let out = judge(every);
+        assert_eq!(out.status.code(), Some(3), "{every}: {}", stderr(&out));
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("UNSAFE"), "{text}");
+        assert!(text.contains(rule), "{text}");
+    }
+    let out = run("444ms");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    let first = err.lines().next().unwrap_or_default();
     assert!(
-        !stderr(&out).contains("thin lease margin"),
+        first.contains("lease: TTL 1s, renewing every 444ms"),
+        "first line: {first}\n{err}"
+    );
+    let out = judge("444ms");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("TTL 1s: safe"),
         "{}",
-        stderr(&out)
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // The default period, a third of the TTL, is stated too.
+    let out = leasehold()
+        .args(["run", "--election", "e", "--ttl", "3s"])
+        .args(["--store", &scratch.store_url(), "--", "true"])
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("spawn");
+    let err = stderr(&out);
+    assert!(
+        err.lines()
+            .next()
+            .is_some_and(|l| l.contains("lease: TTL 3s, renewing every 1s")),
+        "{err}"
     );
 }
 
@@ -474,4 +696,81 @@ fn version_and_help() {
     ] {
         assert!(text.contains(needle), "{needle}: {text}");
     }
+}
+
+/// Issue 12: the global flags stand under their own heading in every
+/// subcommand's help, apart from its own options; the exit codes include 3;
+/// `status` and `observe` say what `--election` is.
+#[test]
+fn help_separates_global_options_and_lists_every_exit_code() {
+    let help = |args: &[&str]| {
+        let out = leasehold().args(args).output().expect("spawn");
+        assert!(out.status.success(), "{args:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    for sub in ["run", "status", "observe", "list", "campaign", "tune"] {
+        for flag in ["--help", "-h"] {
+            let text = help(&[sub, flag]);
+            let (own, global) = text
+                .split_once("Global options:")
+                .unwrap_or_else(|| panic!("{sub} {flag}: no global heading: {text}"));
+            for option in ["--verbose", "--quiet", "--log-format"] {
+                assert!(global.contains(option), "{sub} {flag}: {option}: {text}");
+                assert!(
+                    !own.contains(option),
+                    "{sub} {flag}: {option} mixed in: {text}"
+                );
+            }
+            assert!(own.contains("--store"), "{sub} {flag}: {text}");
+            assert!(!global.contains("--store"), "{sub} {flag}: {text}");
+        }
+    }
+    let top = help(&["--help"]);
+    let top = top.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(top.contains("3 `tune --ttl`: the TTL is unsafe"), "{top}");
+    for sub in ["status", "observe"] {
+        let text = help(&[sub, "--help"]);
+        let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(
+            text.contains("the name its replicas give to `run --election`"),
+            "{sub}: {text}"
+        );
+    }
+}
+
+/// Issue 12: `--help` said `-v info, -vv debug` while the default is info
+/// and `-v` shows debug. The help and the behaviour now agree.
+#[test]
+fn verbosity_flags_do_what_the_help_says() {
+    let out = leasehold().args(["run", "--help"]).output().expect("spawn");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("-v debug, -vv trace (the default level is info)"),
+        "{text}"
+    );
+    let scratch = Scratch::new();
+    let levels = |flags: &[&str]| {
+        let out = leasehold()
+            .args(flags)
+            .args(["run", "--election", "e", "--store", &scratch.store_url()])
+            .args(["--", "true"])
+            .env_remove("RUST_LOG")
+            .output()
+            .expect("spawn");
+        assert!(out.status.success(), "{flags:?}: {}", stderr(&out));
+        let err = stderr(&out);
+        let level = |name: &str| {
+            err.lines()
+                .any(|l| l.split_whitespace().nth(1) == Some(name))
+        };
+        (level("INFO"), level("DEBUG"), err)
+    };
+    let (info, debug, err) = levels(&[]);
+    assert!(info && !debug, "default: {err}");
+    let (info, debug, err) = levels(&["-v"]);
+    assert!(info && debug, "-v: {err}");
+    let (_, debug, err) = levels(&["-vv"]);
+    assert!(debug, "-vv: {err}");
+    let (info, _, err) = levels(&["-q"]);
+    assert!(!info, "-q: {err}");
 }

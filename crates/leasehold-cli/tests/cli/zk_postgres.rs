@@ -61,3 +61,39 @@ fn an_unreachable_postgres_exits_1() {
         &format!("127.0.0.1:{port}"),
     );
 }
+
+/// The one case where `run` renews more often than configured: the store
+/// granted a shorter TTL than asked (ZooKeeper clamps it to its
+/// maxSessionTimeout, 60 s here). The period is shortened to obey the
+/// renewal rule for the granted TTL, and the lease line says so.
+#[test]
+fn a_clamped_zookeeper_ttl_shortens_the_period_and_run_says_so() {
+    let server = ZooKeeperServer::start();
+    let out = super::harness::leasehold()
+        .args(["run", "--election", "clamped", "--ttl", "120s"])
+        .args(["--store", &server.url("/clamped"), "--", "true"])
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("spawn");
+    let err = super::harness::stderr(&out);
+    assert!(out.status.success(), "{err}");
+    let lease = err
+        .lines()
+        .position(|l| l.contains("lease: TTL"))
+        .unwrap_or_else(|| panic!("no lease line: {err}"));
+    let line = err.lines().nth(lease).unwrap_or_default();
+    // V = 60s·0.99 − 100ms = 59.3s; 2 × 40s breaks the rule; 59.3s/3.
+    assert!(
+        line.contains(
+            "lease: TTL 1m (the store granted less than the 2m asked for), \
+             renewing every 19s 766ms instead of 40s"
+        ),
+        "{line}"
+    );
+    assert!(line.contains(leasehold::RENEWAL_RULE), "{line}");
+    let campaigning = err
+        .lines()
+        .position(|l| l.contains("campaigning"))
+        .unwrap_or_else(|| panic!("no campaign: {err}"));
+    assert!(lease < campaigning, "{err}");
+}

@@ -1,0 +1,51 @@
+//! `leasehold completions SHELL` and `leasehold man`: generated from the
+//! same argument definitions as `--help`, so they cannot disagree with it.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::CommandFactory;
+
+use crate::cli::{Args, CompletionsArgs, ManArgs};
+
+/// The binary's name, as completions and man pages call it.
+const NAME: &str = "leasehold";
+
+/// Prints the completion script for one shell.
+pub fn completions(args: &CompletionsArgs) -> anyhow::Result<ExitCode> {
+    let mut command = Args::command();
+    // Generated into memory first: clap_complete panics on a write error,
+    // and stdout may be a closed pipe.
+    let mut script = Vec::new();
+    clap_complete::generate(args.shell, &mut command, NAME, &mut script);
+    write_stdout(&script)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints leasehold(1), or writes it and a page per subcommand to `--dir`.
+pub fn man(args: &ManArgs) -> anyhow::Result<ExitCode> {
+    // As clap_mangen::generate_to does: `help` is not a page of its own.
+    let command = Args::command().name(NAME).disable_help_subcommand(true);
+    match &args.dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+            clap_mangen::generate_to(command, dir)
+                .with_context(|| format!("cannot write manual pages into {}", dir.display()))?;
+        }
+        None => {
+            let mut page = Vec::new();
+            clap_mangen::Man::new(command).render(&mut page)?;
+            write_stdout(&page)?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn write_stdout(bytes: &[u8]) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(bytes)
+        .and_then(|()| out.flush())
+        .context("cannot write to stdout")
+}

@@ -4,16 +4,24 @@
 use std::io::Write;
 use std::process::ExitCode;
 
-use leasehold::{ElectionName, Leader};
+use leasehold::{ElectionName, Leader, LeaderStatus};
 use serde::Serialize;
 
 use crate::cli::{ListArgs, ObserveArgs, StatusArgs};
 
-/// The JSON object of DESIGN.md: `{"election":E,"leader":{…}|null}`.
+/// The JSON object of docs/DESIGN.md: `{"election":E,"leader":{…}|null}`.
+///
+/// `observe` prints `{"election":E,"leader":null,"unknown":true,"error":"…"}`
+/// while the store does not answer: the leader is unknown (the last one
+/// printed may have stepped down meanwhile).
 #[derive(Debug, Serialize)]
 pub struct Status<'a> {
     pub election: &'a str,
     pub leader: Option<LeaderJson>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub unknown: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -38,6 +46,18 @@ impl<'a> Status<'a> {
         Status {
             election: election.as_str(),
             leader: leader.map(LeaderJson::new),
+            unknown: false,
+            error: None,
+        }
+    }
+
+    /// The store did not answer: the leader is unknown.
+    pub fn unknown(election: &'a ElectionName, error: &str) -> Self {
+        Status {
+            election: election.as_str(),
+            leader: None,
+            unknown: true,
+            error: Some(error.to_owned()),
         }
     }
 
@@ -71,17 +91,35 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// A line per change of leader (never per renewal); while the store does
+/// not answer, a warning on stderr and a line saying the leader is unknown,
+/// then the true state once it answers again.
 pub async fn observe(args: ObserveArgs) -> anyhow::Result<ExitCode> {
     let store = args.store.open().await?;
-    let mut watch = store.watch(&args.election).await?;
+    let mut watch = store.watch_status(&args.election).await?;
     let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let election = &args.election;
+    let mut printed: Option<LeaderStatus> = None;
     loop {
         let current = watch.borrow_and_update().clone();
-        print_line(&serde_json::to_string(&Status::new(
-            &args.election,
-            current.as_ref(),
-        ))?)?;
+        if printed.as_ref().is_none_or(|p| !p.same_as(&current)) {
+            let line = match &current {
+                LeaderStatus::Known(leader) => {
+                    if printed.as_ref().is_some_and(LeaderStatus::is_unknown) {
+                        tracing::info!(%election, "the store answers again");
+                    }
+                    Status::new(election, leader.as_ref())
+                }
+                LeaderStatus::Unknown { error } => {
+                    tracing::warn!(%election, %error,
+                        "the store does not answer; the leader is unknown until it does");
+                    Status::unknown(election, error)
+                }
+            };
+            print_line(&serde_json::to_string(&line)?)?;
+            printed = Some(current);
+        }
         tokio::select! {
             changed = watch.changed() => if changed.is_err() { anyhow::bail!("the store stopped reporting changes") },
             _ = interrupt.recv() => return Ok(ExitCode::SUCCESS),

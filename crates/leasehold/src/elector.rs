@@ -11,7 +11,7 @@ use crate::config::LeaseConfig;
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
 use crate::session::{DeadlinePolicy, LostReason, RenewalObserver, Session, SessionState};
-use crate::store::{FencingToken, Grant, Leader, LeaderWatch, Store};
+use crate::store::{FencingToken, Grant, Leader, LeaderWatch, StatusWatch, Store};
 
 /// How many fresh sessions one campaign opens before giving up, when each
 /// ends before the campaign completes (e.g. the store expires them at once).
@@ -163,6 +163,14 @@ impl Elector {
     /// leader (or `None`), so the final state is never missed.
     pub async fn observe(&self, election: &ElectionName) -> Result<LeaderWatch> {
         self.store.watch(election).await
+    }
+
+    /// Watches `election`'s leader as [`Elector::observe`] does, and also
+    /// tells when the store cannot be read ([`crate::LeaderStatus::Unknown`]),
+    /// then the leader once it can: for followers that must not act on a
+    /// leader who may have stepped down meanwhile.
+    pub async fn observe_status(&self, election: &ElectionName) -> Result<StatusWatch> {
+        self.store.watch_status(election).await
     }
 
     /// Closes the session, releasing every election this elector holds.

@@ -117,5 +117,24 @@ impl Error {
     }
 }
 
+/// `error` and its causes as one line, each message once: for the reason
+/// of an [`Error::Unavailable`] that quotes a client library's error, whose
+/// own message may leave the cause (say, "Connection refused") to its
+/// source. Never `Debug` output.
+#[cfg(any(feature = "postgres", feature = "zookeeper"))]
+pub(crate) fn with_causes(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = error.to_string();
+    let mut cause = error.source();
+    while let Some(next) = cause {
+        let text = next.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        cause = next.source();
+    }
+    line
+}
+
 /// Result alias used throughout the library.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

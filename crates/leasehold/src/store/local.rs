@@ -13,7 +13,10 @@ use tokio::sync::watch;
 
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
-use crate::store::{Grant, Leader, LeaderWatch, SessionId, publish_leader};
+use crate::store::{
+    FencingToken, Grant, Leader, LeaderStatus, SessionId, StatusWatch, publish_failure,
+    publish_leader, watch_read,
+};
 
 /// Bumped whenever anything in the store may have changed.
 pub(crate) type Changes = watch::Receiver<u64>;
@@ -21,12 +24,19 @@ pub(crate) type Changes = watch::Receiver<u64>;
 /// One compare-and-swap attempt's outcome.
 #[derive(Debug)]
 pub(crate) enum Attempt {
-    Granted(Grant),
+    /// Granted; with the holder it took over from, when that holder's grant
+    /// was not released but its session expired.
+    Granted(Grant, Option<Expired>),
     /// Someone else holds the election; their session ends in `expires_in`
     /// unless renewed.
-    Held {
-        expires_in: Duration,
-    },
+    Held { expires_in: Duration },
+}
+
+/// A grant that ended because its session expired, not by a release.
+#[derive(Debug)]
+pub(crate) struct Expired {
+    pub(crate) candidate: String,
+    pub(crate) token: FencingToken,
 }
 
 /// Slack added to a known expiry so the waiter wakes just after it.
@@ -73,7 +83,13 @@ pub(crate) async fn campaign<B: LocalBackend + ?Sized>(
         // between the attempt and the wait still wakes us.
         changes.borrow_and_update();
         match backend.try_acquire(session, election, candidate).await? {
-            Attempt::Granted(grant) => return Ok(grant),
+            Attempt::Granted(grant, expired) => {
+                if let Some(expired) = expired {
+                    tracing::info!(%election, expired_leader = %expired.candidate, expired_token = expired.token.0,
+                        "the previous leader's lease expired; taking over");
+                }
+                return Ok(grant);
+            }
             Attempt::Held { expires_in } => {
                 tokio::select! {
                     biased;
@@ -85,16 +101,16 @@ pub(crate) async fn campaign<B: LocalBackend + ?Sized>(
     }
 }
 
-/// Starts a task that keeps a [`LeaderWatch`] up to date; it ends when the
+/// Starts a task that keeps a [`StatusWatch`] up to date; it ends when the
 /// last receiver is dropped.
-pub(crate) async fn watch<B: LocalBackend>(
+pub(crate) async fn watch_status<B: LocalBackend>(
     backend: Arc<B>,
     election: &ElectionName,
-) -> Result<LeaderWatch> {
+) -> Result<StatusWatch> {
     let mut changes = backend.changes();
     changes.borrow_and_update();
     let first = backend.read_leader(election).await?;
-    let (tx, rx) = watch::channel(first.clone());
+    let (tx, rx) = watch::channel(LeaderStatus::Known(first.clone()));
     let election = election.clone();
     tokio::spawn(async move {
         let mut current = first;
@@ -106,23 +122,26 @@ pub(crate) async fn watch<B: LocalBackend>(
                 changed = changes.changed() => if changed.is_err() { return },
                 () = sleep_opt(&*backend, wake_in) => {}
             }
-            changes.borrow_and_update();
-            match backend.read_leader(&election).await {
-                Ok(leader) => {
-                    publish_leader(&tx, leader.clone());
-                    current = leader;
-                }
-                Err(error) => {
-                    tracing::warn!(%election, %error, "watch could not read the store; retrying");
-                    current = None;
-                    tokio::select! {
-                        biased;
-                        () = tx.closed() => return,
-                        _ = changes.changed() => {}
-                        () = backend.sleep(READ_RETRY) => {}
+            // Read until a read succeeds: a failed read is retried, not
+            // left until the next change.
+            let leader = loop {
+                changes.borrow_and_update();
+                match watch_read(&election, backend.read_leader(&election)).await {
+                    Ok(leader) => break leader,
+                    Err(error) => {
+                        tracing::debug!(%election, %error, "watch could not read the store; retrying");
+                        publish_failure(&tx, &error);
+                        tokio::select! {
+                            biased;
+                            () = tx.closed() => return,
+                            changed = changes.changed() => if changed.is_err() { return },
+                            () = backend.sleep(READ_RETRY) => {}
+                        }
                     }
                 }
-            }
+            };
+            publish_leader(&tx, leader.clone());
+            current = leader;
         }
     });
     Ok(rx)

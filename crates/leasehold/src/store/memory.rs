@@ -15,9 +15,10 @@ use tokio::sync::watch;
 use crate::clock::{Clock, Instant, TokioClock};
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
-use crate::store::local::{self, Attempt, Changes, LocalBackend};
+use crate::store::local::{self, Attempt, Changes, Expired, LocalBackend};
 use crate::store::{
-    ElectionState, FencingToken, Grant, Leader, LeaderWatch, SessionId, SessionLease, Store,
+    ElectionState, FencingToken, Grant, Leader, LeaderWatch, SessionId, SessionLease, StatusWatch,
+    Store, known_only,
 };
 
 /// An in-process store. Cloning gives another handle to the same state.
@@ -135,11 +136,16 @@ impl LocalBackend for Inner {
         }
         if let Some((holder, left)) = state.live_holder(election, now) {
             if holder.session == session {
-                return Ok(Attempt::Granted(holder));
+                return Ok(Attempt::Granted(holder, None));
             }
             return Ok(Attempt::Held { expires_in: left });
         }
         let entry = state.elections.entry(election.clone()).or_default();
+        // A holder still recorded but not live: its session expired.
+        let expired = entry.holder.take().map(|g| Expired {
+            candidate: g.candidate.to_string(),
+            token: g.token,
+        });
         entry.last_token += 1;
         let grant = Grant {
             election: election.clone(),
@@ -150,7 +156,7 @@ impl LocalBackend for Inner {
         entry.holder = Some(grant.clone());
         drop(state);
         self.changed();
-        Ok(Attempt::Granted(grant))
+        Ok(Attempt::Granted(grant, expired))
     }
 
     async fn read_leader(&self, election: &ElectionName) -> Result<Option<Leader>> {
@@ -242,7 +248,11 @@ impl Store for MemoryStore {
     }
 
     async fn watch(&self, election: &ElectionName) -> Result<LeaderWatch> {
-        local::watch(Arc::clone(&self.inner), election).await
+        Ok(known_only(self.watch_status(election).await?))
+    }
+
+    async fn watch_status(&self, election: &ElectionName) -> Result<StatusWatch> {
+        local::watch_status(Arc::clone(&self.inner), election).await
     }
 
     async fn elections(&self) -> Result<Vec<ElectionState>> {

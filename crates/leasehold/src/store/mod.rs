@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::watch;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
 
 #[cfg(feature = "etcd")]
@@ -110,7 +110,55 @@ pub struct ElectionState {
 
 /// A watch on one election: always holds the latest known leader (or `None`),
 /// so a slow reader skips intermediate states but never misses the final one.
+/// It changes only when the holder does (a renewal is not a change); while
+/// the store cannot be read it keeps the last known leader.
 pub type LeaderWatch = watch::Receiver<Option<Leader>>;
+
+/// What a watch knows of an election's holder: the holder (or none), or
+/// that the store did not answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LeaderStatus {
+    /// The store answered: the holder, or `None` when the election has none.
+    Known(Option<Leader>),
+    /// The store did not answer the last read: who holds the election is
+    /// unknown until it answers again. The last known holder may have
+    /// stepped down meanwhile.
+    Unknown {
+        /// Why the store could not be read, for messages.
+        error: String,
+    },
+}
+
+impl LeaderStatus {
+    /// The holder, when known.
+    pub fn leader(&self) -> Option<&Leader> {
+        match self {
+            LeaderStatus::Known(leader) => leader.as_ref(),
+            LeaderStatus::Unknown { .. } => None,
+        }
+    }
+
+    /// Whether the store's answer is missing.
+    pub fn is_unknown(&self) -> bool {
+        matches!(self, LeaderStatus::Unknown { .. })
+    }
+
+    /// Whether `other` says the same: the same grant (whatever the time left
+    /// on it), no holder in both, or unknown in both.
+    pub fn same_as(&self, other: &LeaderStatus) -> bool {
+        match (self, other) {
+            (LeaderStatus::Known(Some(a)), LeaderStatus::Known(Some(b))) => a.same_grant(b),
+            (LeaderStatus::Known(None), LeaderStatus::Known(None))
+            | (LeaderStatus::Unknown { .. }, LeaderStatus::Unknown { .. }) => true,
+            _ => false,
+        }
+    }
+}
+
+/// A watch on one election that also tells when the store cannot be read
+/// ([`Store::watch_status`]); like a [`LeaderWatch`] it holds the latest
+/// state and changes only when the holder, or whether it is known, does.
+pub type StatusWatch = watch::Receiver<LeaderStatus>;
 
 /// A store that decides elections.
 ///
@@ -159,8 +207,21 @@ pub trait Store: Send + Sync + fmt::Debug {
     async fn leader(&self, election: &ElectionName) -> Result<Option<Leader>>;
 
     /// Watches `election`: the receiver is updated whenever its holder
-    /// changes (a new grant, a release, an expiry).
+    /// changes (a new grant, a release, an expiry), never for a renewal.
+    /// A read that fails is retried until it succeeds, and what it finds is
+    /// published.
     async fn watch(&self, election: &ElectionName) -> Result<LeaderWatch>;
+
+    /// Watches `election` as [`Store::watch`] does, and also publishes
+    /// [`LeaderStatus::Unknown`] when the store cannot be read (it is
+    /// unreachable, or the connection the watch relies on is lost), then the
+    /// holder as soon as a read succeeds again, even if it is unchanged.
+    ///
+    /// The default adapts [`Store::watch`], and so never reports the holder
+    /// unknown; backends override it.
+    async fn watch_status(&self, election: &ElectionName) -> Result<StatusWatch> {
+        Ok(status_of(self.watch(election).await?))
+    }
 
     /// Every election the store knows, with its current leader.
     async fn elections(&self) -> Result<Vec<ElectionState>>;
@@ -175,22 +236,94 @@ pub trait Store: Send + Sync + fmt::Debug {
     }
 }
 
+/// A value a watch task publishes: a [`LeaderWatch`]'s `Option<Leader>`
+/// or a [`StatusWatch`]'s [`LeaderStatus`], so that every backend's watch
+/// task uses the same helpers for either.
+pub(crate) trait Published: Send + Sync + 'static {
+    /// Records what a read found; `true` when receivers must hear of it:
+    /// another holder, or the first answer after the store could not be
+    /// read. A renewal (the same grant) is not news.
+    fn record(&mut self, leader: Option<Leader>) -> bool;
+    /// Records a failed read; `true` when receivers must hear of it.
+    fn record_failure(&mut self, error: &Error) -> bool;
+}
+
+impl Published for Option<Leader> {
+    fn record(&mut self, leader: Option<Leader>) -> bool {
+        let same = match (&*self, &leader) {
+            (Some(a), Some(b)) => a.same_grant(b),
+            (None, None) => true,
+            _ => false,
+        };
+        if !same {
+            *self = leader;
+        }
+        !same
+    }
+
+    /// A [`LeaderWatch`] keeps the last known leader.
+    fn record_failure(&mut self, _: &Error) -> bool {
+        false
+    }
+}
+
+impl Published for LeaderStatus {
+    fn record(&mut self, leader: Option<Leader>) -> bool {
+        let read = LeaderStatus::Known(leader);
+        let news = !self.same_as(&read);
+        if news {
+            *self = read;
+        }
+        news
+    }
+
+    fn record_failure(&mut self, error: &Error) -> bool {
+        if self.is_unknown() {
+            return false;
+        }
+        *self = LeaderStatus::Unknown {
+            error: error.to_string(),
+        };
+        true
+    }
+}
+
+/// One read of the store by a watch task. With the `testing` feature, a
+/// read that a test made fail ([`crate::testing::fail_watch_reads`]) fails
+/// here, inside the backend, as a store that does not answer would.
+pub(crate) async fn watch_read<T>(
+    election: &ElectionName,
+    read: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    #[cfg(feature = "testing")]
+    if let Some(error) = crate::testing::injected_watch_read_failure(election) {
+        return Err(error);
+    }
+    #[cfg(not(feature = "testing"))]
+    let _ = election;
+    read.await
+}
+
 /// For watch tasks: runs `read` until it succeeds, pausing `pause` after
-/// each failure; `None` once every receiver of `tx` is gone.
-pub(crate) async fn read_until_ok<T, Fut>(
-    tx: &watch::Sender<Option<Leader>>,
+/// each failure, and publishes the failure on `tx` (a [`StatusWatch`]
+/// turns unknown); `None` once every receiver of `tx` is gone.
+#[cfg(any(feature = "etcd", feature = "postgres", feature = "zookeeper"))]
+pub(crate) async fn read_until_ok<T, V, Fut>(
+    tx: &watch::Sender<V>,
     election: &ElectionName,
     pause: Duration,
     mut read: impl FnMut() -> Fut,
 ) -> Option<T>
 where
+    V: Published,
     Fut: Future<Output = Result<T>>,
 {
     loop {
-        match read().await {
+        match watch_read(election, read()).await {
             Ok(value) => return Some(value),
             Err(error) => {
                 tracing::debug!(%election, %error, "re-reading the leader failed; retrying");
+                publish_failure(tx, &error);
                 tokio::select! {
                     biased;
                     () = tx.closed() => return None,
@@ -201,18 +334,59 @@ where
     }
 }
 
-/// Publishes `leader` on a [`LeaderWatch`] sender if it is another grant
-/// than the one published (a renewal alone is not a change).
-pub(crate) fn publish_leader(tx: &watch::Sender<Option<Leader>>, leader: Option<Leader>) {
-    tx.send_if_modified(|seen| {
-        let same = match (&*seen, &leader) {
-            (Some(a), Some(b)) => a.same_grant(b),
-            (None, None) => true,
-            _ => false,
-        };
-        if !same {
-            *seen = leader;
+/// Publishes `leader` on a watch sender if it is news: another grant than
+/// the one published (a renewal alone is not a change), or the first
+/// answer after a failure.
+pub(crate) fn publish_leader<V: Published>(tx: &watch::Sender<V>, leader: Option<Leader>) {
+    tx.send_if_modified(|seen| seen.record(leader));
+}
+
+/// Publishes that a read failed: a [`StatusWatch`] turns unknown (once),
+/// a [`LeaderWatch`] keeps its last known leader.
+pub(crate) fn publish_failure<V: Published>(tx: &watch::Sender<V>, error: &Error) {
+    tx.send_if_modified(|seen| seen.record_failure(error));
+}
+
+/// A [`LeaderWatch`] fed by a [`StatusWatch`]: the holder whenever it
+/// changes; while it is unknown, the last known one. Its task ends when
+/// every receiver is gone (dropping `status`, which ends the store's).
+pub(crate) fn known_only(mut status: StatusWatch) -> LeaderWatch {
+    let first = status.borrow_and_update().leader().cloned();
+    let (tx, rx) = watch::channel(first);
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                biased;
+                () = tx.closed() => return,
+                changed = status.changed() => if changed.is_err() { return },
+            }
+            let known = match &*status.borrow_and_update() {
+                LeaderStatus::Known(leader) => Some(leader.clone()),
+                LeaderStatus::Unknown { .. } => None,
+            };
+            if let Some(leader) = known {
+                publish_leader(&tx, leader);
+            }
         }
-        !same
     });
+    rx
+}
+
+/// A [`StatusWatch`] fed by a [`LeaderWatch`], for stores that do not tell
+/// when they cannot be read: the holder is always reported known.
+pub(crate) fn status_of(mut leaders: LeaderWatch) -> StatusWatch {
+    let first = leaders.borrow_and_update().clone();
+    let (tx, rx) = watch::channel(LeaderStatus::Known(first));
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                biased;
+                () = tx.closed() => return,
+                changed = leaders.changed() => if changed.is_err() { return },
+            }
+            let leader = leaders.borrow_and_update().clone();
+            publish_leader(&tx, leader);
+        }
+    });
+    rx
 }

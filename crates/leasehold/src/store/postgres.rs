@@ -30,8 +30,8 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
 use crate::store::{
-    ElectionState, FencingToken, Grant, Leader, LeaderWatch, SessionId, SessionLease, Store,
-    publish_leader, read_until_ok,
+    ElectionState, FencingToken, Grant, Leader, LeaderStatus, LeaderWatch, SessionId, SessionLease,
+    StatusWatch, Store, known_only, publish_leader, read_until_ok,
 };
 
 /// The schema version this build writes and understands.
@@ -69,7 +69,7 @@ fn unavailable(what: &str, error: tokio_postgres::Error) -> Error {
     // tokio-postgres says only "db error" for errors the server reports.
     let detail = match error.as_db_error() {
         Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => error.to_string(),
+        None => crate::error::with_causes(&error),
     };
     Error::Unavailable {
         reason: format!("postgres {what}: {detail}"),
@@ -302,14 +302,15 @@ impl Inner {
         })
     }
 
-    /// One acquisition attempt, one statement: the grant, or how long the
-    /// current holder's session has left.
+    /// One acquisition attempt, one statement: the grant, or how long to
+    /// wait at most and the election's current token (the holder's, if it
+    /// has one).
     async fn try_acquire(
         &self,
         session: SessionId,
         election: &ElectionName,
         candidate: &CandidateId,
-    ) -> Result<std::result::Result<Grant, Duration>> {
+    ) -> Result<std::result::Result<Grant, (Duration, FencingToken)>> {
         let id = session_key(session)?;
         let client = self.client().await?;
         let row = timed(
@@ -329,9 +330,39 @@ impl Inner {
                 session,
                 token: token(tok),
             })),
-            (Some(false), _) => Ok(Err(from_millis(wait_ms.unwrap_or(0)))),
+            (Some(false), tok) => Ok(Err((
+                from_millis(wait_ms.unwrap_or(0)),
+                token(tok.unwrap_or(0)),
+            ))),
             _ => Err(Error::SessionExpired(session)),
         }
+    }
+
+    /// The candidate of the grant `tok` of `election` if that grant was
+    /// never released but its session is no longer live: it expired.
+    async fn expired_holder(
+        &self,
+        election: &ElectionName,
+        tok: FencingToken,
+    ) -> Result<Option<String>> {
+        let client = self.client().await?;
+        let tok = i64::try_from(tok.0).unwrap_or(i64::MAX);
+        let row = timed(
+            "read the expired holder",
+            client.query_opt(
+                &format!(
+                    "SELECT e.candidate FROM {} e
+                     WHERE e.name = $1 AND e.token = $2 AND e.session IS NOT NULL
+                       AND NOT EXISTS (SELECT 1 FROM {} h
+                                       WHERE h.id = e.session AND h.expires_at > clock_timestamp())",
+                    self.table("elections"),
+                    self.table("sessions")
+                ),
+                &[&election.as_str(), &tok],
+            ),
+        )
+        .await?;
+        Ok(row.and_then(|r| r.get(0)))
     }
 }
 
@@ -693,25 +724,44 @@ impl Store for PostgresStore {
             armed: true,
         };
         let me = session.0.to_string();
+        // The holder whose grant this campaign found expired, not released.
+        let mut expired: Option<(String, FencingToken)> = None;
         loop {
             match self.inner.try_acquire(session, election, candidate).await? {
                 Ok(grant) => {
                     withdraw.armed = false;
+                    if let Some((holder, tok)) = expired {
+                        tracing::info!(%election, expired_leader = %holder, expired_token = tok.0,
+                            "the previous leader's lease expired; taking over");
+                    }
                     return Ok(grant);
                 }
-                Err(left) => {
+                Err((left, tok)) => {
                     let wake = tokio::time::Instant::now() + left + Duration::from_millis(1);
-                    loop {
+                    let by_timer = loop {
                         tokio::select! {
                             biased;
                             notice = notices.recv() => {
                                 if wakes(&notice, election.as_str(), &me) {
-                                    break;
+                                    break false;
                                 }
                             }
-                            () = tokio::time::sleep_until(wake) => break,
+                            () = tokio::time::sleep_until(wake) => break true,
                         }
-                    }
+                    };
+                    // Woken at the holder's expiry rather than by a release:
+                    // find out whether it expired (one statement, only then).
+                    expired = if by_timer {
+                        match self.inner.expired_holder(election, tok).await {
+                            Ok(holder) => holder.map(|h| (h, tok)),
+                            Err(error) => {
+                                tracing::debug!(%election, %error, "could not read the expired holder");
+                                None
+                            }
+                        }
+                    } else {
+                        None
+                    };
                 }
             }
         }
@@ -744,19 +794,28 @@ impl Store for PostgresStore {
     }
 
     async fn watch(&self, election: &ElectionName) -> Result<LeaderWatch> {
+        Ok(known_only(self.watch_status(election).await?))
+    }
+
+    async fn watch_status(&self, election: &ElectionName) -> Result<StatusWatch> {
         let mut notices = self.inner.notices.subscribe();
         let first = self.inner.read_leader(election).await?;
-        let (tx, rx) = watch::channel(first);
+        let (tx, rx) = watch::channel(LeaderStatus::Known(first.clone()));
         let inner = Arc::clone(&self.inner);
         let election = election.clone();
         tokio::spawn(async move {
-            loop {
-                // Wake on a notice for this election, or when the current
-                // holder's session expires by the server's account.
-                let wake = tx
-                    .borrow()
+            // When the holder's session expires by the server's account,
+            // unless renewed; a renewal moves it but publishes nothing.
+            let expiry = |leader: &Option<Leader>| {
+                leader
                     .as_ref()
-                    .map(|l| tokio::time::Instant::now() + l.expires_in + Duration::from_millis(1));
+                    .map(|l| tokio::time::Instant::now() + l.expires_in + Duration::from_millis(1))
+            };
+            let mut wake = expiry(&first);
+            loop {
+                // Wake on a notice for this election (a lost listener
+                // connection is one: anything may have changed), or at the
+                // holder's expiry.
                 tokio::select! {
                     biased;
                     () = tx.closed() => return,
@@ -777,14 +836,8 @@ impl Store for PostgresStore {
                 else {
                     return;
                 };
-                // A renewal moved the expiry: keep the latest one.
-                let renewed = matches!((&*tx.borrow(), &leader),
-                    (Some(a), Some(b)) if a.same_grant(b));
-                if renewed {
-                    tx.send_replace(leader);
-                } else {
-                    publish_leader(&tx, leader);
-                }
+                wake = expiry(&leader);
+                publish_leader(&tx, leader);
             }
         });
         Ok(rx)

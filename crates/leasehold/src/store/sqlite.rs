@@ -30,9 +30,10 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use crate::clock::host_monotonic_ns as monotonic_ns;
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
-use crate::store::local::{self, Attempt, Changes, LocalBackend};
+use crate::store::local::{self, Attempt, Changes, Expired, LocalBackend};
 use crate::store::{
-    ElectionState, FencingToken, Grant, Leader, LeaderWatch, SessionId, SessionLease, Store,
+    ElectionState, FencingToken, Grant, Leader, LeaderWatch, SessionId, SessionLease, StatusWatch,
+    Store, known_only,
 };
 
 mod notify;
@@ -379,11 +380,29 @@ impl Db {
         {
             if holder.session == session_key(session) {
                 let grant = holder.into_grant(&self.path, election, session)?;
-                return Ok((Attempt::Granted(grant), false));
+                return Ok((Attempt::Granted(grant, None), false));
             }
             let expires_in = duration_ns(holder.expires_in_ns);
             return Ok((Attempt::Held { expires_in }, false));
         }
+        // A holder still recorded but not live was never released: its
+        // session expired.
+        let expired = tx
+            .query_row(
+                "SELECT holder_candidate, holder_token FROM elections
+                 WHERE name = ?1 AND holder_session IS NOT NULL",
+                params![election.as_str()],
+                |r| {
+                    Ok(Expired {
+                        candidate: r.get::<_, Option<String>>(0)?.unwrap_or_default(),
+                        token: FencingToken(
+                            r.get::<_, Option<i64>>(1)?.unwrap_or(0).unsigned_abs(),
+                        ),
+                    })
+                },
+            )
+            .optional()
+            .map_err(self.err())?;
         let token: i64 = tx
             .query_row(
                 "INSERT INTO elections (name, last_token, holder_session, holder_candidate, holder_token)
@@ -406,7 +425,7 @@ impl Db {
             session,
             token: FencingToken(token.unsigned_abs()),
         };
-        Ok((Attempt::Granted(grant), true))
+        Ok((Attempt::Granted(grant, expired), true))
     }
 
     fn resign(&self, grant: &Grant) -> Result<()> {
@@ -549,18 +568,63 @@ fn stored_candidate(path: &Path, candidate: String) -> Result<CandidateId> {
 }
 
 fn sql_error(path: &Path, error: rusqlite::Error) -> Error {
-    let path = path.display();
+    let shown = path.display();
     match error.sqlite_error_code() {
-        Some(ErrorCode::NotADatabase) => Error::Corrupt(format!("{path} is not a SQLite database")),
-        Some(ErrorCode::DatabaseCorrupt) => Error::Corrupt(format!("{path} is damaged: {error}")),
-        Some(ErrorCode::CannotOpen) => Error::unavailable(format!("cannot open {path}"), error),
+        Some(ErrorCode::NotADatabase) => {
+            Error::Corrupt(format!("{shown} is not a SQLite database"))
+        }
+        Some(ErrorCode::DatabaseCorrupt) => Error::Corrupt(format!("{shown} is damaged: {error}")),
+        Some(ErrorCode::CannotOpen) => Error::unavailable(why_cannot_open(path), error),
         Some(ErrorCode::ReadOnly | ErrorCode::PermissionDenied) => {
-            Error::unavailable(format!("{path} is not writable"), error)
+            Error::unavailable(format!("{shown} is not writable"), error)
         }
         Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => {
-            Error::unavailable(format!("{path} is locked by another process"), error)
+            Error::unavailable(format!("{shown} is locked by another process"), error)
         }
-        _ => Error::unavailable(format!("{path}: {error}"), error),
+        _ => Error::unavailable(format!("{shown}: {error}"), error),
+    }
+}
+
+/// Why SQLite could not open `path`, which it reports only as "unable to
+/// open database file": the operating system's answer to the same open, or
+/// to creating a file next to it (a probe with a name of its own, so that
+/// the database file is never touched).
+fn why_cannot_open(path: &Path) -> String {
+    let shown = path.display();
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    if !dir.is_dir() {
+        return format!("directory {} does not exist", dir.display());
+    }
+    let exists = path.exists();
+    if exists
+        && let Err(error) = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+    {
+        return format!("cannot open {shown}: {error}");
+    }
+    let probe = dir.join(format!(
+        ".leasehold-probe-{}-{}",
+        std::process::id(),
+        monotonic_ns()
+    ));
+    match std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&probe)
+    {
+        Err(error) if exists => {
+            format!("cannot create SQLite's -wal and -shm files next to {shown}: {error}")
+        }
+        Err(error) => format!("cannot create {shown}: {error}"),
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            format!("cannot open {shown}")
+        }
     }
 }
 
@@ -599,7 +663,7 @@ impl Drop for ReleaseIfAbandoned {
         };
         let db = Arc::clone(&self.db);
         runtime.spawn(async move {
-            if let Ok(Ok((Attempt::Granted(grant), true))) = pending.await {
+            if let Ok(Ok((Attempt::Granted(grant, _), true))) = pending.await {
                 let released = tokio::task::spawn_blocking(move || db.resign(&grant)).await;
                 tracing::debug!(?released, "released the grant of a cancelled campaign");
             }
@@ -698,7 +762,11 @@ impl Store for SqliteStore {
     }
 
     async fn watch(&self, election: &ElectionName) -> Result<LeaderWatch> {
-        local::watch(Arc::clone(&self.inner), election).await
+        Ok(known_only(self.watch_status(election).await?))
+    }
+
+    async fn watch_status(&self, election: &ElectionName) -> Result<StatusWatch> {
+        local::watch_status(Arc::clone(&self.inner), election).await
     }
 
     async fn elections(&self) -> Result<Vec<ElectionState>> {

@@ -36,8 +36,8 @@ use zookeeper_client::{
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
 use crate::store::{
-    ElectionState, FencingToken, Grant, Leader, LeaderWatch, SessionId, SessionLease, Store,
-    publish_leader,
+    ElectionState, FencingToken, Grant, Leader, LeaderStatus, LeaderWatch, SessionId, SessionLease,
+    StatusWatch, Store, known_only, publish_failure, publish_leader, read_until_ok,
 };
 
 /// How long to wait for a connection to the ensemble.
@@ -107,7 +107,7 @@ impl ZkSession {
 
 fn unavailable(what: &str, error: zookeeper_client::Error) -> Error {
     Error::Unavailable {
-        reason: format!("zookeeper {what}: {error}"),
+        reason: format!("zookeeper {what}: {}", crate::error::with_causes(&error)),
         source: Some(Box::new(error)),
     }
 }
@@ -300,7 +300,11 @@ impl Inner {
         match tokio::time::timeout(CONNECT_TIMEOUT, connecting).await {
             Ok(Ok(client)) => Ok(client),
             Ok(Err(error)) => Err(Error::Unavailable {
-                reason: format!("cannot connect to zookeeper at {}: {error}", self.cluster),
+                reason: format!(
+                    "cannot connect to zookeeper at {}: {}",
+                    self.cluster,
+                    crate::error::with_causes(&error)
+                ),
                 source: Some(Box::new(error)),
             }),
             Err(_) => Err(Error::Unavailable {
@@ -345,6 +349,57 @@ impl Inner {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&id);
+    }
+
+    /// The leader of `election`, read with the store's own client.
+    async fn read_leader(&self, election: &ElectionName) -> Result<Option<Leader>> {
+        let client = self.reader().await?;
+        self.leader_via(&client, election).await
+    }
+
+    /// A persistent watch on `election`'s node, set before a first read so
+    /// that no change between the two is missed; it fires for every
+    /// candidate node created or deleted (release, expiry) and for the
+    /// client's connection states.
+    async fn watch_election(
+        &self,
+        client: &Client,
+        election: &ElectionName,
+    ) -> Result<zookeeper_client::PersistentWatcher> {
+        request(
+            "watch the election",
+            client.watch(&self.election_dir(election), AddWatchMode::Persistent),
+        )
+        .await?
+        .map_err(|e| unavailable("watch the election", e))
+    }
+
+    /// Watches `election` again on a new reader session, retrying (and
+    /// publishing the failure on `tx`) until it can; `None` once every
+    /// receiver of `tx` is gone.
+    async fn rewatch(
+        &self,
+        tx: &watch::Sender<LeaderStatus>,
+        election: &ElectionName,
+    ) -> Option<zookeeper_client::PersistentWatcher> {
+        loop {
+            let watched = match self.reader().await {
+                Ok(client) => self.watch_election(&client, election).await,
+                Err(error) => Err(error),
+            };
+            match watched {
+                Ok(watcher) => return Some(watcher),
+                Err(error) => {
+                    tracing::debug!(%election, %error, "zookeeper watch: cannot watch again; retrying");
+                    publish_failure(tx, &error);
+                }
+            }
+            tokio::select! {
+                biased;
+                () = tx.closed() => return None,
+                () = tokio::time::sleep(WATCH_RETRY) => {}
+            }
+        }
     }
 
     /// The leader of `election` as `client` reads it.
@@ -466,7 +521,9 @@ impl Store for ZkStore {
         // ZooKeeper session ids are i64; keep the bits.
         let id = SessionId(u64::from_ne_bytes(client.session_id().0.to_ne_bytes()));
         if granted != ttl {
-            tracing::info!(session = %id, requested = ?ttl, negotiated = ?granted,
+            // The session logs the granted TTL for every store; this is the
+            // detail of why.
+            tracing::debug!(session = %id, requested = ?ttl, negotiated = ?granted,
                 "zookeeper negotiated another session timeout (it clamps to its min/maxSessionTimeout); using it as the TTL");
         }
         let (renewed, _) = watch::channel(sent);
@@ -700,80 +757,69 @@ impl Store for ZkStore {
     }
 
     async fn leader(&self, election: &ElectionName) -> Result<Option<Leader>> {
-        let client = self.inner.reader().await?;
-        self.inner.leader_via(&client, election).await
+        self.inner.read_leader(election).await
     }
 
     async fn watch(&self, election: &ElectionName) -> Result<LeaderWatch> {
+        Ok(known_only(self.watch_status(election).await?))
+    }
+
+    async fn watch_status(&self, election: &ElectionName) -> Result<StatusWatch> {
         let client = self.inner.reader().await?;
-        let dir = self.inner.election_dir(election);
-        // A persistent watch on the election's node, set before the first
-        // read so that no change between the two is missed; it fires for
-        // every candidate node created or deleted (release, expiry).
-        let watcher = request(
-            "watch the election",
-            client.watch(&dir, AddWatchMode::Persistent),
-        )
-        .await?
-        .map_err(|e| unavailable("watch the election", e))?;
+        let watcher = self.inner.watch_election(&client, election).await?;
         let first = self.inner.leader_via(&client, election).await?;
-        let (tx, rx) = watch::channel(first);
+        let (tx, rx) = watch::channel(LeaderStatus::Known(first));
         let inner = Arc::clone(&self.inner);
         let election = election.clone();
         tokio::spawn(async move {
-            let mut watcher = Some(watcher);
+            let mut watcher = watcher;
             loop {
-                if let Some(mut current) = watcher.take() {
-                    loop {
-                        let event = tokio::select! {
-                            biased;
-                            () = tx.closed() => return,
-                            event = current.changed() => event,
-                        };
-                        if event.event_type == EventType::Session
-                            && event.session_state.is_terminated()
-                        {
+                loop {
+                    let event = tokio::select! {
+                        biased;
+                        () = tx.closed() => return,
+                        event = watcher.changed() => event,
+                    };
+                    if event.event_type == EventType::Session {
+                        if event.session_state.is_terminated() {
                             break;
                         }
-                        if event.event_type == EventType::Session
-                            && event.session_state != SessionState::SyncConnected
-                        {
+                        if event.session_state == SessionState::Disconnected {
+                            // Until it reconnects, nothing can be read.
+                            publish_failure(
+                                &tx,
+                                &Error::Unavailable {
+                                    reason: format!("zookeeper at {}: disconnected", inner.cluster),
+                                    source: None,
+                                },
+                            );
                             continue;
                         }
-                        match inner.reader().await {
-                            Ok(client) => match inner.leader_via(&client, &election).await {
-                                Ok(leader) => publish_leader(&tx, leader),
-                                Err(error) => {
-                                    tracing::debug!(%election, %error, "zookeeper watch: read failed");
-                                }
-                            },
-                            Err(error) => {
-                                tracing::debug!(%election, %error, "zookeeper watch: no client")
-                            }
-                        }
                     }
+                    // A candidate node came or went, or the client
+                    // (re)connected and may have missed events: re-read,
+                    // retrying until a read succeeds.
+                    let Some(leader) =
+                        read_until_ok(&tx, &election, WATCH_RETRY, || inner.read_leader(&election))
+                            .await
+                    else {
+                        return;
+                    };
+                    publish_leader(&tx, leader);
                 }
-                // The reader's session ended: reconnect, watch again, re-read.
-                tokio::select! {
-                    biased;
-                    () = tx.closed() => return,
-                    () = tokio::time::sleep(WATCH_RETRY) => {}
-                }
-                let Ok(client) = inner.reader().await else {
-                    continue;
+                // The reader's session ended (its persistent watch with it):
+                // reconnect, watch again, re-read.
+                let Some(renewed) = inner.rewatch(&tx, &election).await else {
+                    return;
                 };
-                let dir = inner.election_dir(&election);
-                if let Ok(Ok(w)) = request(
-                    "watch the election",
-                    client.watch(&dir, AddWatchMode::Persistent),
-                )
-                .await
-                {
-                    watcher = Some(w);
-                    if let Ok(leader) = inner.leader_via(&client, &election).await {
-                        publish_leader(&tx, leader);
-                    }
-                }
+                watcher = renewed;
+                let Some(leader) =
+                    read_until_ok(&tx, &election, WATCH_RETRY, || inner.read_leader(&election))
+                        .await
+                else {
+                    return;
+                };
+                publish_leader(&tx, leader);
             }
         });
         Ok(rx)

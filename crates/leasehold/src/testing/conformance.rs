@@ -8,14 +8,17 @@ use std::time::Duration;
 use tokio::task::JoinSet;
 use tokio::time::{Instant, timeout};
 
-use super::{FaultyStore, StoreHarness, unique_election};
+use super::{
+    FaultyStore, StoreHarness, fail_watch_reads, failed_watch_reads, heal_watch_reads,
+    unique_election,
+};
 use crate::clock::TokioClock;
 use crate::config::LeaseConfig;
 use crate::elector::Elector;
 use crate::error::Error;
 use crate::names::{CandidateId, ElectionName};
 use crate::session::LostReason;
-use crate::store::{Grant, Store};
+use crate::store::{Grant, LeaderStatus, Store};
 
 /// A TTL long enough never to expire during a test.
 const LONG_TTL: Duration = Duration::from_secs(30);
@@ -263,6 +266,134 @@ pub async fn observe_sees_leader_release_and_successor(harness: &dyn StoreHarnes
     within("observer sees the expiry", watch.wait_for(Option::is_none))
         .await
         .expect("watch open");
+}
+
+/// A renewal is not a change: while the holder only renews (for three
+/// TTLs, so that stores that re-read at the holder's expiry do so), neither
+/// watch publishes anything; `leasehold observe` prints a line per change.
+pub async fn watch_ignores_renewals(harness: &dyn StoreHarness) {
+    let election = unique_election("renewals");
+    let observer = harness.open().await;
+    let mut leaders = observer.watch(&election).await.expect("watch");
+    let mut status = observer.watch_status(&election).await.expect("watch");
+    let holder = harness.open().await;
+    let lease = holder.open_session(SHORT_TTL).await.expect("open");
+    let grant = within(
+        "campaign",
+        holder.campaign(lease.id, &election, &candidate("renewer")),
+    )
+    .await
+    .expect("campaign");
+    within(
+        "the watch sees the holder",
+        leaders.wait_for(|l| l.as_ref().is_some_and(|l| l.token == grant.token)),
+    )
+    .await
+    .expect("watch open");
+    within(
+        "the status watch sees the holder",
+        status.wait_for(|s| s.leader().is_some_and(|l| l.token == grant.token)),
+    )
+    .await
+    .expect("watch open");
+    let renew_until = Instant::now() + lease.ttl * 3;
+    while Instant::now() < renew_until {
+        tokio::time::sleep(lease.ttl / 4).await;
+        holder.keep_alive(lease.id).await.expect("renewal");
+    }
+    assert!(
+        !leaders.has_changed().expect("watch open"),
+        "a renewal was published as a change of leader: {:?}",
+        *leaders.borrow()
+    );
+    assert!(
+        !status.has_changed().expect("watch open"),
+        "a renewal was published as a change of status: {:?}",
+        *status.borrow()
+    );
+    holder.resign(&grant).await.expect("resign");
+    within(
+        "the watch sees the release",
+        leaders.wait_for(Option::is_none),
+    )
+    .await
+    .expect("watch open");
+    within(
+        "the status watch sees the release",
+        status.wait_for(|s| *s == LeaderStatus::Known(None)),
+    )
+    .await
+    .expect("watch open");
+}
+
+/// A watch's read that fails (here inside the backend, after the store
+/// told the watch of a release) is retried until it succeeds, and the
+/// final state is published — not left until some later change. Meanwhile
+/// the watch keeps the last known leader.
+pub async fn watch_retries_a_failed_read(harness: &dyn StoreHarness) {
+    let election = unique_election("watch-retry");
+    let observer = harness.open().await;
+    let mut leaders = observer.watch(&election).await.expect("watch");
+    let a = harness.open().await;
+    let grant = grant_on(&a, &election, "a").await;
+    within(
+        "the watch sees a",
+        leaders.wait_for(|l| l.as_ref().is_some_and(|l| l.token == grant.token)),
+    )
+    .await
+    .expect("watch open");
+    fail_watch_reads(&election);
+    a.resign(&grant).await.expect("resign");
+    within("the watch tries again after a failed read", async {
+        while failed_watch_reads(&election) < 2 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert_eq!(
+        leaders.borrow().as_ref().map(|l| l.token),
+        Some(grant.token),
+        "while the store cannot be read, the watch keeps the last known leader"
+    );
+    heal_watch_reads(&election);
+    within(
+        "the watch publishes the final state",
+        leaders.wait_for(Option::is_none),
+    )
+    .await
+    .expect("watch open");
+}
+
+/// While a watch cannot read the store its status is unknown (the last
+/// known leader may have stepped down meanwhile); once it can, the true
+/// state is published.
+pub async fn watch_status_is_unknown_while_reads_fail(harness: &dyn StoreHarness) {
+    let election = unique_election("watch-unknown");
+    let observer = harness.open().await;
+    let mut status = observer.watch_status(&election).await.expect("watch");
+    let a = harness.open().await;
+    let grant = grant_on(&a, &election, "a").await;
+    within(
+        "the status watch sees a",
+        status.wait_for(|s| s.leader().is_some_and(|l| l.token == grant.token)),
+    )
+    .await
+    .expect("watch open");
+    fail_watch_reads(&election);
+    a.resign(&grant).await.expect("resign");
+    within(
+        "the status turns unknown",
+        status.wait_for(LeaderStatus::is_unknown),
+    )
+    .await
+    .expect("watch open");
+    heal_watch_reads(&election);
+    within(
+        "the status is known again, with the final state",
+        status.wait_for(|s| *s == LeaderStatus::Known(None)),
+    )
+    .await
+    .expect("watch open");
 }
 
 /// Closing a session releases every election it holds, at once.

@@ -18,7 +18,8 @@ use async_trait::async_trait;
 
 #[cfg(feature = "etcd")]
 pub use etcd_cluster::EtcdCluster;
-pub use faults::FaultyStore;
+pub(crate) use faults::injected_watch_read_failure;
+pub use faults::{FaultyStore, fail_watch_reads, failed_watch_reads, heal_watch_reads};
 #[cfg(feature = "postgres")]
 pub use postgres_server::PostgresServer;
 pub use rng::Rng;
@@ -134,9 +135,22 @@ pub async fn campaign_until_granted(
 /// Generates one `#[tokio::test]` per conformance case. `$harness` is an
 /// expression evaluating to a future of a [`StoreHarness`]; it is evaluated
 /// once per test.
+///
+/// `conformance_tests!(harness, watch_status = pending("why"))` generates
+/// the cases of [`crate::store::Store::watch_status`] as ignored tests, for
+/// a backend that does not implement it yet (it keeps the default, which
+/// never reports the holder unknown).
 #[macro_export]
 macro_rules! conformance_tests {
     ($harness:expr) => {
+        $crate::conformance_tests!(@common $harness);
+        $crate::conformance_tests!(@cases $harness; watch_status_is_unknown_while_reads_fail);
+    };
+    ($harness:expr, watch_status = pending($why:literal)) => {
+        $crate::conformance_tests!(@common $harness);
+        $crate::conformance_tests!(@ignored $why; $harness; watch_status_is_unknown_while_reads_fail);
+    };
+    (@common $harness:expr) => {
         $crate::conformance_tests!(@cases $harness;
             one_winner_among_concurrent_candidates,
             tokens_strictly_increase,
@@ -144,6 +158,8 @@ macro_rules! conformance_tests {
             renewal_after_expiry_fails,
             resign_never_removes_a_successor,
             observe_sees_leader_release_and_successor,
+            watch_ignores_renewals,
+            watch_retries_a_failed_read,
             closing_a_session_releases_its_grants,
             cancelled_campaign_does_not_hold,
             invalid_input_is_rejected,
@@ -154,6 +170,16 @@ macro_rules! conformance_tests {
     };
     (@cases $harness:expr; $($case:ident),* $(,)?) => {
         $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $case() {
+                let harness = $harness.await;
+                $crate::testing::conformance::$case(&harness).await;
+            }
+        )*
+    };
+    (@ignored $why:literal; $harness:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[ignore = $why]
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $case() {
                 let harness = $harness.await;

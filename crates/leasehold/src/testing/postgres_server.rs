@@ -114,7 +114,17 @@ impl PostgresServer {
         self.spawn();
     }
 
-    fn stop(&mut self) {
+    /// Starts the server again after [`PostgresServer::stop`], on the same
+    /// port and data.
+    pub fn start_again(&mut self) {
+        if self.process.is_none() {
+            self.spawn();
+        }
+    }
+
+    /// Stops the server at once (SIGQUIT, as after a crash): connections
+    /// are cut and new ones refused until [`PostgresServer::start_again`].
+    pub fn stop(&mut self) {
         if let Some(mut child) = self.process.take() {
             // SIGQUIT: immediate shutdown; the postmaster ends its backends.
             if let Ok(pid) = i32::try_from(child.id()) {

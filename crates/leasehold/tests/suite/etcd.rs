@@ -15,7 +15,12 @@ async fn harness() -> ServerHarness<EtcdCluster> {
     ServerHarness::new(cluster, &url)
 }
 
-leasehold::conformance_tests!(harness());
+// The etcd store keeps `Store::watch_status`'s default until its port to
+// its own gRPC client (issue 12, item 10).
+leasehold::conformance_tests!(
+    harness(),
+    watch_status = pending("etcd: Store::watch_status not implemented yet (issue 12, item 10)")
+);
 
 use std::time::Duration;
 
@@ -294,4 +299,52 @@ async fn fenced_puts_from_earlier_leaders_never_land() {
         assert!(grants.iter().any(|g| g.token.0 == token), "seed {seed}");
     }
     println!("{rejected} stale writes refused");
+}
+
+/// Issue 12, item 10: the cluster loses quorum (two of three members
+/// killed); a status watch reports the leader unknown, then the true state
+/// once quorum is back. `leasehold observe` printed nothing for 20 s of
+/// such an outage. Pending the etcd store's port (`Store::watch_status`).
+#[ignore = "etcd: Store::watch_status not implemented yet (issue 12, item 10)"]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_watch_reports_lost_quorum_then_the_state_after_it() {
+    let mut cluster = cluster().await;
+    let endpoints = cluster.endpoints();
+    let observer = EtcdStore::connect(&endpoints, "/quorum")
+        .await
+        .expect("connect");
+    let holder = EtcdStore::connect(&endpoints, "/quorum")
+        .await
+        .expect("connect");
+    let election = unique_election("quorum");
+    let mut status = observer.watch_status(&election).await.expect("watch");
+    let lease = holder
+        .open_session(Duration::from_secs(30))
+        .await
+        .expect("open");
+    let grant = holder
+        .campaign(lease.id, &election, &CandidateId::new("a").expect("id"))
+        .await
+        .expect("campaign");
+    let limit = Duration::from_secs(20);
+    tokio::time::timeout(
+        limit,
+        status.wait_for(|s| s.leader().is_some_and(|l| l.token == grant.token)),
+    )
+    .await
+    .expect("the watch sees a")
+    .expect("watch open");
+    cluster.kill(1);
+    cluster.kill(2);
+    let unknown =
+        tokio::time::timeout(limit, status.wait_for(leasehold::LeaderStatus::is_unknown)).await;
+    cluster.restart(1);
+    cluster.restart(2);
+    unknown
+        .expect("the watch reports the leader unknown while the cluster has no quorum")
+        .expect("watch open");
+    tokio::time::timeout(limit, status.wait_for(|s| !s.is_unknown()))
+        .await
+        .expect("the watch reports the state once quorum is back")
+        .expect("watch open");
 }

@@ -9,7 +9,7 @@ use leasehold::store::postgres::{PostgresStore, SCHEMA_VERSION};
 use leasehold::testing::{
     PostgresServer, ServerHarness, campaign_until_granted, spawn_campaign, unique_election,
 };
-use leasehold::{CandidateId, Elector, Error, LeaseConfig};
+use leasehold::{CandidateId, Elector, Error, LeaderStatus, LeaseConfig};
 use tokio::time::Instant;
 
 async fn server() -> PostgresServer {
@@ -351,4 +351,55 @@ async fn unreachable_server_and_bad_url_are_clear_errors() {
         PostgresStore::connect("postgresql://h:notaport/db", "x").await,
         Err(Error::InvalidInput { .. })
     ));
+}
+
+/// Issue 12: while the server is down a status watch reports the leader
+/// unknown (the last known one may have stepped down meanwhile), and once
+/// the server is back, the true state, even if the leader is unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_watch_reports_an_outage_then_the_state_after_it() {
+    let mut server = server().await;
+    let url = server.url();
+    let observer = PostgresStore::connect(&url, "outage")
+        .await
+        .expect("connect");
+    let holder = PostgresStore::connect(&url, "outage")
+        .await
+        .expect("connect");
+    let election = unique_election("outage");
+    let mut status = observer.watch_status(&election).await.expect("watch");
+    let lease = holder
+        .open_session(Duration::from_secs(60))
+        .await
+        .expect("open");
+    let grant = holder
+        .campaign(lease.id, &election, &CandidateId::new("a").expect("id"))
+        .await
+        .expect("campaign");
+    let limit = Duration::from_secs(15);
+    tokio::time::timeout(
+        limit,
+        status.wait_for(|s| s.leader().is_some_and(|l| l.token == grant.token)),
+    )
+    .await
+    .expect("the watch sees a")
+    .expect("watch open");
+    tokio::task::block_in_place(|| server.stop());
+    let unknown = tokio::time::timeout(limit, status.wait_for(LeaderStatus::is_unknown))
+        .await
+        .expect("the watch reports the leader unknown while the server is down")
+        .expect("watch open")
+        .clone();
+    let LeaderStatus::Unknown { error } = unknown else {
+        unreachable!()
+    };
+    assert!(error.contains("postgres"), "{error}");
+    tokio::task::block_in_place(|| server.start_again());
+    tokio::time::timeout(
+        limit,
+        status.wait_for(|s| s.leader().is_some_and(|l| l.token == grant.token)),
+    )
+    .await
+    .expect("the watch reports the leader again once the server answers")
+    .expect("watch open");
 }

@@ -11,7 +11,7 @@ use leasehold::store::zookeeper::ZkStore;
 use leasehold::testing::{
     ServerHarness, ZooKeeperServer, campaign_until_granted, spawn_campaign, unique_election,
 };
-use leasehold::{CandidateId, Elector, LeaseConfig, LostReason};
+use leasehold::{CandidateId, Elector, LeaderStatus, LeaseConfig, LostReason};
 use nix::sys::signal::Signal;
 use tokio::time::Instant;
 
@@ -346,4 +346,45 @@ async fn a_dropped_campaign_withdraws_its_node() {
     tokio::time::timeout(Duration::from_secs(5), withdrawn)
         .await
         .expect("the dropped campaign's node is deleted");
+}
+
+/// Issue 12: while the server does not answer (paused), a status watch
+/// reports the leader unknown once its client sees the connection lost,
+/// and the true state once the server answers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_watch_reports_a_lost_connection_then_the_state_after_it() {
+    let server = server().await;
+    let observer = store(&server).await;
+    let holder = store(&server).await;
+    let election = unique_election("lost-connection");
+    let mut status = observer.watch_status(&election).await.expect("watch");
+    let lease = holder
+        .open_session(Duration::from_secs(20))
+        .await
+        .expect("open");
+    let grant = holder
+        .campaign(lease.id, &election, &CandidateId::new("a").expect("id"))
+        .await
+        .expect("campaign");
+    let limit = Duration::from_secs(15);
+    tokio::time::timeout(
+        limit,
+        status.wait_for(|s| s.leader().is_some_and(|l| l.token == grant.token)),
+    )
+    .await
+    .expect("the watch sees a")
+    .expect("watch open");
+    server.signal(Signal::SIGSTOP);
+    let unknown = tokio::time::timeout(limit, status.wait_for(LeaderStatus::is_unknown)).await;
+    server.signal(Signal::SIGCONT);
+    unknown
+        .expect("the watch reports the leader unknown while the server does not answer")
+        .expect("watch open");
+    tokio::time::timeout(
+        limit,
+        status.wait_for(|s| s.leader().is_some_and(|l| l.token == grant.token)),
+    )
+    .await
+    .expect("the watch reports the leader again once the server answers")
+    .expect("watch open");
 }

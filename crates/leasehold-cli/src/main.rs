@@ -1,8 +1,9 @@
 //! `leasehold`: run a command only while this replica holds an election.
 //!
 //! Exit codes: 0 success; 1 a runtime failure (store unreachable or
-//! corrupt); 2 bad usage or input; `run` passes on its command's status
-//! (128+N for signal N) and exits 127 when the command cannot be started.
+//! corrupt); 2 bad usage or input; 3 `tune --ttl` judged the TTL unsafe;
+//! `run` passes on its command's status (128+N for signal N) and exits 127
+//! when the command cannot be started.
 
 use std::process::ExitCode;
 
@@ -12,6 +13,7 @@ mod campaign;
 mod child;
 mod cli;
 mod events;
+mod generate;
 mod guard;
 mod http;
 mod inspect;
@@ -19,7 +21,7 @@ mod metrics;
 mod run;
 mod tune;
 
-/// Bad usage or input.
+/// Bad usage or input. (3, an unsafe `tune --ttl`, is `tune::EXIT_UNSAFE`.)
 const EXIT_USAGE: u8 = 2;
 /// A runtime failure.
 const EXIT_FAILURE: u8 = 1;
@@ -39,10 +41,31 @@ fn main() -> ExitCode {
             let usage = error
                 .downcast_ref::<leasehold::Error>()
                 .is_some_and(|e| matches!(e, leasehold::Error::InvalidInput { .. }));
-            eprintln!("leasehold: {error:#}");
+            eprintln!("leasehold: {}", one_line(&error));
             ExitCode::from(if usage { EXIT_USAGE } else { EXIT_FAILURE })
         }
     }
+}
+
+/// `error` as one line: the contexts, then the library's error, whose
+/// message already names its cause — its sources would only repeat it (or
+/// show a client library's internals). A message already said is not
+/// repeated.
+fn one_line(error: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            if !line.is_empty() {
+                line.push_str(": ");
+            }
+            line.push_str(&text);
+        }
+        if cause.is::<leasehold::Error>() {
+            break;
+        }
+    }
+    line
 }
 
 fn run(args: cli::Args) -> anyhow::Result<ExitCode> {
@@ -60,6 +83,8 @@ fn run(args: cli::Args) -> anyhow::Result<ExitCode> {
             cli::Command::List(cmd) => inspect::list(cmd).await,
             cli::Command::Campaign(cmd) => campaign::run(cmd).await,
             cli::Command::Tune(cmd) => tune::run(cmd).await,
+            cli::Command::Completions(cmd) => generate::completions(&cmd),
+            cli::Command::Man(cmd) => generate::man(&cmd),
             cli::Command::Guard => Ok(guard::main()),
         }
     })

@@ -66,16 +66,23 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let metrics = RunnerMetrics::new(args.election.election.as_str(), candidate.as_str());
     let elector = Elector::new(Arc::clone(&store), candidate, args.election.lease_config())?
         .with_renewal_observer(metrics.renewal_observer());
-    if let Some(addr) = args.http {
-        crate::http::serve(
-            addr,
-            args.election.election.clone(),
-            store,
-            Arc::clone(&metrics),
-        )
-        .await?;
+    let serving = match &args.http {
+        Some(addr) => Some(
+            crate::http::serve(
+                addr,
+                args.election.election.clone(),
+                store,
+                Arc::clone(&metrics),
+            )
+            .await?,
+        ),
+        None => None,
+    };
+    check_margin(&elector, &args.election.election).await;
+    if let Some(bound) = serving {
+        let shown: Vec<String> = bound.iter().map(ToString::to_string).collect();
+        tracing::info!(addr = %shown.join(", "), "serving /status, /healthz and /metrics");
     }
-    check_margin(&elector).await;
     let mut runner = Runner {
         elector,
         election: args.election.election.clone(),
@@ -92,35 +99,46 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     code
 }
 
-/// Opens the session (timing the store's answer) and warns when the TTL and
-/// renewal period leave too little margin for that latency.
-async fn check_margin(elector: &Elector) {
+/// Opens the session (timing the store's answer), states the lease it runs
+/// with — the TTL the store granted and the renewal period in effect — as
+/// `run`'s first log line, and warns when they leave too little margin for
+/// that latency.
+async fn check_margin(elector: &Elector, election: &ElectionName) {
+    let config = elector.config();
+    let id = elector.candidate();
     let sent = std::time::Instant::now();
     let session = match elector.session().await {
         Ok(session) => session,
-        // The campaign reports (and retries) the same failure.
-        Err(_) => return,
+        // The campaign reports (and retries) the failure itself.
+        Err(_) => {
+            let (ttl, every) = (to_millis(config.ttl), to_millis(config.renew_every));
+            tracing::info!(%election, %id, %ttl, renew_every = %every,
+                "lease: TTL {ttl}, renewing every {every} (the store has not answered yet)");
+            return;
+        }
     };
     let latency = sent.elapsed();
-    let config = elector.config();
-    let effective = config.renew_period_for(session.granted_ttl());
-    if effective != config.renew_every {
-        tracing::info!(
-            configured = %to_millis(config.renew_every),
-            renew_every = %to_millis(effective),
-            granted_ttl = %to_millis(session.granted_ttl()),
-            "renewing more often than configured: the renewal period must stay below half of what the granted TTL leaves after drift and skew"
-        );
+    let granted = session.granted_ttl();
+    let effective = config.renew_period_for(granted);
+    let (ttl, every) = (to_millis(granted), to_millis(effective));
+    if effective == config.renew_every {
+        tracing::info!(%election, %id, %ttl, renew_every = %every, "lease: TTL {ttl}, renewing every {every}");
+    } else {
+        let configured = to_millis(config.renew_every);
+        tracing::info!(%election, %id, %ttl, renew_every = %every,
+            requested_ttl = %to_millis(config.ttl), configured_renew_every = %configured,
+            "lease: TTL {ttl} (the store granted less than the {} asked for), renewing every {every} \
+             instead of {configured}: {}",
+            to_millis(config.ttl), leasehold::RENEWAL_RULE);
     }
     let conditions = leasehold::tune::Conditions {
         renew_every: effective,
         jitter: latency,
         skew: config.skew,
         drift: config.drift,
+        store_expiry_check: Duration::ZERO,
     };
-    let assessment = conditions.assess(session.granted_ttl());
-    let ttl = to_millis(session.granted_ttl());
-    let every = to_millis(conditions.renew_every);
+    let assessment = conditions.assess(granted);
     let latency_ms = latency.as_secs_f64() * 1e3;
     match assessment.verdict {
         leasehold::tune::Verdict::Tolerant => {
@@ -254,20 +272,30 @@ impl Runner {
             }
             TermEnd::AtRisk => {
                 self.metrics.stepped_down(StepDown::AtRisk);
-                release(leadership).await;
+                // Stepped down now; the release (which the failing store
+                // may not answer before its timeout) comes after.
                 tracing::warn!(%election, %id, token = token.0, reason = "renewals failing; stopped before the lease deadline", status = code, "stepped down; campaigning again");
+                release(leadership).await;
                 Ok(Next::Campaign)
             }
             TermEnd::Stopped(signal) => {
                 self.metrics.stepped_down(StepDown::Stopped);
-                release(leadership).await;
-                tracing::info!(%election, %id, token = token.0, reason = %format_args!("{signal} received"), status = code, "stopped; election released");
+                let reason = format!("{signal} received");
+                if release(leadership).await {
+                    tracing::info!(%election, %id, token = token.0, %reason, status = code, "stopped; election released");
+                } else {
+                    tracing::warn!(%election, %id, token = token.0, %reason, status = code, "stopped; the election was not released (the store expires it after the TTL)");
+                }
                 Ok(Next::Exit(ExitCode::from(code)))
             }
             TermEnd::Exited => {
                 self.metrics.stepped_down(StepDown::CommandExited);
-                release(leadership).await;
-                tracing::info!(%election, %id, token = token.0, reason = "command exited", status = code, "election released");
+                let reason = "command exited";
+                if release(leadership).await {
+                    tracing::info!(%election, %id, token = token.0, reason, status = code, "election released");
+                } else {
+                    tracing::warn!(%election, %id, token = token.0, reason, status = code, "the election was not released (the store expires it after the TTL)");
+                }
                 Ok(Next::Exit(ExitCode::from(code)))
             }
         }
@@ -348,24 +376,33 @@ enum TermEnd {
     Stopped(Signal),
 }
 
-async fn release(leadership: Leadership) {
-    if let Err(error) = leadership.resign().await {
-        tracing::warn!(%error, "could not release the election");
+/// Releases the election; whether it was released.
+async fn release(leadership: Leadership) -> bool {
+    match leadership.resign().await {
+        Ok(()) => true,
+        Err(error) => {
+            tracing::warn!(%error, "could not release the election");
+            false
+        }
     }
 }
 
+/// Logs who leads while this runner waits: once per leader that is not this
+/// candidate. An election without a leader is not a wait (the campaign is
+/// granted at once), and a renewal is not a change.
 async fn log_leaders(
     election: ElectionName,
     me: leasehold::CandidateId,
     mut watch: leasehold::LeaderWatch,
 ) {
+    let mut logged: Option<leasehold::Leader> = None;
     loop {
-        match &*watch.borrow_and_update() {
-            Some(leader) if leader.candidate == me => {}
-            Some(leader) => {
-                tracing::info!(%election, id = %me, leader = %leader.candidate, token = leader.token.0, "waiting; election is led")
-            }
-            None => tracing::info!(%election, id = %me, "waiting; election has no leader"),
+        let current = watch.borrow_and_update().clone();
+        if let Some(leader) = current.filter(|l| l.candidate != me)
+            && logged.as_ref().is_none_or(|l| !l.same_grant(&leader))
+        {
+            tracing::info!(%election, id = %me, leader = %leader.candidate, token = leader.token.0, "waiting; election is led");
+            logged = Some(leader);
         }
         if watch.changed().await.is_err() {
             return;

@@ -22,7 +22,11 @@
 //! # }
 //! ```
 //!
-//! See `DESIGN.md` for the safety rules every backend and code path obeys.
+//! `docs/DESIGN.md` in the repository explains the model and the seven
+//! safety rules every backend and code path obeys (cited in these docs as
+//! "DESIGN rule N"), and names the tests that enforce each.
+//! `examples/campaign.rs` (campaign, fenced writes, resign) and
+//! `examples/follow.rs` (watch the leader) are complete programs.
 
 pub mod clock;
 mod config;
@@ -36,12 +40,19 @@ pub mod store;
 pub mod testing;
 pub mod tune;
 
-pub use config::{DEFAULT_DRIFT, DEFAULT_SKEW, DEFAULT_TTL, LeaseConfig};
+pub use config::{DEFAULT_DRIFT, DEFAULT_SKEW, DEFAULT_TTL, LeaseConfig, RENEWAL_RULE};
 pub use elector::{Elector, Leadership};
 pub use error::{Error, Result};
 pub use names::{CandidateId, ElectionName, MAX_NAME_LEN};
 pub use session::{LostReason, RenewalEvent, RenewalObserver, Session};
 pub use store::{
-    ElectionState, FencingToken, Grant, Leader, LeaderWatch, SessionId, SessionLease, Store,
-    StoreUrl,
+    ElectionState, FencingToken, Grant, Leader, LeaderStatus, LeaderWatch, SessionId, SessionLease,
+    StatusWatch, Store, StoreUrl,
 };
+
+// The README's Rust blocks are compiled and run as doc tests
+// (`cargo test -p leasehold --doc`), so the README cannot drift from the API.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+#[derive(Debug)]
+pub struct ReadmeDoctests;

@@ -1,7 +1,9 @@
 mod campaign;
 mod etcd;
 mod fencing;
+mod generated;
 mod harness;
+mod messages;
 mod multi_process;
 mod operability;
 mod run;

@@ -285,7 +285,7 @@ fn bad_input_exits_2_with_one_line() {
                 "--",
                 "true",
             ],
-            "at least twice the renewal period",
+            "the renewal period must be shorter than half of TTL·(1 − drift) − skew",
         ),
         (
             &[
@@ -459,7 +459,7 @@ fn a_runner_that_lost_leadership_kills_its_command_and_campaigns_again() {
 }
 
 /// `status --json`, `observe` and `list --json` print exactly the shapes of
-/// DESIGN.md, fields in that order.
+/// docs/DESIGN.md, fields in that order.
 #[test]
 fn status_observe_and_list_print_the_documented_json() {
     let scratch = Scratch::new();

@@ -1,5 +1,6 @@
 mod elector_time;
 mod etcd;
+mod examples;
 mod fence;
 mod memory;
 mod postgres;

@@ -279,14 +279,17 @@ async fn fenced_puts_from_earlier_leaders_never_land() {
             Err(other) => panic!("seed {seed}: {other}"),
         }
     }
-    let mut client = etcd_client::Client::connect(cluster.endpoints(), None)
-        .await
-        .expect("client");
-    let stored = client.get(key, None).await.expect("get");
-    if let Some(kv) = stored.kvs().first() {
-        let token: u64 = kv
-            .value_str()
-            .expect("utf-8")
+    // Read back with etcd's own client, not leasehold's.
+    let stored = std::process::Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={}", cluster.endpoints().join(",")))
+        .args(["get", key, "--print-value-only"])
+        .output()
+        .expect("etcdctl (Debian's etcd-client) runs");
+    assert!(stored.status.success(), "etcdctl get: {stored:?}");
+    let stored = String::from_utf8(stored.stdout).expect("utf-8");
+    if let Some(value) = stored.lines().next().filter(|v| !v.is_empty()) {
+        let token: u64 = value
             .split(':')
             .nth(1)
             .and_then(|t| t.parse().ok())

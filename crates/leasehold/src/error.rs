@@ -104,6 +104,7 @@ impl Error {
     }
 
     /// `what` got no answer from the store within `after`.
+    #[cfg(any(feature = "postgres", feature = "zookeeper"))]
     pub(crate) fn no_answer(what: &str, after: Duration) -> Self {
         Error::Unavailable {
             reason: format!("{what}: no answer within {after:?}"),

@@ -177,6 +177,7 @@ pub trait Store: Send + Sync + fmt::Debug {
 
 /// For watch tasks: runs `read` until it succeeds, pausing `pause` after
 /// each failure; `None` once every receiver of `tx` is gone.
+#[cfg(any(feature = "etcd", feature = "postgres"))]
 pub(crate) async fn read_until_ok<T, Fut>(
     tx: &watch::Sender<Option<Leader>>,
     election: &ElectionName,

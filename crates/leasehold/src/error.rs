@@ -93,6 +93,7 @@ impl Error {
         }
     }
 
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
     pub(crate) fn unavailable(
         reason: impl Into<String>,
         source: impl std::error::Error + Send + Sync + 'static,

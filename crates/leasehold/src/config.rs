@@ -141,7 +141,7 @@ fn show(d: Duration) -> String {
 pub(crate) fn humanize(d: Duration) -> String {
     if d.as_millis() >= 1000 && d.subsec_millis() == 0 && d.subsec_nanos() == 0 {
         format!("{}s", d.as_secs())
-    } else if d.as_nanos() % 1_000_000 == 0 {
+    } else if d.as_nanos().is_multiple_of(1_000_000) {
         let ms = d.as_millis();
         if ms >= 1000 {
             format!("{}s", d.as_secs_f64())

@@ -93,6 +93,7 @@ impl Error {
         }
     }
 
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
     pub(crate) fn unavailable(
         reason: impl Into<String>,
         source: impl std::error::Error + Send + Sync + 'static,
@@ -104,6 +105,7 @@ impl Error {
     }
 
     /// `what` got no answer from the store within `after`.
+    #[cfg(any(feature = "postgres", feature = "zookeeper"))]
     pub(crate) fn no_answer(what: &str, after: Duration) -> Self {
         Error::Unavailable {
             reason: format!("{what}: no answer within {after:?}"),

@@ -241,6 +241,11 @@ fn store_errors_are_one_line_naming_the_cause() {
     assert!(!err.contains("hunter2"), "{err}");
     let err = status(&format!("zk://127.0.0.1:{port}"));
     assert_eq!(err.matches("no available hosts").count(), 1, "{err}");
+    let err = status(&format!("etcd://127.0.0.1:{port}"));
+    assert!(err.contains("Connection refused"), "{err}");
+    for noise in ["status:", "ConnectError", "tonic", "Unavailable"] {
+        assert!(!err.contains(noise), "{noise}: {err}");
+    }
 }
 
 /// On ZooKeeper: the negotiated TTL is logged once.

@@ -135,22 +135,9 @@ pub async fn campaign_until_granted(
 /// Generates one `#[tokio::test]` per conformance case. `$harness` is an
 /// expression evaluating to a future of a [`StoreHarness`]; it is evaluated
 /// once per test.
-///
-/// `conformance_tests!(harness, watch_status = pending("why"))` generates
-/// the cases of [`crate::store::Store::watch_status`] as ignored tests, for
-/// a backend that does not implement it yet (it keeps the default, which
-/// never reports the holder unknown).
 #[macro_export]
 macro_rules! conformance_tests {
     ($harness:expr) => {
-        $crate::conformance_tests!(@common $harness);
-        $crate::conformance_tests!(@cases $harness; watch_status_is_unknown_while_reads_fail);
-    };
-    ($harness:expr, watch_status = pending($why:literal)) => {
-        $crate::conformance_tests!(@common $harness);
-        $crate::conformance_tests!(@ignored $why; $harness; watch_status_is_unknown_while_reads_fail);
-    };
-    (@common $harness:expr) => {
         $crate::conformance_tests!(@cases $harness;
             one_winner_among_concurrent_candidates,
             tokens_strictly_increase,
@@ -166,20 +153,11 @@ macro_rules! conformance_tests {
             elections_are_listed,
             elector_loses_leadership_when_renewals_fail,
             elector_steps_down_before_a_successor_is_granted,
+            watch_status_is_unknown_while_reads_fail,
         );
     };
     (@cases $harness:expr; $($case:ident),* $(,)?) => {
         $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $case() {
-                let harness = $harness.await;
-                $crate::testing::conformance::$case(&harness).await;
-            }
-        )*
-    };
-    (@ignored $why:literal; $harness:expr; $($case:ident),* $(,)?) => {
-        $(
-            #[ignore = $why]
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $case() {
                 let harness = $harness.await;

@@ -15,12 +15,7 @@ async fn harness() -> ServerHarness<EtcdCluster> {
     ServerHarness::new(cluster, &url)
 }
 
-// The etcd store keeps `Store::watch_status`'s default until its port to
-// its own gRPC client (issue 12, item 10).
-leasehold::conformance_tests!(
-    harness(),
-    watch_status = pending("etcd: Store::watch_status not implemented yet (issue 12, item 10)")
-);
+leasehold::conformance_tests!(harness());
 
 use std::time::Duration;
 
@@ -284,14 +279,17 @@ async fn fenced_puts_from_earlier_leaders_never_land() {
             Err(other) => panic!("seed {seed}: {other}"),
         }
     }
-    let mut client = etcd_client::Client::connect(cluster.endpoints(), None)
-        .await
-        .expect("client");
-    let stored = client.get(key, None).await.expect("get");
-    if let Some(kv) = stored.kvs().first() {
-        let token: u64 = kv
-            .value_str()
-            .expect("utf-8")
+    // Read back with etcd's own client, not leasehold's.
+    let stored = std::process::Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={}", cluster.endpoints().join(",")))
+        .args(["get", key, "--print-value-only"])
+        .output()
+        .expect("etcdctl (Debian's etcd-client) runs");
+    assert!(stored.status.success(), "etcdctl get: {stored:?}");
+    let stored = String::from_utf8(stored.stdout).expect("utf-8");
+    if let Some(value) = stored.lines().next().filter(|v| !v.is_empty()) {
+        let token: u64 = value
             .split(':')
             .nth(1)
             .and_then(|t| t.parse().ok())
@@ -305,7 +303,6 @@ async fn fenced_puts_from_earlier_leaders_never_land() {
 /// killed); a status watch reports the leader unknown, then the true state
 /// once quorum is back. `leasehold observe` printed nothing for 20 s of
 /// such an outage. Pending the etcd store's port (`Store::watch_status`).
-#[ignore = "etcd: Store::watch_status not implemented yet (issue 12, item 10)"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_status_watch_reports_lost_quorum_then_the_state_after_it() {
     let mut cluster = cluster().await;

@@ -1,5 +1,6 @@
 mod elector_time;
 mod etcd;
+mod etcd_api;
 mod examples;
 mod fence;
 mod memory;

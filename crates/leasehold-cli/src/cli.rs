@@ -94,9 +94,6 @@ pub enum Command {
     /// For example: `leasehold man | man -l -`, or `leasehold man --dir
     /// /usr/local/share/man/man1`.
     Man(ManArgs),
-    /// Internal: kills a command's process group if its `run` dies.
-    #[command(name = "__guard", hide = true)]
-    Guard,
 }
 
 /// Where elections are decided.
@@ -341,8 +338,10 @@ fn parse_http_addr(s: &str) -> Result<HttpAddr, String> {
     const EXPECTED: &str =
         "expected HOST:PORT or :PORT, such as 127.0.0.1:9464, localhost:9464 or :9464";
     let full = match s.strip_prefix(':') {
-        Some(port) => format!("0.0.0.0:{port}"),
-        None => s.to_owned(),
+        Some(port) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => {
+            format!("0.0.0.0:{port}")
+        }
+        _ => s.to_owned(),
     };
     if let Ok(addr) = full.parse::<SocketAddr>() {
         return Ok(HttpAddr {
@@ -356,6 +355,11 @@ fn parse_http_addr(s: &str) -> Result<HttpAddr, String> {
     let Ok(port) = port.parse::<u16>() else {
         return Err(EXPECTED.to_owned());
     };
+    if host.contains(':') {
+        return Err(format!(
+            "write an IPv6 address in brackets, such as [::1]:9464 ({EXPECTED})"
+        ));
+    }
     if host.is_empty() || host.contains(char::is_whitespace) {
         return Err(EXPECTED.to_owned());
     }
@@ -436,5 +440,26 @@ mod tests {
             }
         }
         assert!(checked > 20, "only {checked} flags checked");
+    }
+
+    /// `:PORT` is every interface; an IPv6 address needs its brackets (an
+    /// unbracketed `::1:PORT` was once read as `0.0.0.0::1:PORT`).
+    #[test]
+    fn http_addresses() {
+        let ok = |s: &str| super::parse_http_addr(s).map(|a| a.addrs);
+        assert_eq!(
+            ok(":9464").expect("port only"),
+            vec!["0.0.0.0:9464".parse().expect("addr")]
+        );
+        assert_eq!(
+            ok("[::1]:9464").expect("bracketed IPv6"),
+            vec!["[::1]:9464".parse().expect("addr")]
+        );
+        let error = super::parse_http_addr("::1:9464").expect_err("unbracketed IPv6");
+        assert!(error.contains("[::1]:9464"), "{error}");
+        assert!(!error.contains("0.0.0.0"), "{error}");
+        for bad in [":", ":x", "host", "host:", "a b:1"] {
+            assert!(super::parse_http_addr(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -16,6 +16,9 @@ use anyhow::Context;
 use nix::sys::signal::{SigSet, Signal, killpg};
 use nix::unistd::Pid;
 
+/// The argument that makes `leasehold` the guard (`leasehold __guard`).
+pub const ARG: &str = "__guard";
+
 /// The handle `run` keeps on its guard.
 #[derive(Debug)]
 pub struct Guard {
@@ -27,7 +30,7 @@ impl Guard {
     pub fn start() -> anyhow::Result<Self> {
         let exe = std::env::current_exe().context("cannot find the leasehold executable")?;
         let mut process = Command::new(exe)
-            .arg("__guard")
+            .arg(ARG)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .process_group(0)

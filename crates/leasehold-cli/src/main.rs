@@ -27,13 +27,16 @@ const EXIT_USAGE: u8 = 2;
 const EXIT_FAILURE: u8 = 1;
 
 fn main() -> ExitCode {
+    // `run`'s guard process (see guard.rs): internal, so not a subcommand
+    // that help, completions or man pages would show.
+    if std::env::args_os().nth(1).is_some_and(|a| a == guard::ARG) && std::env::args_os().len() == 2
+    {
+        return guard::main();
+    }
     let args = match cli::Args::try_parse() {
         Ok(args) => args,
         Err(error) => return usage_error(&error),
     };
-    if let cli::Command::Guard = args.command {
-        return guard::main();
-    }
     init_logging(args.verbose, args.quiet, args.log_format);
     match run(args) {
         Ok(code) => code,
@@ -85,7 +88,6 @@ fn run(args: cli::Args) -> anyhow::Result<ExitCode> {
             cli::Command::Tune(cmd) => tune::run(cmd).await,
             cli::Command::Completions(cmd) => generate::completions(&cmd),
             cli::Command::Man(cmd) => generate::man(&cmd),
-            cli::Command::Guard => Ok(guard::main()),
         }
     })
 }

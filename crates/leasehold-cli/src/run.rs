@@ -341,7 +341,7 @@ impl Runner {
                 }
                 () = sleep_until(at_risk), if !stopping => {
                     if leadership.deadline() <= deadline {
-                        tracing::warn!(election = %self.election, token = leadership.token().0,
+                        tracing::warn!(election = %self.election, id = %self.elector.candidate(), token = leadership.token().0,
                             "no renewal confirmed; asking the command to stop before the lease deadline");
                         child.signal_group(Signal::SIGTERM);
                         kill_at = Some(deadline);

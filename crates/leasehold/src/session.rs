@@ -193,7 +193,8 @@ impl Session {
             ));
         };
         if lease.ttl != config.ttl {
-            tracing::info!(
+            // Debug: the runner's first line states the TTL in use and why.
+            tracing::debug!(
                 requested = %humanize(config.ttl),
                 granted = %humanize(lease.ttl),
                 session = %lease.id,

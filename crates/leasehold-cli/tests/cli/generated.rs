@@ -63,6 +63,8 @@ fn completions_for_every_shell_and_none_for_an_unknown_one() {
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(text.contains("leasehold"), "{shell}: {text}");
         assert!(text.contains("tune"), "{shell}: {text}");
+        // run's internal guard is no subcommand to offer.
+        assert!(!text.contains("__guard"), "{shell}: {text}");
     }
     let out = leasehold()
         .args(["completions", "tcsh"])

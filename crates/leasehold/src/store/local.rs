@@ -85,7 +85,7 @@ pub(crate) async fn campaign<B: LocalBackend + ?Sized>(
         match backend.try_acquire(session, election, candidate).await? {
             Attempt::Granted(grant, expired) => {
                 if let Some(expired) = expired {
-                    tracing::info!(%election, expired_leader = %expired.candidate, expired_token = expired.token.0,
+                    tracing::info!(%election, id = %candidate, expired_leader = %expired.candidate, expired_token = expired.token.0,
                         "the previous leader's lease expired; taking over");
                 }
                 return Ok(grant);

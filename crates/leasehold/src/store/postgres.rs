@@ -731,7 +731,7 @@ impl Store for PostgresStore {
                 Ok(grant) => {
                     withdraw.armed = false;
                     if let Some((holder, tok)) = expired {
-                        tracing::info!(%election, expired_leader = %holder, expired_token = tok.0,
+                        tracing::info!(%election, id = %candidate, expired_leader = %holder, expired_token = tok.0,
                             "the previous leader's lease expired; taking over");
                     }
                     return Ok(grant);

@@ -774,6 +774,7 @@ impl Store for ZkStore {
         tokio::spawn(async move {
             let mut watcher = watcher;
             loop {
+                let mut disconnected = false;
                 loop {
                     let event = tokio::select! {
                         biased;
@@ -786,6 +787,7 @@ impl Store for ZkStore {
                         }
                         if event.session_state == SessionState::Disconnected {
                             // Until it reconnects, nothing can be read.
+                            disconnected = true;
                             publish_failure(
                                 &tx,
                                 &Error::Unavailable {
@@ -794,6 +796,13 @@ impl Store for ZkStore {
                                 },
                             );
                             continue;
+                        }
+                        if disconnected {
+                            // Reconnected: the client's automatic reset of a
+                            // persistent watch was seen to leave it deaf, and
+                            // events while disconnected are not replayed;
+                            // set the watch anew, then re-read.
+                            break;
                         }
                     }
                     // A candidate node came or went, or the client
@@ -807,8 +816,9 @@ impl Store for ZkStore {
                     };
                     publish_leader(&tx, leader);
                 }
-                // The reader's session ended (its persistent watch with it):
-                // reconnect, watch again, re-read.
+                // The reader's session ended (its persistent watch with it)
+                // or reconnected: watch again (on a new session if need be),
+                // re-read.
                 let Some(renewed) = inner.rewatch(&tx, &election).await else {
                     return;
                 };

@@ -387,4 +387,28 @@ async fn a_status_watch_reports_a_lost_connection_then_the_state_after_it() {
     .await
     .expect("the watch reports the leader again once the server answers")
     .expect("watch open");
+    // And it keeps watching: a release and a successor after the reconnect
+    // are seen (the watch once went deaf after a reconnect).
+    holder.resign(&grant).await.expect("resign");
+    tokio::time::timeout(
+        limit,
+        status.wait_for(|s| matches!(s, LeaderStatus::Known(None))),
+    )
+    .await
+    .expect("the watch sees the release after the reconnect")
+    .expect("watch open");
+    let successor = leasehold::testing::campaign_on_new_session(
+        holder.as_ref(),
+        &election,
+        "b",
+        Duration::from_secs(20),
+    )
+    .await;
+    tokio::time::timeout(
+        limit,
+        status.wait_for(|s| s.leader().is_some_and(|l| l.token == successor.token)),
+    )
+    .await
+    .expect("the watch sees the successor after the reconnect")
+    .expect("watch open");
 }

@@ -261,7 +261,17 @@ fn the_negotiated_ttl_is_logged_once_on_zookeeper() {
     assert!(out.status.success(), "{err}");
     let mentions = err
         .lines()
-        .filter(|l| l.contains("negotiated") || l.contains("granted a different TTL"))
+        .filter(|l| {
+            l.contains("negotiated")
+                || l.contains("granted a different TTL")
+                || l.contains("the store granted less")
+        })
         .count();
+    // Once: run's first line, which states the TTL in use and why.
     assert_eq!(mentions, 1, "{err}");
+    assert!(
+        err.lines()
+            .any(|l| l.contains("lease: TTL") && l.contains("the store granted less")),
+        "{err}"
+    );
 }

@@ -15,6 +15,15 @@ pub const DEFAULT_SKEW: Duration = Duration::from_millis(100);
 pub const DEFAULT_TTL: Duration = Duration::from_secs(15);
 /// The largest drift bound accepted.
 pub const MAX_DRIFT: f64 = 0.5;
+/// The longest TTL accepted: one day. A lease is also how long a crashed
+/// leader leaves its responsibility unowned, and every store keeps a lease
+/// this long (ZooKeeper's session timeout is an `int` of milliseconds, at
+/// most 24.8 days; etcd's lease TTL at most 9,000,000,000 s; PostgreSQL
+/// keeps it as milliseconds in a `bigint`; SQLite as nanoseconds in an
+/// `i64`, about 292 years). [`LeaseConfig::validate`] and every store's
+/// `open_session` refuse a longer one, and the command-line tool refuses
+/// any duration flag above it.
+pub const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 /// The one rule for the renewal period, in the words that
 /// [`LeaseConfig::validate`]'s error, `leasehold run --help` and `leasehold
 /// tune` all use. `TTL·(1 − drift) − skew` is how long a holder may act after
@@ -62,8 +71,8 @@ impl LeaseConfig {
     /// deadline); every violation names the numbers involved.
     pub fn validate(&self) -> Result<()> {
         let bad = |reason: String| Err(Error::invalid("lease configuration", reason));
-        if self.ttl.is_zero() {
-            return bad("TTL must be greater than zero".into());
+        if let Err(Error::InvalidInput { reason, .. }) = check_ttl(self.ttl) {
+            return bad(format!("TTL {reason}"));
         }
         if self.renew_every.is_zero() {
             return bad("renewal period must be greater than zero".into());
@@ -107,8 +116,20 @@ impl LeaseConfig {
     /// How long after sending a successful create or renewal request the
     /// holder may consider itself leader: `ttl·(1 − drift) − skew`, or
     /// `None` when that is not positive.
+    ///
+    /// A granted TTL above [`MAX_TTL`] counts as [`MAX_TTL`], and a drift
+    /// bound that is not a number as [`MAX_DRIFT`]: both only make the
+    /// deadline earlier, and no input makes this panic.
     pub fn validity(&self, granted_ttl: Duration) -> Option<Duration> {
-        let slowed = granted_ttl.mul_f64(1.0 - self.drift.clamp(0.0, MAX_DRIFT));
+        let drift = if self.drift.is_nan() {
+            MAX_DRIFT
+        } else {
+            self.drift.clamp(0.0, MAX_DRIFT)
+        };
+        let ttl = granted_ttl.min(MAX_TTL);
+        // At most `ttl`, so it fits; `from_secs_f64` cannot fail here.
+        let slowed = Duration::try_from_secs_f64(ttl.as_secs_f64() * (1.0 - drift))
+            .map_or(ttl, |slowed| slowed.min(ttl));
         slowed.checked_sub(self.skew).filter(|v| !v.is_zero())
     }
 
@@ -133,13 +154,34 @@ impl LeaseConfig {
     }
 }
 
+/// The TTL a store may be asked for: more than zero, at most [`MAX_TTL`].
+/// Every store's `open_session` checks it first.
+pub(crate) fn check_ttl(ttl: Duration) -> Result<()> {
+    if ttl.is_zero() {
+        return Err(Error::invalid("TTL", "must be greater than zero"));
+    }
+    if ttl > MAX_TTL {
+        return Err(Error::invalid(
+            "TTL",
+            format!(
+                "{} is longer than the maximum, {}",
+                show(ttl),
+                show(MAX_TTL)
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn show(d: Duration) -> String {
     humanize(d)
 }
 
 /// Formats a duration the way a user typed it (`1.5s`, `250ms`).
 pub(crate) fn humanize(d: Duration) -> String {
-    if d.as_millis() >= 1000 && d.subsec_millis() == 0 && d.subsec_nanos() == 0 {
+    if d.subsec_nanos() == 0 && d.as_secs() >= 3600 && d.as_secs().is_multiple_of(3600) {
+        format!("{}h", d.as_secs() / 3600)
+    } else if d.as_millis() >= 1000 && d.subsec_millis() == 0 && d.subsec_nanos() == 0 {
         format!("{}s", d.as_secs())
     } else if d.as_nanos().is_multiple_of(1_000_000) {
         let ms = d.as_millis();
@@ -213,6 +255,30 @@ mod tests {
         }
     }
 
+    /// Issue 13 item 4: a TTL above the one every store can keep is
+    /// refused up front, naming the maximum (it reached the stores before:
+    /// etcd and PostgreSQL failed every campaign, SQLite capped it).
+    #[test]
+    fn rejects_a_ttl_above_the_maximum() {
+        assert!(LeaseConfig::with_ttl(MAX_TTL).validate().is_ok());
+        for ttl in [
+            MAX_TTL + Duration::from_nanos(1),
+            Duration::from_secs(1000 * 365 * 86_400),
+            Duration::from_secs(u64::MAX),
+            Duration::MAX,
+        ] {
+            let err = LeaseConfig::with_ttl(ttl)
+                .validate()
+                .expect_err("too long")
+                .to_string();
+            assert!(err.contains("is longer than the maximum, 24h"), "{err}");
+            assert!(check_ttl(ttl).is_err());
+        }
+        assert!(check_ttl(Duration::ZERO).is_err());
+        assert!(check_ttl(MAX_TTL).is_ok());
+        assert_eq!(humanize(MAX_TTL), "24h");
+    }
+
     #[test]
     fn deadline_uses_drift_and_skew() {
         let c = LeaseConfig::with_ttl(ms(10_000));
@@ -273,6 +339,34 @@ mod tests {
                 if let Some(v) = c.validity(ms(granted_ms)).filter(|v| *v >= ms(3)) {
                     prop_assert!(period < v, "renewal {:?} must come before validity {:?}", period, v);
                 }
+            }
+        }
+
+        /// Any durations and any drift bound: validation answers without a
+        /// panic, and what it accepts is within the bounds and computes a
+        /// deadline without overflow.
+        #[test]
+        fn any_durations_validate_without_panic(
+            ttl in any::<Duration>(),
+            renew_every in any::<Duration>(),
+            skew in any::<Duration>(),
+            drift in any::<f64>(),
+            granted in any::<Duration>(),
+        ) {
+            let c = LeaseConfig { ttl, renew_every, drift, skew };
+            let valid = c.validate();
+            // Never a panic, whatever the store grants.
+            let validity = c.validity(granted);
+            prop_assert!(validity.is_none_or(|v| v <= MAX_TTL && v <= granted));
+            let _ = c.renew_period_for(granted);
+            if valid.is_ok() {
+                prop_assert!(!ttl.is_zero() && ttl <= MAX_TTL);
+                prop_assert!(renew_every.saturating_mul(2) < ttl);
+                let sent = Instant::now();
+                prop_assert!(c.deadline(sent, granted).is_none_or(|d| d >= sent));
+            } else {
+                let invalid_input = matches!(valid, Err(Error::InvalidInput { .. }));
+                prop_assert!(invalid_input);
             }
         }
 

@@ -55,6 +55,20 @@ pub enum Error {
     #[error("store corrupt or not a leasehold store: {0}")]
     Corrupt(String),
 
+    /// There is no leasehold store where the URL points (opened read-only:
+    /// nothing has campaigned there yet, and nothing was created). Nothing
+    /// was written.
+    #[error("no leasehold store {0}")]
+    NotFound(String),
+
+    /// The store changed under this handle: the SQLite file it opened was
+    /// deleted, moved or replaced by another file. The handle is dead —
+    /// its sessions ended ([`Error::SessionExpired`] on renewal) and it
+    /// writes nothing more, to either file; drop it and open the store
+    /// again (a new file starts fencing tokens again from 1).
+    #[error("store replaced: {0}")]
+    Replaced(String),
+
     /// The store was written by a newer leasehold whose schema this version
     /// does not understand. Nothing was written.
     #[error(

@@ -40,7 +40,7 @@ pub mod store;
 pub mod testing;
 pub mod tune;
 
-pub use config::{DEFAULT_DRIFT, DEFAULT_SKEW, DEFAULT_TTL, LeaseConfig, RENEWAL_RULE};
+pub use config::{DEFAULT_DRIFT, DEFAULT_SKEW, DEFAULT_TTL, LeaseConfig, MAX_TTL, RENEWAL_RULE};
 pub use elector::{Elector, Leadership};
 pub use error::{Error, Result};
 pub use names::{CandidateId, ElectionName, MAX_NAME_LEN};

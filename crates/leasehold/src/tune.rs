@@ -29,7 +29,7 @@
 
 use std::time::Duration;
 
-use crate::config::{DEFAULT_DRIFT, LeaseConfig, MAX_DRIFT, humanize};
+use crate::config::{DEFAULT_DRIFT, LeaseConfig, MAX_DRIFT, MAX_TTL, humanize};
 use crate::error::{Error, Result};
 use crate::store::StoreUrl;
 
@@ -69,7 +69,9 @@ pub struct Conditions {
 }
 
 impl Conditions {
-    /// `R`, `J` and `S` with the default drift bound; `R` must be positive.
+    /// `R`, `J` and `S` with the default drift bound; `R` must be positive,
+    /// and some TTL up to [`MAX_TTL`] must be safe under them (else
+    /// [`Error::InvalidInput`] says why).
     pub fn new(renew_every: Duration, jitter: Duration, skew: Duration) -> Result<Self> {
         let conditions = Conditions {
             renew_every,
@@ -103,6 +105,22 @@ impl Conditions {
                 format!("{} must be at least 0 and below {MAX_DRIFT}", self.drift),
             ));
         }
+        // Safety only grows with the TTL up to the maximum: if the longest
+        // TTL `run` accepts is unsafe, every TTL is.
+        if let Verdict::Unsafe { reason } = self.assess(MAX_TTL).verdict {
+            return Err(Error::invalid(
+                "conditions",
+                format!(
+                    "no TTL up to the maximum, {}, is safe with renewals every {}, jitter {} \
+                     and skew {}: at {} {reason}",
+                    humanize(MAX_TTL),
+                    humanize(self.renew_every),
+                    humanize(self.jitter),
+                    humanize(self.skew),
+                    humanize(MAX_TTL),
+                ),
+            ));
+        }
         Ok(())
     }
 
@@ -123,7 +141,7 @@ impl Conditions {
         let renewals_in_time = match validity.checked_sub(self.jitter) {
             Some(room) if !room.is_zero() => {
                 let room = room.as_nanos() - 1;
-                u32::try_from(room / self.renew_every.as_nanos()).unwrap_or(u32::MAX)
+                u32::try_from(room / self.renew_every.as_nanos().max(1)).unwrap_or(u32::MAX)
             }
             _ => 0,
         };
@@ -164,25 +182,58 @@ impl Conditions {
     }
 
     /// The shortest TTL, rounded up to a readable step, that absorbs
-    /// `lost` renewals in a row.
+    /// `lost` renewals in a row; [`MAX_TTL`] if no TTL up to it does.
+    ///
+    /// Computed, not searched step by step: any input is answered at once.
     pub fn ttl_absorbing(&self, lost: u32) -> Duration {
         let n = lost.saturating_add(1);
-        // V > n·R + J  ⇔  ttl > (n·R + J + S) / (1 − drift).
+        // Absorbing: V > n·R + J; the renewal rule: V > 2·R; with
+        // V = ttl·(1 − drift) − S, ttl > (max(n·R + J, 2·R) + S) / (1 − drift).
         let needed = self
             .renew_every
             .saturating_mul(n)
             .saturating_add(self.jitter)
+            .max(self.renew_every.saturating_mul(2))
             .saturating_add(self.skew);
-        let raw = needed.div_f64(1.0 - self.drift) + Duration::from_nanos(1);
-        let step = step_for(raw);
-        let mut ttl = round_up(raw, step);
-        // Float rounding must not leave it one nanosecond short.
-        while self.assess(ttl).lost_renewals_absorbed < lost
-            || matches!(self.assess(ttl).verdict, Verdict::Unsafe { .. })
-        {
-            ttl = ttl.saturating_add(step);
+        let drift = if self.drift.is_finite() {
+            self.drift.clamp(0.0, MAX_DRIFT)
+        } else {
+            MAX_DRIFT
+        };
+        let raw = Duration::try_from_secs_f64(needed.as_secs_f64() / (1.0 - drift))
+            .unwrap_or(Duration::MAX)
+            .saturating_add(Duration::from_nanos(1));
+        if raw >= MAX_TTL {
+            return MAX_TTL;
         }
-        ttl
+        let step = step_for(raw);
+        let absorbs = |ttl: Duration| {
+            let a = self.assess(ttl);
+            a.is_safe() && a.lost_renewals_absorbed >= lost
+        };
+        let first = round_up(raw, step);
+        if absorbs(first) {
+            return first;
+        }
+        // Float rounding left the estimate short: bisect over the multiples
+        // of `step` up to MAX_TTL (a multiple of every step), as absorbing
+        // only grows with the TTL.
+        let steps = |d: Duration| d.as_nanos() / step.as_nanos();
+        let (mut short, mut long) = (steps(first), steps(MAX_TTL));
+        if !absorbs(MAX_TTL) {
+            return MAX_TTL;
+        }
+        let at =
+            |k: u128| Duration::from_nanos(u64::try_from(k * step.as_nanos()).unwrap_or(u64::MAX));
+        while long - short > 1 {
+            let mid = short + (long - short) / 2;
+            if absorbs(at(mid)) {
+                long = mid;
+            } else {
+                short = mid;
+            }
+        }
+        at(long)
     }
 
     /// The recommended TTL and the trade-off around it.
@@ -192,8 +243,11 @@ impl Conditions {
             .map(|lost| self.assess(self.ttl_absorbing(lost)))
             .collect();
         // The aggressive end of the worked example: TTL just above R + J + S.
-        let aggressive = self.renew_every + self.jitter + self.skew;
-        alternatives.push(self.assess(round_up(aggressive, step_for(aggressive))));
+        let aggressive = self
+            .renew_every
+            .saturating_add(self.jitter)
+            .saturating_add(self.skew);
+        alternatives.push(self.assess(round_up(aggressive, step_for(aggressive)).min(MAX_TTL)));
         alternatives.sort_by_key(|a| a.ttl);
         alternatives.dedup_by_key(|a| a.ttl);
         Recommendation {
@@ -393,6 +447,59 @@ mod tests {
         assert!(r.alternatives.iter().any(|a| a.ttl > r.recommended.ttl));
     }
 
+    /// Issue 13 item 4: `tune` panicked on `--renew-every
+    /// 18446744073709551615s` and spun for minutes on `100y` (a loop of
+    /// one-second steps). Conditions no TTL up to the maximum survives are
+    /// refused, and every answer is computed at once.
+    #[test]
+    fn huge_inputs_are_refused_or_answered_at_once() {
+        let started = std::time::Instant::now();
+        let year = Duration::from_secs(365 * 86_400);
+        for (r, j, s) in [
+            (Duration::from_secs(u64::MAX), ms(1000), ms(100)),
+            (Duration::MAX, Duration::MAX, Duration::MAX),
+            (year * 100, ms(1000), ms(100)),
+            (year, ms(1000), ms(100)),
+            (ms(1000), year, ms(100)),
+            (ms(1000), ms(1000), year),
+            (MAX_TTL / 2, ms(0), ms(0)),
+        ] {
+            let Err(Error::InvalidInput { reason, .. }) = Conditions::new(r, j, s) else {
+                panic!("{r:?} {j:?} {s:?} accepted");
+            };
+            assert!(reason.contains("no TTL up to the maximum, 24h"), "{reason}");
+        }
+        // Just inside: the recommendation stays within the maximum, even
+        // where it cannot absorb two lost renewals.
+        for r in [ms(28_000_000), ms(40_000_000), MAX_TTL / 3] {
+            let c = Conditions::new(r, ms(1000), ms(100)).expect("a TTL up to 24h is safe");
+            let rec = c.recommend();
+            assert!(rec.recommended.ttl <= MAX_TTL, "{rec:?}");
+            assert!(rec.recommended.is_safe(), "{rec:?}");
+            assert!(rec.alternatives.iter().all(|a| a.ttl <= MAX_TTL));
+        }
+        // Conditions built by hand, unchecked: answered, never a panic.
+        let wild = Conditions {
+            renew_every: Duration::MAX,
+            jitter: Duration::MAX,
+            skew: Duration::MAX,
+            drift: f64::NAN,
+            store_expiry_check: Duration::MAX,
+        };
+        let rec = wild.recommend();
+        assert!(!rec.recommended.is_safe());
+        let zero = Conditions {
+            renew_every: Duration::ZERO,
+            ..wild
+        };
+        let _ = zero.recommend();
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
     proptest! {
         /// The TTL said to absorb `lost` renewals does, is accepted by the
         /// lease rules, and is the shortest such on its rounding step.
@@ -420,6 +527,34 @@ mod tests {
         ) {
             let c = Conditions::new(ms(r), Duration::ZERO, ms(s)).expect("valid");
             prop_assert_eq!(c.assess(ms(t)).is_safe(), c.lease(ms(t)).validate().is_ok());
+        }
+
+        /// Any durations and drift, checked or not: `recommend` and
+        /// `assess` answer without a panic, within the maximum TTL; what
+        /// `Conditions::new` accepts gets a safe recommendation.
+        #[test]
+        fn any_conditions_are_answered(
+            renew_every in any::<Duration>(),
+            jitter in any::<Duration>(),
+            skew in any::<Duration>(),
+            drift in any::<f64>(),
+            ttl in any::<Duration>(),
+        ) {
+            let raw = Conditions { renew_every, jitter, skew, drift, store_expiry_check: ETCD_EXPIRY_CHECK };
+            let rec = raw.recommend();
+            prop_assert!(rec.recommended.ttl <= MAX_TTL);
+            let _ = raw.assess(ttl);
+            match Conditions::new(renew_every, jitter, skew) {
+                Ok(c) => {
+                    let rec = c.recommend();
+                    prop_assert!(rec.recommended.is_safe(), "{:?}", rec);
+                    prop_assert!(c.lease(rec.recommended.ttl).validate().is_ok());
+                }
+                Err(e) => {
+                    let invalid_input = matches!(e, Error::InvalidInput { .. });
+                    prop_assert!(invalid_input, "{}", e);
+                }
+            }
         }
 
         /// A longer TTL never absorbs less and never fails over sooner.

@@ -172,9 +172,8 @@ impl LocalBackend for Inner {
 #[async_trait]
 impl Store for MemoryStore {
     async fn open_session(&self, ttl: Duration) -> Result<SessionLease> {
-        if ttl.is_zero() {
-            return Err(Error::invalid("TTL", "must be greater than zero"));
-        }
+        // More than zero, at most MAX_TTL (a day).
+        crate::config::check_ttl(ttl)?;
         let now = self.inner.clock.now();
         let mut state = self.inner.state();
         let id = SessionId(state.next_session);

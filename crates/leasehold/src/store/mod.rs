@@ -22,7 +22,7 @@ mod url;
 #[cfg(feature = "zookeeper")]
 pub mod zookeeper;
 
-pub use url::{StoreUrl, open};
+pub use url::{StoreUrl, open, open_read_only};
 
 /// The key prefix of the etcd store when its URL names none.
 pub(crate) const fn etcd_default_prefix() -> &'static str {

@@ -1,8 +1,12 @@
 //! The PostgreSQL store: `postgres://…` / `postgresql://…[?schema=NAME]`.
 //!
-//! - Tables live in their own schema (default `leasehold`), created on
-//!   first use together with a `schema_version` table; a newer version, or
-//!   tables leasehold did not create, are refused without writing.
+//! - Tables live in a schema of their own (default `leasehold`) that
+//!   leasehold creates on first use, together with a `schema_version`
+//!   table, its marker. A schema that exists without that table was not
+//!   created by leasehold and is refused without writing, as is a newer
+//!   version; PostgreSQL's own schemas (`public`, `information_schema`,
+//!   `pg_*`) are refused up front. A store opened read-only
+//!   ([`PostgresStore::connect_read_only`]) creates nothing.
 //! - A session is a row with an expiry on the **server's** clock
 //!   (`clock_timestamp()`), never the client's; a renewal is one `UPDATE`
 //!   of that row, which renews every election the session holds.
@@ -59,6 +63,9 @@ struct Inner {
     /// For messages: the URL without its password.
     display: String,
     schema: String,
+    /// Opened by [`PostgresStore::connect_read_only`]: creates nothing and
+    /// opens no session.
+    read_only: bool,
     channel: String,
     client: tokio::sync::Mutex<Option<Arc<Client>>>,
     notices: broadcast::Sender<Notice>,
@@ -107,10 +114,57 @@ fn token(value: i64) -> FencingToken {
     FencingToken(u64::try_from(value).unwrap_or(0))
 }
 
+/// Refuses a schema name leasehold cannot use: not a plain lower-case
+/// identifier (it is written into statements unquoted), or one of
+/// PostgreSQL's own schemas, which hold other programs' objects.
+fn check_schema_name(schema: &str) -> Result<()> {
+    let plain = !schema.is_empty()
+        && schema.len() <= 63
+        && schema.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+        && schema
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if !plain {
+        return Err(Error::invalid(
+            "PostgreSQL schema",
+            format!(
+                "{schema:?} must be 1–63 characters of a-z, 0-9 and _, not starting with a digit"
+            ),
+        ));
+    }
+    if schema.starts_with("pg_") || schema == "information_schema" || schema == "public" {
+        return Err(Error::invalid(
+            "PostgreSQL schema",
+            format!(
+                "{schema:?} is shared with PostgreSQL and other programs; \
+                 leasehold needs a schema of its own (?schema=NAME, default leasehold)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 impl PostgresStore {
     /// Connects to the database at `url` (a libpq-style URL) and creates
-    /// or checks leasehold's tables in `schema`.
+    /// leasehold's tables in `schema` on first use, or checks them. A
+    /// schema that exists but was not created by leasehold is refused with
+    /// [`Error::Corrupt`], one written by a newer leasehold with
+    /// [`Error::IncompatibleSchema`], PostgreSQL's own schemas (`public`,
+    /// `information_schema`, `pg_*`) with [`Error::InvalidInput`]; nothing
+    /// is written then.
     pub async fn connect(url: &str, schema: &str) -> Result<Self> {
+        Self::open(url, schema, false).await
+    }
+
+    /// Connects as [`PostgresStore::connect`] does, for reading only:
+    /// creates nothing and opens no session. A schema that does not exist
+    /// is [`Error::NotFound`].
+    pub async fn connect_read_only(url: &str, schema: &str) -> Result<Self> {
+        Self::open(url, schema, true).await
+    }
+
+    async fn open(url: &str, schema: &str, read_only: bool) -> Result<Self> {
+        check_schema_name(schema)?;
         let config: tokio_postgres::Config = url.parse().map_err(|e: tokio_postgres::Error| {
             Error::invalid("store URL", format!("not a PostgreSQL URL: {e}"))
         })?;
@@ -125,6 +179,7 @@ impl PostgresStore {
             config,
             display,
             schema: schema.to_owned(),
+            read_only,
             channel: format!("leasehold_{schema}"),
             client: tokio::sync::Mutex::new(None),
             notices,
@@ -166,14 +221,14 @@ impl Inner {
     }
 
     fn table(&self, name: &str) -> String {
-        // The schema name is validated to [a-z0-9_] by the URL parser.
+        // The schema name is checked to be [a-z0-9_] by `check_schema_name`.
         format!("{}.{name}", self.schema)
     }
 
-    /// Creates the schema on first use; refuses a newer version, or tables
-    /// leasehold did not create, without writing. Runs in one transaction
+    /// Creates the schema on first use; refuses a schema leasehold did not
+    /// create, or a newer version, without writing. Runs in one transaction
     /// behind an advisory lock, so concurrent first uses neither race on
-    /// `CREATE … IF NOT EXISTS` nor see each other's half-made schema.
+    /// `CREATE` nor see each other's half-made schema.
     async fn migrate(&self, client: &Client) -> Result<()> {
         timed("begin", client.batch_execute("BEGIN")).await?;
         let outcome = self.migrate_in_transaction(client).await;
@@ -198,70 +253,85 @@ impl Inner {
             ),
         )
         .await?;
-        let exists = |table: &str| format!("SELECT to_regclass('{s}.{table}') IS NOT NULL");
-        let version_table: bool = timed(
+        // The schema, and in it leasehold's marker: a table schema_version
+        // with a column version.
+        let row = timed(
             "read the schema",
-            client.query_one(&exists("schema_version"), &[]),
+            client.query_one(
+                "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1),
+                        EXISTS (SELECT 1 FROM pg_attribute a
+                                JOIN pg_class c ON c.oid = a.attrelid
+                                JOIN pg_namespace n ON n.oid = c.relnamespace
+                                WHERE n.nspname = $1 AND c.relname = 'schema_version'
+                                  AND c.relkind = 'r' AND a.attname = 'version'
+                                  AND NOT a.attisdropped)",
+                &[&s.as_str()],
+            ),
+        )
+        .await?;
+        let (schema_exists, marked): (bool, bool) = (row.get(0), row.get(1));
+        if !schema_exists {
+            if self.read_only {
+                return Err(Error::NotFound(format!(
+                    "in schema {s}: nothing has campaigned there yet"
+                )));
+            }
+            self.create_schema(client).await?;
+            return Ok(true);
+        }
+        if !marked {
+            return Err(Error::Corrupt(format!(
+                "schema {s} exists but leasehold did not create it (it has no {s}.schema_version); \
+                 leasehold uses only a schema it creates: choose another with ?schema=NAME"
+            )));
+        }
+        let found: Option<i64> = timed(
+            "read the schema version",
+            client.query_one(
+                &format!("SELECT max(version)::bigint FROM {s}.schema_version"),
+                &[],
+            ),
         )
         .await?
         .get(0);
-        if version_table {
-            let found: Option<i64> = timed(
-                "read the schema version",
-                client.query_one(
-                    &format!("SELECT max(version)::bigint FROM {s}.schema_version"),
-                    &[],
-                ),
-            )
-            .await?
-            .get(0);
-            match found {
-                Some(v) if v > SCHEMA_VERSION => {
-                    return Err(Error::IncompatibleSchema {
-                        found: v,
-                        supported: SCHEMA_VERSION,
-                    });
-                }
-                Some(_) => return Ok(false),
-                None => {}
-            }
-        } else {
-            for table in ["sessions", "elections"] {
-                let foreign: bool = timed("read the schema", client.query_one(&exists(table), &[]))
-                    .await?
-                    .get(0);
-                if foreign {
-                    return Err(Error::Corrupt(format!(
-                        "schema {s} has a table {table} that leasehold did not create; \
-                         choose another schema with ?schema=NAME"
-                    )));
-                }
-            }
+        match found {
+            Some(v) if v > SCHEMA_VERSION => Err(Error::IncompatibleSchema {
+                found: v,
+                supported: SCHEMA_VERSION,
+            }),
+            Some(_) => Ok(false),
+            None => Err(Error::Corrupt(format!(
+                "{s}.schema_version is empty: schema {s} was not created by leasehold, or was damaged"
+            ))),
         }
+    }
+
+    /// Creates the schema, its tables and functions; fails if the schema
+    /// exists (the caller checked, under the lock, that it does not).
+    async fn create_schema(&self, client: &Client) -> Result<()> {
+        let s = &self.schema;
         let ddl = format!(
-            "CREATE SCHEMA IF NOT EXISTS {s};
-             CREATE TABLE IF NOT EXISTS {s}.schema_version (version bigint NOT NULL);
-             CREATE TABLE IF NOT EXISTS {s}.sessions (
+            "CREATE SCHEMA {s};
+             CREATE TABLE {s}.schema_version (version bigint NOT NULL);
+             CREATE TABLE {s}.sessions (
                  id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
                  ttl_ms bigint NOT NULL CHECK (ttl_ms > 0),
                  expires_at timestamptz NOT NULL);
-             CREATE TABLE IF NOT EXISTS {s}.elections (
+             CREATE TABLE {s}.elections (
                  name text PRIMARY KEY,
                  token bigint NOT NULL,
                  session bigint,
                  candidate text);
-             CREATE TABLE IF NOT EXISTS {s}.waiters (
+             CREATE TABLE {s}.waiters (
                  seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
                  election text NOT NULL,
                  session bigint NOT NULL,
                  UNIQUE (election, session));
              {functions}
-             INSERT INTO {s}.schema_version (version)
-                 SELECT {SCHEMA_VERSION} WHERE NOT EXISTS (SELECT 1 FROM {s}.schema_version);",
+             INSERT INTO {s}.schema_version (version) VALUES ({SCHEMA_VERSION});",
             functions = functions(s)
         );
-        timed("create the schema", client.batch_execute(&ddl)).await?;
-        Ok(true)
+        timed("create the schema", client.batch_execute(&ddl)).await
     }
 
     async fn read_leader(&self, election: &ElectionName) -> Result<Option<Leader>> {
@@ -637,9 +707,14 @@ impl Drop for Withdraw {
 #[async_trait]
 impl Store for PostgresStore {
     async fn open_session(&self, ttl: Duration) -> Result<SessionLease> {
-        if ttl.is_zero() {
-            return Err(Error::invalid("TTL", "must be greater than zero"));
+        if self.inner.read_only {
+            return Err(Error::invalid(
+                "session",
+                "the store was opened read-only (PostgresStore::connect_read_only)",
+            ));
         }
+        // More than zero, at most MAX_TTL (a day).
+        crate::config::check_ttl(ttl)?;
         let ttl_ms = millis(ttl);
         let client = self.inner.client().await?;
         let s = self.inner.table("sessions");

@@ -15,14 +15,45 @@
 //! - Waiters learn of grants and releases by other processes from inotify
 //!   on the database's folder (see `notify`), and of expiries by sleeping
 //!   until the holder's known expiry time: no polling period.
+//!
+//! leasehold writes only files it created (DESIGN rule 7):
+//!
+//! - What the path holds is checked from the file's own header before
+//!   SQLite reads it: a file that is not SQLite, or another program's
+//!   database, is refused untouched. (SQLite pairs a database with the
+//!   `-wal` file next to it by name alone: another program's database moved
+//!   onto the path of a running store showed — and on the next checkpoint
+//!   got — leasehold's tables.) Read through SQLite, the database must then
+//!   still be a leasehold database, or empty, in the file itself too.
+//! - The path must keep naming the file opened: its device and inode are
+//!   compared with the open file's before every operation, and again
+//!   before every commit, and inotify reports a deletion or a rename at
+//!   once ([`Store::session_ended`]). Once the path names another file (or
+//!   none), the handle is dead: renewals fail with
+//!   [`Error::SessionExpired`], so leaders step down at once, everything
+//!   else with [`Error::Replaced`], and nothing more is written — except
+//!   that, if what is at the path now is not a leasehold database, the
+//!   handle empties its own `-wal` (a checkpoint into its own file, through
+//!   SQLite's open descriptors), so that SQLite never pairs it with the new
+//!   file.
+//! - A new database is created only under the exclusive generation lock on
+//!   the notify file, which every process using the database holds shared:
+//!   while a process still uses an earlier database at the path, a new one
+//!   is neither created nor granted (see `notify`).
+//! - [`SqliteStore::open_read_only`] creates nothing, writes nothing, and
+//!   reports a missing or empty file as [`Error::NotFound`].
 
+use std::fs::{File, Metadata, OpenOptions};
 use std::future::Future;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use nix::fcntl::OFlag;
 use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionBehavior, params};
 use tokio::sync::watch;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -44,6 +75,9 @@ const SCHEMA_VERSION: i64 = 1;
 const APPLICATION_ID: i64 = 0x4c53_4844;
 /// How long a statement waits for another process's write lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long creating a new database waits for the processes that still use
+/// an earlier one at the same path to stop.
+const GENERATION_WAIT: Duration = Duration::from_secs(5);
 
 const SCHEMA: &str = "
 CREATE TABLE sessions (
@@ -89,7 +123,36 @@ struct Db {
     path: PathBuf,
     conn: Mutex<Connection>,
     boot_id: String,
-    announcer: notify::Announcer,
+    /// Opened by [`SqliteStore::open_read_only`]: writes nothing.
+    read_only: bool,
+    /// The uids the notify file may belong to: the database's owner's and
+    /// this process's.
+    owners: [u32; 2],
+    /// `None` when read-only, or when the notify file cannot be created.
+    notify: Option<notify::NotifyFile>,
+    /// The database file as opened; the path must keep naming it.
+    file: File,
+    id: FileId,
+    /// Cancelled once the path no longer names `file`.
+    replaced: CancellationToken,
+    why_replaced: OnceLock<&'static str>,
+    wal_emptied: AtomicBool,
+}
+
+/// A file's identity: device and inode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileId {
+    dev: u64,
+    ino: u64,
+}
+
+impl FileId {
+    fn of(meta: &Metadata) -> Self {
+        FileId {
+            dev: meta.dev(),
+            ino: meta.ino(),
+        }
+    }
 }
 
 /// A live holder as read from the database.
@@ -105,9 +168,26 @@ impl SqliteStore {
     ///
     /// Refuses, without writing anything, a directory, a file that is not a
     /// SQLite database, a SQLite database that belongs to another program,
-    /// and a leasehold database of a newer schema version.
+    /// a leasehold database of a newer schema version, a `-wal` file next
+    /// to it that belongs to another file, and a `-notify` file that
+    /// leasehold did not create.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
-        let db = Arc::new(Db::open(path.as_ref())?);
+        Self::open_in(path.as_ref(), false)
+    }
+
+    /// Opens the existing database at `path` for reading only: `leader`,
+    /// `elections` and the watches work; creates nothing (neither the file
+    /// nor its folder nor the schema) and writes nothing. A missing file, an
+    /// empty one, or a SQLite file without leasehold's schema is
+    /// [`Error::NotFound`]; the other refusals are those of
+    /// [`SqliteStore::open`]. Sessions and campaigns fail with
+    /// [`Error::InvalidInput`].
+    pub fn open_read_only(path: impl AsRef<Path>) -> Result<Self> {
+        Self::open_in(path.as_ref(), true)
+    }
+
+    fn open_in(path: &Path, read_only: bool) -> Result<Self> {
+        let db = Arc::new(Db::open(path, read_only)?);
         let stop_notifier = CancellationToken::new();
         Ok(SqliteStore {
             inner: Arc::new(Inner {
@@ -140,41 +220,215 @@ fn duration_ns(ns: i64) -> Duration {
     Duration::from_nanos(u64::try_from(ns).unwrap_or(0))
 }
 
+/// What a database file holds, read from the file itself rather than
+/// through SQLite (whose view includes the `-wal` file next to it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum OnDisk {
+    /// Nothing: 0 bytes.
+    Empty,
+    /// A SQLite database without tables or ids: what switching a new file
+    /// to WAL writes, before the schema is checkpointed into the file.
+    EmptyDatabase,
+    /// A SQLite database with leasehold's application id.
+    Leasehold,
+    /// A SQLite database of another program.
+    Other { app_id: u32 },
+    /// Not a SQLite database.
+    NotSqlite,
+}
+
+/// Reads the header of the database file (its first page begins with it).
+fn on_disk(file: &File) -> std::io::Result<OnDisk> {
+    let mut head = [0u8; 108];
+    let mut read = 0;
+    while read < head.len() {
+        match file.read_at(&mut head[read..], read as u64) {
+            Ok(0) => break,
+            Ok(n) => read += n,
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(error) => return Err(error),
+        }
+    }
+    let be32 = |at: usize| u32::from_be_bytes([head[at], head[at + 1], head[at + 2], head[at + 3]]);
+    if read == 0 {
+        return Ok(OnDisk::Empty);
+    }
+    if read < 108 || &head[..16] != b"SQLite format 3\0" {
+        return Ok(OnDisk::NotSqlite);
+    }
+    let app_id = be32(68);
+    if i64::from(app_id) == APPLICATION_ID {
+        return Ok(OnDisk::Leasehold);
+    }
+    // Page 1 holds the schema table after the 100-byte header: a leaf
+    // (0x0d) without cells is an empty schema.
+    let user_version = be32(60);
+    let empty_schema = head[100] == 0x0d && head[103] == 0 && head[104] == 0;
+    if app_id == 0 && user_version == 0 && empty_schema {
+        return Ok(OnDisk::EmptyDatabase);
+    }
+    Ok(OnDisk::Other { app_id })
+}
+
+/// `<path><suffix>`, as SQLite names the `-wal` and `-shm` files.
+fn sibling(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(suffix);
+    name.into()
+}
+
+/// Opens the database file to hold it, without blocking on a FIFO.
+fn open_database_file(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .custom_flags(OFlag::O_NONBLOCK.bits())
+        .open(path)
+}
+
+/// [`Error::NotFound`] for a path without a file.
+fn missing(path: &Path) -> Error {
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    let why = if dir.is_dir() {
+        "the file does not exist".to_owned()
+    } else {
+        format!("directory {} does not exist", dir.display())
+    };
+    Error::NotFound(format!(
+        "at {}: {why}; nothing was created (`leasehold run` or `campaign` creates it)",
+        path.display()
+    ))
+}
+
+/// Retries `op` while SQLite reports "busy" at once instead of waiting in
+/// its busy handler, as some steps of opening do (switching to WAL while
+/// another process does the same, WAL recovery).
+fn retry_busy<T>(mut op: impl FnMut() -> Result<T>) -> Result<T> {
+    let started = std::time::Instant::now();
+    let mut pause = Duration::from_millis(2);
+    loop {
+        match op() {
+            Err(error) if is_busy(&error) && started.elapsed() < BUSY_TIMEOUT => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(50));
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
 impl Db {
-    fn open(path: &Path) -> Result<Self> {
+    fn open(path: &Path, read_only: bool) -> Result<Self> {
+        let shown = path.display();
         if path.as_os_str().is_empty() {
             return Err(Error::invalid("sqlite path", "must not be empty"));
         }
         if path.is_dir() {
             return Err(Error::invalid(
                 "sqlite path",
-                format!("{} is a directory, not a database file", path.display()),
+                format!("{shown} is a directory, not a database file"),
             ));
         }
-        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
-            | OpenFlags::SQLITE_OPEN_CREATE
-            | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        // A path that cannot be looked up (a folder on the way that this
+        // user may not search) is not a missing one.
+        let existing = match std::fs::metadata(path) {
+            Ok(meta) => Some(meta),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => None,
+            Err(error) => {
+                return Err(Error::unavailable(
+                    format!("cannot open {shown}: {error}"),
+                    error,
+                ));
+            }
+        };
+        match &existing {
+            None if read_only => return Err(missing(path)),
+            Some(meta) if !meta.is_file() => {
+                return Err(Error::Corrupt(format!(
+                    "{shown} is not a regular file, so not a database"
+                )));
+            }
+            _ => {}
+        }
+        let me = nix::unistd::geteuid().as_raw();
+        let mut owners = [existing.as_ref().map_or(me, MetadataExt::uid), me];
+        // A notify file that leasehold did not create is refused before
+        // anything is created or written.
+        let notify = if read_only {
+            None
+        } else {
+            notify::open_existing(path, &owners)?
+        };
+        let flags = if read_only {
+            OpenFlags::SQLITE_OPEN_READ_ONLY
+        } else {
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE
+        } | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let conn = Connection::open_with_flags(path, flags).map_err(|e| sql_error(path, e))?;
-        let db = Db {
+        conn.busy_timeout(BUSY_TIMEOUT)
+            .map_err(|e| sql_error(path, e))?;
+        let file = match open_database_file(path) {
+            Ok(file) => file,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound && read_only => {
+                return Err(missing(path));
+            }
+            Err(error) => {
+                return Err(Error::unavailable(
+                    format!("cannot open {shown}: {error}"),
+                    error,
+                ));
+            }
+        };
+        let meta = file
+            .metadata()
+            .map_err(|e| Error::unavailable(format!("cannot inspect {shown}: {e}"), e))?;
+        if !meta.is_file() {
+            return Err(Error::Corrupt(format!(
+                "{shown} is not a regular file, so not a database"
+            )));
+        }
+        owners[0] = meta.uid();
+        let mut db = Db {
             path: path.to_owned(),
             conn: Mutex::new(conn),
             boot_id: boot_id(),
-            announcer: notify::Announcer::new(path),
+            read_only,
+            owners,
+            notify,
+            id: FileId::of(&meta),
+            file,
+            replaced: CancellationToken::new(),
+            why_replaced: OnceLock::new(),
+            wal_emptied: AtomicBool::new(false),
         };
-        // Some steps of opening (switching to WAL while another process
-        // does the same, WAL recovery) report "busy" at once instead of
-        // waiting in SQLite's busy handler; retry them for a while.
-        let started = std::time::Instant::now();
-        let mut pause = Duration::from_millis(2);
-        loop {
-            match db.prepare_schema() {
-                Err(error) if is_busy(&error) && started.elapsed() < BUSY_TIMEOUT => {
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(Duration::from_millis(50));
-                }
-                outcome => return outcome.map(|()| db),
+        db.prepare()?;
+        // SQLite opened what the path named between the first look and now.
+        db.check_file()?;
+        Ok(db)
+    }
+
+    /// Checks what the file is before writing anything, then creates or
+    /// accepts the schema.
+    fn prepare(&mut self) -> Result<()> {
+        let identity = retry_busy(|| self.inspect())?;
+        if self.read_only {
+            if identity.version == 0 {
+                return Err(Error::NotFound(format!(
+                    "at {}: the SQLite file holds no leasehold database yet; nothing was written",
+                    self.path.display()
+                )));
             }
+            return Ok(());
         }
+        if self.notify.is_none() {
+            self.notify = notify::create(&self.path, &self.owners)?;
+        }
+        retry_busy(|| {
+            let identity = self.inspect()?;
+            self.settle(identity)
+        })
     }
 
     fn conn(&self) -> MutexGuard<'_, Connection> {
@@ -187,16 +441,118 @@ impl Db {
         |e| sql_error(&self.path, e)
     }
 
-    /// Checks what the file is before writing anything, then creates or
-    /// accepts the schema.
-    fn prepare_schema(&self) -> Result<()> {
-        let mut conn = self.conn();
-        let err = self.err();
-        conn.busy_timeout(BUSY_TIMEOUT).map_err(&err)?;
+    /// What the file holds, refusing — without writing — anything that is
+    /// not a leasehold database or an empty file, first from the file's
+    /// own bytes (before SQLite reads it), then through SQLite.
+    fn inspect(&self) -> Result<Identity> {
+        let shown = self.path.display();
+        let looked = |e: std::io::Error| Error::unavailable(format!("cannot read {shown}: {e}"), e);
+        match on_disk(&self.file).map_err(looked)? {
+            OnDisk::Empty if self.read_only => {
+                return Err(Error::NotFound(format!(
+                    "at {shown}: the file is empty; nothing was written"
+                )));
+            }
+            // Without a -wal, SQLite would see the same empty database
+            // (and a read-only open would leave a -wal and -shm behind).
+            OnDisk::EmptyDatabase if self.read_only && !sibling(&self.path, "-wal").exists() => {
+                return Err(Error::NotFound(format!(
+                    "at {shown}: the SQLite file holds no leasehold database yet; nothing was written"
+                )));
+            }
+            OnDisk::Empty | OnDisk::EmptyDatabase | OnDisk::Leasehold => {}
+            OnDisk::NotSqlite => {
+                return Err(Error::Corrupt(format!("{shown} is not a SQLite database")));
+            }
+            OnDisk::Other { app_id: 0 } => {
+                return Err(Error::Corrupt(format!(
+                    "{shown} is a SQLite database of another program (it has tables and no \
+                     application id); point leasehold at its own file"
+                )));
+            }
+            OnDisk::Other { app_id } => {
+                return Err(Error::Corrupt(format!(
+                    "{shown} is a SQLite database of another program (application id {app_id:#x})"
+                )));
+            }
+        }
         // Reading the header fails with NOTADB on a file that is not SQLite;
         // nothing has been written at that point.
-        let identity = read_identity(&conn).map_err(&err)?;
+        let identity = read_identity(&self.conn()).map_err(self.err())?;
         self.check_identity(identity)?;
+        if identity.app_id == APPLICATION_ID
+            && !matches!(
+                on_disk(&self.file).map_err(looked)?,
+                OnDisk::Leasehold | OnDisk::EmptyDatabase
+            )
+        {
+            return Err(Error::Corrupt(format!(
+                "{shown}-wal holds leasehold data but {shown} itself is not a leasehold database: \
+                 the file was deleted or replaced while a process had it open. Nothing was written; \
+                 stop the processes still using the old file, then remove {shown}-wal and {shown}-shm"
+            )));
+        }
+        Ok(identity)
+    }
+
+    /// Under the generation lock, creates the schema if the file has none;
+    /// holds the lock shared from then on.
+    fn settle(&self, mut identity: Identity) -> Result<()> {
+        let started = std::time::Instant::now();
+        let mut pause = Duration::from_millis(2);
+        let lock = |exclusive| -> Result<bool> {
+            let Some(notify) = &self.notify else {
+                return Ok(true);
+            };
+            notify.try_lock(exclusive).map_err(|e| {
+                Error::unavailable(
+                    format!("cannot lock {}-notify: {e}", self.path.display()),
+                    e,
+                )
+            })
+        };
+        loop {
+            let creating = identity.version == 0;
+            if lock(creating)? {
+                break;
+            }
+            if started.elapsed() >= GENERATION_WAIT {
+                let shown = self.path.display();
+                return Err(Error::Unavailable {
+                    reason: if creating {
+                        format!(
+                            "{shown} is new, but processes still use the database that was at \
+                             this path before (it was deleted or replaced while they had it open); \
+                             a new one is created only once they have stopped, which they do as \
+                             soon as they notice"
+                        )
+                    } else {
+                        format!("{shown} is still being created by another process")
+                    },
+                    source: None,
+                });
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(50));
+            identity = self.inspect()?;
+        }
+        let outcome = self.create_schema(identity);
+        let shared = match &self.notify {
+            Some(notify) => notify.share_lock(),
+            None => Ok(()),
+        };
+        outcome?;
+        shared.map_err(|e| {
+            Error::unavailable(
+                format!("cannot lock {}-notify: {e}", self.path.display()),
+                e,
+            )
+        })
+    }
+
+    fn create_schema(&self, identity: Identity) -> Result<()> {
+        let mut conn = self.conn();
+        let err = self.err();
         conn.pragma_update(None, "journal_mode", "WAL")
             .map_err(&err)?;
         conn.pragma_update(None, "synchronous", "FULL")
@@ -217,7 +573,109 @@ impl Db {
             tx.pragma_update(None, "user_version", SCHEMA_VERSION)
                 .map_err(&err)?;
         }
+        self.check_file()?;
         tx.commit().map_err(&err)
+    }
+
+    /// Whether the path still names the file this handle opened; once it
+    /// does not, this handle is dead ([`Error::Replaced`]).
+    fn check_file(&self) -> Result<()> {
+        if self.replaced.is_cancelled() {
+            return Err(self.replaced_error());
+        }
+        let why = match std::fs::metadata(&self.path) {
+            Ok(meta) if FileId::of(&meta) == self.id => return Ok(()),
+            Ok(_) => "another file is there now",
+            Err(error)
+                if matches!(
+                    error.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+                ) =>
+            {
+                "it was deleted or moved away"
+            }
+            Err(error) => {
+                return Err(Error::unavailable(
+                    format!("cannot check {}: {error}", self.path.display()),
+                    error,
+                ));
+            }
+        };
+        let _ = self.why_replaced.set(why);
+        self.replaced.cancel();
+        tracing::warn!(path = %self.path.display(), why,
+            "the database file this process opened is no longer at its path; not using it any more");
+        Err(self.replaced_error())
+    }
+
+    fn replaced_error(&self) -> Error {
+        Error::Replaced(format!(
+            "{} is no longer the database file this process opened ({}); nothing more is written \
+             to either — open the store again",
+            self.path.display(),
+            self.why_replaced.get().copied().unwrap_or("replaced")
+        ))
+    }
+
+    /// [`Db::check_file`] before using the connection; once the file was
+    /// replaced, also empties this handle's `-wal` when what the path holds
+    /// now is not a leasehold database (see the module's documentation).
+    fn usable(&self, conn: &Connection) -> Result<()> {
+        let checked = self.check_file();
+        if let Err(Error::Replaced(_)) = &checked {
+            self.empty_wal(conn);
+        }
+        checked
+    }
+
+    /// Checkpoints the WAL into this handle's own database file and
+    /// truncates it. SQLite does both through the descriptors it opened, so
+    /// only this handle's own files are written, wherever they are now.
+    /// Without it, SQLite would pair the `-wal` still at `<path>-wal` with
+    /// whatever file is put at the path, and write leasehold's pages into
+    /// it.
+    fn empty_wal(&self, conn: &Connection) {
+        if self.read_only || self.wal_emptied.load(Ordering::SeqCst) {
+            return;
+        }
+        let there = open_database_file(&self.path)
+            .and_then(|f| on_disk(&f))
+            .ok();
+        if matches!(there, Some(OnDisk::Leasehold | OnDisk::EmptyDatabase)) {
+            tracing::debug!(path = %self.path.display(),
+                "a leasehold database is at the path now; leaving the WAL as it is");
+            return;
+        }
+        match conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+            r.get::<_, i64>(0)
+        }) {
+            Ok(0) => {
+                self.wal_emptied.store(true, Ordering::SeqCst);
+                tracing::info!(path = %self.path.display(),
+                    "emptied this process's WAL of the replaced database file, so that it cannot be paired with the file there now");
+            }
+            Ok(_) => tracing::warn!(path = %self.path.display(),
+                "could not empty the WAL of the replaced database file yet (busy)"),
+            Err(error) => tracing::warn!(path = %self.path.display(), %error,
+                "could not empty the WAL of the replaced database file"),
+        }
+    }
+
+    /// Fails on a handle opened read-only.
+    fn writable(&self) -> Result<()> {
+        if self.read_only {
+            return Err(Error::invalid(
+                "store",
+                "opened read-only (store::open_read_only): it opens no sessions and writes nothing",
+            ));
+        }
+        Ok(())
+    }
+
+    fn announce(&self) {
+        if let Some(notify) = &self.notify {
+            notify.announce();
+        }
     }
 
     fn check_identity(&self, identity: Identity) -> Result<()> {
@@ -288,7 +746,9 @@ impl Db {
         let ttl_ms = i64::try_from(ttl.as_nanos().div_ceil(1_000_000))
             .map_err(|_| Error::invalid("TTL", format!("{ttl:?} is too long")))?;
         let granted = Duration::from_millis(ttl_ms.unsigned_abs());
+        self.writable()?;
         let mut conn = self.conn();
+        self.usable(&conn)?;
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(self.err())?;
@@ -314,6 +774,7 @@ impl Db {
                 |r| r.get(0),
             )
             .map_err(self.err())?;
+        self.usable(&tx)?;
         tx.commit().map_err(self.err())?;
         Ok(SessionLease {
             id: SessionId(id.unsigned_abs()),
@@ -321,10 +782,21 @@ impl Db {
         })
     }
 
+    /// A renewal; once the file was replaced the session is gone with it
+    /// ([`Error::SessionExpired`]), so that its leaders step down at once.
     fn keep_alive(&self, session: SessionId) -> Result<Duration> {
-        let conn = self.conn();
+        self.writable()?;
+        let expired = |error: Error| match error {
+            Error::Replaced(_) => Error::SessionExpired(session),
+            other => other,
+        };
+        let mut conn = self.conn();
+        self.usable(&conn).map_err(expired)?;
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(self.err())?;
         let now = monotonic_ns();
-        let ttl_ms: Option<i64> = conn
+        let ttl_ms: Option<i64> = tx
             .query_row(
                 "UPDATE sessions SET expires_at_ns = ?3 + ttl_ms * 1000000
                  WHERE id = ?1 AND boot_id = ?2 AND expires_at_ns > ?3
@@ -334,14 +806,22 @@ impl Db {
             )
             .optional()
             .map_err(self.err())?;
+        self.usable(&tx).map_err(expired)?;
+        tx.commit().map_err(self.err())?;
         match ttl_ms {
             Some(ms) => Ok(Duration::from_millis(ms.unsigned_abs())),
             None => Err(Error::SessionExpired(session)),
         }
     }
 
+    /// Closing a session of a replaced file is not an error: the file that
+    /// holds it is no longer the store, and nothing is written to it.
     fn close_session(&self, session: SessionId) -> Result<()> {
+        self.writable()?;
         let mut conn = self.conn();
+        if let Err(Error::Replaced(_)) = self.usable(&conn) {
+            return Ok(());
+        }
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(self.err())?;
@@ -356,8 +836,11 @@ impl Db {
             params![session_key(session)],
         )
         .map_err(self.err())?;
+        if let Err(Error::Replaced(_)) = self.usable(&tx) {
+            return Ok(());
+        }
         tx.commit().map_err(self.err())?;
-        self.announcer.announce();
+        self.announce();
         Ok(())
     }
 
@@ -368,7 +851,9 @@ impl Db {
         election: &ElectionName,
         candidate: &CandidateId,
     ) -> Result<(Attempt, bool)> {
+        self.writable()?;
         let mut conn = self.conn();
+        self.usable(&conn)?;
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(self.err())?;
@@ -417,8 +902,9 @@ impl Db {
                 |r| r.get(0),
             )
             .map_err(self.err())?;
+        self.usable(&tx)?;
         tx.commit().map_err(self.err())?;
-        self.announcer.announce();
+        self.announce();
         let grant = Grant {
             election: election.clone(),
             candidate: candidate.clone(),
@@ -429,9 +915,14 @@ impl Db {
     }
 
     fn resign(&self, grant: &Grant) -> Result<()> {
-        let conn = self.conn();
+        self.writable()?;
+        let mut conn = self.conn();
+        self.usable(&conn)?;
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(self.err())?;
         let now = monotonic_ns();
-        let released = conn
+        let released = tx
             .execute(
                 "UPDATE elections SET holder_session = NULL, holder_candidate = NULL, holder_token = NULL
                  WHERE name = ?1 AND holder_token = ?2 AND holder_session IN
@@ -450,12 +941,15 @@ impl Db {
                 token: grant.token,
             });
         }
-        self.announcer.announce();
+        self.usable(&tx)?;
+        tx.commit().map_err(self.err())?;
+        self.announce();
         Ok(())
     }
 
     fn leader(&self, election: &ElectionName) -> Result<Option<Leader>> {
         let conn = self.conn();
+        self.usable(&conn)?;
         let holder = self
             .live_holder(&conn, election.as_str(), monotonic_ns())
             .map_err(self.err())?;
@@ -464,6 +958,7 @@ impl Db {
 
     fn elections(&self) -> Result<Vec<ElectionState>> {
         let conn = self.conn();
+        self.usable(&conn)?;
         let now = monotonic_ns();
         let mut stmt = conn
             .prepare("SELECT name FROM elections ORDER BY name")
@@ -643,6 +1138,34 @@ impl Inner {
     fn written(&self) {
         self.changes.send_modify(|v| *v = v.wrapping_add(1));
     }
+
+    /// Starts the inotify watch of the database's folder, once: it bumps
+    /// `changes` after other processes' grants and releases, and checks the
+    /// database file whenever its name is created, deleted or moved.
+    fn watch_files(&self) {
+        self.notifier.get_or_init(|| {
+            // Weak: dropping the store must drop the database (and its
+            // generation lock) at once, not when this task next runs.
+            let db = Arc::downgrade(&self.db);
+            let file_event = move || {
+                let Some(db) = db.upgrade() else {
+                    return;
+                };
+                if db.replaced.is_cancelled() || db.check_file().is_ok() {
+                    return;
+                }
+                // The file was replaced: empty the WAL off the runtime
+                // (it takes the connection, which a statement may hold).
+                tokio::task::spawn_blocking(move || db.empty_wal(&db.conn()));
+            };
+            notify::spawn(
+                &self.db.path,
+                self.changes.clone(),
+                self.stop_notifier.clone(),
+                file_event,
+            );
+        });
+    }
 }
 
 /// Releases a grant whose campaign was dropped before it could be returned,
@@ -674,13 +1197,7 @@ impl Drop for ReleaseIfAbandoned {
 #[async_trait]
 impl LocalBackend for Inner {
     fn changes(&self) -> Changes {
-        self.notifier.get_or_init(|| {
-            notify::spawn(
-                &self.db.path,
-                self.changes.clone(),
-                self.stop_notifier.clone(),
-            );
-        });
+        self.watch_files();
         self.changes.subscribe()
     }
 
@@ -723,9 +1240,8 @@ impl LocalBackend for Inner {
 #[async_trait]
 impl Store for SqliteStore {
     async fn open_session(&self, ttl: Duration) -> Result<SessionLease> {
-        if ttl.is_zero() {
-            return Err(Error::invalid("TTL", "must be greater than zero"));
-        }
+        // More than zero, at most MAX_TTL (a day).
+        crate::config::check_ttl(ttl)?;
         self.inner.blocking(move |db| db.open_session(ttl)).await
     }
 
@@ -771,5 +1287,14 @@ impl Store for SqliteStore {
 
     async fn elections(&self) -> Result<Vec<ElectionState>> {
         self.inner.blocking(Db::elections).await
+    }
+
+    /// Resolves as soon as the database file is deleted, moved or replaced
+    /// (inotify on its folder): every session in it has ended for this
+    /// process, whose leaders must step down at once rather than at the
+    /// next renewal (which would fail with [`Error::SessionExpired`]).
+    async fn session_ended(&self, _session: SessionId) {
+        self.inner.watch_files();
+        self.inner.db.replaced.cancelled().await;
     }
 }

@@ -1,6 +1,24 @@
-//! Store selection by URL (`--store`, `LEASEHOLD_STORE`).
+//! Store selection by URL (`--store`, `LEASEHOLD_STORE`): one grammar,
+//! checked in full before anything connects.
+//!
+//! ```text
+//! memory:
+//! sqlite:PATH                         PATH taken literally; sqlite:///ABS/PATH is sqlite:/ABS/PATH
+//! etcd://HOST:PORT[,HOST:PORT…][/PREFIX]
+//! zk://HOST:PORT[,HOST:PORT…][/CHROOT]
+//! postgres://[USER[:PASSWORD]@][HOST[:PORT][,…]][/DB][?KEY=VALUE&…]   (or postgresql://)
+//! ```
+//!
+//! Everything else is refused with [`Error::InvalidInput`] naming what is
+//! wrong: SQLite's `:memory:`, `file:` URIs and `?` parameters; a user name
+//! or password, `?` options or `#` on etcd and ZooKeeper (not supported
+//! yet); a port outside 1–65535; a host that is not an ASCII host name or
+//! an IP address; `.`, `..` or empty segments in a prefix or chroot; an
+//! unknown or repeated PostgreSQL parameter; a system schema. An error
+//! never quotes the URL as a whole, and never a password.
 
 use std::fmt;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -10,7 +28,9 @@ use crate::store::Store;
 use crate::store::memory::MemoryStore;
 
 /// A parsed store URL.
-#[derive(Clone, Debug, PartialEq, Eq)]
+///
+/// Its `Debug` and `Display` never show a password.
+#[derive(Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum StoreUrl {
     /// `memory:` — in-process; every [`open`] creates a new, empty store.
@@ -48,73 +68,360 @@ const SCHEMES: &str = "sqlite:PATH, etcd://HOST:PORT[,HOST:PORT…][/PREFIX], \
 /// The default PostgreSQL schema.
 pub const DEFAULT_POSTGRES_SCHEMA: &str = "leasehold";
 
-/// `HOST:PORT[,HOST:PORT…][/PATH]` after `scheme://`: the endpoints and the
-/// path (without a trailing `/`, empty if none).
-fn parse_cluster(url: &str, scheme: &str, rest: &str) -> Result<(Vec<String>, String)> {
-    let bad = |reason: String| Error::invalid("store URL", format!("{url:?}: {reason}"));
-    let path_name = if scheme == "zk" { "CHROOT" } else { "PREFIX" };
-    let rest = rest.strip_prefix("//").ok_or_else(|| {
-        bad(format!(
-            "expected {scheme}://HOST:PORT[,HOST:PORT…][/{path_name}]"
-        ))
-    })?;
-    let (hosts, prefix) = match rest.find('/') {
-        Some(i) => (&rest[..i], rest[i..].trim_end_matches('/').to_owned()),
-        None => (rest, String::new()),
-    };
-    let mut endpoints = Vec::new();
-    for host in hosts.split(',') {
-        let Some((name, port)) = host.rsplit_once(':') else {
-            return Err(bad(format!("endpoint {host:?} has no :PORT")));
+/// The longest prefix or chroot, in bytes.
+const MAX_PATH_LEN: usize = 200;
+
+/// The parameters tokio-postgres understands in a URL (0.7: its
+/// `Config::param`), passed on to it unchanged. leasehold's own `schema`
+/// is taken out before.
+const POSTGRES_PARAMETERS: &[&str] = &[
+    "user",
+    "password",
+    "dbname",
+    "options",
+    "application_name",
+    "sslmode",
+    "sslnegotiation",
+    "host",
+    "hostaddr",
+    "port",
+    "connect_timeout",
+    "tcp_user_timeout",
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_retries",
+    "target_session_attrs",
+    "channel_binding",
+    "load_balance_hosts",
+];
+
+fn invalid(reason: impl Into<String>) -> Error {
+    Error::invalid("store URL", reason)
+}
+
+/// `s` quoted for a message, cut short if long. Only ever called on parts
+/// of a URL that cannot hold a password.
+fn quote(s: &str) -> String {
+    const MAX: usize = 64;
+    if s.chars().count() <= MAX {
+        format!("{s:?}")
+    } else {
+        let head: String = s.chars().take(MAX).collect();
+        format!("{head:?}…")
+    }
+}
+
+/// `%XX` decoded as tokio-postgres (percent-encoding) does: a `%` not
+/// followed by two hex digits stays as it is.
+fn percent_decode(s: &str) -> Vec<u8> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| char::from(b).to_digit(16);
+        if bytes[i] == b'%'
+            && let (Some(&h), Some(&l)) = (bytes.get(i + 1), bytes.get(i + 2))
+            && let (Some(h), Some(l)) = (hex(h), hex(l))
+        {
+            // Two hex digits are at most 0xff.
+            out.push(u8::try_from(h * 16 + l).unwrap_or(u8::MAX));
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// A port: 1–65535, digits only.
+fn check_port(port: &str, endpoint: &str) -> Result<(), String> {
+    if port.is_empty() {
+        return Err(format!("endpoint {} has an empty port", quote(endpoint)));
+    }
+    let number = port
+        .bytes()
+        .all(|b| b.is_ascii_digit())
+        .then(|| port.parse::<u32>().ok())
+        .flatten();
+    match number {
+        Some(1..=65535) => Ok(()),
+        _ => Err(format!(
+            "port {} of endpoint {} is not a number from 1 to 65535",
+            quote(port),
+            quote(endpoint)
+        )),
+    }
+}
+
+/// A host: an IPv4 address, an IPv6 address in brackets, or an ASCII host
+/// name (labels of A-Z a-z 0-9 - _ separated by dots).
+fn check_host(host: &str) -> Result<(), String> {
+    if host.is_empty() {
+        return Err("a host name is empty".into());
+    }
+    if let Some(inner) = host.strip_prefix('[') {
+        return match inner.strip_suffix(']').map(str::parse::<Ipv6Addr>) {
+            Some(Ok(_)) => Ok(()),
+            _ => Err(format!("host {} is not an IPv6 address", quote(host))),
         };
-        if name.is_empty() || port.parse::<u16>().is_err() {
-            return Err(bad(format!("endpoint {host:?} is not HOST:PORT")));
-        }
-        endpoints.push(host.to_owned());
     }
-    if prefix.contains("//") {
-        return Err(bad(format!("{path_name} {prefix:?} has an empty segment")));
+    if !host.is_ascii() {
+        return Err(format!(
+            "host {} is not an ASCII host name; write an internationalized name in its \
+             xn-- (punycode) form",
+            quote(host)
+        ));
     }
-    Ok((endpoints, prefix))
-}
-
-fn parse_etcd(url: &str, rest: &str) -> Result<StoreUrl> {
-    let (endpoints, prefix) = parse_cluster(url, "etcd", rest)?;
-    let prefix = if prefix.is_empty() {
-        crate::store::etcd_default_prefix().to_owned()
+    if host.parse::<Ipv4Addr>().is_ok() {
+        return Ok(());
+    }
+    let label_ok = |label: &str| {
+        (1..=63).contains(&label.len())
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    };
+    if host.len() <= 253 && host.split('.').all(label_ok) {
+        Ok(())
     } else {
-        prefix
-    };
-    Ok(StoreUrl::Etcd { endpoints, prefix })
+        Err(format!(
+            "host {} is not a host name (letters, digits, - and _ in dot-separated labels) \
+             or an IP address (IPv6 in brackets: [::1])",
+            quote(host)
+        ))
+    }
 }
 
-fn parse_zookeeper(url: &str, rest: &str) -> Result<StoreUrl> {
-    let (endpoints, root) = parse_cluster(url, "zk", rest)?;
-    let root = if root.is_empty() {
-        crate::store::etcd_default_prefix().to_owned()
+/// `HOST:PORT` or `[IPV6]:PORT`.
+fn check_endpoint(endpoint: &str) -> Result<(), String> {
+    if endpoint.is_empty() {
+        return Err("an endpoint is empty (two commas in a row, or a comma at an end)".into());
+    }
+    let (host, port) = if endpoint.starts_with('[') {
+        match endpoint.split_once("]:") {
+            Some((v6, port)) => (&endpoint[..=v6.len()], port),
+            None => {
+                return Err(format!("endpoint {} is not [IPV6]:PORT", quote(endpoint)));
+            }
+        }
     } else {
-        root
+        let Some((host, port)) = endpoint.rsplit_once(':') else {
+            return Err(format!("endpoint {} has no :PORT", quote(endpoint)));
+        };
+        if host.contains(':') {
+            return Err(format!(
+                "endpoint {} is not HOST:PORT (write an IPv6 address in brackets: [::1]:2379)",
+                quote(endpoint)
+            ));
+        }
+        (host, port)
     };
-    Ok(StoreUrl::ZooKeeper { endpoints, root })
+    check_host(host)?;
+    check_port(port, endpoint)
 }
 
-/// Takes leasehold's `schema` parameter out of a PostgreSQL URL; the rest
-/// goes to tokio-postgres unchanged.
-fn parse_postgres(url: &str) -> Result<StoreUrl> {
-    let bad = |reason: String| Error::invalid("store URL", reason);
-    let (base, query) = match url.split_once('?') {
-        Some((base, query)) => (base, query),
-        None => (url, ""),
-    };
-    let mut schema = None;
-    let mut kept = Vec::new();
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        match pair.split_once('=') {
-            Some(("schema", name)) => schema = Some(name.to_owned()),
-            _ => kept.push(pair),
+/// The two stores addressed by `scheme://HOST:PORT[,…][/PATH]`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Cluster {
+    Etcd,
+    ZooKeeper,
+}
+
+impl Cluster {
+    fn scheme(self) -> &'static str {
+        match self {
+            Cluster::Etcd => "etcd",
+            Cluster::ZooKeeper => "zk",
         }
     }
-    let schema = schema.unwrap_or_else(|| DEFAULT_POSTGRES_SCHEMA.to_owned());
+
+    fn path_name(self) -> &'static str {
+        match self {
+            Cluster::Etcd => "prefix",
+            Cluster::ZooKeeper => "chroot",
+        }
+    }
+
+    fn grammar(self) -> String {
+        format!(
+            "{}://HOST:PORT[,HOST:PORT…][/{}]",
+            self.scheme(),
+            self.path_name().to_uppercase()
+        )
+    }
+}
+
+/// A prefix or chroot: `/SEGMENT[/SEGMENT…]`, each segment of A-Z a-z 0-9
+/// . _ - and neither `.` nor `..`; one trailing `/` is dropped; `/` alone
+/// or nothing is the default.
+fn check_path(cluster: Cluster, path: &str) -> Result<String, String> {
+    let what = cluster.path_name();
+    let path = path.strip_suffix('/').unwrap_or(path);
+    if path.is_empty() {
+        return Ok(crate::store::etcd_default_prefix().to_owned());
+    }
+    if path.len() > MAX_PATH_LEN {
+        return Err(format!(
+            "the {what} is {} bytes long, at most {MAX_PATH_LEN} allowed",
+            path.len()
+        ));
+    }
+    for segment in path.split('/').skip(1) {
+        if segment.is_empty() {
+            return Err(format!("the {what} {} has an empty segment", quote(path)));
+        }
+        if segment == "." || segment == ".." {
+            return Err(format!(
+                "the {what} {} has a {segment:?} segment; give the path without . and ..",
+                quote(path)
+            ));
+        }
+        if let Some(bad) = segment
+            .chars()
+            .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+        {
+            return Err(format!(
+                "the {what} {} contains {bad:?}; its segments may only have A-Z a-z 0-9 . _ -",
+                quote(path)
+            ));
+        }
+    }
+    if cluster == Cluster::ZooKeeper && (path == "/zookeeper" || path.starts_with("/zookeeper/")) {
+        return Err("the chroot /zookeeper is ZooKeeper's own node; choose another".into());
+    }
+    Ok(path.to_owned())
+}
+
+/// `//HOST:PORT[,HOST:PORT…][/PATH]` after `scheme:`: the endpoints and the
+/// path (the default if none).
+fn parse_cluster(cluster: Cluster, rest: &str) -> Result<(Vec<String>, String), String> {
+    let scheme = cluster.scheme();
+    let Some(rest) = rest.strip_prefix("//") else {
+        return Err(format!("expected {}", cluster.grammar()));
+    };
+    // Before anything is quoted: a user name or password may be anywhere
+    // up to its '@'.
+    if rest.contains('@') {
+        return Err(format!(
+            "{scheme}:// URLs with a user name or password (USER:PASSWORD@) are not supported yet"
+        ));
+    }
+    if rest.contains('?') {
+        return Err(format!(
+            "{scheme}:// URLs take no ?options: TLS and authentication are not supported yet"
+        ));
+    }
+    if rest.contains('#') {
+        return Err(format!("{scheme}:// URLs take no #fragment"));
+    }
+    let (hosts, path) = match rest.find('/') {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    if hosts.is_empty() {
+        return Err(format!(
+            "names no HOST:PORT; expected {}",
+            cluster.grammar()
+        ));
+    }
+    let mut endpoints = Vec::new();
+    for endpoint in hosts.split(',') {
+        check_endpoint(endpoint)?;
+        endpoints.push(endpoint.to_owned());
+    }
+    Ok((endpoints, check_path(cluster, path)?))
+}
+
+fn check_cluster(cluster: Cluster, endpoints: &[String], path: &str) -> Result<(), String> {
+    if endpoints.is_empty() {
+        return Err(format!(
+            "names no HOST:PORT; expected {}",
+            cluster.grammar()
+        ));
+    }
+    for endpoint in endpoints {
+        if endpoint.contains(['@', '?', '#', ',', '/']) {
+            return Err(format!(
+                "an endpoint holds one of @ ? # , /; expected {}",
+                cluster.grammar()
+            ));
+        }
+        check_endpoint(endpoint)?;
+    }
+    if !path.starts_with('/') || path.ends_with('/') {
+        return Err(format!(
+            "the {} must start with / and not end with /",
+            cluster.path_name()
+        ));
+    }
+    check_path(cluster, path).map(drop)
+}
+
+/// A SQLite path: a plain file name, taken literally.
+fn check_sqlite_path(path: &[u8]) -> Result<(), String> {
+    if path.is_empty() {
+        return Err("names no file; expected sqlite:PATH".into());
+    }
+    if path == b":memory:" {
+        return Err(
+            "\":memory:\" is SQLite's private in-memory database, which no other process \
+             sees; use memory: for an in-process store, or a file"
+                .into(),
+        );
+    }
+    if path.starts_with(b"file:") {
+        return Err(
+            "SQLite URI file names (sqlite:file:…) are not supported; give a plain path".into(),
+        );
+    }
+    if path.contains(&b'?') {
+        return Err(
+            "the SQLite path holds a '?': SQLite parameters (?mode=…, ?nolock=…) are not \
+             supported, and leasehold does not take '?' in a file name"
+                .into(),
+        );
+    }
+    if path.contains(&0) {
+        return Err("the SQLite path holds a NUL byte".into());
+    }
+    if path.ends_with(b"/") {
+        return Err("the SQLite path ends with '/', which names a directory, not a file".into());
+    }
+    Ok(())
+}
+
+fn parse_sqlite(rest: &str) -> Result<StoreUrl, String> {
+    let path = match rest.strip_prefix("//") {
+        Some(absolute) if absolute.starts_with('/') => absolute,
+        Some(_) => {
+            return Err("sqlite:// must be followed by an absolute path, as in \
+                 sqlite:///var/lib/leasehold.db; for a relative path write sqlite:PATH"
+                .into());
+        }
+        None => rest,
+    };
+    check_sqlite_path(path.as_bytes())?;
+    Ok(StoreUrl::Sqlite(PathBuf::from(path)))
+}
+
+/// A PostgreSQL URL split the way tokio-postgres reads it: the credentials
+/// end at the first `@`, the hosts at the next `/` or `?`, the database
+/// name at `?`; parameters are `KEY=VALUE` joined by `&`. All parts are as
+/// written (percent-encoded).
+#[derive(Debug)]
+struct PgUrl<'a> {
+    scheme: &'a str,
+    user: Option<&'a str>,
+    password: Option<&'a str>,
+    hosts: &'a str,
+    dbname: Option<&'a str>,
+    params: Vec<(&'a str, &'a str)>,
+}
+
+/// A PostgreSQL schema leasehold may create its tables in.
+fn check_schema(schema: &str) -> Result<(), String> {
     let valid = !schema.is_empty()
         && schema.len() <= 63
         && schema.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
@@ -122,16 +429,312 @@ fn parse_postgres(url: &str) -> Result<StoreUrl> {
             .chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
     if !valid {
-        return Err(bad(format!(
-            "schema {schema:?} must be 1–63 characters of a-z, 0-9 and _, not starting with a digit"
-        )));
+        return Err(format!(
+            "schema {} must be 1–63 characters of a-z, 0-9 and _, not starting with a digit",
+            quote(schema)
+        ));
     }
-    let url = if kept.is_empty() {
-        base.to_owned()
-    } else {
-        format!("{base}?{}", kept.join("&"))
-    };
+    // The same names the store refuses when connecting (postgres.rs).
+    if schema.starts_with("pg_") || schema == "information_schema" || schema == "public" {
+        return Err(format!(
+            "schema {schema:?} is one of PostgreSQL's own (pg_*, information_schema, public), \
+             shared with other applications; choose another (default {DEFAULT_POSTGRES_SCHEMA})"
+        ));
+    }
+    Ok(())
+}
+
+impl<'a> PgUrl<'a> {
+    const GRAMMAR: &'static str =
+        "expected postgres://[USER[:PASSWORD]@]HOST[:PORT][,HOST[:PORT]…][/DB][?KEY=VALUE&…]";
+
+    /// Splits and checks `url`; the errors never quote the credentials or
+    /// a parameter's value.
+    fn parse(url: &'a str) -> Result<Self, String> {
+        let (scheme, rest) = if let Some(rest) = url.strip_prefix("postgres://") {
+            ("postgres", rest)
+        } else if let Some(rest) = url.strip_prefix("postgresql://") {
+            ("postgresql", rest)
+        } else {
+            return Err(Self::GRAMMAR.into());
+        };
+        let (user, password, rest) = match rest.split_once('@') {
+            Some((credentials, rest)) => {
+                if credentials.contains(['/', '?', '#']) {
+                    return Err(
+                        "the user name or password holds '/', '?' or '#': write them \
+                         percent-encoded (%2F, %3F, %23)"
+                            .into(),
+                    );
+                }
+                if rest.contains('@') {
+                    return Err(
+                        "the URL holds more than one '@': write an '@' in the user name \
+                         or password, or after the host, as %40"
+                            .into(),
+                    );
+                }
+                let (user, password) = match credentials.split_once(':') {
+                    Some((user, password)) => (user, Some(password)),
+                    None => (credentials, None),
+                };
+                if user.is_empty() {
+                    return Err("the user name before '@' is empty".into());
+                }
+                if std::str::from_utf8(&percent_decode(user)).is_err() {
+                    return Err("the user name is not UTF-8 once percent-decoded".into());
+                }
+                (Some(user), password, rest)
+            }
+            None => (None, None, rest),
+        };
+        if rest.contains('#') {
+            return Err("a '#' must be written percent-encoded (%23)".into());
+        }
+        let hosts_end = rest.find(['/', '?']).unwrap_or(rest.len());
+        let (hosts, rest) = rest.split_at(hosts_end);
+        let (dbname, rest) = match rest.strip_prefix('/') {
+            Some(path) => {
+                let end = path.find('?').unwrap_or(path.len());
+                (Some(&path[..end]), &path[end..])
+            }
+            None => (None, rest),
+        };
+        if let Some(db) = dbname
+            && std::str::from_utf8(&percent_decode(db)).is_err()
+        {
+            return Err("the database name is not UTF-8 once percent-decoded".into());
+        }
+        let mut params: Vec<(&str, &str)> = Vec::new();
+        if let Some(query) = rest.strip_prefix('?') {
+            for pair in query.split('&') {
+                let Some((key, value)) = pair.split_once('=') else {
+                    return Err(if pair.is_empty() {
+                        "a parameter is empty (&& or & at an end, or ? with nothing after)".into()
+                    } else {
+                        format!("parameter {} has no =VALUE", quote(pair))
+                    });
+                };
+                if !(key == "schema" || POSTGRES_PARAMETERS.contains(&key)) {
+                    return Err(format!(
+                        "unknown parameter {} in the PostgreSQL URL; known are schema \
+                         (leasehold's) and {}",
+                        quote(key),
+                        POSTGRES_PARAMETERS.join(", ")
+                    ));
+                }
+                if params.iter().any(|(k, _)| *k == key) {
+                    return Err(format!("parameter {key:?} is given twice"));
+                }
+                params.push((key, value));
+            }
+        }
+        let pg = PgUrl {
+            scheme,
+            user,
+            password,
+            hosts,
+            dbname,
+            params,
+        };
+        pg.check()?;
+        Ok(pg)
+    }
+
+    fn param(&self, key: &str) -> Option<&'a str> {
+        self.params.iter().find(|(k, _)| *k == key).map(|(_, v)| *v)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        let twice = |what: &str, key: &str| {
+            Err(format!(
+                "the {what} is given twice: in the URL and as ?{key}="
+            ))
+        };
+        if self.user.is_some() && self.param("user").is_some() {
+            return twice("user name", "user");
+        }
+        if self.password.is_some() && self.param("password").is_some() {
+            return twice("password", "password");
+        }
+        if self.dbname.is_some_and(|d| !d.is_empty()) && self.param("dbname").is_some() {
+            return twice("database name", "dbname");
+        }
+        if !self.hosts.is_empty() && (self.param("host").is_some() || self.param("port").is_some())
+        {
+            return Err(
+                "hosts are given twice: after postgres:// and as ?host= or ?port=; \
+                 give them in one place"
+                    .into(),
+            );
+        }
+        if self.hosts.is_empty() && self.param("host").is_none() && self.param("hostaddr").is_none()
+        {
+            return Err(
+                "names no host: give HOST[:PORT] after postgres:// (or ?host=, ?hostaddr=)".into(),
+            );
+        }
+        for chunk in self.hosts.split(',').filter(|_| !self.hosts.is_empty()) {
+            let (host, port) = if chunk.starts_with('[') {
+                match chunk.find(']') {
+                    Some(end) => {
+                        let port = &chunk[end + 1..];
+                        if !(port.is_empty() || port.starts_with(':')) {
+                            return Err(format!("host {} is not [IPV6][:PORT]", quote(chunk)));
+                        }
+                        (&chunk[..=end], port.strip_prefix(':'))
+                    }
+                    None => return Err(format!("host {} is not [IPV6][:PORT]", quote(chunk))),
+                }
+            } else {
+                match chunk.split_once(':') {
+                    Some((host, port)) => (host, Some(port)),
+                    None => (chunk, None),
+                }
+            };
+            check_pg_host(host, chunk)?;
+            if let Some(port) = port {
+                check_port(port, chunk)?;
+            }
+        }
+        // tokio-postgres takes ?host= as one host (unlike ?port= and
+        // ?hostaddr=, which it splits at commas).
+        if let Some(host) = self.param("host") {
+            if host.contains(',') {
+                return Err("?host= takes one host; give several after postgres://, \
+                     as postgres://h1,h2/db"
+                    .into());
+            }
+            check_pg_host(host, host)?;
+        }
+        if let Some(ports) = self.param("port") {
+            for port in ports.split(',').filter(|p| !p.is_empty()) {
+                check_port(port, port)?;
+            }
+        }
+        for (key, value) in &self.params {
+            let tls = match (*key, *value) {
+                ("sslmode", "require") => Some("sslmode=require"),
+                ("sslnegotiation", "direct") => Some("sslnegotiation=direct"),
+                ("channel_binding", "require") => Some("channel_binding=require"),
+                _ => None,
+            };
+            if let Some(setting) = tls {
+                return Err(format!(
+                    "{setting} needs TLS, which leasehold's PostgreSQL store does not support yet"
+                ));
+            }
+        }
+        if let Some(schema) = self.param("schema") {
+            check_schema(schema)?;
+        }
+        Ok(())
+    }
+
+    /// The URL again; with `redact`, every password is `***`; without
+    /// `schema`, leasehold's parameter is left out.
+    fn render(&self, redact: bool, with_schema: bool) -> String {
+        let mut out = format!("{}://", self.scheme);
+        if let Some(user) = self.user {
+            out.push_str(user);
+            if let Some(password) = self.password {
+                out.push(':');
+                out.push_str(if redact { "***" } else { password });
+            }
+            out.push('@');
+        }
+        out.push_str(self.hosts);
+        if let Some(db) = self.dbname {
+            out.push('/');
+            out.push_str(db);
+        }
+        let mut separator = '?';
+        for (key, value) in &self.params {
+            if *key == "schema" && !with_schema {
+                continue;
+            }
+            out.push(separator);
+            separator = '&';
+            out.push_str(key);
+            out.push('=');
+            out.push_str(if redact && *key == "password" {
+                "***"
+            } else {
+                value
+            });
+        }
+        out
+    }
+}
+
+/// A PostgreSQL host: a host name or address, or (percent-encoded, as
+/// `%2Frun%2Fpostgresql`) the directory of a Unix socket.
+fn check_pg_host(host: &str, chunk: &str) -> Result<(), String> {
+    if host.is_empty() {
+        return Err(format!("host {} is empty", quote(chunk)));
+    }
+    let decoded = percent_decode(host);
+    if decoded.first() == Some(&b'/') {
+        return Ok(());
+    }
+    match std::str::from_utf8(&decoded) {
+        Ok(name) => check_host(name),
+        Err(_) => Err("a host name is not UTF-8 once percent-decoded".into()),
+    }
+}
+
+/// What tokio-postgres itself makes of the URL: its errors name the
+/// option, never a value.
+#[cfg(feature = "postgres")]
+fn check_with_tokio_postgres(url: &str) -> Result<(), String> {
+    let config: tokio_postgres::Config = url
+        .parse()
+        .map_err(|e: tokio_postgres::Error| crate::error::with_causes(&e))?;
+    let (hosts, addrs, ports) = (
+        config.get_hosts().len(),
+        config.get_hostaddrs().len(),
+        config.get_ports().len(),
+    );
+    if hosts > 0 && addrs > 0 && hosts != addrs {
+        return Err(format!(
+            "{hosts} host(s) but {addrs} ?hostaddr= address(es); give one address per host"
+        ));
+    }
+    if ports > 1 && ports != hosts.max(addrs) {
+        return Err(format!(
+            "{ports} ports for {} host(s); give one port, or one per host",
+            hosts.max(addrs)
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "postgres"))]
+fn check_with_tokio_postgres(_: &str) -> Result<(), String> {
+    Ok(())
+}
+
+/// Takes leasehold's `schema` parameter out of a PostgreSQL URL; the rest
+/// goes to tokio-postgres unchanged.
+fn parse_postgres(url: &str) -> Result<StoreUrl, String> {
+    let pg = PgUrl::parse(url)?;
+    let schema = pg
+        .param("schema")
+        .unwrap_or(DEFAULT_POSTGRES_SCHEMA)
+        .to_owned();
+    let url = pg.render(false, false);
+    check_with_tokio_postgres(&url)?;
     Ok(StoreUrl::Postgres { url, schema })
+}
+
+/// The scheme of `url` if it looks like one (`[a-z][a-z0-9+.-]*`, short):
+/// what an error may quote about an unknown scheme.
+fn shown_scheme(scheme: &str) -> Option<&str> {
+    let mut chars = scheme.chars();
+    let looks_like_one = scheme.len() <= 32
+        && chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+    looks_like_one.then_some(scheme)
 }
 
 impl StoreUrl {
@@ -157,6 +760,27 @@ impl StoreUrl {
             state_home.join("leasehold").join("leasehold.db"),
         ))
     }
+
+    /// Checks a URL built in code (rather than parsed) against the same
+    /// grammar; [`open`] calls it before connecting.
+    pub fn validate(&self) -> Result<()> {
+        let checked = match self {
+            StoreUrl::Memory => Ok(()),
+            StoreUrl::Sqlite(path) => check_sqlite_path(path.as_os_str().as_encoded_bytes()),
+            StoreUrl::Etcd { endpoints, prefix } => check_cluster(Cluster::Etcd, endpoints, prefix),
+            StoreUrl::ZooKeeper { endpoints, root } => {
+                check_cluster(Cluster::ZooKeeper, endpoints, root)
+            }
+            StoreUrl::Postgres { url, schema } => PgUrl::parse(url).and_then(|pg| {
+                if pg.param("schema").is_some() {
+                    return Err("the schema belongs in the schema field, not in the URL".into());
+                }
+                check_schema(schema)?;
+                check_with_tokio_postgres(url)
+            }),
+        };
+        checked.map_err(invalid)
+    }
 }
 
 impl FromStr for StoreUrl {
@@ -164,35 +788,30 @@ impl FromStr for StoreUrl {
 
     fn from_str(url: &str) -> Result<Self> {
         let Some((scheme, rest)) = url.split_once(':') else {
-            return Err(Error::invalid(
-                "store URL",
-                format!("{url:?} has no scheme; expected {SCHEMES}"),
-            ));
+            let hint = if url.starts_with(['/', '.', '~']) {
+                "; for a SQLite file write sqlite:PATH"
+            } else {
+                ""
+            };
+            return Err(invalid(format!("no scheme{hint}; expected {SCHEMES}")));
         };
-        match scheme {
-            "memory" if rest.is_empty() || rest == "//" => Ok(StoreUrl::Memory),
-            "memory" => Err(Error::invalid(
-                "store URL",
-                format!("{url:?}: memory: takes no path"),
-            )),
-            "sqlite" => {
-                let path = rest.strip_prefix("//").unwrap_or(rest);
-                if path.is_empty() {
-                    return Err(Error::invalid(
-                        "store URL",
-                        format!("{url:?} names no file; expected sqlite:PATH"),
-                    ));
-                }
-                Ok(StoreUrl::Sqlite(PathBuf::from(path)))
-            }
-            "etcd" => parse_etcd(url, rest),
-            "zk" => parse_zookeeper(url, rest),
+        let parsed = match scheme {
+            "memory" if rest.is_empty() => Ok(StoreUrl::Memory),
+            "memory" => Err("memory: takes nothing after the colon".to_owned()),
+            "sqlite" => parse_sqlite(rest),
+            "etcd" => parse_cluster(Cluster::Etcd, rest)
+                .map(|(endpoints, prefix)| StoreUrl::Etcd { endpoints, prefix }),
+            "zk" => parse_cluster(Cluster::ZooKeeper, rest)
+                .map(|(endpoints, root)| StoreUrl::ZooKeeper { endpoints, root }),
             "postgres" | "postgresql" => parse_postgres(url),
-            other => Err(Error::invalid(
-                "store URL",
-                format!("unknown scheme {other:?} in {url:?}; expected {SCHEMES}"),
-            )),
+            other => Err(match shown_scheme(other) {
+                Some(scheme) => format!("unknown scheme {scheme:?}; expected {SCHEMES}"),
+                None => format!("no valid scheme; expected {SCHEMES}"),
+            }),
         }
+        .map_err(invalid)?;
+        parsed.validate()?;
+        Ok(parsed)
     }
 }
 
@@ -200,18 +819,28 @@ impl fmt::Display for StoreUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             StoreUrl::Memory => f.write_str("memory:"),
-            StoreUrl::Sqlite(path) => write!(f, "sqlite:{}", path.display()),
+            StoreUrl::Sqlite(path) => {
+                let path = path.display().to_string();
+                // `sqlite://x` would read back as `sqlite:` and `x`.
+                let slashes = if path.starts_with("//") { "//" } else { "" };
+                write!(f, "sqlite:{slashes}{path}")
+            }
             StoreUrl::Etcd { endpoints, prefix } => {
-                write!(f, "etcd://{}{prefix}", endpoints.join(","))
+                write!(f, "etcd://{}{prefix}", shown_endpoints(endpoints).join(","))
             }
             StoreUrl::ZooKeeper { endpoints, root } => {
-                write!(f, "zk://{}{root}", endpoints.join(","))
+                write!(f, "zk://{}{root}", shown_endpoints(endpoints).join(","))
             }
             // Without the password, if the URL has one.
             StoreUrl::Postgres { url, schema } => {
-                f.write_str(&redact_password(url))?;
-                if schema != DEFAULT_POSTGRES_SCHEMA {
-                    let sep = if url.contains('?') { '&' } else { '?' };
+                let Ok(pg) = PgUrl::parse(url) else {
+                    // Not a URL this module made; it may hold a password
+                    // anywhere.
+                    return f.write_str("postgres://(an invalid URL)");
+                };
+                f.write_str(&pg.render(true, true))?;
+                if schema != DEFAULT_POSTGRES_SCHEMA && pg.param("schema").is_none() {
+                    let sep = if pg.params.is_empty() { '?' } else { '&' };
                     write!(f, "{sep}schema={schema}")?;
                 }
                 Ok(())
@@ -220,24 +849,71 @@ impl fmt::Display for StoreUrl {
     }
 }
 
-/// `scheme://user:password@host…` → `scheme://user:***@host…`.
-fn redact_password(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
+/// Endpoints as shown: one built in code with a user name or password
+/// (which [`StoreUrl::validate`] refuses) shows `***@` instead.
+fn shown_endpoints(endpoints: &[String]) -> Vec<String> {
+    endpoints
+        .iter()
+        .map(|e| match e.rsplit_once('@') {
+            Some((_, host)) => format!("***@{host}"),
+            None => e.clone(),
+        })
+        .collect()
+}
+
+impl fmt::Debug for StoreUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreUrl::Memory => f.write_str("Memory"),
+            StoreUrl::Sqlite(path) => f.debug_tuple("Sqlite").field(path).finish(),
+            StoreUrl::Etcd { endpoints, prefix } => f
+                .debug_struct("Etcd")
+                .field("endpoints", &shown_endpoints(endpoints))
+                .field("prefix", prefix)
+                .finish(),
+            StoreUrl::ZooKeeper { endpoints, root } => f
+                .debug_struct("ZooKeeper")
+                .field("endpoints", &shown_endpoints(endpoints))
+                .field("root", root)
+                .finish(),
+            StoreUrl::Postgres { schema, .. } => f
+                .debug_struct("Postgres")
+                .field("url", &self.to_string())
+                .field("schema", schema)
+                .finish(),
+        }
     }
 }
 
-/// Opens the store a URL names (connecting to it, for a remote store).
+/// Fails when no endpoint's host name resolves: that is the cause to name,
+/// rather than the client library's "no available hosts" later.
+#[cfg(any(feature = "etcd", feature = "zookeeper"))]
+async fn resolve_any(what: &str, endpoints: &[String]) -> Result<()> {
+    let mut failures = Vec::new();
+    for endpoint in endpoints {
+        match tokio::net::lookup_host(endpoint.as_str()).await {
+            Ok(mut addrs) => {
+                if addrs.next().is_some() {
+                    return Ok(());
+                }
+                failures.push(format!("{endpoint}: no address"));
+            }
+            Err(error) => failures.push(format!("{endpoint}: {error}")),
+        }
+    }
+    Err(Error::Unavailable {
+        reason: format!(
+            "cannot resolve the host name of any {what} endpoint ({})",
+            failures.join("; ")
+        ),
+        source: None,
+    })
+}
+
+/// Opens the store a URL names (connecting to it, for a remote store),
+/// after checking the URL against the grammar ([`StoreUrl::validate`]).
 pub async fn open(url: &StoreUrl) -> Result<Arc<dyn Store>> {
+    url.validate()?;
     match url {
         StoreUrl::Memory => Ok(Arc::new(MemoryStore::new())),
         #[cfg(feature = "sqlite")]
@@ -248,18 +924,24 @@ pub async fn open(url: &StoreUrl) -> Result<Arc<dyn Store>> {
             "this build of leasehold has no sqlite support (cargo feature \"sqlite\")",
         )),
         #[cfg(feature = "etcd")]
-        StoreUrl::Etcd { endpoints, prefix } => Ok(Arc::new(
-            crate::store::etcd::EtcdStore::connect(endpoints, prefix).await?,
-        )),
+        StoreUrl::Etcd { endpoints, prefix } => {
+            resolve_any("etcd", endpoints).await?;
+            Ok(Arc::new(
+                crate::store::etcd::EtcdStore::connect(endpoints, prefix).await?,
+            ))
+        }
         #[cfg(not(feature = "etcd"))]
         StoreUrl::Etcd { .. } => Err(Error::invalid(
             "store URL",
             "this build of leasehold has no etcd support (cargo feature \"etcd\")",
         )),
         #[cfg(feature = "zookeeper")]
-        StoreUrl::ZooKeeper { endpoints, root } => Ok(Arc::new(
-            crate::store::zookeeper::ZkStore::connect(endpoints, root).await?,
-        )),
+        StoreUrl::ZooKeeper { endpoints, root } => {
+            resolve_any("ZooKeeper", endpoints).await?;
+            Ok(Arc::new(
+                crate::store::zookeeper::ZkStore::connect(endpoints, root).await?,
+            ))
+        }
         #[cfg(not(feature = "zookeeper"))]
         StoreUrl::ZooKeeper { .. } => Err(Error::invalid(
             "store URL",
@@ -277,9 +959,62 @@ pub async fn open(url: &StoreUrl) -> Result<Arc<dyn Store>> {
     }
 }
 
+/// Opens the store a URL names for reading only — what `status`, `list`
+/// and `observe` need — as [`open`] does, but creating nothing and writing
+/// nothing: no file, folder, schema, node, key or marker. A store that does
+/// not exist yet is [`Error::NotFound`]; on the store returned, sessions
+/// and campaigns fail with [`Error::InvalidInput`].
+///
+/// SQLite (`SqliteStore::open_read_only`), etcd
+/// (`EtcdStore::connect_read_only`), ZooKeeper
+/// (`ZkStore::connect_read_only`) and PostgreSQL
+/// (`PostgresStore::connect_read_only`) open read-only; `memory:` is a
+/// new, empty store either way.
+pub async fn open_read_only(url: &StoreUrl) -> Result<Arc<dyn Store>> {
+    url.validate()?;
+    #[cfg(feature = "sqlite")]
+    if let StoreUrl::Sqlite(path) = url {
+        return Ok(Arc::new(crate::store::sqlite::SqliteStore::open_read_only(
+            path,
+        )?));
+    }
+    #[cfg(feature = "etcd")]
+    if let StoreUrl::Etcd { endpoints, prefix } = url {
+        resolve_any("etcd", endpoints).await?;
+        return Ok(Arc::new(
+            crate::store::etcd::EtcdStore::connect_read_only(endpoints, prefix).await?,
+        ));
+    }
+    #[cfg(feature = "zookeeper")]
+    if let StoreUrl::ZooKeeper { endpoints, root } = url {
+        resolve_any("ZooKeeper", endpoints).await?;
+        return Ok(Arc::new(
+            crate::store::zookeeper::ZkStore::connect_read_only(endpoints, root).await?,
+        ));
+    }
+    #[cfg(feature = "postgres")]
+    if let StoreUrl::Postgres { url, schema } = url {
+        return Ok(Arc::new(
+            crate::store::postgres::PostgresStore::connect_read_only(url, schema).await?,
+        ));
+    }
+    open(url).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    fn refused(url: &str) -> String {
+        match url.parse::<StoreUrl>() {
+            Err(Error::InvalidInput { what, reason }) => {
+                assert_eq!(what, "store URL", "{url:?}");
+                format!("invalid {what}: {reason}")
+            }
+            other => panic!("{url:?} was not refused: {other:?}"),
+        }
+    }
 
     #[test]
     fn parses_known_schemes() {
@@ -312,6 +1047,15 @@ mod tests {
                 prefix: "/leasehold".into()
             })
         );
+        assert_eq!(
+            "etcd://[::1]:2379,db-1.example_x.org:65535/"
+                .parse::<StoreUrl>()
+                .ok(),
+            Some(StoreUrl::Etcd {
+                endpoints: vec!["[::1]:2379".into(), "db-1.example_x.org:65535".into()],
+                prefix: "/leasehold".into()
+            })
+        );
     }
 
     #[test]
@@ -334,29 +1078,142 @@ mod tests {
         );
         let with_password: StoreUrl = "postgres://u:secret@h/db".parse().expect("valid");
         assert_eq!(with_password.to_string(), "postgres://u:***@h/db");
+        assert!(!format!("{with_password:?}").contains("secret"));
+        // What tokio-postgres understands is passed on.
+        for url in [
+            "postgresql://u:p%40ss@h1:5432,[::1]:5433/db?application_name=x&connect_timeout=5",
+            "postgres:///db?host=%2Frun%2Fpostgresql&user=me",
+            "postgres:///db?host=%2Frun%2Fpostgresql&port=5433&target_session_attrs=read-write",
+            "postgres://a,b:5433/db?hostaddr=10.0.0.1,10.0.0.2",
+            "postgres://h/db?password=secret&sslmode=prefer&keepalives_idle=30",
+        ] {
+            let parsed: StoreUrl = url.parse().unwrap_or_else(|e| panic!("{url}: {e}"));
+            assert!(!parsed.to_string().contains("secret"), "{parsed}");
+            assert!(!format!("{parsed:?}").contains("secret"), "{parsed:?}");
+        }
     }
 
     #[test]
     fn rejects_bad_urls_with_reason() {
         for (url, needle) in [
             ("", "no scheme"),
-            ("/tmp/x.db", "no scheme"),
+            ("/tmp/x.db", "for a SQLite file write sqlite:PATH"),
             ("redis://x", "unknown scheme \"redis\""),
             ("sqlite:", "names no file"),
-            ("memory:foo", "takes no path"),
+            ("memory:foo", "takes nothing after the colon"),
             ("zk:127.0.0.1:2181", "expected zk://"),
             ("zk://127.0.0.1", "no :PORT"),
             ("zk://h:1/a//b", "empty segment"),
+            ("zk://", "names no HOST:PORT"),
             ("postgres://h/db?schema=Bad-Name", "schema \"Bad-Name\""),
             ("postgresql://h/db?schema=", "schema \"\""),
             ("postgres://h/db?schema=9lives", "not starting with a digit"),
+            ("postgres:h/db", "expected postgres://"),
+            ("postgres:///db", "names no host"),
+            ("postgres://h/db?", "a parameter is empty"),
+            ("postgres://h/db?sslmode", "has no =VALUE"),
+            (
+                "postgres://h/db?sslmode=bogus",
+                "invalid value for option `sslmode`",
+            ),
+            ("postgres://h/db?sslmode=require", "needs TLS"),
+            ("postgres://u@h/db?user=v", "user name is given twice"),
+            ("postgres://h/db?port=5433", "hosts are given twice"),
+            (
+                "postgres://a,b/db?hostaddr=10.0.0.1",
+                "2 host(s) but 1 ?hostaddr=",
+            ),
+            (
+                "postgres:///db?hostaddr=10.0.0.1,10.0.0.2&port=1,2,3",
+                "3 ports for 2 host(s)",
+            ),
+            ("postgres:///db?host=a,b", "?host= takes one host"),
+            (
+                "postgres:///db?host=h&port=5432,5433",
+                "2 ports for 1 host(s)",
+            ),
+            ("postgres://h:/db", "empty port"),
             ("etcd:127.0.0.1:2379", "expected etcd://"),
             ("etcd://127.0.0.1", "no :PORT"),
-            ("etcd://127.0.0.1:x", "not HOST:PORT"),
-            ("etcd://a:1,,b:2", "no :PORT"),
+            ("etcd://127.0.0.1:x", "not a number from 1 to 65535"),
+            ("etcd://127.0.0.1:+1", "not a number from 1 to 65535"),
+            ("etcd://a:1,,b:2", "an endpoint is empty"),
+            ("etcd://::1:2379", "write an IPv6 address in brackets"),
+            ("etcd://[::g]:2379", "not an IPv6 address"),
+            ("etcd://a..b:2379", "is not a host name"),
+            ("etcd://h:1/p#x", "no #fragment"),
+            ("etcd://h:1/has space", "contains ' '"),
+            ("SQLITE:/x.db", "unknown scheme \"SQLITE\""),
         ] {
-            let err = url.parse::<StoreUrl>().expect_err(url).to_string();
+            let err = refused(url);
             assert!(err.contains(needle), "{url:?}: {err}");
+        }
+    }
+
+    /// Issue 13 item 3: every case is either supported or refused with a
+    /// reason, the same in every form, never quoting a password.
+    #[test]
+    fn issue_13_urls_are_one_grammar() {
+        for (url, needle) in [
+            ("sqlite::memory:", "in-memory database"),
+            ("sqlite:file:/tmp/a.db?nolock=1", "URI file names"),
+            ("sqlite:file:a.db", "URI file names"),
+            ("sqlite:/tmp/q.db?mode=ro", "SQLite parameters"),
+            ("sqlite://tmp/q.db", "absolute path"),
+            ("sqlite:/tmp/dir/", "names a directory"),
+            (
+                "etcd://user:Sup3rSecret@127.0.0.1:2379",
+                "not supported yet",
+            ),
+            ("etcd://127.0.0.1:2379/p?x=1", "take no ?options"),
+            ("zk://u:Sup3rSecret@h:2181/x", "not supported yet"),
+            ("etcd://127.0.0.1:0", "port \"0\""),
+            ("etcd://127.0.0.1:65536", "port \"65536\""),
+            (
+                "zk://h:99999999999999999999999",
+                "not a number from 1 to 65535",
+            ),
+            ("memory://", "takes nothing after the colon"),
+            ("memory:foo", "takes nothing after the colon"),
+            (
+                "postgres://h/db?schema=a&schema=b",
+                "\"schema\" is given twice",
+            ),
+            (
+                "postgres://postgres:Sup3rSecret@h:99999/db",
+                "port \"99999\"",
+            ),
+            ("postgres://h/db?foo=bar", "unknown parameter \"foo\""),
+            (
+                "postgres://u:Sup3rSecret@h/db?foo=bar",
+                "unknown parameter \"foo\"",
+            ),
+            ("postgres://u:Sup3r/Secret@h/db", "percent-encoded"),
+            ("postgres://u:Sup3r@Secret@h/db", "more than one '@'"),
+            (
+                "postgres://h/db?password=Sup3rSecret&password=x",
+                "given twice",
+            ),
+            ("zk://h:1/a/../b", "\"..\" segment"),
+            ("etcd://h:1/a/./b", "\".\" segment"),
+            ("zk://h:1/zookeeper", "ZooKeeper's own"),
+            ("zk://h:1/zookeeper/quota", "ZooKeeper's own"),
+            (
+                "postgres://h/db?schema=pg_catalog",
+                "one of PostgreSQL's own",
+            ),
+            (
+                "postgres://h/db?schema=information_schema",
+                "one of PostgreSQL's own",
+            ),
+            ("postgres://h/db?schema=public", "one of PostgreSQL's own"),
+            ("zk://hôst:2181", "not an ASCII host name"),
+            ("u:Sup3rSecret@host/db", "unknown scheme \"u\""),
+        ] {
+            let err = refused(url);
+            assert!(err.contains(needle), "{url:?}: {err}");
+            assert!(!err.contains("Sup3r"), "{url:?} shows the password: {err}");
+            assert!(!err.contains(url), "{url:?} is quoted whole: {err}");
         }
     }
 
@@ -365,13 +1222,183 @@ mod tests {
         for url in [
             "memory:",
             "sqlite:/a/b.db",
+            "sqlite:rel/b.db",
+            "sqlite:////twice/b.db",
             "etcd://h:1,k:2/p",
+            "etcd://[::1]:2379/leasehold",
             "zk://h:1,k:2/jobs",
             "postgres://u@h:5432/db",
             "postgresql://u@h/db?sslmode=disable&schema=jobs",
+            "postgres:///db?host=%2Frun%2Fpostgresql",
         ] {
             let parsed: StoreUrl = url.parse().expect("valid");
             assert_eq!(parsed.to_string(), url);
+        }
+    }
+
+    /// A URL built in code meets the same grammar: `open` refuses it before
+    /// connecting or creating anything.
+    #[tokio::test]
+    async fn open_checks_urls_built_in_code_before_connecting() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let memory = dir.path().join(":memory:");
+        for url in [
+            StoreUrl::Sqlite(":memory:".into()),
+            StoreUrl::Sqlite("file:x.db?nolock=1".into()),
+            StoreUrl::Sqlite(dir.path().join("q.db?mode=ro")),
+            StoreUrl::Etcd {
+                endpoints: vec!["127.0.0.1:0".into()],
+                prefix: "/p".into(),
+            },
+            StoreUrl::Etcd {
+                endpoints: vec!["u:Sup3rSecret@h:1".into()],
+                prefix: "/p".into(),
+            },
+            StoreUrl::Etcd {
+                endpoints: vec![],
+                prefix: "/p".into(),
+            },
+            StoreUrl::ZooKeeper {
+                endpoints: vec!["h:1".into()],
+                root: "/a/../b".into(),
+            },
+            StoreUrl::Postgres {
+                url: "postgres://u:Sup3rSecret@h/db?foo=bar".into(),
+                schema: "leasehold".into(),
+            },
+            StoreUrl::Postgres {
+                url: "postgres://h/db".into(),
+                schema: "pg_toast".into(),
+            },
+        ] {
+            let shown = format!("{url:?} {url}");
+            assert!(!shown.contains("Sup3r"), "{shown}");
+            match open(&url).await {
+                Err(Error::InvalidInput { reason, .. }) => {
+                    assert!(!reason.contains("Sup3r"), "{reason}");
+                }
+                Err(other) => panic!("{shown}: {other}"),
+                Ok(_) => panic!("{shown} was opened"),
+            }
+        }
+        assert!(!memory.exists());
+        assert_eq!(std::fs::read_dir(dir.path()).expect("dir").count(), 0);
+        assert!(!std::path::Path::new(":memory:-notify").exists());
+    }
+
+    /// Issue 13 item 7: an unresolvable host is named as such, before the
+    /// client library's "no available hosts".
+    #[tokio::test]
+    async fn an_unresolvable_host_is_named() {
+        for url in [
+            "zk://no-such-host.invalid:2181",
+            "etcd://no-such-host.invalid:2379",
+        ] {
+            let url: StoreUrl = url.parse().expect("valid");
+            let Err(error) = open(&url).await else {
+                panic!("{url} opened");
+            };
+            let text = error.to_string();
+            assert!(error.is_transient(), "{text}");
+            assert!(
+                text.contains("cannot resolve the host name")
+                    && text.contains("no-such-host.invalid:"),
+                "{text}"
+            );
+        }
+    }
+
+    /// A password-bearing URL with the password made distinctive: `PW` and
+    /// at least four more characters, none of them `@`.
+    fn with_password() -> impl Strategy<Value = (String, String)> {
+        (
+            prop::sample::select(vec![
+                "postgres",
+                "postgresql",
+                "etcd",
+                "zk",
+                "sqlite",
+                "memory",
+                "redis",
+                "",
+            ]),
+            "[a-z]{0,6}",
+            "PW[A-Za-z0-9!$&'()*+,;=:/?#%._~-]{4,16}",
+            "[a-z0-9.:/?=&,@%\\[\\]_-]{0,30}",
+        )
+            .prop_map(|(scheme, user, password, rest)| {
+                (format!("{scheme}://{user}:{password}@{rest}"), password)
+            })
+    }
+
+    fn with_password_parameter() -> impl Strategy<Value = (String, String)> {
+        (
+            "[a-z0-9.:/,@%_-]{0,20}",
+            "PW[A-Za-z0-9!$'()*+,;:/?%._~-]{4,16}",
+            "[a-z0-9.:/?=&,@%_-]{0,20}",
+        )
+            .prop_map(|(before, password, after)| {
+                (
+                    format!("postgres://{before}?password={password}&{after}"),
+                    password,
+                )
+            })
+    }
+
+    /// What a parse gives: a valid URL that reads back as itself, or an
+    /// `InvalidInput` about the store URL.
+    fn parses_or_is_refused(url: &str) -> std::result::Result<(), TestCaseError> {
+        match url.parse::<StoreUrl>() {
+            Ok(parsed) => {
+                prop_assert!(parsed.validate().is_ok(), "{:?}", parsed);
+                let shown = parsed.to_string();
+                if !shown.contains("***") {
+                    prop_assert_eq!(shown.parse::<StoreUrl>().ok(), Some(parsed));
+                }
+            }
+            Err(Error::InvalidInput { what, reason }) => {
+                prop_assert_eq!(what, "store URL");
+                prop_assert!(!reason.is_empty());
+                prop_assert!(!reason.contains('\n'), "{}", reason);
+            }
+            Err(other) => prop_assert!(false, "{url:?}: {other:?}"),
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// Any string at all: no panic; a valid store URL or a one-line
+        /// InvalidInput.
+        #[test]
+        fn any_string_is_a_valid_url_or_refused(url in ".*") {
+            parses_or_is_refused(&url)?;
+        }
+
+        /// Strings made of URL characters after each scheme, to reach
+        /// deeper into each grammar.
+        #[test]
+        fn url_like_strings_are_valid_or_refused(
+            scheme in prop::sample::select(vec![
+                "memory:", "sqlite:", "sqlite://", "etcd://", "zk://", "postgres://", "postgresql://",
+            ]),
+            rest in "[a-zA-Z0-9.:/?=&,@%#\\[\\]_ ~-]{0,40}",
+        ) {
+            parses_or_is_refused(&format!("{scheme}{rest}"))?;
+        }
+
+        /// Never a password in an error, in `Display` or in `Debug`.
+        #[test]
+        fn a_password_is_never_shown(
+            (url, password) in prop_oneof![with_password(), with_password_parameter()],
+        ) {
+            parses_or_is_refused(&url)?;
+            let shown = match url.parse::<StoreUrl>() {
+                Ok(parsed) => format!("{parsed} {parsed:?}"),
+                Err(error) => error.to_string(),
+            };
+            prop_assert!(!shown.contains(&password), "{} shows {}: {}", url, password, shown);
         }
     }
 }

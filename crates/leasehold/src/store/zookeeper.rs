@@ -20,6 +20,19 @@
 //!   as `:`.
 //! - A session the client reports expired or closed ends leadership at once
 //!   ([`Store::session_ended`]).
+//!
+//! What is leasehold's: the root node once its data is the marker
+//! `leasehold 1` (the layout version), and the nodes under it. The first
+//! use creates the root with the marker and `{root}/elections` in one
+//! transaction (parents of the root that are missing are created empty). A
+//! root that exists without the marker is refused before anything is
+//! written, unless it has the shape an earlier leasehold left (no data, one
+//! child `elections`): that one gets the marker, guarded by the root's
+//! version. Roots inside another leasehold store, and ZooKeeper's own
+//! `/zookeeper`, are refused. Within the space, a candidate is a node named
+//! `c-{session}-{sequence}` that is ephemeral to that very session; other
+//! nodes among an election's candidates are skipped, with a warning. A
+//! store opened read-only ([`ZkStore::connect_read_only`]) writes nothing.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -50,6 +63,12 @@ const READER_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 const WATCH_RETRY: Duration = Duration::from_millis(250);
 /// Candidate node names start with this.
 const CANDIDATE: &str = "c-";
+/// The layout of leasehold's nodes that this build writes and understands,
+/// recorded in the root node's data.
+pub const LAYOUT_VERSION: i64 = 1;
+/// How often opening re-reads a root that changed between its read and its
+/// write before giving up.
+const ATTEMPTS: usize = 5;
 
 /// An election store in a ZooKeeper ensemble.
 #[derive(Debug, Clone)]
@@ -63,6 +82,9 @@ struct Inner {
     cluster: String,
     /// Where leasehold's nodes live, e.g. `/leasehold`.
     root: String,
+    /// Opened by [`ZkStore::connect_read_only`]: writes nothing and opens
+    /// no session.
+    read_only: bool,
     reader: tokio::sync::Mutex<Option<Client>>,
     sessions: Mutex<HashMap<SessionId, Arc<ZkSession>>>,
 }
@@ -134,25 +156,103 @@ fn decode(node: &str) -> Option<ElectionName> {
     ElectionName::new(node.replace(':', "/")).ok()
 }
 
-/// A candidate node: its sequence and name.
+/// A candidate node: its sequence, name, and the session its name says
+/// it is ephemeral to.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 struct Candidate {
     sequence: i64,
     name: String,
+    owner: u64,
 }
 
-/// The candidate nodes among `children`, lowest sequence first.
+/// The nodes among `children` named as candidates
+/// (`c-{16 hex digits}-{sequence}`), lowest sequence first.
 fn queue(children: Vec<String>) -> Vec<Candidate> {
     let mut queue: Vec<Candidate> = children
         .into_iter()
-        .filter(|c| c.starts_with(CANDIDATE))
         .filter_map(|name| {
-            let sequence = name.rsplit_once('-')?.1.parse().ok()?;
-            Some(Candidate { sequence, name })
+            let (owner, sequence) = name.strip_prefix(CANDIDATE)?.split_once('-')?;
+            if owner.len() != 16 || !owner.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return None;
+            }
+            let owner = u64::from_str_radix(owner, 16).ok()?;
+            let sequence = sequence.parse().ok()?;
+            Some(Candidate {
+                sequence,
+                name,
+                owner,
+            })
         })
         .collect();
     queue.sort();
     queue
+}
+
+/// Whether a candidate node's `stat` shows it ephemeral to the session its
+/// name gives: leasehold created it; another program's node named like one
+/// is skipped.
+fn owned(candidate: &Candidate, stat: &zookeeper_client::Stat) -> bool {
+    u64::from_ne_bytes(stat.ephemeral_owner.to_ne_bytes()) == candidate.owner
+}
+
+fn warn_foreign(path: &str) {
+    tracing::warn!(
+        node = path,
+        "zookeeper: ignoring a node leasehold did not create among an election's candidates"
+    );
+}
+
+/// The root node's data when it is leasehold's marker.
+fn marker(version: i64) -> Vec<u8> {
+    format!("leasehold {version}").into_bytes()
+}
+
+/// The layout version in a root node's data, if it is leasehold's marker.
+fn marker_version(data: &[u8]) -> Option<i64> {
+    std::str::from_utf8(data)
+        .ok()?
+        .strip_prefix("leasehold ")?
+        .parse()
+        .ok()
+        .filter(|v| *v >= 1)
+}
+
+/// Refuses a root leasehold cannot use: not an absolute ZooKeeper path of
+/// plain segments, `/` itself, or ZooKeeper's reserved `/zookeeper`.
+fn check_root(root: &str) -> Result<()> {
+    let bad = |reason: String| Error::invalid("zookeeper root", format!("{root:?}: {reason}"));
+    if root.is_empty() {
+        return Err(Error::invalid(
+            "zookeeper root",
+            "/ is the whole ensemble; leasehold needs a node of its own below it, such as /leasehold",
+        ));
+    }
+    let Some(path) = root.strip_prefix('/') else {
+        return Err(bad("must start with /".into()));
+    };
+    for segment in path.split('/') {
+        if segment.is_empty() {
+            return Err(bad("has an empty segment".into()));
+        }
+        if segment == "." || segment == ".." {
+            return Err(bad(format!("segment {segment:?} is not allowed")));
+        }
+        // The characters ZooKeeper refuses in a path.
+        if segment.chars().any(|c| {
+            let u = u32::from(c);
+            [0..=0x1f, 0x7f..=0x9f, 0xd800..=0xf8ff, 0xfff0..=0xffff]
+                .iter()
+                .any(|r| r.contains(&u))
+        }) {
+            return Err(bad("has a character ZooKeeper does not allow".into()));
+        }
+    }
+    if path.split('/').next() == Some("zookeeper") {
+        return Err(bad(
+            "/zookeeper is ZooKeeper's own node; leasehold needs a node of its own".into(),
+        ));
+    }
+    Ok(())
 }
 
 fn session_prefix(session: SessionId) -> String {
@@ -182,23 +282,37 @@ fn token_of(stat: &zookeeper_client::Stat) -> FencingToken {
 
 impl ZkStore {
     /// Connects to the ensemble at `endpoints` (`host:port` each), keeping
-    /// leasehold's nodes under `root`, and creates `root` if needed.
+    /// leasehold's nodes under `root`, which the first use creates (with
+    /// leasehold's marker). A root that exists but was not created by
+    /// leasehold, or is inside another leasehold store, is refused with
+    /// [`Error::Corrupt`], one written by a newer leasehold with
+    /// [`Error::IncompatibleSchema`], `/zookeeper` and malformed paths
+    /// with [`Error::InvalidInput`]; nothing is written then.
     pub async fn connect(endpoints: &[String], root: &str) -> Result<Self> {
+        Self::open(endpoints, root, false).await
+    }
+
+    /// Connects as [`ZkStore::connect`] does, for reading only: writes
+    /// nothing and opens no session. A root that does not exist is
+    /// [`Error::NotFound`].
+    pub async fn connect_read_only(endpoints: &[String], root: &str) -> Result<Self> {
+        Self::open(endpoints, root, true).await
+    }
+
+    async fn open(endpoints: &[String], root: &str, read_only: bool) -> Result<Self> {
+        let root = root.trim_end_matches('/');
+        check_root(root)?;
         let store = ZkStore {
             inner: Arc::new(Inner {
                 cluster: endpoints.join(","),
-                root: root.trim_end_matches('/').to_owned(),
+                root: root.to_owned(),
+                read_only,
                 reader: tokio::sync::Mutex::new(None),
                 sessions: Mutex::new(HashMap::new()),
             }),
         };
         let reader = store.inner.reader().await?;
-        request(
-            "create the root node",
-            reader.mkdir(&store.inner.elections_dir(), &persistent()),
-        )
-        .await?
-        .map_err(|e| unavailable("create the root node", e))?;
+        store.inner.open_root(&reader).await?;
         Ok(store)
     }
 }
@@ -286,6 +400,149 @@ impl ZkStore {
 impl Inner {
     fn elections_dir(&self) -> String {
         format!("{}/elections", self.root)
+    }
+
+    /// Checks that the root is a leasehold store this build can use and,
+    /// unless read-only, creates it if it does not exist, or marks it if an
+    /// earlier leasehold made it. Writes nothing otherwise.
+    async fn open_root(&self, client: &Client) -> Result<()> {
+        let root = self.root.as_str();
+        // A store at an enclosing node: its nodes are not for us to use.
+        for (i, _) in root.match_indices('/').filter(|(i, _)| *i > 0) {
+            let outer = &root[..i];
+            match request("read the root node", client.get_data(outer)).await? {
+                Ok((data, _)) if marker_version(&data).is_some() => {
+                    return Err(Error::Corrupt(format!(
+                        "zookeeper node {root} is inside the leasehold store at {outer}; \
+                         use a root of its own"
+                    )));
+                }
+                Ok(_) => {}
+                Err(zookeeper_client::Error::NoNode) => break,
+                Err(error) => return Err(unavailable("read the root node", error)),
+            }
+        }
+        for _ in 0..ATTEMPTS {
+            let (data, stat) = match request("read the root node", client.get_data(root)).await? {
+                Ok(found) => found,
+                Err(zookeeper_client::Error::NoNode) => {
+                    if self.read_only {
+                        return Err(Error::NotFound(format!(
+                            "at zookeeper node {root}: nothing has campaigned there yet"
+                        )));
+                    }
+                    if self.create_root(client).await? {
+                        return Ok(());
+                    }
+                    // Created meanwhile by someone else: read it again.
+                    continue;
+                }
+                Err(error) => return Err(unavailable("read the root node", error)),
+            };
+            match marker_version(&data) {
+                Some(found) if found > LAYOUT_VERSION => {
+                    return Err(Error::IncompatibleSchema {
+                        found,
+                        supported: LAYOUT_VERSION,
+                    });
+                }
+                Some(_) if self.read_only => return Ok(()),
+                Some(_) => {
+                    // The root is leasehold's: put back its elections node
+                    // should someone have deleted it.
+                    let elections = self.elections_dir();
+                    return match request(
+                        "create the elections node",
+                        client.create(&elections, &[], &persistent()),
+                    )
+                    .await?
+                    {
+                        Ok(_) | Err(zookeeper_client::Error::NodeExists) => Ok(()),
+                        Err(error) => Err(unavailable("create the elections node", error)),
+                    };
+                }
+                None => {}
+            }
+            if !data.is_empty() || !self.has_earlier_layout(client).await? {
+                return Err(Error::Corrupt(format!(
+                    "zookeeper node {root} exists but leasehold did not create it \
+                     (it holds no leasehold marker); use a root of its own"
+                )));
+            }
+            if self.read_only {
+                return Ok(());
+            }
+            match request(
+                "mark the root node",
+                client.set_data(root, &marker(LAYOUT_VERSION), Some(stat.version)),
+            )
+            .await?
+            {
+                Ok(_) => {
+                    tracing::debug!(root, "marked an earlier leasehold's zookeeper root");
+                    return Ok(());
+                }
+                // Changed meanwhile: read it again.
+                Err(zookeeper_client::Error::BadVersion | zookeeper_client::Error::NoNode) => {}
+                Err(error) => return Err(unavailable("mark the root node", error)),
+            }
+        }
+        Err(Error::Unavailable {
+            reason: format!("zookeeper node {root} kept changing while leasehold checked it"),
+            source: None,
+        })
+    }
+
+    /// Creates the root with the marker and its `elections` node in one
+    /// transaction (after any missing parent, empty); `false` if the root
+    /// appeared meanwhile.
+    async fn create_root(&self, client: &Client) -> Result<bool> {
+        let root = self.root.as_str();
+        if let Some((parent, _)) = root.rsplit_once('/')
+            && !parent.is_empty()
+        {
+            request("create the root node", client.mkdir(parent, &persistent()))
+                .await?
+                .map_err(|e| unavailable("create the root node", e))?;
+        }
+        let mut multi = client.new_multi_writer();
+        let (elections, marker) = (self.elections_dir(), marker(LAYOUT_VERSION));
+        let options = persistent();
+        multi
+            .add_create(root, &marker, &options)
+            .and_then(|()| multi.add_create(&elections, &[], &options))
+            .map_err(|e| unavailable("create the root node", e))?;
+        let commit = multi.commit();
+        let committed = request("create the root node", async {
+            commit.await.map_err(zookeeper_client::Error::from)
+        })
+        .await?;
+        match committed {
+            Ok(_) => Ok(true),
+            Err(zookeeper_client::Error::NodeExists) => Ok(false),
+            Err(error) => Err(unavailable("create the root node", error)),
+        }
+    }
+
+    /// Whether the root has the shape an earlier leasehold (before the
+    /// marker) left: one child, `elections`, whose children are elections.
+    async fn has_earlier_layout(&self, client: &Client) -> Result<bool> {
+        let children = request("read the root node", client.list_children(&self.root))
+            .await?
+            .map_err(|e| unavailable("read the root node", e))?;
+        if children != ["elections"] {
+            return Ok(false);
+        }
+        match request(
+            "list elections",
+            client.list_children(&self.elections_dir()),
+        )
+        .await?
+        {
+            Ok(nodes) => Ok(nodes.iter().all(|n| decode(n).is_some())),
+            Err(zookeeper_client::Error::NoNode) => Ok(false),
+            Err(error) => Err(unavailable("list elections", error)),
+        }
     }
 
     fn election_dir(&self, election: &ElectionName) -> String {
@@ -402,34 +659,36 @@ impl Inner {
         }
     }
 
-    /// The leader of `election` as `client` reads it.
+    /// The leader of `election` as `client` reads it: the lowest candidate
+    /// node leasehold created (nodes it did not create are skipped).
     async fn leader_via(&self, client: &Client, election: &ElectionName) -> Result<Option<Leader>> {
         let dir = self.election_dir(election);
-        loop {
+        'list: loop {
             let children = match request("list candidates", client.list_children(&dir)).await? {
                 Ok(children) => children,
                 Err(zookeeper_client::Error::NoNode) => return Ok(None),
                 Err(error) => return Err(unavailable("list candidates", error)),
             };
-            let Some(first) = queue(children).into_iter().next() else {
-                return Ok(None);
-            };
-            let path = format!("{dir}/{}", first.name);
-            match request("read the leader", client.get_data(&path)).await? {
-                Ok((data, stat)) => {
-                    let (ttl, candidate) = parse_node_data(&path, &data)?;
-                    return Ok(Some(Leader {
-                        candidate,
-                        token: token_of(&stat),
-                        // ZooKeeper does not tell how long another client's
-                        // session has left: the negotiated timeout bounds it.
-                        expires_in: ttl,
-                    }));
+            for first in queue(children) {
+                let path = format!("{dir}/{}", first.name);
+                match request("read the leader", client.get_data(&path)).await? {
+                    Ok((_, stat)) if !owned(&first, &stat) => warn_foreign(&path),
+                    Ok((data, stat)) => {
+                        let (ttl, candidate) = parse_node_data(&path, &data)?;
+                        return Ok(Some(Leader {
+                            candidate,
+                            token: token_of(&stat),
+                            // ZooKeeper does not tell how long another client's
+                            // session has left: the negotiated timeout bounds it.
+                            expires_in: ttl,
+                        }));
+                    }
+                    // Gone between the list and the read: list again.
+                    Err(zookeeper_client::Error::NoNode) => continue 'list,
+                    Err(error) => return Err(unavailable("read the leader", error)),
                 }
-                // Gone between the list and the read: list again.
-                Err(zookeeper_client::Error::NoNode) => {}
-                Err(error) => return Err(unavailable("read the leader", error)),
             }
+            return Ok(None);
         }
     }
 
@@ -512,9 +771,14 @@ impl Drop for Withdraw {
 #[async_trait]
 impl Store for ZkStore {
     async fn open_session(&self, ttl: Duration) -> Result<SessionLease> {
-        if ttl.is_zero() {
-            return Err(Error::invalid("TTL", "must be greater than zero"));
+        if self.inner.read_only {
+            return Err(Error::invalid(
+                "session",
+                "the store was opened read-only (ZkStore::connect_read_only)",
+            ));
         }
+        // More than zero, at most MAX_TTL (a day).
+        crate::config::check_ttl(ttl)?;
         let sent = Instant::now();
         let client = self.inner.connect(ttl).await?;
         let granted = client.session_timeout();
@@ -606,12 +870,23 @@ impl Store for ZkStore {
         let dir = self.inner.election_dir(election);
         let expired = || Error::SessionExpired(session);
         let options = persistent();
-        tokio::select! {
+        // Not `mkdir`: if leasehold's nodes were deleted, nothing is
+        // created in their place.
+        let made = tokio::select! {
             biased;
             () = zk.ended.cancelled() => return Err(expired()),
-            made = request("create the election node", client.mkdir(&dir, &options)) => {
-                made?.map_err(|e| unavailable("create the election node", e))?;
+            made = request("create the election node", client.create(&dir, &[], &options)) => made?,
+        };
+        match made {
+            Ok(_) | Err(zookeeper_client::Error::NodeExists) => {}
+            Err(zookeeper_client::Error::NoNode) => {
+                return Err(Error::Corrupt(format!(
+                    "zookeeper node {} is gone: leasehold's nodes were deleted; nothing was written",
+                    self.inner.elections_dir()
+                )));
             }
+            Err(zookeeper_client::Error::SessionExpired) => return Err(expired()),
+            Err(error) => return Err(unavailable("create the election node", error)),
         }
         let prefix = session_prefix(session);
         let mut withdraw = Withdraw {
@@ -622,6 +897,9 @@ impl Store for ZkStore {
         };
         let ephemeral = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
         let (data, node_prefix) = (node_data(zk.ttl, candidate), format!("{dir}/{prefix}"));
+        // Nodes named like candidates that leasehold did not create; names
+        // are never reused under a parent.
+        let mut foreign: HashSet<String> = HashSet::new();
         loop {
             let listed = tokio::select! {
                 biased;
@@ -633,7 +911,8 @@ impl Store for ZkStore {
                 Err(zookeeper_client::Error::SessionExpired) => return Err(expired()),
                 Err(error) => return Err(unavailable("list candidates", error)),
             };
-            let queue = queue(children);
+            let mut queue = queue(children);
+            queue.retain(|c| !foreign.contains(&c.name));
             let mut mine = queue.iter().filter(|c| c.name.starts_with(&prefix));
             let Some(me) = mine.next().cloned() else {
                 let created = tokio::select! {
@@ -685,7 +964,8 @@ impl Store for ZkStore {
                     Err(error) => return Err(unavailable("read the candidate node", error)),
                 }
             }
-            let predecessor = format!("{dir}/{}", queue[position - 1].name);
+            let ahead = &queue[position - 1];
+            let predecessor = format!("{dir}/{}", ahead.name);
             let watched = tokio::select! {
                 biased;
                 () = zk.ended.cancelled() => return Err(expired()),
@@ -693,6 +973,11 @@ impl Store for ZkStore {
             };
             match watched {
                 Ok((None, _)) => continue,
+                Ok((Some(stat), _)) if !owned(ahead, &stat) => {
+                    // Not a candidate: it would never go away by itself.
+                    warn_foreign(&predecessor);
+                    foreign.insert(ahead.name.clone());
+                }
                 Ok((Some(_), watcher)) => {
                     tokio::select! {
                         biased;
@@ -720,14 +1005,17 @@ impl Store for ZkStore {
             Err(zookeeper_client::Error::NoNode) => return Err(not_holder()),
             Err(error) => return Err(unavailable("list candidates", error)),
         };
+        // The grant's node, if it is still there, is still the current
+        // grant: the nodes ahead of it were gone when it was granted, and
+        // later ones queue behind it.
         let prefix = session_prefix(grant.session);
-        let Some(first) = queue(children).into_iter().next() else {
+        let Some(mine) = queue(children)
+            .into_iter()
+            .find(|c| c.name.starts_with(&prefix))
+        else {
             return Err(not_holder());
         };
-        if !first.name.starts_with(&prefix) {
-            return Err(not_holder());
-        }
-        let path = format!("{dir}/{}", first.name);
+        let path = format!("{dir}/{}", mine.name);
         let stat = match request("read the candidate node", client.check_stat(&path)).await? {
             Ok(Some(stat)) => stat,
             Ok(None) => return Err(not_holder()),

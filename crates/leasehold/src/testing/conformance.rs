@@ -453,6 +453,22 @@ pub async fn invalid_input_is_rejected(harness: &dyn StoreHarness) {
         store.open_session(Duration::ZERO).await,
         Err(Error::InvalidInput { .. })
     ));
+    // Issue 13: a TTL beyond what every store keeps is refused up front,
+    // not sent to the store.
+    for too_long in [crate::MAX_TTL + Duration::from_millis(1), Duration::MAX] {
+        assert!(matches!(
+            store.open_session(too_long).await,
+            Err(Error::InvalidInput { .. })
+        ));
+        assert!(matches!(
+            Elector::new(
+                Arc::clone(&store),
+                candidate("a"),
+                LeaseConfig::with_ttl(too_long)
+            ),
+            Err(Error::InvalidInput { .. })
+        ));
+    }
     for bad in ["", "/abs", ".dot", "white space", &"x".repeat(201)] {
         assert!(matches!(
             ElectionName::new(bad),

@@ -345,3 +345,224 @@ async fn a_status_watch_reports_lost_quorum_then_the_state_after_it() {
         .expect("the watch reports the state once quorum is back")
         .expect("watch open");
 }
+
+// Issue 13: hostile input and a store that changes under us.
+
+/// Runs Debian's `etcdctl` against the cluster; its standard output.
+fn etcdctl(cluster: &EtcdCluster, args: &[&str]) -> String {
+    let out = std::process::Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={}", cluster.endpoints().join(",")))
+        .args(args)
+        .output()
+        .expect("etcdctl (Debian's etcd-client) runs");
+    assert!(
+        out.status.success(),
+        "etcdctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf-8")
+}
+
+/// Every key under `prefix` with its value, read with etcd's own client.
+fn dump(cluster: &EtcdCluster, prefix: &str) -> String {
+    etcdctl(cluster, &["get", "--prefix", prefix])
+}
+
+/// A prefix that holds other programs' keys is refused before anything is
+/// written, also read-only: leasehold put an empty value over a foreign
+/// key there. So are a prefix inside another leasehold store and one a
+/// newer leasehold wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefix_holding_other_programs_keys_is_refused_untouched() {
+    let cluster = cluster().await;
+    let endpoints = cluster.endpoints();
+    for (key, value) in [
+        ("/shared/app/config", "v=1"),
+        ("/shared/k/job", "precious"),
+        ("/shared/e/job/x", "user data e"),
+    ] {
+        etcdctl(&cluster, &["put", key, value]);
+    }
+    let before = dump(&cluster, "/shared");
+    for read_only in [false, true] {
+        let opened = if read_only {
+            EtcdStore::connect_read_only(&endpoints, "/shared").await
+        } else {
+            EtcdStore::connect(&endpoints, "/shared").await
+        };
+        match opened {
+            Err(leasehold::Error::Corrupt(message)) => {
+                assert!(message.contains("did not write"), "{message}");
+                assert!(message.contains("/shared"), "{message}");
+            }
+            other => panic!("read-only {read_only}: must be refused, got {other:?}"),
+        }
+    }
+    assert_eq!(dump(&cluster, "/shared"), before, "something was written");
+
+    // Inside another leasehold store.
+    EtcdStore::connect(&endpoints, "/outer")
+        .await
+        .expect("a store of its own");
+    match EtcdStore::connect(&endpoints, "/outer/e/x").await {
+        Err(leasehold::Error::Corrupt(message)) => assert!(message.contains("inside"), "{message}"),
+        other => panic!("a prefix inside a store must be refused, got {other:?}"),
+    }
+    assert_eq!(dump(&cluster, "/outer/e"), "", "something was written");
+
+    // Written by a newer leasehold.
+    etcdctl(&cluster, &["put", "/newer/leasehold", "leasehold 2"]);
+    match EtcdStore::connect(&endpoints, "/newer").await {
+        Err(leasehold::Error::IncompatibleSchema { found, supported }) => {
+            assert_eq!(
+                (found, supported),
+                (2, leasehold::store::etcd::LAYOUT_VERSION)
+            );
+        }
+        other => panic!("a newer layout must be refused, got {other:?}"),
+    }
+    assert_eq!(
+        dump(&cluster, "/newer"),
+        "/newer/leasehold\nleasehold 2\n",
+        "something was written"
+    );
+}
+
+/// Keys another program puts into leasehold's space later are never taken
+/// for a leader (one was reported as leading, `"id":"user data e"`, while
+/// `campaign` waited for it forever) and never overwritten (an election's
+/// key was put empty over a foreign value).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_leasehold_did_not_write_are_never_taken_for_a_leader_nor_overwritten() {
+    let cluster = cluster().await;
+    let store = EtcdStore::connect(&cluster.endpoints(), "/space")
+        .await
+        .expect("connect");
+    let job = leasehold::ElectionName::new("job").expect("name");
+    let other = leasehold::ElectionName::new("other").expect("name");
+    etcdctl(&cluster, &["put", "/space/e/job/user", "user data e"]);
+    etcdctl(&cluster, &["put", "/space/e/job/0000000000000001", "mimic"]);
+    etcdctl(&cluster, &["put", "/space/k/other", "precious"]);
+    assert_eq!(store.leader(&job).await.expect("read"), None);
+    let grant = tokio::time::timeout(
+        Duration::from_secs(10),
+        leasehold::testing::campaign_on_new_session(&store, &job, "a", Duration::from_secs(30)),
+    )
+    .await
+    .expect("the campaign does not wait for keys leasehold did not write");
+    let leader = store.leader(&job).await.expect("read").expect("a leads");
+    assert_eq!(leader.candidate.as_str(), "a");
+    assert_eq!(leader.token, grant.token);
+
+    let lease = store
+        .open_session(Duration::from_secs(30))
+        .await
+        .expect("open");
+    match store
+        .campaign(lease.id, &other, &CandidateId::new("a").expect("id"))
+        .await
+    {
+        Err(leasehold::Error::Corrupt(message)) => {
+            assert!(message.contains("/space/k/other"), "{message}");
+        }
+        other => panic!("a foreign value must not be overwritten, got {other:?}"),
+    }
+    assert_eq!(
+        etcdctl(&cluster, &["get", "/space/k/other", "--print-value-only"]),
+        "precious\n"
+    );
+    assert_eq!(
+        dump(&cluster, "/space/e/other"),
+        "",
+        "a candidate was written"
+    );
+    let listed: Vec<String> = store
+        .elections()
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|e| e.election.to_string())
+        .collect();
+    assert_eq!(listed, ["job"]);
+    assert_eq!(
+        etcdctl(&cluster, &["get", "/space/leasehold", "--print-value-only"]),
+        "leasehold 1\n",
+        "the first use writes the marker"
+    );
+}
+
+/// A prefix an earlier leasehold (before the marker) filled is read as it
+/// is read-only, and gets the marker on its first use for writing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefix_an_earlier_leasehold_filled_is_adopted() {
+    let cluster = cluster().await;
+    let endpoints = cluster.endpoints();
+    let granted = etcdctl(&cluster, &["lease", "grant", "60"]);
+    let lease = granted
+        .split_whitespace()
+        .nth(1)
+        .expect("`lease ID granted with TTL(60s)`")
+        .to_owned();
+    let id = i64::from_str_radix(&lease, 16).expect("hex lease id");
+    etcdctl(&cluster, &["put", "/old/k/job", ""]);
+    etcdctl(
+        &cluster,
+        &[
+            "put",
+            &format!("/old/e/job/{id:016x}"),
+            "earlier",
+            &format!("--lease={lease}"),
+        ],
+    );
+    let before = dump(&cluster, "/old");
+    let job = leasehold::ElectionName::new("job").expect("name");
+    let reader = EtcdStore::connect_read_only(&endpoints, "/old")
+        .await
+        .expect("read-only");
+    let leader = reader.leader(&job).await.expect("read").expect("a leader");
+    assert_eq!(leader.candidate.as_str(), "earlier");
+    assert_eq!(dump(&cluster, "/old"), before, "read-only wrote");
+    let store = EtcdStore::connect(&endpoints, "/old")
+        .await
+        .expect("adopted");
+    assert_eq!(
+        etcdctl(&cluster, &["get", "/old/leasehold", "--print-value-only"]),
+        "leasehold 1\n"
+    );
+    let leader = store.leader(&job).await.expect("read").expect("a leader");
+    assert_eq!(leader.candidate.as_str(), "earlier");
+}
+
+/// Reading a prefix where no store was ever created says so and writes
+/// nothing; a store opened read-only opens no session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reading_a_prefix_without_a_store_writes_nothing() {
+    let cluster = cluster().await;
+    let endpoints = cluster.endpoints();
+    match EtcdStore::connect_read_only(&endpoints, "/nothing").await {
+        Err(leasehold::Error::NotFound(message)) => {
+            assert!(message.contains("/nothing"), "{message}");
+        }
+        other => panic!("expected NotFound, got {other:?}"),
+    }
+    assert_eq!(dump(&cluster, ""), "", "something was written");
+    EtcdStore::connect(&endpoints, "/nothing")
+        .await
+        .expect("first use");
+    let reader = EtcdStore::connect_read_only(&endpoints, "/nothing")
+        .await
+        .expect("read-only");
+    let job = leasehold::ElectionName::new("job").expect("name");
+    assert_eq!(reader.leader(&job).await.expect("read"), None);
+    assert!(reader.elections().await.expect("list").is_empty());
+    assert!(matches!(
+        reader.open_session(Duration::from_secs(10)).await,
+        Err(leasehold::Error::InvalidInput { .. })
+    ));
+    assert_eq!(
+        dump(&cluster, ""),
+        "/nothing/leasehold\nleasehold 1\n",
+        "read-only wrote"
+    );
+}

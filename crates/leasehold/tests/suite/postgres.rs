@@ -403,3 +403,145 @@ async fn a_status_watch_reports_an_outage_then_the_state_after_it() {
     .expect("the watch reports the leader again once the server answers")
     .expect("watch open");
 }
+
+// Issue 13: hostile input and a store that changes under us.
+
+/// Every relation and function in `schema`, by name.
+async fn objects(client: &tokio_postgres::Client, schema: &str) -> Vec<String> {
+    client
+        .query(
+            "SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE n.nspname = $1
+             UNION ALL
+             SELECT p.proname::text FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+             WHERE n.nspname = $1
+             ORDER BY 1",
+            &[&schema],
+        )
+        .await
+        .expect("list objects")
+        .into_iter()
+        .map(|row| row.get(0))
+        .collect()
+}
+
+async fn schema_exists(client: &tokio_postgres::Client, schema: &str) -> bool {
+    client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)",
+            &[&schema],
+        )
+        .await
+        .expect("read pg_namespace")
+        .get(0)
+}
+
+/// PostgreSQL's own schemas are refused before connecting: `public` got
+/// leasehold's tables, sequences and functions among other programs'.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgresqls_own_schemas_are_refused_up_front() {
+    let server = server().await;
+    let admin = sql(&server.url()).await;
+    admin
+        .batch_execute("CREATE TABLE public.orders (id int)")
+        .await
+        .expect("another program's table");
+    let public = objects(&admin, "public").await;
+    let information_schema = objects(&admin, "information_schema").await;
+    for schema in [
+        "public",
+        "information_schema",
+        "pg_catalog",
+        "pg_temp",
+        "pg_leasehold",
+    ] {
+        for read_only in [false, true] {
+            let opened = if read_only {
+                PostgresStore::connect_read_only(&server.url(), schema).await
+            } else {
+                PostgresStore::connect(&server.url(), schema).await
+            };
+            match opened {
+                Err(Error::InvalidInput { reason, .. }) => {
+                    assert!(reason.contains("of its own"), "{schema}: {reason}");
+                }
+                other => panic!("{schema} (read-only {read_only}) must be refused, got {other:?}"),
+            }
+        }
+    }
+    assert_eq!(objects(&admin, "public").await, public, "written in public");
+    assert_eq!(
+        objects(&admin, "information_schema").await,
+        information_schema
+    );
+    assert!(!schema_exists(&admin, "pg_leasehold").await);
+}
+
+/// A schema leasehold did not create — another program's, or an empty one
+/// — is refused without writing: only a same-named table was refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_leasehold_did_not_create_is_refused_untouched() {
+    let server = server().await;
+    let admin = sql(&server.url()).await;
+    admin
+        .batch_execute(
+            "CREATE SCHEMA shop; CREATE TABLE shop.orders (id int);
+             CREATE SCHEMA empty;
+             CREATE SCHEMA versioned; CREATE TABLE versioned.schema_version (version bigint)",
+        )
+        .await
+        .expect("other programs' schemas");
+    for schema in ["shop", "empty", "versioned"] {
+        let before = objects(&admin, schema).await;
+        for read_only in [false, true] {
+            let opened = if read_only {
+                PostgresStore::connect_read_only(&server.url(), schema).await
+            } else {
+                PostgresStore::connect(&server.url(), schema).await
+            };
+            match opened {
+                Err(Error::Corrupt(message)) => assert!(
+                    message.contains("did not create") || message.contains("not created by"),
+                    "{schema}: {message}"
+                ),
+                other => panic!("{schema} (read-only {read_only}) must be refused, got {other:?}"),
+            }
+        }
+        assert_eq!(objects(&admin, schema).await, before, "{schema}: written");
+    }
+}
+
+/// Reading a schema that does not exist says so and creates nothing; a
+/// store opened read-only opens no session. A schema an earlier leasehold
+/// created (its `schema_version` is the marker) is used as it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reading_a_schema_that_does_not_exist_creates_nothing() {
+    let server = server().await;
+    let admin = sql(&server.url()).await;
+    match PostgresStore::connect_read_only(&server.url(), "nothing").await {
+        Err(Error::NotFound(message)) => assert!(message.contains("nothing"), "{message}"),
+        other => panic!("expected NotFound, got {other:?}"),
+    }
+    assert!(!schema_exists(&admin, "nothing").await, "created");
+    PostgresStore::connect(&server.url(), "nothing")
+        .await
+        .expect("first use");
+    let created = objects(&admin, "nothing").await;
+    let reader = PostgresStore::connect_read_only(&server.url(), "nothing")
+        .await
+        .expect("read-only");
+    let election = unique_election("read-only");
+    assert_eq!(reader.leader(&election).await.expect("read"), None);
+    assert!(reader.elections().await.expect("list").is_empty());
+    assert!(matches!(
+        reader.open_session(Duration::from_secs(10)).await,
+        Err(Error::InvalidInput { .. })
+    ));
+    assert_eq!(objects(&admin, "nothing").await, created);
+    let sessions: i64 = admin
+        .query_one("SELECT count(*) FROM nothing.sessions", &[])
+        .await
+        .expect("count")
+        .get(0);
+    assert_eq!(sessions, 0, "read-only wrote");
+}

@@ -172,3 +172,324 @@ fn concurrent_first_opens_all_succeed() {
         });
     }
 }
+
+// Issue 13: files leasehold did not create, and a store that changes under
+// a running process.
+
+const MINUTE: std::time::Duration = std::time::Duration::from_secs(60);
+
+fn sibling(path: &std::path::Path, suffix: &str) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(suffix);
+    name.into()
+}
+
+fn listing(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .expect("read dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+fn candidate(id: &str) -> leasehold::CandidateId {
+    leasehold::CandidateId::new(id).expect("id")
+}
+
+#[test]
+fn a_notify_file_holding_other_data_is_refused_and_left_untouched() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("leasehold.db");
+    let notify = sibling(&path, "-notify");
+    std::fs::write(&notify, "someone's data\n").expect("write");
+    let err = SqliteStore::open(&path).expect_err("a notify file leasehold did not create");
+    assert!(matches!(err, Error::Corrupt(_)), "{err:?}");
+    assert!(
+        err.to_string()
+            .contains("leasehold.db-notify holds other data, not leasehold's notify file"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&notify).expect("read"),
+        "someone's data\n"
+    );
+    assert_eq!(
+        listing(dir.path()),
+        ["leasehold.db-notify"],
+        "nothing created"
+    );
+}
+
+#[test]
+fn a_symlink_as_notify_file_is_refused_and_its_target_left_untouched() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("leasehold.db");
+    let target = dir.path().join("target.txt");
+    std::fs::write(&target, "the target's data\n").expect("write");
+    std::os::unix::fs::symlink(&target, sibling(&path, "-notify")).expect("symlink");
+    let err = SqliteStore::open(&path).expect_err("a symlink");
+    assert!(matches!(err, Error::Corrupt(_)), "{err:?}");
+    assert!(
+        err.to_string()
+            .contains("leasehold.db-notify is a symbolic link"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&target).expect("read"),
+        "the target's data\n"
+    );
+}
+
+#[test]
+fn a_fifo_as_notify_file_is_refused_without_blocking() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("leasehold.db");
+    nix::unistd::mkfifo(
+        &sibling(&path, "-notify"),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .expect("mkfifo");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let opening = path.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(SqliteStore::open(&opening).map(drop));
+    });
+    let err = rx
+        .recv_timeout(MINUTE)
+        .expect("opening hung on the FIFO")
+        .expect_err("a FIFO");
+    assert!(matches!(err, Error::Corrupt(_)), "{err:?}");
+    assert!(err.to_string().contains("-notify is a FIFO"), "{err}");
+}
+
+#[test]
+fn a_notify_file_of_another_user_is_refused() {
+    if !nix::unistd::geteuid().is_root() {
+        return; // only root can give a file to someone else
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("leasehold.db");
+    drop(SqliteStore::open(&path).expect("create"));
+    let notify = sibling(&path, "-notify");
+    let before = std::fs::read(&notify).expect("read");
+    nix::unistd::chown(&notify, Some(nix::unistd::Uid::from_raw(4242)), None).expect("chown");
+    let err = SqliteStore::open(&path).expect_err("someone else's file");
+    assert!(err.to_string().contains("belongs to user 4242"), "{err}");
+    assert_eq!(std::fs::read(&notify).expect("read"), before);
+}
+
+/// The notify file is created complete, with a marker, and announcing
+/// grants and releases never changes its content — nor that of the single
+/// byte earlier versions left.
+#[tokio::test]
+async fn the_notify_file_is_created_with_a_marker_and_never_changed() {
+    for legacy in [false, true] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("leasehold.db");
+        let notify = sibling(&path, "-notify");
+        if legacy {
+            std::fs::write(&notify, [1u8]).expect("write");
+        }
+        let store = SqliteStore::open(&path).expect("open");
+        let before = std::fs::read(&notify).expect("read");
+        if legacy {
+            assert_eq!(before, [1u8]);
+        } else {
+            assert!(
+                before.starts_with(b"\x01leasehold notify file\n"),
+                "{before:?}"
+            );
+        }
+        let election = leasehold::testing::unique_election("notify");
+        for _ in 0..3 {
+            let grant =
+                leasehold::testing::campaign_on_new_session(&store, &election, "a", MINUTE).await;
+            store.resign(&grant).await.expect("resign");
+            store.close_session(grant.session).await.expect("close");
+        }
+        assert_eq!(std::fs::read(&notify).expect("read"), before);
+    }
+}
+
+/// The database deleted (with its -wal and -shm) under a leader: the
+/// store learns it at once, the session is over, and the old handle
+/// neither writes nor creates anything any more.
+#[tokio::test]
+async fn a_deleted_database_ends_the_session_at_once_and_is_not_written() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("leasehold.db");
+    let store = SqliteStore::open(&path).expect("open");
+    let election = leasehold::testing::unique_election("deleted");
+    let grant = leasehold::testing::campaign_on_new_session(&store, &election, "a", MINUTE).await;
+    for suffix in ["", "-wal", "-shm"] {
+        std::fs::remove_file(sibling(&path, suffix)).expect("remove");
+    }
+    tokio::time::timeout(MINUTE, store.session_ended(grant.session))
+        .await
+        .expect("the store did not notice that its file was deleted");
+    assert!(
+        matches!(
+            store.keep_alive(grant.session).await,
+            Err(Error::SessionExpired(_))
+        ),
+        "a renewal must report the session gone"
+    );
+    let err = store.leader(&election).await.expect_err("a dead handle");
+    assert!(matches!(err, Error::Replaced(_)), "{err:?}");
+    assert!(
+        err.to_string().contains("it was deleted or moved away"),
+        "{err}"
+    );
+    assert!(matches!(
+        store.open_session(MINUTE).await,
+        Err(Error::Replaced(_))
+    ));
+    assert!(matches!(
+        store.resign(&grant).await,
+        Err(Error::Replaced(_))
+    ));
+    store
+        .close_session(grant.session)
+        .await
+        .expect("closing a session of a replaced file is not an error");
+    assert!(!path.exists(), "the old handle created a file at the path");
+}
+
+/// Another program's database moved onto the path under a leader: the
+/// leader's renewal fails before writing, its -wal is emptied so that
+/// SQLite cannot pair it with that file, a new open refuses the file, and
+/// the other program finds its database byte for byte as it was.
+#[tokio::test]
+async fn another_database_moved_onto_the_path_is_never_written() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("leasehold.db");
+    let store = SqliteStore::open(&path).expect("open");
+    let election = leasehold::testing::unique_election("moved");
+    let grant = leasehold::testing::campaign_on_new_session(&store, &election, "a", MINUTE).await;
+    let other = dir.path().join("app.db");
+    rusqlite_conn(&other)
+        .execute_batch("CREATE TABLE users (id INTEGER PRIMARY KEY); INSERT INTO users VALUES (7);")
+        .expect("create");
+    let before = std::fs::read(&other).expect("read");
+    std::fs::rename(&other, &path).expect("move onto the store");
+    assert!(matches!(
+        store.keep_alive(grant.session).await,
+        Err(Error::SessionExpired(_))
+    ));
+    let err = store.resign(&grant).await.expect_err("a dead handle");
+    assert!(
+        err.to_string().contains("another file is there now"),
+        "{err}"
+    );
+    let err = SqliteStore::open(&path).expect_err("the other program's database");
+    assert!(err.to_string().contains("another program"), "{err}");
+    drop(store);
+    assert_eq!(std::fs::read(&path).expect("read"), before);
+    let conn = rusqlite_conn(&path);
+    let id: i64 = conn
+        .query_row("SELECT id FROM users", [], |r| r.get(0))
+        .expect("the other program's table");
+    assert_eq!(id, 7);
+    let ours: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE name IN ('sessions', 'elections')",
+            [],
+            |r| r.get(0),
+        )
+        .expect("schema");
+    assert_eq!(ours, 0, "leasehold's tables appeared in the other database");
+    drop(conn);
+    assert_eq!(std::fs::read(&path).expect("read"), before);
+}
+
+/// While a process still uses the database that was at the path, a new
+/// one is not created there (nor granted): the old holder may still lead.
+/// Once it is gone, it is.
+#[test]
+fn a_new_database_waits_for_the_users_of_the_one_it_replaces() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("leasehold.db");
+    let old = SqliteStore::open(&path).expect("open");
+    for suffix in ["", "-wal", "-shm"] {
+        std::fs::remove_file(sibling(&path, suffix)).expect("remove");
+    }
+    let err = SqliteStore::open(&path).expect_err("created while the old one is in use");
+    assert!(err.is_transient(), "{err:?}");
+    assert!(
+        err.to_string()
+            .contains("processes still use the database that was at this path before"),
+        "{err}"
+    );
+    drop(old);
+    SqliteStore::open(&path).expect("created once the old one's users are gone");
+}
+
+/// Read-only opens (`status`, `list`, `observe`) create nothing: no file,
+/// no folder, no schema in an empty file, no notify file; a store that
+/// does not exist is `NotFound`.
+#[tokio::test]
+async fn a_read_only_open_creates_nothing() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for path in [dir.path().join("x.db"), dir.path().join("sub").join("x.db")] {
+        let url = leasehold::StoreUrl::Sqlite(path.clone());
+        let err = leasehold::store::open_read_only(&url)
+            .await
+            .expect_err("missing");
+        assert!(matches!(err, Error::NotFound(_)), "{err:?}");
+        assert!(err.to_string().contains("does not exist"), "{err}");
+    }
+    assert!(listing(dir.path()).is_empty(), "{:?}", listing(dir.path()));
+
+    let empty = dir.path().join("empty.db");
+    std::fs::write(&empty, "").expect("write");
+    let err = SqliteStore::open_read_only(&empty).expect_err("empty");
+    assert!(matches!(err, Error::NotFound(_)), "{err:?}");
+    assert!(err.to_string().contains("the file is empty"), "{err}");
+    assert_eq!(std::fs::metadata(&empty).expect("stat").len(), 0);
+
+    // An empty SQLite database: no leasehold schema is added.
+    let blank = dir.path().join("blank.db");
+    rusqlite_conn(&blank)
+        .pragma_update(None, "journal_mode", "WAL")
+        .expect("write a header");
+    let before = std::fs::read(&blank).expect("read");
+    let err = SqliteStore::open_read_only(&blank).expect_err("no schema");
+    assert!(matches!(err, Error::NotFound(_)), "{err:?}");
+    assert_eq!(std::fs::read(&blank).expect("read"), before);
+    assert_eq!(listing(dir.path()), ["blank.db", "empty.db"]);
+}
+
+#[tokio::test]
+async fn a_read_only_store_reads_and_refuses_to_write() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("leasehold.db");
+    let writer = SqliteStore::open(&path).expect("open");
+    let election = leasehold::testing::unique_election("ro");
+    let grant = leasehold::testing::campaign_on_new_session(&writer, &election, "a", MINUTE).await;
+    let reader = SqliteStore::open_read_only(&path).expect("open read-only");
+    let leader = reader.leader(&election).await.expect("read").expect("led");
+    assert_eq!(leader.token, grant.token);
+    assert_eq!(reader.elections().await.expect("list").len(), 1);
+    let watch = reader.watch_status(&election).await.expect("watch");
+    assert_eq!(watch.borrow().leader().map(|l| l.token), Some(grant.token));
+    for err in [
+        reader.open_session(MINUTE).await.expect_err("session"),
+        reader
+            .campaign(grant.session, &election, &candidate("b"))
+            .await
+            .expect_err("campaign"),
+        reader.resign(&grant).await.expect_err("resign"),
+    ] {
+        assert!(matches!(err, Error::InvalidInput { .. }), "{err:?}");
+        assert!(err.to_string().contains("read-only"), "{err}");
+    }
+    assert_eq!(
+        writer
+            .leader(&election)
+            .await
+            .expect("read")
+            .map(|l| l.token),
+        Some(grant.token)
+    );
+}

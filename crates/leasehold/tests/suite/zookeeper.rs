@@ -412,3 +412,207 @@ async fn a_status_watch_reports_a_lost_connection_then_the_state_after_it() {
     .expect("the watch sees the successor after the reconnect")
     .expect("watch open");
 }
+
+// Issue 13: hostile input and a store that changes under us.
+
+async fn raw_client(server: &ZooKeeperServer) -> zookeeper_client::Client {
+    zookeeper_client::Client::connect(&server.endpoints()[0])
+        .await
+        .expect("connect")
+}
+
+fn persistent() -> zookeeper_client::CreateOptions<'static> {
+    zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all())
+}
+
+async fn exists(client: &zookeeper_client::Client, path: &str) -> bool {
+    client.check_stat(path).await.expect("stat").is_some()
+}
+
+/// ZooKeeper's own `/zookeeper`, `/` and paths ZooKeeper would refuse are
+/// bad input, refused before anything is written: leasehold wrote inside
+/// `/zookeeper`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeepers_own_node_and_malformed_roots_are_refused() {
+    let server = server().await;
+    let raw = raw_client(&server).await;
+    for root in [
+        "/zookeeper",
+        "/zookeeper/leasehold",
+        "/a/../b",
+        "/a/./b",
+        "/a//b",
+        "/",
+        "relative",
+    ] {
+        for read_only in [false, true] {
+            let opened = if read_only {
+                ZkStore::connect_read_only(&server.endpoints(), root).await
+            } else {
+                ZkStore::connect(&server.endpoints(), root).await
+            };
+            assert!(
+                matches!(opened, Err(leasehold::Error::InvalidInput { .. })),
+                "{root} (read-only {read_only}): {opened:?}"
+            );
+        }
+    }
+    assert!(!exists(&raw, "/zookeeper/leasehold").await);
+    assert!(!exists(&raw, "/zookeeper/elections").await);
+    assert!(!exists(&raw, "/a").await);
+    assert!(!exists(&raw, "/elections").await);
+}
+
+/// A node leasehold did not create is refused without writing, also
+/// read-only; so are a root inside another leasehold store and one a newer
+/// leasehold wrote.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_leasehold_did_not_create_is_refused_untouched() {
+    let server = server().await;
+    let raw = raw_client(&server).await;
+    raw.create("/app", b"config", &persistent())
+        .await
+        .expect("another program's node");
+    raw.create("/app/x", b"1", &persistent())
+        .await
+        .expect("its child");
+    raw.create("/empty", b"", &persistent())
+        .await
+        .expect("an empty node");
+    raw.create("/newer", b"leasehold 2", &persistent())
+        .await
+        .expect("a newer leasehold's root");
+    for root in ["/app", "/empty"] {
+        for read_only in [false, true] {
+            let opened = if read_only {
+                ZkStore::connect_read_only(&server.endpoints(), root).await
+            } else {
+                ZkStore::connect(&server.endpoints(), root).await
+            };
+            match opened {
+                Err(leasehold::Error::Corrupt(message)) => {
+                    assert!(message.contains("did not create"), "{message}");
+                }
+                other => panic!("{root} (read-only {read_only}) must be refused, got {other:?}"),
+            }
+        }
+    }
+    assert_eq!(
+        raw.list_children("/app").await.expect("list"),
+        ["x"],
+        "written"
+    );
+    assert_eq!(raw.get_data("/app").await.expect("read").0, b"config");
+    assert!(raw.list_children("/empty").await.expect("list").is_empty());
+    assert_eq!(raw.get_data("/empty").await.expect("read").0, b"");
+    match ZkStore::connect(&server.endpoints(), "/newer").await {
+        Err(leasehold::Error::IncompatibleSchema { found, supported }) => assert_eq!(
+            (found, supported),
+            (2, leasehold::store::zookeeper::LAYOUT_VERSION)
+        ),
+        other => panic!("a newer layout must be refused, got {other:?}"),
+    }
+    assert!(raw.list_children("/newer").await.expect("list").is_empty());
+    ZkStore::connect(&server.endpoints(), "/outer")
+        .await
+        .expect("a store of its own");
+    match ZkStore::connect(&server.endpoints(), "/outer/elections/x").await {
+        Err(leasehold::Error::Corrupt(message)) => assert!(message.contains("inside"), "{message}"),
+        other => panic!("a root inside a store must be refused, got {other:?}"),
+    }
+    assert!(!exists(&raw, "/outer/elections/x").await);
+}
+
+/// Nodes another program creates among an election's candidates are never
+/// taken for a leader, and a campaign does not wait for them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nodes_leasehold_did_not_create_are_never_taken_for_a_leader() {
+    let server = server().await;
+    let raw = raw_client(&server).await;
+    let store = ZkStore::connect(&server.endpoints(), "/space")
+        .await
+        .expect("connect");
+    raw.mkdir("/space/elections/job", &persistent())
+        .await
+        .expect("the election's node");
+    let sequential = zookeeper_client::CreateMode::PersistentSequential
+        .with_acls(zookeeper_client::Acls::anyone_all());
+    let ephemeral = zookeeper_client::CreateMode::EphemeralSequential
+        .with_acls(zookeeper_client::Acls::anyone_all());
+    for (prefix, data, options) in [
+        ("c-", &b"100 user data e"[..], &sequential),
+        ("c-0123456789abcdef-", b"100 mimic", &sequential),
+        ("c-00000000000000ff-", b"100 not its session", &ephemeral),
+    ] {
+        raw.create(&format!("/space/elections/job/{prefix}"), data, options)
+            .await
+            .expect("a node leasehold did not create");
+    }
+    let job = leasehold::ElectionName::new("job").expect("name");
+    assert_eq!(store.leader(&job).await.expect("read"), None);
+    let grant = tokio::time::timeout(
+        Duration::from_secs(10),
+        leasehold::testing::campaign_on_new_session(&store, &job, "a", Duration::from_secs(10)),
+    )
+    .await
+    .expect("the campaign does not wait for nodes leasehold did not create");
+    let leader = store.leader(&job).await.expect("read").expect("a leads");
+    assert_eq!(leader.candidate.as_str(), "a");
+    assert_eq!(leader.token, grant.token);
+    store.resign(&grant).await.expect("resign");
+    assert_eq!(store.leader(&job).await.expect("read"), None);
+    assert_eq!(
+        raw.get_data("/space").await.expect("read").0,
+        b"leasehold 1",
+        "the first use writes the marker"
+    );
+}
+
+/// A root an earlier leasehold (before the marker) made is read as it is
+/// read-only, and marked on its first use for writing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_root_an_earlier_leasehold_made_is_adopted() {
+    let server = server().await;
+    let raw = raw_client(&server).await;
+    raw.mkdir("/old/elections/job", &persistent())
+        .await
+        .expect("an earlier leasehold's nodes");
+    let reader = ZkStore::connect_read_only(&server.endpoints(), "/old")
+        .await
+        .expect("read-only");
+    let job = leasehold::ElectionName::new("job").expect("name");
+    assert_eq!(reader.leader(&job).await.expect("read"), None);
+    assert_eq!(raw.get_data("/old").await.expect("read").0, b"", "written");
+    ZkStore::connect(&server.endpoints(), "/old")
+        .await
+        .expect("adopted");
+    assert_eq!(raw.get_data("/old").await.expect("read").0, b"leasehold 1");
+}
+
+/// Reading a root that does not exist says so and creates nothing; a store
+/// opened read-only opens no session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reading_a_root_that_does_not_exist_creates_nothing() {
+    let server = server().await;
+    let raw = raw_client(&server).await;
+    match ZkStore::connect_read_only(&server.endpoints(), "/team/nothing").await {
+        Err(leasehold::Error::NotFound(message)) => {
+            assert!(message.contains("/team/nothing"), "{message}");
+        }
+        other => panic!("expected NotFound, got {other:?}"),
+    }
+    assert!(!exists(&raw, "/team").await, "created");
+    ZkStore::connect(&server.endpoints(), "/team/nothing")
+        .await
+        .expect("first use");
+    let reader = ZkStore::connect_read_only(&server.endpoints(), "/team/nothing")
+        .await
+        .expect("read-only");
+    let job = leasehold::ElectionName::new("job").expect("name");
+    assert_eq!(reader.leader(&job).await.expect("read"), None);
+    assert!(reader.elections().await.expect("list").is_empty());
+    assert!(matches!(
+        reader.open_session(Duration::from_secs(10)).await,
+        Err(leasehold::Error::InvalidInput { .. })
+    ));
+}

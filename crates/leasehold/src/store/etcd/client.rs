@@ -65,6 +65,11 @@ impl Members {
         })
     }
 
+    /// `host:port` of every member, for messages.
+    pub(super) fn endpoints(&self) -> &[String] {
+        &self.endpoints
+    }
+
     pub(super) fn len(&self) -> usize {
         self.channels.len()
     }

@@ -22,6 +22,22 @@
 //! - The gRPC code is generated from `proto/etcd.proto` (the subset of
 //!   etcd's API that leasehold uses) and checked in, so building needs no
 //!   protobuf compiler.
+//!
+//! What is leasehold's: the keys under `{prefix}/` once the marker key
+//! `{prefix}/leasehold` (value `leasehold 1`, the layout version) is there.
+//! The first writer creates the marker in a transaction that requires the
+//! prefix to hold no key at all, and no enclosing prefix to hold a store,
+//! so a prefix that holds other programs' keys is refused before anything
+//! is written. A prefix that a version before the marker filled (only
+//! keys of leasehold's shape) gets the marker, in a transaction that
+//! requires no key to have changed since they were checked. Within the
+//! space, leasehold writes only keys it creates: a candidate key is
+//! created only if absent, and an election's `{prefix}/k/{election}` key
+//! only if absent (it is never overwritten). Keys it did not write that
+//! appear later are never taken for candidates: a candidate key is
+//! `{16 hex digits}` naming the lease attached to it, holding a candidate
+//! id; anything else is skipped, with a warning. A store opened read-only
+//! ([`EtcdStore::connect_read_only`]) writes nothing, not even the marker.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -60,6 +76,14 @@ use pb::{KeyValue, RangeRequest, RequestOp, TxnRequest, TxnResponse};
 
 /// Pause before re-establishing a broken watch.
 const WATCH_RETRY: Duration = Duration::from_millis(200);
+/// The layout of leasehold's keys that this build writes and understands,
+/// recorded in the marker key.
+pub const LAYOUT_VERSION: i64 = 1;
+/// The marker key's name under the prefix.
+const MARKER: &str = "leasehold";
+/// How often opening or campaigning re-reads a prefix that changed between
+/// its read and its write before giving up.
+const ATTEMPTS: usize = 5;
 
 /// The etcd store. Cloning shares the connections.
 #[derive(Clone)]
@@ -67,6 +91,8 @@ pub struct EtcdStore {
     members: Arc<Members>,
     prefix: String,
     keepers: Arc<Mutex<HashMap<i64, KeepAlive>>>,
+    /// Opened by [`EtcdStore::connect_read_only`]: opens no session.
+    read_only: bool,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -132,34 +158,306 @@ fn revision_of(header: Option<&pb::ResponseHeader>) -> i64 {
     header.map_or(0, |h| h.revision)
 }
 
+/// No key in `[key, range_end)` at all (an empty range compares as a key
+/// that was never created).
+fn no_key_in(range: &RangeRequest) -> pb::Compare {
+    pb::Compare {
+        range_end: range.range_end.clone(),
+        ..created_at(range.key.clone(), 0)
+    }
+}
+
+/// No key in `[key, range_end)` (or `key` alone, without a `range_end`)
+/// was created or changed after `revision`.
+fn unchanged_since(range: &RangeRequest, revision: i64) -> pb::Compare {
+    pb::Compare {
+        result: CompareResult::Less as i32,
+        target: CompareTarget::Mod as i32,
+        key: range.key.clone(),
+        target_union: Some(TargetUnion::ModRevision(revision.saturating_add(1))),
+        range_end: range.range_end.clone(),
+    }
+}
+
+/// `key` exists.
+fn exists(key: impl Into<Vec<u8>>) -> pb::Compare {
+    pb::Compare {
+        result: CompareResult::Greater as i32,
+        target: CompareTarget::Version as i32,
+        key: key.into(),
+        target_union: Some(TargetUnion::Version(0)),
+        range_end: Vec::new(),
+    }
+}
+
+fn shown(key: &[u8]) -> String {
+    format!("{:?}", String::from_utf8_lossy(key))
+}
+
+/// The candidate id in `kv` if it is a candidate key leasehold wrote in the
+/// election whose keys start with `election_prefix`: named by the lease
+/// attached to it (16 hex digits), holding a valid candidate id.
+fn candidate_of(election_prefix: &str, kv: &KeyValue) -> Option<CandidateId> {
+    let name = kv.key.strip_prefix(election_prefix.as_bytes())?;
+    if kv.lease <= 0 || name != format!("{:016x}", kv.lease).as_bytes() {
+        return None;
+    }
+    CandidateId::new(std::str::from_utf8(&kv.value).ok()?).ok()
+}
+
+/// The layout version a marker key records; `Corrupt` if it is not one.
+fn marker_version(kv: &KeyValue) -> Result<i64> {
+    std::str::from_utf8(&kv.value)
+        .ok()
+        .and_then(|v| v.strip_prefix("leasehold "))
+        .and_then(|v| v.parse::<i64>().ok())
+        .filter(|v| *v >= 1)
+        .ok_or_else(|| {
+            Error::Corrupt(format!(
+                "etcd key {} does not hold leasehold's marker; the prefix belongs to another program",
+                shown(&kv.key)
+            ))
+        })
+}
+
+/// What a prefix holds, read in one transaction.
+struct Survey {
+    revision: i64,
+    marker: Option<KeyValue>,
+    /// How many keys are under `{prefix}/`, the marker included.
+    keys: i64,
+    /// An enclosing prefix that holds a leasehold store.
+    enclosing: Option<String>,
+}
+
 impl EtcdStore {
     /// Connects to the cluster at `endpoints` (`host:port`) and checks that
     /// one of them answers; `prefix` is where leasehold keeps its keys.
+    /// The first use of a prefix creates the store there (the marker key);
+    /// a prefix holding keys leasehold did not write, or inside another
+    /// leasehold store, is refused with [`Error::Corrupt`] and left as it
+    /// is, and one written by a newer leasehold with
+    /// [`Error::IncompatibleSchema`].
     pub async fn connect(endpoints: &[String], prefix: &str) -> Result<Self> {
+        let store = Self::reach(endpoints, prefix, false).await?;
+        store.open_space().await?;
+        Ok(store)
+    }
+
+    /// Connects as [`EtcdStore::connect`] does, for reading only: writes
+    /// nothing, not even the marker, and opens no session. A prefix where
+    /// no leasehold store was ever created is [`Error::NotFound`].
+    pub async fn connect_read_only(endpoints: &[String], prefix: &str) -> Result<Self> {
+        let store = Self::reach(endpoints, prefix, true).await?;
+        store.open_space().await?;
+        Ok(store)
+    }
+
+    async fn reach(endpoints: &[String], prefix: &str, read_only: bool) -> Result<Self> {
         if endpoints.is_empty() {
             return Err(Error::invalid("etcd endpoints", "none given"));
         }
-        let store = EtcdStore {
+        Ok(EtcdStore {
             members: Arc::new(Members::new(endpoints)?),
             prefix: prefix.trim_end_matches('/').to_owned(),
             keepers: Default::default(),
+            read_only,
+        })
+    }
+
+    /// `{prefix}/`: every key of the store starts with it.
+    fn space(&self) -> String {
+        format!("{}/", self.prefix)
+    }
+
+    fn marker_key(&self) -> String {
+        format!("{}{MARKER}", self.space())
+    }
+
+    /// The marker keys a store at an enclosing prefix would have.
+    fn enclosing_markers(&self) -> Vec<String> {
+        self.prefix
+            .match_indices('/')
+            .filter(|(i, _)| *i > 0)
+            .map(|(i, _)| format!("{}/{MARKER}", &self.prefix[..i]))
+            .collect()
+    }
+
+    /// Reads the marker, how many keys the prefix holds and the markers of
+    /// enclosing prefixes, in one transaction.
+    async fn survey(&self) -> Result<Survey> {
+        let enclosing = self.enclosing_markers();
+        let mut reads = vec![
+            get(self.marker_key()),
+            RequestOp {
+                request: Some(pb::request_op::Request::RequestRange(RangeRequest {
+                    count_only: true,
+                    ..range_of_prefix(&self.space())
+                })),
+            },
+        ];
+        reads.extend(enclosing.iter().map(|key| get(key.clone())));
+        let txn = TxnRequest {
+            compare: Vec::new(),
+            success: reads,
+            failure: Vec::new(),
         };
-        // Fail now, with the endpoints named, rather than at the first campaign.
-        let known = RangeRequest {
-            count_only: true,
-            ..range_of_prefix(&store.known_key_prefix())
-        };
-        store.range("status check", known).await.map_err(|e| {
-            let cause = match e {
-                Error::Unavailable { reason, .. } => reason,
-                other => other.to_string(),
+        let read = self.txn("read the store", txn).await?;
+        let mut ranges = read.responses.into_iter().map(|r| match r.response {
+            Some(pb::response_op::Response::ResponseRange(range)) => range,
+            _ => pb::RangeResponse::default(),
+        });
+        let marker = ranges.next().and_then(|r| r.kvs.into_iter().next());
+        let keys = ranges.next().map_or(0, |r| r.count);
+        let enclosing = ranges
+            .zip(&enclosing)
+            .find(|(r, _)| r.kvs.first().is_some_and(|kv| marker_version(kv).is_ok()))
+            .and_then(|(_, key)| key.strip_suffix(&format!("/{MARKER}")).map(str::to_owned));
+        Ok(Survey {
+            revision: revision_of(read.header.as_ref()),
+            marker,
+            keys,
+            enclosing,
+        })
+    }
+
+    /// Checks that the prefix is a leasehold store this build can use, and
+    /// (unless read-only) makes it one if it is empty or was filled by a
+    /// leasehold without the marker. Writes nothing otherwise.
+    async fn open_space(&self) -> Result<()> {
+        for attempt in 0..ATTEMPTS {
+            let survey = if attempt == 0 {
+                // The first request: fail now, with the endpoints named,
+                // rather than at the first campaign.
+                self.survey().await.map_err(|e| {
+                    let cause = match e {
+                        Error::Unavailable { reason, .. } => reason,
+                        other => other.to_string(),
+                    };
+                    Error::Unavailable {
+                        reason: format!(
+                            "cannot reach etcd at {}: {cause}",
+                            self.members.endpoints().join(",")
+                        ),
+                        source: None,
+                    }
+                })?
+            } else {
+                self.survey().await?
             };
-            Error::Unavailable {
-                reason: format!("cannot reach etcd at {}: {cause}", endpoints.join(",")),
-                source: None,
+            if let Some(outer) = &survey.enclosing {
+                return Err(Error::Corrupt(format!(
+                    "etcd prefix {} is inside the leasehold store at prefix {outer}; \
+                     use a prefix of its own",
+                    self.prefix
+                )));
             }
-        })?;
-        Ok(store)
+            if let Some(marker) = &survey.marker {
+                let found = marker_version(marker)?;
+                if found > LAYOUT_VERSION {
+                    return Err(Error::IncompatibleSchema {
+                        found,
+                        supported: LAYOUT_VERSION,
+                    });
+                }
+                return Ok(());
+            }
+            let space = range_of_prefix(&self.space());
+            // No enclosing prefix became a store meanwhile.
+            let mut guards: Vec<pb::Compare> = self
+                .enclosing_markers()
+                .into_iter()
+                .map(|key| {
+                    let key = RangeRequest {
+                        key: key.into_bytes(),
+                        ..Default::default()
+                    };
+                    unchanged_since(&key, survey.revision)
+                })
+                .collect();
+            if survey.keys == 0 {
+                if self.read_only {
+                    return Err(Error::NotFound(format!(
+                        "at etcd prefix {}: nothing has campaigned there yet",
+                        self.prefix
+                    )));
+                }
+                guards.push(no_key_in(&space));
+            } else {
+                self.check_earlier_layout(&space, survey.revision).await?;
+                if self.read_only {
+                    return Ok(());
+                }
+                guards.push(created_at(self.marker_key(), 0));
+                guards.push(unchanged_since(&space, survey.revision));
+            }
+            let txn = TxnRequest {
+                compare: guards,
+                success: vec![put(
+                    self.marker_key(),
+                    format!("leasehold {LAYOUT_VERSION}"),
+                    0,
+                )],
+                failure: Vec::new(),
+            };
+            if self.txn("create the store", txn).await?.succeeded {
+                tracing::debug!(prefix = %self.prefix, adopted = survey.keys > 0,
+                    "marked the etcd prefix as leasehold's");
+                return Ok(());
+            }
+            // The prefix changed between the read and the write: read again.
+        }
+        Err(Error::Unavailable {
+            reason: format!(
+                "etcd prefix {} kept changing while leasehold checked it",
+                self.prefix
+            ),
+            source: None,
+        })
+    }
+
+    /// Checks that every key under the prefix (read at `revision`) has the
+    /// shape a leasehold without the marker wrote: `k/{election}` keys,
+    /// empty and without a lease, and candidate keys. `Corrupt`, naming
+    /// one key, otherwise.
+    async fn check_earlier_layout(&self, space: &RangeRequest, revision: i64) -> Result<()> {
+        let all = self
+            .range(
+                "read the store",
+                RangeRequest {
+                    revision,
+                    ..space.clone()
+                },
+            )
+            .await?;
+        let space = self.space();
+        let foreign = all.kvs.iter().find(|kv| {
+            let Some(rest) = kv.key.strip_prefix(space.as_bytes()) else {
+                return true;
+            };
+            if let Some(name) = rest.strip_prefix(b"k/") {
+                let named = std::str::from_utf8(name).is_ok_and(|n| ElectionName::new(n).is_ok());
+                return !(named && kv.value.is_empty() && kv.lease == 0);
+            }
+            let candidate = rest
+                .strip_prefix(b"e/")
+                .and_then(|rest| std::str::from_utf8(rest).ok())
+                .and_then(|rest| rest.rsplit_once('/'))
+                .and_then(|(escaped, _)| ElectionName::new(escaped.replace("%2F", "/")).ok())
+                .is_some_and(|election| {
+                    candidate_of(&self.election_prefix(&election), kv).is_some()
+                });
+            !candidate
+        });
+        match foreign {
+            None => Ok(()),
+            Some(kv) => Err(Error::Corrupt(format!(
+                "etcd prefix {} holds keys leasehold did not write (such as {}); \
+                 use a prefix of its own",
+                self.prefix,
+                shown(&kv.key)
+            ))),
+        }
     }
 
     /// `{prefix}/e/{election}/`; slashes in the name are escaped so that no
@@ -214,28 +512,101 @@ impl EtcdStore {
             .await
     }
 
-    /// The lowest candidate of `election` and the revision of the read.
-    async fn first_candidate(&self, election: &ElectionName) -> Result<(Option<KeyValue>, i64)> {
+    /// The lowest candidate leasehold wrote in `election`, with its
+    /// candidate id, and the revision of the read. Keys it did not write
+    /// are skipped.
+    async fn first_candidate(
+        &self,
+        election: &ElectionName,
+    ) -> Result<(Option<(KeyValue, CandidateId)>, i64)> {
+        let prefix = self.election_prefix(election);
         let range = RangeRequest {
             sort_target: SortTarget::Create as i32,
             sort_order: SortOrder::Ascend as i32,
             limit: 1,
-            ..range_of_prefix(&self.election_prefix(election))
+            ..range_of_prefix(&prefix)
         };
-        let found = self.range("get", range).await?;
-        Ok((
-            found.kvs.into_iter().next(),
-            revision_of(found.header.as_ref()),
-        ))
+        let found = self.range("get", range.clone()).await?;
+        let revision = revision_of(found.header.as_ref());
+        let Some(first) = found.kvs.into_iter().next() else {
+            return Ok((None, revision));
+        };
+        if let Some(candidate) = candidate_of(&prefix, &first) {
+            return Ok((Some((first, candidate)), revision));
+        }
+        // A key leasehold did not write: read the whole range, at the same
+        // revision, and take the first candidate key in it.
+        warn_foreign(&first);
+        let all = self
+            .range(
+                "get",
+                RangeRequest {
+                    limit: 0,
+                    revision,
+                    ..range
+                },
+            )
+            .await?;
+        let first = all
+            .kvs
+            .into_iter()
+            .find_map(|kv| candidate_of(&prefix, &kv).map(|c| (kv, c)));
+        Ok((first, revision))
     }
 
-    async fn to_leader(&self, kv: &KeyValue) -> Result<Leader> {
-        let candidate = CandidateId::new(String::from_utf8_lossy(&kv.value)).map_err(|e| {
-            Error::Corrupt(format!(
-                "etcd key {:?}: {e}",
-                String::from_utf8_lossy(&kv.key)
-            ))
-        })?;
+    /// The candidate key just ahead of the one created at `my_revision`,
+    /// skipping keys leasehold did not write; `Ok(None)` when there is
+    /// none, `Err(None)` when the key created at `my_revision` is gone.
+    /// With the revision of the read.
+    async fn predecessor(
+        &self,
+        election: &ElectionName,
+        my_revision: i64,
+    ) -> Result<(std::result::Result<Option<KeyValue>, ()>, i64)> {
+        let prefix = self.election_prefix(election);
+        // Our key and the candidate just ahead of it, in one read.
+        let range = RangeRequest {
+            max_create_revision: my_revision,
+            sort_target: SortTarget::Create as i32,
+            sort_order: SortOrder::Descend as i32,
+            limit: 2,
+            ..range_of_prefix(&prefix)
+        };
+        let found = self.range("get", range.clone()).await?;
+        let revision = revision_of(found.header.as_ref());
+        let mut kvs = found.kvs.into_iter();
+        if kvs
+            .next()
+            .is_none_or(|kv| kv.create_revision != my_revision)
+        {
+            return Ok((Err(()), revision));
+        }
+        let Some(next) = kvs.next() else {
+            return Ok((Ok(None), revision));
+        };
+        if candidate_of(&prefix, &next).is_some() {
+            return Ok((Ok(Some(next)), revision));
+        }
+        warn_foreign(&next);
+        let all = self
+            .range(
+                "get",
+                RangeRequest {
+                    limit: 0,
+                    revision,
+                    ..range
+                },
+            )
+            .await?;
+        let ahead = all
+            .kvs
+            .into_iter()
+            .filter(|kv| kv.create_revision < my_revision)
+            .find(|kv| candidate_of(&prefix, kv).is_some());
+        Ok((Ok(ahead), revision))
+    }
+
+    async fn to_leader(&self, kv: &KeyValue, candidate: CandidateId) -> Result<Leader> {
         let id = kv.lease;
         let ttl = self
             .members
@@ -255,10 +626,102 @@ impl EtcdStore {
     async fn leader_at(&self, election: &ElectionName) -> Result<(Option<Leader>, i64)> {
         let (first, revision) = self.first_candidate(election).await?;
         let leader = match first {
-            Some(kv) => Some(self.to_leader(&kv).await?),
+            Some((kv, candidate)) => Some(self.to_leader(&kv, candidate).await?),
             None => None,
         };
         Ok((leader, revision))
+    }
+
+    /// Creates `session`'s candidate key in `election`, only if absent, and
+    /// for an election new to the store its `k/` key, only if absent: a
+    /// key that is there is never overwritten. Both only while the marker
+    /// is there. The key's create revision, and whether this call created
+    /// it (`false`: the session was a candidate already).
+    async fn create_candidate(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        candidate: &CandidateId,
+    ) -> Result<(i64, bool)> {
+        let lease = Self::lease_id(session)?;
+        let key = self.candidate_key(election, session);
+        let known = self.known_key(election);
+        let marker = self.marker_key();
+        // Most campaigns are for an election the store has seen before.
+        let mut known_exists = true;
+        for _ in 0..ATTEMPTS {
+            let mut compare = vec![exists(marker.clone()), created_at(key.clone(), 0)];
+            let mut success = vec![put(key.clone(), candidate.as_str(), lease)];
+            if known_exists {
+                // leasehold writes it empty; anything else is not its own.
+                compare.push(pb::Compare {
+                    result: CompareResult::Equal as i32,
+                    target: CompareTarget::Value as i32,
+                    key: known.clone().into_bytes(),
+                    target_union: Some(TargetUnion::Value(Vec::new())),
+                    range_end: Vec::new(),
+                });
+            } else {
+                compare.push(created_at(known.clone(), 0));
+                success.push(put(known.clone(), "", 0));
+            }
+            let txn = TxnRequest {
+                compare,
+                success,
+                failure: vec![get(key.clone()), get(known.clone()), get(marker.clone())],
+            };
+            let done = match self.txn("campaign", txn).await {
+                Err(error) if client::is_lease_not_found_error(&error) => {
+                    return Err(Error::SessionExpired(session));
+                }
+                other => other?,
+            };
+            if done.succeeded {
+                return Ok((revision_of(done.header.as_ref()), true));
+            }
+            let mut found = done.responses.into_iter().map(|r| match r.response {
+                Some(pb::response_op::Response::ResponseRange(range)) => {
+                    range.kvs.into_iter().next()
+                }
+                _ => None,
+            });
+            let (mine, known_kv, marker_kv) = (
+                found.next().flatten(),
+                found.next().flatten(),
+                found.next().flatten(),
+            );
+            if let Some(mine) = mine {
+                if mine.lease == lease {
+                    return Ok((mine.create_revision, false));
+                }
+                return Err(Error::Corrupt(format!(
+                    "etcd key {} was not written by this session; leasehold does not overwrite it",
+                    shown(&mine.key)
+                )));
+            }
+            if marker_kv.is_none() {
+                return Err(Error::Corrupt(format!(
+                    "the marker key {marker:?} is gone: leasehold's keys under etcd prefix {} \
+                     were deleted; nothing was written",
+                    self.prefix
+                )));
+            }
+            match known_kv {
+                None => known_exists = false,
+                Some(kv) if kv.value.is_empty() => known_exists = true,
+                Some(kv) => {
+                    return Err(Error::Corrupt(format!(
+                        "etcd key {} holds a value leasehold did not write; \
+                         leasehold does not overwrite it",
+                        shown(&kv.key)
+                    )));
+                }
+            }
+        }
+        Err(Error::Unavailable {
+            reason: format!("etcd campaign: the keys of election {election} kept changing"),
+            source: None,
+        })
     }
 
     /// Waits until `key` is deleted, watching from `from_revision`. Returns
@@ -335,6 +798,14 @@ impl EtcdStore {
     }
 }
 
+/// Logs a key in an election's candidates that leasehold did not write.
+fn warn_foreign(kv: &KeyValue) {
+    tracing::warn!(
+        key = %String::from_utf8_lossy(&kv.key),
+        "etcd: ignoring a key leasehold did not write among an election's candidates"
+    );
+}
+
 /// Deletes a candidate key whose campaign was dropped before it completed,
 /// so a cancelled campaign never comes to hold the election later.
 struct WithdrawIfAbandoned {
@@ -387,7 +858,7 @@ impl EtcdStore {
             return Ok(());
         }
         match self.first_candidate(&grant.election).await?.0 {
-            Some(kv) if kv.create_revision > token => Err(Error::Stale {
+            Some((kv, _)) if kv.create_revision > token => Err(Error::Stale {
                 resource: key.to_owned(),
                 presented: grant.token,
                 highest: FencingToken(kv.create_revision.unsigned_abs()),
@@ -403,9 +874,14 @@ impl EtcdStore {
 #[async_trait]
 impl Store for EtcdStore {
     async fn open_session(&self, ttl: Duration) -> Result<SessionLease> {
-        if ttl.is_zero() {
-            return Err(Error::invalid("TTL", "must be greater than zero"));
+        if self.read_only {
+            return Err(Error::invalid(
+                "session",
+                "the store was opened read-only (EtcdStore::connect_read_only)",
+            ));
         }
+        // More than zero, at most MAX_TTL (a day).
+        crate::config::check_ttl(ttl)?;
         // etcd leases have whole seconds; round up, never down.
         let seconds = i64::try_from(ttl.as_millis().div_ceil(1000))
             .map_err(|_| Error::invalid("TTL", format!("{ttl:?} is too long")))?;
@@ -460,64 +936,26 @@ impl Store for EtcdStore {
         election: &ElectionName,
         candidate: &CandidateId,
     ) -> Result<Grant> {
-        let lease = Self::lease_id(session)?;
-        let key = self.candidate_key(election, session);
-        let txn = TxnRequest {
-            compare: vec![created_at(key.clone(), 0)],
-            success: vec![
-                put(key.clone(), candidate.as_str(), lease),
-                put(self.known_key(election), "", 0),
-            ],
-            failure: vec![get(key.clone())],
-        };
-        let created = match self.txn("campaign", txn).await {
-            Err(error) if client::is_lease_not_found_error(&error) => {
-                return Err(Error::SessionExpired(session));
-            }
-            other => other?,
-        };
-        let my_revision = if created.succeeded {
-            revision_of(created.header.as_ref())
-        } else {
-            created
-                .responses
-                .into_iter()
-                .find_map(|r| match r.response {
-                    Some(pb::response_op::Response::ResponseRange(range)) => {
-                        range.kvs.first().map(|kv| kv.create_revision)
-                    }
-                    _ => None,
-                })
-                .ok_or(Error::SessionExpired(session))?
-        };
+        let (my_revision, created) = self.create_candidate(session, election, candidate).await?;
         let mut guard = WithdrawIfAbandoned {
-            armed: created
-                .succeeded
-                .then(|| (self.clone(), key.clone(), my_revision)),
+            armed: created.then(|| {
+                (
+                    self.clone(),
+                    self.candidate_key(election, session),
+                    my_revision,
+                )
+            }),
         };
         loop {
-            // Our key and the candidate just ahead of it, in one read.
-            let range = RangeRequest {
-                max_create_revision: my_revision,
-                sort_target: SortTarget::Create as i32,
-                sort_order: SortOrder::Descend as i32,
-                limit: 2,
-                ..range_of_prefix(&self.election_prefix(election))
-            };
-            let found = self.range("get", range).await?;
-            let revision = revision_of(found.header.as_ref());
-            let mut kvs = found.kvs.into_iter();
-            let mine = kvs.next().filter(|kv| kv.create_revision == my_revision);
-            if mine.is_none() {
+            let (ahead, revision) = self.predecessor(election, my_revision).await?;
+            match ahead {
                 // Our key is gone: the lease expired (or was revoked).
-                return Err(Error::SessionExpired(session));
-            }
-            match kvs.next() {
-                Some(predecessor) => {
+                Err(()) => return Err(Error::SessionExpired(session)),
+                Ok(Some(predecessor)) => {
                     let predecessor = String::from_utf8_lossy(&predecessor.key).into_owned();
                     self.wait_deleted(&predecessor, revision + 1).await;
                 }
-                None => {
+                Ok(None) => {
                     guard.armed = None;
                     return Ok(Grant {
                         election: election.clone(),
@@ -618,22 +1056,21 @@ impl Store for EtcdStore {
 
     async fn elections(&self) -> Result<Vec<ElectionState>> {
         let prefix = self.known_key_prefix();
-        let known = self
-            .range(
-                "get",
-                RangeRequest {
-                    keys_only: true,
-                    ..range_of_prefix(&prefix)
-                },
-            )
-            .await?;
+        let known = self.range("get", range_of_prefix(&prefix)).await?;
         let mut states = Vec::new();
         for kv in &known.kvs {
-            let name = String::from_utf8_lossy(&kv.key)
-                .trim_start_matches(&prefix)
-                .to_owned();
-            let election = ElectionName::new(name)
-                .map_err(|e| Error::Corrupt(format!("etcd election key: {e}")))?;
+            // leasehold writes these keys empty and without a lease.
+            let election = kv
+                .key
+                .strip_prefix(prefix.as_bytes())
+                .and_then(|name| std::str::from_utf8(name).ok())
+                .and_then(|name| ElectionName::new(name).ok())
+                .filter(|_| kv.value.is_empty() && kv.lease == 0);
+            let Some(election) = election else {
+                tracing::warn!(key = %String::from_utf8_lossy(&kv.key),
+                    "etcd: ignoring a key leasehold did not write among the elections");
+                continue;
+            };
             let leader = self.leader(&election).await?;
             states.push(ElectionState { election, leader });
         }

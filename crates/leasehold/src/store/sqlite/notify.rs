@@ -1,24 +1,68 @@
 //! Learns that another process changed an election: after every commit that
-//! grants or releases, the writer rewrites a few bytes of `<db>-notify`, and
-//! an inotify watch on the database's folder sees it.
+//! grants or releases, the writer writes the first byte of `<db>-notify`,
+//! and an inotify watch on the database's folder sees it.
 //!
 //! Why not watch `<db>-wal`? SQLite writes the WAL frames *before* the commit
 //! becomes visible (the wal-index in shared memory is updated last, which
 //! inotify cannot see), so a reader woken by the WAL write can still read
 //! the old state and then sleep through the change.
+//!
+//! The notify file is leasehold's own, and leasehold writes no other:
+//!
+//! - It is created only where nothing exists, complete with its content
+//!   (written to a new file of its own, then hard-linked into place, which
+//!   never replaces anything).
+//! - An existing one is used only if it is a regular file, not a symbolic
+//!   link (opened with `O_NOFOLLOW | O_NONBLOCK`, so a FIFO never blocks),
+//!   owned by the database's owner or by this user, whose content starts
+//!   with [`MARKER`] (or is the single byte 0x01 that earlier versions
+//!   wrote). Anything else is refused before anything is written.
+//! - The only write is the byte 0x01 at offset 0, which is already there:
+//!   the content never changes; the write is what wakes the watchers. The
+//!   marker is checked again before each write.
+//!
+//! The file also carries the database's *generation lock* (`flock`): every
+//! process using the database holds it shared; creating a new database at
+//! the path takes it exclusive. A process that still uses an earlier
+//! database at this path (deleted or replaced under it) thus keeps a new
+//! one from being created, and granted, until it has stopped.
 
 use std::ffi::OsString;
+use std::fs::{File, OpenOptions};
+use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
-use std::path::Path;
+use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg, OFlag};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::error::{Error, Result};
+
 /// Appended to the database's file name to name the file writers touch.
 pub(super) const NOTIFY_SUFFIX: &str = "-notify";
+
+/// How every notify file leasehold creates begins. Its first byte is the
+/// byte announcements write, so writing it changes nothing.
+pub(super) const MARKER: &[u8] = b"\x01leasehold notify file\n";
+
+/// The whole content of a new notify file.
+const CONTENT: &[u8] = b"\x01leasehold notify file\n\
+leasehold writes the byte 0x01 over the first byte of this file after every\n\
+grant or release in the database next to it, so that waiting processes on\n\
+this host wake up; the content never changes. Processes using the database\n\
+hold a shared lock on this file. It may be removed while no leasehold\n\
+process uses the database.\n";
+
+/// What earlier versions of leasehold left in the file.
+const LEGACY: &[u8] = &[1];
 
 /// If inotify cannot be used (e.g. the per-user instance limit is reached),
 /// waiters fall back to re-reading on this period.
@@ -45,67 +89,302 @@ fn register(fd: InotifyFd) -> std::io::Result<AsyncFd<InotifyFd>> {
         .map_err(std::io::Error::from)
 }
 
-/// Tells waiters in every process that an election changed: rewrites the
-/// notify file, which raises an inotify event in every watcher. Called only
-/// after the change is committed, so a woken reader sees it.
-#[derive(Debug)]
-pub(super) struct Announcer {
-    path: std::path::PathBuf,
-    file: std::sync::Mutex<Option<std::fs::File>>,
+/// `<db>-notify`.
+pub(super) fn notify_path(db_path: &Path) -> PathBuf {
+    let mut name = db_path.as_os_str().to_owned();
+    name.push(NOTIFY_SUFFIX);
+    name.into()
 }
 
-impl Announcer {
-    pub(super) fn new(db_path: &Path) -> Self {
-        let mut name = db_path.as_os_str().to_owned();
-        name.push(NOTIFY_SUFFIX);
-        Announcer {
-            path: name.into(),
-            file: std::sync::Mutex::new(None),
-        }
-    }
+/// The notify file next to a database: leasehold's own, open for
+/// announcing changes and for the generation lock.
+#[derive(Debug)]
+pub(super) struct NotifyFile {
+    path: PathBuf,
+    file: File,
+    /// Opened for writing; a notify file this user may not write still
+    /// carries the lock, and waiters wake at the holder's expiry instead.
+    writable: bool,
+    /// Set once announcing failed, so that the failure is logged once.
+    failed: AtomicBool,
+    lock: Mutex<Option<Flock<File>>>,
+}
 
-    /// Best effort: if the file cannot be written, waiters still wake at the
-    /// holder's expiry, so a failure costs speed, never safety.
-    pub(super) fn announce(&self) {
-        use std::os::unix::fs::FileExt;
-        let mut file = self.file.lock().unwrap_or_else(|p| p.into_inner());
-        if file.is_none() {
-            match std::fs::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(&self.path)
+/// What a file type is, for messages.
+fn kind(file_type: std::fs::FileType) -> &'static str {
+    if file_type.is_symlink() {
+        "a symbolic link"
+    } else if file_type.is_dir() {
+        "a directory"
+    } else if file_type.is_fifo() {
+        "a FIFO"
+    } else if file_type.is_socket() {
+        "a socket"
+    } else if file_type.is_block_device() || file_type.is_char_device() {
+        "a device"
+    } else {
+        "not a regular file"
+    }
+}
+
+fn not_ours(path: &Path, why: impl std::fmt::Display) -> Error {
+    Error::Corrupt(format!(
+        "{} {why}, not leasehold's notify file; leasehold writes only files it created: move it away",
+        path.display()
+    ))
+}
+
+/// Opens the notify file next to `db_path` if there is one (`None` if
+/// not), refusing anything leasehold did not create. `owners` are the uids
+/// it may belong to.
+pub(super) fn open_existing(db_path: &Path, owners: &[u32]) -> Result<Option<NotifyFile>> {
+    let path = notify_path(db_path);
+    let shown = path.display();
+    let meta = match std::fs::symlink_metadata(&path) {
+        Ok(meta) => meta,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(error) => {
+            return Err(Error::unavailable(
+                format!("cannot inspect {shown}: {error}"),
+                error,
+            ));
+        }
+    };
+    if !meta.file_type().is_file() {
+        return Err(not_ours(
+            &path,
+            format_args!("is {}", kind(meta.file_type())),
+        ));
+    }
+    let flags = (OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK).bits();
+    let opened = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(flags)
+        .open(&path);
+    let (file, writable) = match opened {
+        Ok(file) => (file, true),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(error) if error.raw_os_error() == Some(Errno::ELOOP as i32) => {
+            return Err(not_ours(&path, "is a symbolic link"));
+        }
+        Err(error)
+            if matches!(
+                Errno::from_raw(error.raw_os_error().unwrap_or(0)),
+                Errno::EACCES | Errno::EPERM | Errno::EROFS
+            ) =>
+        {
+            match OpenOptions::new()
+                .read(true)
+                .custom_flags(flags)
+                .open(&path)
             {
-                Ok(f) => *file = Some(f),
+                Ok(file) => (file, false),
                 Err(error) => {
-                    tracing::warn!(path = %self.path.display(), %error, "cannot open the notify file; waiters will be slower");
-                    return;
+                    return Err(Error::unavailable(
+                        format!("cannot open {shown}: {error}"),
+                        error,
+                    ));
                 }
             }
         }
-        if let Some(f) = file.as_ref()
-            && let Err(error) = f.write_at(&[1], 0)
-        {
+        Err(error) => {
+            return Err(Error::unavailable(
+                format!("cannot open {shown}: {error}"),
+                error,
+            ));
+        }
+    };
+    // What was opened, which may not be what was inspected.
+    let meta = file
+        .metadata()
+        .map_err(|e| Error::unavailable(format!("cannot inspect {shown}: {e}"), e))?;
+    if !meta.file_type().is_file() {
+        return Err(not_ours(
+            &path,
+            format_args!("is {}", kind(meta.file_type())),
+        ));
+    }
+    if !owners.contains(&meta.uid()) {
+        return Err(not_ours(
+            &path,
+            format_args!(
+                "belongs to user {}, neither the database's owner nor this user",
+                meta.uid()
+            ),
+        ));
+    }
+    if !has_marker(&file) {
+        return Err(not_ours(&path, "holds other data"));
+    }
+    if !writable {
+        tracing::warn!(path = %shown, "the notify file is not writable by this user; waiters will be slower");
+    }
+    Ok(Some(NotifyFile {
+        path,
+        file,
+        writable,
+        failed: AtomicBool::new(false),
+        lock: Mutex::new(None),
+    }))
+}
+
+/// Whether `file` begins with leasehold's marker (or is what earlier
+/// versions wrote).
+fn has_marker(file: &File) -> bool {
+    let mut head = [0u8; MARKER.len() + 1];
+    let mut read = 0;
+    while read < head.len() {
+        match file.read_at(&mut head[read..], read as u64) {
+            Ok(0) => break,
+            Ok(n) => read += n,
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return false,
+        }
+    }
+    let head = &head[..read];
+    head.starts_with(MARKER) || head == LEGACY
+}
+
+/// Creates the notify file next to `db_path`, or opens the one another
+/// process created meanwhile. `None` if it cannot be created (waiters are
+/// slower then; nothing is refused).
+pub(super) fn create(db_path: &Path, owners: &[u32]) -> Result<Option<NotifyFile>> {
+    let path = notify_path(db_path);
+    for _ in 0..3 {
+        if let Some(found) = open_existing(db_path, owners)? {
+            return Ok(Some(found));
+        }
+        // Written in full to a new file, synced, then linked into place:
+        // the notify file appears complete or not at all, even after a
+        // power loss, and linking never replaces anything.
+        let mut temp_name = OsString::from(".");
+        temp_name.push(path.file_name().unwrap_or_default());
+        temp_name.push(format!(
+            ".{}-{}.tmp",
+            std::process::id(),
+            crate::clock::host_monotonic_ns()
+        ));
+        let temp = path.with_file_name(temp_name);
+        let written = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .custom_flags(OFlag::O_NOFOLLOW.bits())
+            .open(&temp)
+            .and_then(|mut file| {
+                file.write_all(CONTENT)?;
+                file.sync_data()
+            })
+            .and_then(|()| std::fs::hard_link(&temp, &path));
+        let _ = std::fs::remove_file(&temp);
+        match written {
+            Ok(()) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(error) => {
+                tracing::warn!(path = %path.display(), %error,
+                    "cannot create the notify file; waiters will be slower");
+                return Ok(None);
+            }
+        }
+    }
+    Ok(None)
+}
+
+impl NotifyFile {
+    /// Tells waiters in every process that an election changed: writes the
+    /// byte that is already there, which raises an inotify event in every
+    /// watcher. Called only after the change is committed, so a woken
+    /// reader sees it.
+    ///
+    /// Best effort: if the file cannot be written, waiters still wake at the
+    /// holder's expiry, so a failure costs speed, never safety.
+    pub(super) fn announce(&self) {
+        if !self.writable || self.failed.load(Ordering::Relaxed) {
+            return;
+        }
+        // Checked again: someone may have written into the file since.
+        if !has_marker(&self.file) {
+            self.failed.store(true, Ordering::Relaxed);
+            tracing::warn!(path = %self.path.display(),
+                "the notify file no longer holds leasehold's marker; not writing it (waiters will be slower)");
+            return;
+        }
+        if let Err(error) = self.file.write_at(&MARKER[..1], 0) {
+            self.failed.store(true, Ordering::Relaxed);
             tracing::warn!(path = %self.path.display(), %error, "cannot write the notify file; waiters will be slower");
-            *file = None;
+        }
+    }
+
+    /// Tries to take the generation lock, shared or exclusive, without
+    /// waiting; `Ok(false)` when another process's lock prevents it.
+    pub(super) fn try_lock(&self, exclusive: bool) -> std::io::Result<bool> {
+        let mut lock = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        if lock.is_some() {
+            return Ok(true);
+        }
+        let arg = if exclusive {
+            FlockArg::LockExclusiveNonblock
+        } else {
+            FlockArg::LockSharedNonblock
+        };
+        match Flock::lock(self.file.try_clone()?, arg) {
+            Ok(held) => {
+                *lock = Some(held);
+                Ok(true)
+            }
+            Err((_, Errno::EWOULDBLOCK)) => Ok(false),
+            Err((_, errno)) => Err(errno.into()),
+        }
+    }
+
+    /// Turns an exclusive generation lock into a shared one (waiting, since
+    /// the change is not atomic and another process may take the exclusive
+    /// lock in between; it lets go as soon as it sees the database exists).
+    pub(super) fn share_lock(&self) -> std::io::Result<()> {
+        let lock = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        match lock.as_ref() {
+            Some(held) => held.relock(FlockArg::LockShared).map_err(Into::into),
+            None => Ok(()),
         }
     }
 }
 
 /// Starts a task that bumps `changes` whenever the database at `path` may
-/// have changed, until `stop` is cancelled.
-pub(super) fn spawn(path: &Path, changes: watch::Sender<u64>, stop: CancellationToken) {
+/// have changed, until `stop` is cancelled. `file_event` is called when the
+/// database file's name is created, deleted or moved (or, without inotify,
+/// on every period), so that the store can check it still uses that file.
+pub(super) fn spawn(
+    path: &Path,
+    changes: watch::Sender<u64>,
+    stop: CancellationToken,
+    file_event: impl Fn() + Send + 'static,
+) {
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
         _ => ".".into(),
     };
     let Some(file) = path.file_name().map(OsString::from) else {
-        return fallback(changes, stop, "database path has no file name".into());
+        return fallback(
+            changes,
+            stop,
+            "database path has no file name".into(),
+            file_event,
+        );
     };
-    let mut signal = file;
+    let mut signal = file.clone();
     signal.push(NOTIFY_SUFFIX);
+    let renames = AddWatchFlags::IN_CREATE
+        | AddWatchFlags::IN_DELETE
+        | AddWatchFlags::IN_MOVED_FROM
+        | AddWatchFlags::IN_MOVED_TO;
     let watcher = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).and_then(|fd| {
-        fd.add_watch(&dir, AddWatchFlags::IN_MODIFY | AddWatchFlags::IN_CREATE)?;
+        fd.add_watch(
+            &dir,
+            AddWatchFlags::IN_MODIFY
+                | renames
+                | AddWatchFlags::IN_DELETE_SELF
+                | AddWatchFlags::IN_MOVE_SELF,
+        )?;
         Ok(fd)
     });
     let fd = match watcher
@@ -113,7 +392,7 @@ pub(super) fn spawn(path: &Path, changes: watch::Sender<u64>, stop: Cancellation
         .and_then(|fd| register(InotifyFd(fd)))
     {
         Ok(fd) => fd,
-        Err(e) => return fallback(changes, stop, e.to_string()),
+        Err(e) => return fallback(changes, stop, e.to_string(), file_event),
     };
     tokio::spawn(async move {
         loop {
@@ -124,7 +403,7 @@ pub(super) fn spawn(path: &Path, changes: watch::Sender<u64>, stop: Cancellation
                     Ok(ready) => ready,
                     Err(error) => {
                         tracing::warn!(%error, "inotify failed; falling back to periodic checks");
-                        return fallback(changes, stop, error.to_string());
+                        return fallback(changes, stop, error.to_string(), file_event);
                     }
                 },
             };
@@ -133,21 +412,35 @@ pub(super) fn spawn(path: &Path, changes: watch::Sender<u64>, stop: Cancellation
                     let relevant = events
                         .iter()
                         .any(|e| e.name.as_ref().is_some_and(|n| *n == signal));
-                    if relevant {
+                    // The database file's name changed hands, or the folder
+                    // itself went (no name), or events were lost.
+                    let moved = events.iter().any(|e| match &e.name {
+                        Some(name) => *name == file && e.mask.intersects(renames),
+                        None => true,
+                    });
+                    if moved {
+                        file_event();
+                    }
+                    if relevant || moved {
                         changes.send_modify(|v| *v = v.wrapping_add(1));
                     }
                 }
-                Err(nix::errno::Errno::EAGAIN) => ready.clear_ready(),
+                Err(Errno::EAGAIN) => ready.clear_ready(),
                 Err(error) => {
                     tracing::warn!(%error, "reading inotify failed; falling back to periodic checks");
-                    return fallback(changes, stop, error.to_string());
+                    return fallback(changes, stop, error.to_string(), file_event);
                 }
             }
         }
     });
 }
 
-fn fallback(changes: watch::Sender<u64>, stop: CancellationToken, why: String) {
+fn fallback(
+    changes: watch::Sender<u64>,
+    stop: CancellationToken,
+    why: String,
+    file_event: impl Fn() + Send + 'static,
+) {
     tracing::warn!(
         why,
         period = ?FALLBACK_PERIOD,
@@ -159,7 +452,10 @@ fn fallback(changes: watch::Sender<u64>, stop: CancellationToken, why: String) {
             tokio::select! {
                 biased;
                 () = stop.cancelled() => return,
-                _ = tick.tick() => changes.send_modify(|v| *v = v.wrapping_add(1)),
+                _ = tick.tick() => {
+                    file_event();
+                    changes.send_modify(|v| *v = v.wrapping_add(1));
+                }
             }
         }
     });

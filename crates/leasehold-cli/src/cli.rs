@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Args as ClapArgs, Parser, Subcommand};
+use clap::{Args as ClapArgs, CommandFactory, Parser, Subcommand};
 use leasehold::{CandidateId, ElectionName, LeaseConfig, Store, StoreUrl};
 
 /// The help heading of the options every subcommand takes.
@@ -56,9 +56,13 @@ pub enum Command {
     /// leadership is lost, its group gets SIGTERM and, no later than the
     /// lease deadline, SIGKILL; then `run` campaigns again. If the command
     /// exits, the election is released at once and `run` exits with the
-    /// command's status. SIGTERM/SIGINT are forwarded to the command, which
-    /// gets up to --grace to exit before the release. If `run` itself dies,
-    /// even by SIGKILL, its command's whole process group dies with it.
+    /// command's status. SIGTERM, SIGINT and SIGQUIT are forwarded to the
+    /// group, and SIGHUP (a closed terminal) is sent on as SIGTERM; the
+    /// command gets up to --grace to exit, then the election is released
+    /// and `run` exits with the command's status. SIGUSR1 and SIGUSR2 are
+    /// passed to the group and stop nothing (for reloads). If `run` itself
+    /// dies, even by SIGKILL, its command's whole process group dies with
+    /// it.
     Run(RunArgs),
     /// Print the current leader of an election.
     Status(StatusArgs),
@@ -102,7 +106,7 @@ pub struct StoreArgs {
     /// The store URL: sqlite:PATH, etcd://HOST:PORT[,HOST:PORT…][/PREFIX],
     /// zk://HOST:PORT[,HOST:PORT…][/CHROOT], postgres://USER@HOST[:PORT]/DB[?schema=NAME]
     /// or memory:. [default: sqlite:$XDG_STATE_HOME/leasehold/leasehold.db]
-    #[arg(long, env = "LEASEHOLD_STORE", value_parser = parse_store)]
+    #[arg(long, env = "LEASEHOLD_STORE", value_parser = StoreUrlParser)]
     pub store: Option<StoreUrl>,
 }
 
@@ -125,6 +129,19 @@ impl StoreArgs {
         leasehold::store::open(&url)
             .await
             .with_context(|| format!("cannot open store {url}"))
+    }
+
+    /// Opens the store for reading only (`status`, `list`, `observe`):
+    /// creates nothing, not even the default SQLite file's folder; a store
+    /// that does not exist is an error.
+    pub async fn open_read_only(&self) -> anyhow::Result<Arc<dyn Store>> {
+        let url = match &self.store {
+            Some(url) => url.clone(),
+            None => StoreUrl::default_sqlite()?,
+        };
+        leasehold::store::open_read_only(&url)
+            .await
+            .with_context(|| format!("cannot read store {url}"))
     }
 }
 
@@ -169,8 +186,9 @@ impl ElectionArgs {
 pub struct RunArgs {
     #[command(flatten)]
     pub election: ElectionArgs,
-    /// How long the command may take to exit after a forwarded SIGTERM or
-    /// SIGINT before it gets SIGKILL; never past the lease deadline.
+    /// How long the command may take to exit after a forwarded SIGTERM,
+    /// SIGINT or SIGQUIT (SIGHUP is forwarded as SIGTERM) before it gets
+    /// SIGKILL; never past the lease deadline.
     #[arg(long, env = "LEASEHOLD_GRACE", default_value = "5s", value_parser = parse_duration, allow_hyphen_values = true)]
     pub grace: Duration,
     /// Serve /status (JSON), /healthz and /metrics (Prometheus) on this
@@ -220,7 +238,9 @@ pub struct ListArgs {
 pub struct CampaignArgs {
     #[command(flatten)]
     pub election: ElectionArgs,
-    /// How long to hold the election once won before resigning.
+    /// How long to hold the election once won before resigning. SIGTERM,
+    /// SIGINT, SIGHUP or SIGQUIT resign at once (`releasing` and `released`
+    /// then name the signal) and end `campaign` with status 0.
     #[arg(long, default_value = "0s", value_parser = parse_duration)]
     pub hold: Duration,
     /// How many times to campaign, hold and resign in a row.
@@ -308,11 +328,22 @@ fn show_ms(d: Duration) -> String {
     }
 }
 
-fn parse_duration(s: &str) -> Result<Duration, String> {
+/// A duration flag's value: `500ms`, `15s`, `2m`…, at most
+/// [`leasehold::MAX_TTL`] (a day), so no later arithmetic can overflow and
+/// no store is asked for more than it keeps.
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     if s.trim_start().starts_with('-') {
         return Err("durations cannot be negative".into());
     }
-    humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 500ms, 15s, 2m)"))
+    let duration =
+        humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 500ms, 15s, 2m)"))?;
+    if duration > leasehold::MAX_TTL {
+        return Err(format!(
+            "longer than the maximum, {}h (the longest TTL leasehold accepts)",
+            leasehold::MAX_TTL.as_secs() / 3600
+        ));
+    }
+    Ok(duration)
 }
 
 /// Where `run --http` serves: what the user gave, and the addresses it
@@ -389,15 +420,191 @@ fn parse_candidate(s: &str) -> Result<CandidateId, String> {
     CandidateId::new(s).map_err(|e| e.to_string())
 }
 
-fn parse_store(s: &str) -> Result<StoreUrl, String> {
-    s.parse().map_err(|e: leasehold::Error| e.to_string())
+/// `--store`: parsed by the library's one URL grammar. The error is
+/// clap's "raw" kind, so that clap does not quote the value as it does
+/// for other flags: a store URL may hold a password.
+#[derive(Clone, Copy, Debug)]
+struct StoreUrlParser;
+
+impl clap::builder::TypedValueParser for StoreUrlParser {
+    type Value = StoreUrl;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        _arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<StoreUrl, clap::Error> {
+        use clap::error::ErrorKind;
+        let Some(text) = value.to_str() else {
+            return Err(clap::Error::raw(
+                ErrorKind::InvalidUtf8,
+                "the value of --store (or LEASEHOLD_STORE) is not valid UTF-8\n",
+            )
+            .with_cmd(cmd));
+        };
+        text.parse().map_err(|e: leasehold::Error| {
+            clap::Error::raw(ErrorKind::ValueValidation, format!("--store: {e}\n")).with_cmd(cmd)
+        })
+    }
+}
+
+/// Which argument (or `LEASEHOLD_*` variable) is not valid UTF-8, for the
+/// error clap reports without naming it. The value itself is not shown: it
+/// may be a password.
+pub fn invalid_utf8_culprit() -> String {
+    let mut command = Args::command();
+    // Built, so that every argument knows whether it takes a value.
+    command.build();
+    let takes_value = |flag: &str| {
+        std::iter::once(&command)
+            .chain(command.get_subcommands())
+            .flat_map(clap::Command::get_arguments)
+            .any(|arg| {
+                let named = flag
+                    .strip_prefix("--")
+                    .map(|long| arg.get_long() == Some(long))
+                    .or_else(|| {
+                        let mut short = flag.strip_prefix('-')?.chars();
+                        short.next().map(|c| arg.get_short() == Some(c))
+                    })
+                    .unwrap_or(false);
+                named && arg.get_num_args().is_some_and(|n| n.takes_values())
+            })
+    };
+    let mut previous: Option<String> = None;
+    for (i, arg) in std::env::args_os().enumerate().skip(1) {
+        if arg == "--" {
+            break;
+        }
+        if let Some(text) = arg.to_str() {
+            previous = Some(text.to_owned());
+            continue;
+        }
+        let bytes = arg.as_encoded_bytes();
+        let inline = bytes
+            .iter()
+            .position(|&b| b == b'=')
+            .filter(|_| bytes.starts_with(b"--"))
+            .and_then(|eq| std::str::from_utf8(&bytes[..eq]).ok());
+        let flag = inline.map(str::to_owned).or_else(|| {
+            bytes
+                .get(..2)
+                .filter(|short| short[0] == b'-' && short[1] != b'-' && bytes.len() > 2)
+                .and_then(|short| std::str::from_utf8(short).ok())
+                .filter(|short| takes_value(short))
+                .map(str::to_owned)
+                .or_else(|| {
+                    previous
+                        .clone()
+                        .filter(|p| p.starts_with('-') && takes_value(p))
+                })
+        });
+        return match flag {
+            Some(flag) => format!("the value of {flag} (argument {i}) is not valid UTF-8"),
+            None => format!("argument {i} is not valid UTF-8"),
+        };
+    }
+    let variables = std::iter::once(&command)
+        .chain(command.get_subcommands())
+        .flat_map(clap::Command::get_arguments)
+        .filter_map(clap::Arg::get_env);
+    for variable in variables {
+        if std::env::var_os(variable).is_some_and(|v| v.to_str().is_none()) {
+            return format!(
+                "the environment variable {} is not valid UTF-8",
+                variable.to_string_lossy()
+            );
+        }
+    }
+    "an argument is not valid UTF-8".to_owned()
+}
+
+impl Args {
+    /// What clap cannot check, checked before anything connects: the
+    /// command to run is not empty, the lease configuration obeys the
+    /// renewal rule and the maximum TTL.
+    pub fn validate(&self) -> leasehold::Result<()> {
+        let election = match &self.command {
+            Command::Run(run) => {
+                if run
+                    .command
+                    .first()
+                    .is_some_and(|program| program.is_empty())
+                {
+                    return Err(leasehold::Error::InvalidInput {
+                        what: "command",
+                        reason: "the program to run (the first word after --) is empty".into(),
+                    });
+                }
+                &run.election
+            }
+            Command::Campaign(campaign) => &campaign.election,
+            _ => return Ok(()),
+        };
+        election.lease_config().validate()
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use clap::CommandFactory;
+    use std::time::Duration;
 
-    use super::Args;
+    use clap::CommandFactory;
+    use leasehold::MAX_TTL;
+    use proptest::prelude::*;
+
+    use super::{Args, parse_duration};
+
+    proptest! {
+        /// Any text: a duration up to the maximum or an error, never a
+        /// panic.
+        #[test]
+        fn any_text_is_a_bounded_duration_or_refused(text in ".*") {
+            if let Ok(d) = parse_duration(&text) {
+                prop_assert!(d <= MAX_TTL);
+            }
+        }
+
+        /// Any number with any unit, up to `u64::MAX`: within the bound it
+        /// is what it says, beyond it refused naming the maximum.
+        #[test]
+        fn numbers_with_units_are_exact_or_refused(
+            n in prop_oneof![0u64..200_000, any::<u64>()],
+            unit in prop::sample::select(vec!["ns", "us", "ms", "s", "m", "h", "d", "w", "M", "y"]),
+        ) {
+            let text = format!("{n}{unit}");
+            match parse_duration(&text) {
+                Ok(d) => {
+                    prop_assert!(d <= MAX_TTL);
+                    prop_assert_eq!(Some(d), humantime::parse_duration(&text).ok());
+                }
+                Err(e) => prop_assert!(
+                    humantime::parse_duration(&text).is_err()
+                        || e.contains("longer than the maximum, 24h"),
+                    "{}: {}", text, e
+                ),
+            }
+        }
+
+        /// What `humantime` writes reads back the same up to the maximum,
+        /// and is refused beyond it.
+        #[test]
+        fn durations_round_trip_up_to_the_maximum(secs in 0u64..200_000, nanos in 0u32..1_000_000_000) {
+            let d = Duration::new(secs, nanos);
+            let text = humantime::format_duration(d).to_string();
+            match parse_duration(&text) {
+                Ok(parsed) => {
+                    prop_assert_eq!(parsed, d);
+                    prop_assert!(d <= MAX_TTL);
+                }
+                Err(e) => {
+                    prop_assert!(d > MAX_TTL, "{}: {}", text, e);
+                    prop_assert!(e.contains("longer than the maximum, 24h"), "{}", e);
+                }
+            }
+        }
+    }
 
     /// Every flag of every subcommand says what it does, and every optional
     /// flag that takes a value names its default.

@@ -43,7 +43,9 @@ pub fn man(args: &ManArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn write_stdout(bytes: &[u8]) -> anyhow::Result<()> {
+/// Writes `bytes` to stdout and flushes: a full disk or a closed pipe is
+/// an error ("cannot write to stdout: …", exit 1), never a panic.
+pub(crate) fn write_stdout(bytes: &[u8]) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     out.write_all(bytes)
         .and_then(|()| out.flush())

@@ -72,11 +72,19 @@ impl Drop for Guard {
 /// `leasehold __guard`: reads `+PGID` / `-PGID` lines until end-of-file,
 /// then kills the group still registered.
 pub fn main() -> ExitCode {
-    // Signals meant for `run` (a terminal's Ctrl-C, a service manager's
-    // SIGTERM) must not remove the guard before `run` is done with it; it
-    // exits by itself as soon as `run` exits.
+    // Signals meant for `run` (a terminal's Ctrl-C or hangup, a service
+    // manager's SIGTERM sent to every process of the unit) must not remove
+    // the guard before `run` is done with it; it exits by itself as soon as
+    // `run` exits.
     let mut ignored = SigSet::empty();
-    for signal in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
+    for signal in [
+        Signal::SIGINT,
+        Signal::SIGTERM,
+        Signal::SIGHUP,
+        Signal::SIGQUIT,
+        Signal::SIGUSR1,
+        Signal::SIGUSR2,
+    ] {
         ignored.add(signal);
     }
     let _ = ignored.thread_block();

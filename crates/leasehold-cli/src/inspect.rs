@@ -1,7 +1,6 @@
 //! `status`, `observe` and `list`: what the store says, for people and
 //! scripts.
 
-use std::io::Write;
 use std::process::ExitCode;
 
 use leasehold::{ElectionName, Leader, LeaderStatus};
@@ -73,14 +72,11 @@ impl<'a> Status<'a> {
 }
 
 fn print_line(line: &str) -> anyhow::Result<()> {
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "{line}")?;
-    out.flush()?;
-    Ok(())
+    crate::generate::write_stdout(format!("{line}\n").as_bytes())
 }
 
 pub async fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
-    let store = args.store.open().await?;
+    let store = args.store.open_read_only().await?;
     let leader = store.leader(&args.election).await?;
     let status = Status::new(&args.election, leader.as_ref());
     if args.json {
@@ -95,7 +91,7 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
 /// not answer, a warning on stderr and a line saying the leader is unknown,
 /// then the true state once it answers again.
 pub async fn observe(args: ObserveArgs) -> anyhow::Result<ExitCode> {
-    let store = args.store.open().await?;
+    let store = args.store.open_read_only().await?;
     let mut watch = store.watch_status(&args.election).await?;
     let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -129,7 +125,7 @@ pub async fn observe(args: ObserveArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub async fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
-    let store = args.store.open().await?;
+    let store = args.store.open_read_only().await?;
     let elections = store.elections().await?;
     let statuses: Vec<Status<'_>> = elections
         .iter()

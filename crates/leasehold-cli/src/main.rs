@@ -19,6 +19,7 @@ mod http;
 mod inspect;
 mod metrics;
 mod run;
+mod signals;
 mod tune;
 
 /// Bad usage or input. (3, an unsafe `tune --ttl`, is `tune::EXIT_UNSAFE`.)
@@ -44,7 +45,7 @@ fn main() -> ExitCode {
             let usage = error
                 .downcast_ref::<leasehold::Error>()
                 .is_some_and(|e| matches!(e, leasehold::Error::InvalidInput { .. }));
-            eprintln!("leasehold: {}", one_line(&error));
+            say(&one_line(&error));
             ExitCode::from(if usage { EXIT_USAGE } else { EXIT_FAILURE })
         }
     }
@@ -71,7 +72,16 @@ fn one_line(error: &anyhow::Error) -> String {
     line
 }
 
+/// `leasehold: {line}` on stderr. A closed or full stderr loses the line
+/// but never panics (as `eprintln!` would).
+pub fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "leasehold: {line}");
+}
+
 fn run(args: cli::Args) -> anyhow::Result<ExitCode> {
+    // Before any store is opened or command started.
+    args.validate()?;
     // One thread runs every task: the command is forked from this thread,
     // and PR_SET_PDEATHSIG fires when the *thread* that forked exits, so it
     // must be the one that lives as long as the process.
@@ -102,7 +112,12 @@ fn usage_error(error: &clap::Error) -> ExitCode {
             | ErrorKind::DisplayVersion
             | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
     ) {
-        let _ = error.print();
+        // Help lost on a full disk or a closed pipe is a failure, not a
+        // success.
+        if let Err(write_error) = error.print() {
+            say(&format!("cannot write to stdout: {write_error}"));
+            return ExitCode::from(EXIT_FAILURE);
+        }
         return if error.kind() == ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
             ExitCode::from(EXIT_USAGE)
         } else {
@@ -124,7 +139,10 @@ fn usage_error(error: &clap::Error) -> ExitCode {
             "no command to run: give it after --, as in: leasehold run --election E -- CMD [ARGS…]"
                 .into();
     }
-    eprintln!("leasehold: {message} (see --help)");
+    if error.kind() == ErrorKind::InvalidUtf8 && !message.contains("--store") {
+        message = cli::invalid_utf8_culprit();
+    }
+    say(&format!("{message} (see --help)"));
     ExitCode::from(EXIT_USAGE)
 }
 
@@ -138,13 +156,33 @@ fn init_logging(verbose: u8, quiet: bool, format: cli::LogFormat) {
         (false, _) => "trace",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    // A log line that cannot be written (stderr closed, disk full) is
+    // dropped: never a panic, never a reason to stop supervising.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .log_internal_errors(false)
+        .with_writer(|| QuietStderr);
     match format {
         cli::LogFormat::Text => builder
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .init(),
         cli::LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
+
+/// stderr for log lines: a failed write is dropped, so that the logger
+/// can never fail (tracing-subscriber would report it with `eprintln!`,
+/// which panics on a closed stderr).
+struct QuietStderr;
+
+impl std::io::Write for QuietStderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let _ = std::io::stderr().write_all(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let _ = std::io::stderr().flush();
+        Ok(())
     }
 }

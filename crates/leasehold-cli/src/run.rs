@@ -8,41 +8,18 @@ use std::time::Duration;
 use anyhow::Context;
 use leasehold::{ElectionName, Elector, Leadership, LostReason};
 use nix::sys::signal::Signal;
-use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::{Instant, sleep_until};
 
 use crate::child::{self, Child};
 use crate::cli::RunArgs;
 use crate::guard::Guard;
 use crate::metrics::{RunnerMetrics, StepDown};
+use crate::signals::{PassedSignals, StopSignals, forwarded_as};
 
 /// Exit status when the command could not be started.
 const EXIT_CANNOT_START: u8 = 127;
 /// Pause before campaigning again after a transient store error.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
-
-/// SIGTERM and SIGINT, caught from the start so that neither kills `run`
-/// before it has stopped its command and released the election.
-struct StopSignals {
-    term: tokio::signal::unix::Signal,
-    int: tokio::signal::unix::Signal,
-}
-
-impl StopSignals {
-    fn install() -> anyhow::Result<Self> {
-        Ok(StopSignals {
-            term: signal(SignalKind::terminate()).context("cannot handle SIGTERM")?,
-            int: signal(SignalKind::interrupt()).context("cannot handle SIGINT")?,
-        })
-    }
-
-    async fn recv(&mut self) -> Signal {
-        tokio::select! {
-            _ = self.term.recv() => Signal::SIGTERM,
-            _ = self.int.recv() => Signal::SIGINT,
-        }
-    }
-}
 
 /// What to do after a term of leadership.
 enum Next {
@@ -56,6 +33,7 @@ struct Runner {
     command: Vec<OsString>,
     grace: Duration,
     signals: StopSignals,
+    passed: PassedSignals,
     guard: Guard,
     metrics: Arc<RunnerMetrics>,
 }
@@ -89,6 +67,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         command: args.command,
         grace: args.grace,
         signals: StopSignals::install()?,
+        passed: PassedSignals::install()?,
         guard: Guard::start()?,
         metrics,
     };
@@ -200,7 +179,7 @@ impl Runner {
                         tracing::warn!(%error, retry_in = ?RETRY_AFTER, "campaign failed; retrying");
                         tokio::select! {
                             () = tokio::time::sleep(RETRY_AFTER) => {}
-                            signal = self.signals.recv() => {
+                            signal = stop_requested(&mut self.signals, &mut self.passed) => {
                                 tracing::info!(%signal, "stopping while waiting to lead");
                                 break Ok(None);
                             }
@@ -208,7 +187,7 @@ impl Runner {
                     }
                     Err(error) => break Err(anyhow::Error::new(error).context("campaign failed")),
                 },
-                signal = self.signals.recv() => {
+                signal = stop_requested(&mut self.signals, &mut self.passed) => {
                     tracing::info!(%signal, "stopping while waiting to lead");
                     break Ok(None);
                 }
@@ -235,10 +214,12 @@ impl Runner {
                     .command
                     .first()
                     .map(|p| p.to_string_lossy().into_owned());
-                eprintln!(
-                    "leasehold: cannot run {}: {error}",
+                // Never a panic on a closed stderr: the election must
+                // still be released below.
+                crate::say(&format!(
+                    "cannot run {}: {error}",
                     program.unwrap_or_default()
-                );
+                ));
                 if let Err(error) = leadership.resign().await {
                     tracing::warn!(%error, "could not release the election");
                 }
@@ -354,11 +335,31 @@ impl Runner {
                     kill_at = None;
                 }
                 signal = self.signals.recv(), if !stopping => {
-                    tracing::info!(%signal, grace = ?self.grace, "forwarding to the command");
-                    child.signal_group(signal);
+                    // SIGHUP reaches the command as SIGTERM (`forwarded_as`).
+                    let sent = forwarded_as(signal);
+                    tracing::info!(%signal, forwarded = %sent, grace = ?self.grace, "forwarding to the command");
+                    child.signal_group(sent);
                     kill_at = Some((Instant::now() + self.grace).min(leadership.deadline()));
                     why = TermEnd::Stopped(signal);
                 }
+                signal = self.passed.recv() => {
+                    tracing::info!(%signal, pgid = child.pgid, "passing to the command");
+                    child.signal_group(signal);
+                }
+            }
+        }
+    }
+}
+
+/// Waits for a signal that asks to stop. A signal meant for the command
+/// (SIGUSR1, SIGUSR2) that arrives while none runs is logged and dropped,
+/// never kept for the next command.
+async fn stop_requested(signals: &mut StopSignals, passed: &mut PassedSignals) -> Signal {
+    loop {
+        tokio::select! {
+            signal = signals.recv() => return signal,
+            signal = passed.recv() => {
+                tracing::info!(%signal, "no command is running; signal ignored");
             }
         }
     }
@@ -372,7 +373,8 @@ enum TermEnd {
     Lost(LostReason),
     /// Renewals were failing; the command was stopped before the deadline.
     AtRisk,
-    /// `run` was told to stop; the signal was forwarded.
+    /// `run` was told to stop by this signal; it was forwarded (SIGHUP as
+    /// SIGTERM).
     Stopped(Signal),
 }
 

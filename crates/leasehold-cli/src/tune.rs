@@ -1,5 +1,6 @@
 //! `leasehold tune`: recommend or judge a lease TTL (worked example 3).
 
+use std::fmt::Write as _;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -18,6 +19,11 @@ pub const EXIT_UNSAFE: u8 = 3;
 const MEASURE_TTL: Duration = Duration::from_secs(60);
 
 pub async fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
+    // The conditions known before measuring are checked before the store
+    // is contacted.
+    if let Some(renew_every) = args.renew_every.or(args.ttl.map(|ttl| ttl / 3)) {
+        Conditions::new(renew_every, args.jitter.unwrap_or_default(), args.skew)?;
+    }
     let measured = match args.measure {
         Some(n) => Some(measure(&args, n).await?),
         None => None,
@@ -61,11 +67,14 @@ pub async fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
             .collect(),
         evaluated: evaluated.as_ref().map(AssessmentJson::new),
     };
-    if args.json {
-        println!("{}", serde_json::to_string(&report)?);
+    let text = if args.json {
+        let mut json = serde_json::to_string(&report)?;
+        json.push('\n');
+        json
     } else {
-        print_human(&report, &conditions, measured.as_ref(), evaluated.as_ref());
-    }
+        human(&report, &conditions, measured.as_ref(), evaluated.as_ref())
+    };
+    crate::generate::write_stdout(text.as_bytes())?;
     Ok(match evaluated {
         Some(a) if !a.is_safe() => ExitCode::from(EXIT_UNSAFE),
         _ => ExitCode::SUCCESS,
@@ -123,6 +132,11 @@ async fn measure(args: &TuneArgs, n: u32) -> anyhow::Result<Measured> {
         p99,
         samples,
     })
+}
+
+/// `24h`.
+fn show_hours(d: Duration) -> String {
+    format!("{}h", d.as_secs() / 3600)
 }
 
 fn millis(d: Duration) -> u64 {
@@ -223,14 +237,22 @@ fn show(d: Duration) -> String {
     }
 }
 
-fn print_human(
+/// The report for people, written into a string first: stdout is written
+/// once, by [`write_stdout`], whose failure is an error, never a panic.
+fn human(
     report: &Report,
     conditions: &Conditions,
     measured: Option<&Measured>,
     evaluated: Option<&Assessment>,
-) {
+) -> String {
+    let mut out = String::new();
+    // Writing into a String cannot fail.
+    macro_rules! out_line {
+        () => { out.push('\n') };
+        ($($arg:tt)*) => {{ let _ = writeln!(out, $($arg)*); }};
+    }
     if let Some(m) = measured {
-        println!(
+        out_line!(
             "Measured {} renewals on {}: p50 {}, p99 {} (rounded up), max {}",
             m.samples.len(),
             m.store,
@@ -239,14 +261,14 @@ fn print_human(
             show(m.samples.last().copied().unwrap_or_default())
         );
     }
-    println!(
+    out_line!(
         "Conditions: renew every {}, jitter {}, clock skew {}, clock drift {}%",
         show(conditions.renew_every),
         show(conditions.jitter),
         show(conditions.skew),
         conditions.drift * 100.0
     );
-    println!(
+    out_line!(
         "Renewal rule, as `leasehold run` enforces it: {}",
         leasehold::RENEWAL_RULE
     );
@@ -258,24 +280,36 @@ fn print_human(
             show(conditions.store_expiry_check)
         )
     };
-    println!(
-        "Recommended TTL: {} — absorbs {} in a row; after a crash the election is unowned \
+    out_line!(
+        "Recommended TTL: {} — absorbs {} in a row{}; after a crash the election is unowned \
          for up to {} ({failover})",
         report.recommended_ttl,
-        lost_renewals(RECOMMENDED_LOST_RENEWALS),
+        lost_renewals(report.recommended.lost_renewals_absorbed),
+        if report.recommended.lost_renewals_absorbed < RECOMMENDED_LOST_RENEWALS {
+            format!(
+                " (not {}: no TTL up to the maximum, {}, absorbs more at this renewal period)",
+                RECOMMENDED_LOST_RENEWALS,
+                show_hours(leasehold::MAX_TTL)
+            )
+        } else {
+            String::new()
+        },
         show(Duration::from_millis(
             report.recommended.worst_case_failover_ms
         ))
     );
-    println!(
+    out_line!(
         "  leasehold run --ttl {} --renew-every {} …",
         report.recommended_ttl,
         show(conditions.renew_every)
     );
-    println!();
-    println!(
+    out_line!();
+    out_line!(
         "{:>8}  {:>22}  {:>26}  {:>20}  verdict",
-        "TTL", "lost renewals absorbed", "slowest renewal absorbed", "worst-case failover"
+        "TTL",
+        "lost renewals absorbed",
+        "slowest renewal absorbed",
+        "worst-case failover"
     );
     let mut rows: Vec<&AssessmentJson> = report.alternatives.iter().collect();
     if let Some(e) = &report.evaluated
@@ -301,7 +335,7 @@ fn print_human(
         } else {
             row.lost_renewals_absorbed.to_string()
         };
-        println!(
+        out_line!(
             "{:>8}  {:>22}  {:>26}  {:>20}  {}{mark}",
             show(Duration::from_millis(row.ttl_ms)),
             absorbed,
@@ -311,8 +345,8 @@ fn print_human(
         );
     }
     if conditions.store_expiry_check.is_zero() {
-        println!();
-        println!(
+        out_line!();
+        out_line!(
             "Worst-case failover is TTL + 2 × jitter; on etcd add up to {} (etcd checks for \
              expired leases every {}; give --store etcd://… to include it)",
             show(ETCD_EXPIRY_CHECK),
@@ -320,26 +354,27 @@ fn print_human(
         );
     }
     if let Some(e) = evaluated {
-        println!();
+        out_line!();
         match &e.verdict {
-            Verdict::Tolerant => println!(
+            Verdict::Tolerant => out_line!(
                 "TTL {}: safe; absorbs {} in a row, worst-case failover {}",
                 show(e.ttl),
                 lost_renewals(e.lost_renewals_absorbed),
                 show(e.worst_case_failover)
             ),
-            Verdict::Fragile => println!(
+            Verdict::Fragile => out_line!(
                 "TTL {}: works but fragile: one lost or slow renewal (slower than {}) ends \
                  leadership, causing false failovers; consider {}",
                 show(e.ttl),
                 show(e.round_trip_absorbed),
                 report.recommended_ttl
             ),
-            Verdict::Unsafe { reason } => println!(
+            Verdict::Unsafe { reason } => out_line!(
                 "TTL {}: UNSAFE: {reason}; consider {}",
                 show(e.ttl),
                 report.recommended_ttl
             ),
         }
     }
+    out
 }

@@ -1,6 +1,136 @@
 //! `leasehold campaign` as a user runs it, including every bad input.
 
-use super::harness::{Scratch, events, leasehold, stderr};
+use std::process::Stdio;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+
+use super::harness::{Proc, Scratch, events, leasehold, status_json, stderr, wait_until};
+
+const SECOND: Duration = Duration::from_secs(1);
+
+/// `campaign --hold 1h` with a 60 s TTL, its JSON lines written to `out`.
+fn holder(scratch: &Scratch, id: &str, hold: &str, out: &std::path::Path) -> Proc {
+    Proc::spawn(
+        leasehold()
+            .args([
+                "campaign",
+                "--election",
+                "held",
+                "--ttl",
+                "60s",
+                "--hold",
+                hold,
+            ])
+            .args(["--id", id, "--store", &scratch.store_url()])
+            .stdout(std::fs::File::create(out).expect("out file"))
+            .stderr(Stdio::null()),
+    )
+}
+
+fn lines(path: &std::path::Path) -> Vec<String> {
+    super::harness::read_lines(path)
+}
+
+/// SIGTERM, SIGINT, SIGHUP or SIGQUIT during `--hold` resign the election
+/// before `campaign` exits (0), with `releasing` and `released` naming the
+/// signal; a candidate already waiting is granted right after the release,
+/// long before the 60 s TTL could expire.
+#[test]
+fn a_stop_signal_during_hold_resigns_and_a_successor_leads() {
+    let scratch = Scratch::new();
+    for (round, signal) in [
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGHUP,
+        Signal::SIGQUIT,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (held, next) = (
+            scratch.path(&format!("held-{round}.jsonl")),
+            scratch.path(&format!("next-{round}.jsonl")),
+        );
+        let mut first = holder(&scratch, "first", "1h", &held);
+        assert!(wait_until(10 * SECOND, || lines(&held)
+            .iter()
+            .any(|l| l.contains(r#""event":"acquired""#))));
+        let mut successor = holder(&scratch, "successor", "0s", &next);
+        assert!(wait_until(10 * SECOND, || lines(&next)
+            .iter()
+            .any(|l| l.contains(r#""event":"campaigning""#))));
+        first.signal(signal);
+        let status = first.wait_for_exit(10 * SECOND).expect("campaign exits");
+        assert_eq!(status.code(), Some(0), "{signal}");
+        let ours = events(lines(&held).join("\n").as_bytes());
+        let sequence: Vec<&str> = ours.iter().map(|e| e.event.as_str()).collect();
+        assert_eq!(
+            sequence,
+            ["campaigning", "acquired", "releasing", "released"],
+            "{signal}"
+        );
+        let reason = format!(r#""reason":"{signal} received""#);
+        assert!(
+            lines(&held).iter().filter(|l| l.contains(&reason)).count() == 2,
+            "{signal}: {:?}",
+            lines(&held)
+        );
+        assert!(
+            successor
+                .wait_for_exit(10 * SECOND)
+                .expect("the successor is granted and exits")
+                .success(),
+            "{signal}"
+        );
+        let theirs = events(lines(&next).join("\n").as_bytes());
+        // `releasing` is the holder's last moment as leader; the successor
+        // may be granted as soon as the store has the release, which can be
+        // before the holder prints `released`.
+        let releasing = ours
+            .iter()
+            .find(|e| e.event == "releasing")
+            .expect("releasing");
+        let acquired = theirs
+            .iter()
+            .find(|e| e.event == "acquired")
+            .expect("successor acquired");
+        assert!(
+            releasing.monotonic_ns < acquired.monotonic_ns,
+            "{signal}: the successor led while the holder still did"
+        );
+        assert_eq!(acquired.token, releasing.token.map(|t| t + 1), "{signal}");
+    }
+}
+
+/// A stop signal while still waiting to lead ends `campaign` at once (0),
+/// without holding anything.
+#[test]
+fn a_stop_signal_while_waiting_ends_the_campaign() {
+    let scratch = Scratch::new();
+    let (held, waiting) = (scratch.path("held.jsonl"), scratch.path("waiting.jsonl"));
+    let first = holder(&scratch, "first", "1h", &held);
+    assert!(wait_until(10 * SECOND, || lines(&held)
+        .iter()
+        .any(|l| l.contains(r#""event":"acquired""#))));
+    let mut waiter = holder(&scratch, "waiter", "1h", &waiting);
+    assert!(wait_until(10 * SECOND, || lines(&waiting)
+        .iter()
+        .any(|l| l.contains(r#""event":"campaigning""#))));
+    waiter.signal(Signal::SIGINT);
+    let status = waiter.wait_for_exit(10 * SECOND).expect("campaign exits");
+    assert_eq!(status.code(), Some(0));
+    let sequence: Vec<String> = events(lines(&waiting).join("\n").as_bytes())
+        .into_iter()
+        .map(|e| e.event)
+        .collect();
+    assert_eq!(sequence, ["campaigning"]);
+    assert_eq!(
+        status_json(&scratch.store_url(), "held")["leader"]["id"],
+        "first"
+    );
+    drop(first);
+}
 
 #[test]
 fn campaigns_holds_and_resigns_with_increasing_tokens() {

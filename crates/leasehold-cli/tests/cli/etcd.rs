@@ -36,3 +36,107 @@ fn an_unreachable_cluster_exits_1_with_the_endpoints_named() {
         &format!("cannot reach etcd at 127.0.0.1:{port}"),
     );
 }
+
+// Issue 13: hostile input and a store that changes under us.
+
+/// Runs Debian's `etcdctl` against the cluster; its standard output.
+fn etcdctl(cluster: &EtcdCluster, args: &[&str]) -> String {
+    let out = std::process::Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={}", cluster.endpoints().join(",")))
+        .args(args)
+        .output()
+        .expect("etcdctl (Debian's etcd-client) runs");
+    assert!(out.status.success(), "etcdctl {args:?}: {out:?}");
+    String::from_utf8(out.stdout).expect("utf-8")
+}
+
+/// A prefix holding another program's keys: every command exits 1 with
+/// one line saying why, and writes nothing (leasehold put an empty value
+/// over a key there, and reported another as the leader).
+#[test]
+fn a_prefix_holding_other_programs_keys_is_refused_in_one_line() {
+    let cluster = EtcdCluster::start(1);
+    etcdctl(&cluster, &["put", "/shared/app/config", "v=1"]);
+    etcdctl(&cluster, &["put", "/shared/k/job", "precious"]);
+    etcdctl(&cluster, &["put", "/shared/e/job/x", "user data e"]);
+    let before = etcdctl(&cluster, &["get", "--prefix", ""]);
+    let store = cluster.url("/shared");
+    for args in [
+        &["campaign", "--election", "job"][..],
+        &["run", "--election", "job", "--", "true"],
+        &["status", "--election", "job"],
+        &["list"],
+    ] {
+        let (subcommand, rest) = args.split_first().expect("a subcommand");
+        let out = super::harness::leasehold()
+            .args([subcommand, "--store", &store])
+            .args(rest)
+            .output()
+            .expect("spawn");
+        let err = super::harness::stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains("did not write"), "{args:?}: {err}");
+        assert!(!String::from_utf8_lossy(&out.stdout).contains("user data e"));
+    }
+    assert_eq!(etcdctl(&cluster, &["get", "--prefix", ""]), before);
+}
+
+/// A key another program puts among an election's candidates is never
+/// reported as its leader, and `run` does not wait for it.
+#[test]
+fn a_key_among_the_candidates_that_leasehold_did_not_write_is_ignored() {
+    let cluster = EtcdCluster::start(1);
+    let store = cluster.url("/space");
+    let first = super::harness::leasehold()
+        .args(["campaign", "--election", "job", "--store", &store])
+        .output()
+        .expect("spawn");
+    assert!(first.status.success(), "{}", super::harness::stderr(&first));
+    etcdctl(&cluster, &["put", "/space/e/job/user", "user data e"]);
+    let status = super::harness::status_json(&store, "job");
+    assert!(status["leader"].is_null(), "{status}");
+    let mut run = super::harness::Proc::spawn(
+        super::harness::leasehold()
+            .args(["run", "--election", "job", "--store", &store])
+            .args(["--", "sh", "-c", "exit 7"])
+            .stderr(std::process::Stdio::null()),
+    );
+    let exited = run.wait_for_exit(std::time::Duration::from_secs(20));
+    assert_eq!(
+        exited.and_then(|s| s.code()),
+        Some(7),
+        "run waited for a key leasehold did not write"
+    );
+}
+
+/// `status`, `list` and `observe` of a prefix where no store was ever
+/// created exit 1, saying so in one line, and write nothing: no marker.
+#[test]
+fn reading_a_prefix_without_a_store_exits_1_and_writes_nothing() {
+    let cluster = EtcdCluster::start(1);
+    let store = cluster.url("/nothing");
+    for args in [
+        &["status", "--election", "job"][..],
+        &["status", "--election", "job", "--json"],
+        &["list"],
+        &["observe", "--election", "job"],
+    ] {
+        let (subcommand, rest) = args.split_first().expect("a subcommand");
+        let out = super::harness::leasehold()
+            .args([subcommand, "--store", &store])
+            .args(rest)
+            .output()
+            .expect("spawn");
+        let err = super::harness::stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(
+            err.contains("no leasehold store at etcd prefix /nothing"),
+            "{args:?}: {err}"
+        );
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
+    assert_eq!(etcdctl(&cluster, &["get", "--prefix", ""]), "", "written");
+}

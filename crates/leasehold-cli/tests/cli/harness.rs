@@ -151,3 +151,17 @@ pub fn status_json(store: &str, election: &str) -> Value {
     assert!(out.status.success(), "{}", stderr(&out));
     serde_json::from_slice(&out.stdout).expect("status JSON")
 }
+
+/// [`status_json`], or `Value::Null` while `status` fails: a store that a
+/// runner just started has not created yet does not exist, and `status`
+/// does not create it.
+pub fn status_json_once_created(store: &str, election: &str) -> Value {
+    let out = leasehold()
+        .args(["status", "--json", "--election", election, "--store", store])
+        .output()
+        .expect("spawn");
+    if !out.status.success() {
+        return Value::Null;
+    }
+    serde_json::from_slice(&out.stdout).expect("status JSON")
+}

@@ -11,7 +11,9 @@ use leasehold::testing::{PostgresServer, ZooKeeperServer};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
-use super::harness::{Proc, Scratch, leasehold, status_json, stderr, wait_until};
+use super::harness::{
+    Proc, Scratch, leasehold, status_json, status_json_once_created, stderr, wait_until,
+};
 use super::run::free_port;
 
 const PATIENCE: Duration = Duration::from_secs(20);
@@ -61,7 +63,9 @@ fn observe_and_run_on_postgres_say_each_change_once_and_report_an_outage() {
     let scratch = Scratch::new();
     let _a = runner(&scratch, &store, "a", "exec sleep 600");
     assert!(
-        wait_until(PATIENCE, || status_json(&store, "e")["leader"]["id"] == "a"),
+        wait_until(PATIENCE, || status_json_once_created(&store, "e")["leader"]
+            ["id"]
+            == "a"),
         "a does not lead: {}",
         read(&scratch.path("a.err"))
     );
@@ -197,9 +201,9 @@ fn run_logs_waits_once_and_says_when_it_takes_over_an_expired_lease() {
 /// path three times, SQLite's error codes or Rust debug output.
 #[test]
 fn store_errors_are_one_line_naming_the_cause() {
-    let status = |store: &str| {
+    let fails = |command: &str, store: &str| {
         let out = leasehold()
-            .args(["status", "--election", "e", "--store", store])
+            .args([command, "--election", "e", "--store", store])
             .output()
             .expect("spawn");
         assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
@@ -215,13 +219,21 @@ fn store_errors_are_one_line_naming_the_cause() {
         }
         err
     };
-    let err = status("sqlite:/nonexistent-leasehold-dir/sub/x.db");
+    let status = |store: &str| fails("status", store);
+    // Opening to campaign creates the file; reading does not (issue 13).
+    let err = fails("campaign", "sqlite:/nonexistent-leasehold-dir/sub/x.db");
     assert!(
         err.contains("directory /nonexistent-leasehold-dir/sub does not exist"),
         "{err}"
     );
     assert_eq!(err.matches("x.db").count(), 1, "{err}");
-    let err = status("sqlite:/proc/leasehold-test.db");
+    let err = status("sqlite:/nonexistent-leasehold-dir/sub/x.db");
+    assert!(
+        err.contains("no leasehold store at /nonexistent-leasehold-dir/sub/x.db: directory /nonexistent-leasehold-dir/sub does not exist"),
+        "{err}"
+    );
+    assert_eq!(err.matches("x.db").count(), 2, "{err}");
+    let err = fails("campaign", "sqlite:/proc/leasehold-test.db");
     assert!(
         err.contains("cannot create /proc/leasehold-test.db"),
         "{err}"

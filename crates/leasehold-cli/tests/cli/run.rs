@@ -464,6 +464,13 @@ fn a_runner_that_lost_leadership_kills_its_command_and_campaigns_again() {
 fn status_observe_and_list_print_the_documented_json() {
     let scratch = Scratch::new();
     let store = scratch.store_url();
+    // Reading creates no store: a first `run` (of another election) does.
+    let out = leasehold()
+        .args(["run", "--election", "setup", "--store", &store])
+        .args(["--", "true"])
+        .output()
+        .expect("spawn");
+    assert!(out.status.success(), "{}", stderr(&out));
     let status_line = || {
         let out = leasehold()
             .args([
@@ -695,4 +702,202 @@ pub fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .expect("port")
         .port()
+}
+
+/// A replica with a 60 s TTL whose log goes to `ID.err` in the scratch
+/// folder: far longer than any test waits, so a successor that leads did so
+/// because the election was released, not because its lease expired.
+fn logged_replica(scratch: &Scratch, id: &str, script: &str) -> Proc {
+    let log = std::fs::File::create(scratch.path(&format!("{id}.err"))).expect("log file");
+    Proc::spawn(
+        leasehold()
+            .args([
+                "run",
+                "--election",
+                "nightly-billing",
+                "--ttl",
+                "60s",
+                "--id",
+                id,
+            ])
+            .args(["--store", &scratch.store_url(), "--"])
+            .args(["sh", "-c", script])
+            .current_dir(scratch.dir.path())
+            .stdout(Stdio::null())
+            .stderr(log),
+    )
+}
+
+fn log_of(scratch: &Scratch, id: &str) -> String {
+    std::fs::read_to_string(scratch.path(&format!("{id}.err"))).unwrap_or_default()
+}
+
+/// A command that notes which stop signal it got (`term`, `hup`, `int` or
+/// `quit`, with its token) and exits 0, and notes SIGUSR1/SIGUSR2 without
+/// stopping.
+const NOTES_SIGNALS: &str = r#"trap 'echo "term $LEASEHOLD_TOKEN" >> billing.log; exit 0' TERM
+trap 'echo "hup $LEASEHOLD_TOKEN" >> billing.log; exit 0' HUP
+trap 'echo "int $LEASEHOLD_TOKEN" >> billing.log; exit 0' INT
+trap 'echo "quit $LEASEHOLD_TOKEN" >> billing.log; exit 0' QUIT
+trap 'echo "usr1 $LEASEHOLD_TOKEN" >> billing.log' USR1
+trap 'echo "usr2 $LEASEHOLD_TOKEN" >> billing.log' USR2
+echo "run $LEASEHOLD_TOKEN $LEASEHOLD_ID $$" >> billing.log
+while :; do sleep 0.05; done"#;
+
+/// A terminal closing (SIGHUP) stops `run` the way SIGTERM does: its
+/// command gets SIGTERM (not SIGHUP), and once it has exited the election
+/// is released, so a waiting replica leads next without waiting for the
+/// lease to expire.
+#[test]
+fn sighup_stops_the_command_with_sigterm_and_hands_over() {
+    let scratch = Scratch::new();
+    let mut a = logged_replica(&scratch, "a", NOTES_SIGNALS);
+    assert!(wait_until(10 * SECOND, || runs(&scratch).len() == 1));
+    let b = logged_replica(&scratch, "b", NOTES_SIGNALS);
+    assert!(
+        wait_until(10 * SECOND, || log_of(&scratch, "b")
+            .contains("waiting; election is led")),
+        "b is not waiting: {}",
+        log_of(&scratch, "b")
+    );
+    a.signal(Signal::SIGHUP);
+    let status = a.wait_for_exit(10 * SECOND).expect("a exits");
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "run exits with its command's status (it trapped TERM and exited 0): {}",
+        log_of(&scratch, "a")
+    );
+    let a_log = log_of(&scratch, "a");
+    assert!(
+        a_log.contains("SIGHUP received") && a_log.contains("stopped; election released"),
+        "{a_log}"
+    );
+    assert!(
+        wait_until(10 * SECOND, || runs(&scratch).len() == 2),
+        "no handover"
+    );
+    let log = read_lines(&scratch.path("billing.log"));
+    let stopped = log.iter().position(|l| l == "term 1");
+    let successor = log.iter().position(|l| l.starts_with("run 2 b "));
+    assert!(
+        stopped.is_some() && successor.is_some() && stopped < successor,
+        "a's command must get SIGTERM and exit before b's starts: {log:?}"
+    );
+    assert!(!log.iter().any(|l| l.starts_with("hup")), "{log:?}");
+    assert!(
+        !log_of(&scratch, "b").contains("lease expired"),
+        "b took over from an expired lease, not a release: {}",
+        log_of(&scratch, "b")
+    );
+    drop(b);
+}
+
+/// SIGQUIT (Ctrl-\) is passed on as it is, like SIGTERM and SIGINT: the
+/// command gets SIGQUIT and `run` releases the election once it has exited,
+/// then exits with its status. A command that does not handle it dies of
+/// it: 128+3.
+#[test]
+fn sigquit_is_forwarded_and_the_election_released() {
+    let scratch = Scratch::new();
+    let mut a = logged_replica(&scratch, "a", NOTES_SIGNALS);
+    assert!(wait_until(10 * SECOND, || runs(&scratch).len() == 1));
+    a.signal(Signal::SIGQUIT);
+    let status = a.wait_for_exit(10 * SECOND).expect("a exits");
+    assert_eq!(status.code(), Some(0), "{}", log_of(&scratch, "a"));
+    let log = read_lines(&scratch.path("billing.log"));
+    assert!(log.contains(&"quit 1".to_owned()), "{log:?}");
+    assert!(
+        status_json(&scratch.store_url(), "nightly-billing")["leader"].is_null(),
+        "not released"
+    );
+
+    let mut b = logged_replica(
+        &scratch,
+        "b",
+        r#"echo "run $LEASEHOLD_TOKEN $LEASEHOLD_ID $$" >> billing.log; while :; do sleep 0.05; done"#,
+    );
+    assert!(wait_until(10 * SECOND, || runs(&scratch).len() == 2));
+    b.signal(Signal::SIGQUIT);
+    let status = b.wait_for_exit(10 * SECOND).expect("b exits");
+    assert_eq!(
+        status.code(),
+        Some(128 + 3),
+        "the command died of SIGQUIT: {}",
+        log_of(&scratch, "b")
+    );
+    assert!(
+        status_json(&scratch.store_url(), "nightly-billing")["leader"].is_null(),
+        "not released"
+    );
+}
+
+/// SIGUSR1 and SIGUSR2 reach the command and stop nothing: `run` and its
+/// command keep running and the election stays held. A follower, which has
+/// no command, takes them without dying and drops them.
+#[test]
+fn sigusr1_and_sigusr2_reach_the_command_and_stop_nothing() {
+    let scratch = Scratch::new();
+    let mut a = logged_replica(&scratch, "a", NOTES_SIGNALS);
+    assert!(wait_until(10 * SECOND, || runs(&scratch).len() == 1));
+    let (_, _, child) = runs(&scratch)[0].clone();
+    for (signal, note) in [
+        (Signal::SIGUSR1, "usr1 1"),
+        (Signal::SIGUSR2, "usr2 1"),
+        (Signal::SIGUSR1, "usr1 1"),
+    ] {
+        let before = read_lines(&scratch.path("billing.log"))
+            .iter()
+            .filter(|l| *l == note)
+            .count();
+        a.signal(signal);
+        assert!(
+            wait_until(10 * SECOND, || read_lines(&scratch.path("billing.log"))
+                .iter()
+                .filter(|l| *l == note)
+                .count()
+                > before),
+            "{signal} did not reach the command: {}",
+            log_of(&scratch, "a")
+        );
+    }
+    assert!(
+        a.child.try_wait().expect("try_wait").is_none(),
+        "run exited"
+    );
+    assert!(alive(child), "the command was stopped");
+    assert_eq!(
+        status_json(&scratch.store_url(), "nightly-billing")["leader"]["id"],
+        "a"
+    );
+
+    let mut b = logged_replica(&scratch, "b", NOTES_SIGNALS);
+    assert!(wait_until(10 * SECOND, || log_of(&scratch, "b")
+        .contains("waiting; election is led")));
+    b.signal(Signal::SIGUSR1);
+    b.signal(Signal::SIGUSR2);
+    assert!(
+        wait_until(10 * SECOND, || log_of(&scratch, "b")
+            .matches("no command is running; signal ignored")
+            .count()
+            == 2),
+        "{}",
+        log_of(&scratch, "b")
+    );
+    assert!(b.child.try_wait().expect("try_wait").is_none(), "b died");
+
+    a.signal(Signal::SIGTERM);
+    assert_eq!(
+        a.wait_for_exit(10 * SECOND).expect("a exits").code(),
+        Some(0)
+    );
+    assert!(
+        wait_until(10 * SECOND, || runs(&scratch).len() == 2),
+        "b did not lead after a"
+    );
+    b.signal(Signal::SIGTERM);
+    assert_eq!(
+        b.wait_for_exit(10 * SECOND).expect("b exits").code(),
+        Some(0)
+    );
 }

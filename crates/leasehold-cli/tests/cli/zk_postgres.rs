@@ -97,3 +97,162 @@ fn a_clamped_zookeeper_ttl_shortens_the_period_and_run_says_so() {
         .unwrap_or_else(|| panic!("no campaign: {err}"));
     assert!(lease < campaigning, "{err}");
 }
+
+// Issue 13: hostile input and a store that changes under us.
+
+/// Runs `leasehold SUBCOMMAND --store STORE ARGS…`; its exit code, stderr
+/// and stdout.
+fn leasehold_on(store: &str, args: &[&str]) -> (Option<i32>, String, Vec<u8>) {
+    let (subcommand, rest) = args.split_first().expect("a subcommand");
+    let out = super::harness::leasehold()
+        .args([subcommand, "--store", store])
+        .args(rest)
+        .output()
+        .expect("spawn");
+    (out.status.code(), super::harness::stderr(&out), out.stdout)
+}
+
+/// The commands that only read the store.
+const READERS: [&[&str]; 4] = [
+    &["status", "--election", "job"],
+    &["status", "--election", "job", "--json"],
+    &["list"],
+    &["observe", "--election", "job"],
+];
+
+/// How many nodes the server holds, from its `srvr` command.
+fn node_count(server: &ZooKeeperServer) -> u64 {
+    server
+        .four_letter("srvr")
+        .and_then(|answer| {
+            answer
+                .lines()
+                .find_map(|l| l.strip_prefix("Node count: "))
+                .and_then(|n| n.trim().parse().ok())
+        })
+        .expect("srvr names the node count")
+}
+
+/// `status`, `list` and `observe` of a root that does not exist exit 1,
+/// saying so in one line, and create nothing (they created the root).
+#[test]
+fn reading_a_zookeeper_root_that_does_not_exist_exits_1_and_creates_nothing() {
+    let server = ZooKeeperServer::start();
+    let nodes = node_count(&server);
+    for args in READERS {
+        let (code, err, stdout) = leasehold_on(&server.url("/nothing"), args);
+        assert_eq!(code, Some(1), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(
+            err.contains("no leasehold store at zookeeper node /nothing"),
+            "{args:?}: {err}"
+        );
+        assert!(stdout.is_empty(), "{args:?}");
+    }
+    assert_eq!(node_count(&server), nodes, "nodes were created");
+}
+
+/// ZooKeeper's own node and paths it would refuse are bad input (exit 2),
+/// refused before anything is written: leasehold wrote in `/zookeeper`.
+#[test]
+fn zookeepers_own_node_and_malformed_roots_exit_2() {
+    let server = ZooKeeperServer::start();
+    let nodes = node_count(&server);
+    for root in ["/zookeeper", "/zookeeper/leasehold", "/a/../b"] {
+        for args in [&["run", "--election", "job", "--", "true"][..], READERS[0]] {
+            let (code, err, _) = leasehold_on(&server.url(root), args);
+            assert_eq!(code, Some(2), "{root} {args:?}: {err}");
+            assert_eq!(err.lines().count(), 1, "{root} {args:?}: {err}");
+        }
+    }
+    assert_eq!(node_count(&server), nodes, "nodes were created");
+}
+
+/// Runs `psql` on the server; its output, one row a line.
+fn psql(server: &PostgresServer, query: &str) -> String {
+    let out = std::process::Command::new("psql")
+        .args([&server.url(), "-XAtc", query])
+        .output()
+        .expect("psql (Debian's postgresql-client) runs");
+    assert!(out.status.success(), "psql {query:?}: {out:?}");
+    String::from_utf8(out.stdout).expect("utf-8")
+}
+
+/// Every schema, relation and function, by name.
+fn catalog(server: &PostgresServer) -> String {
+    psql(
+        server,
+        "SELECT nspname FROM pg_namespace
+         UNION ALL SELECT n.nspname || '.' || c.relname FROM pg_class c
+             JOIN pg_namespace n ON n.oid = c.relnamespace
+         UNION ALL SELECT n.nspname || '.' || p.proname FROM pg_proc p
+             JOIN pg_namespace n ON n.oid = p.pronamespace
+         ORDER BY 1",
+    )
+}
+
+/// PostgreSQL's own schemas are bad input (exit 2): `?schema=public` put
+/// leasehold's tables and functions among other programs'.
+#[test]
+fn postgresqls_own_schemas_exit_2() {
+    let server = PostgresServer::start();
+    let before = catalog(&server);
+    for schema in ["public", "information_schema", "pg_catalog"] {
+        let store = format!("{}?schema={schema}", server.url());
+        for args in [&["run", "--election", "job", "--", "true"][..], READERS[0]] {
+            let (code, err, _) = leasehold_on(&store, args);
+            assert_eq!(code, Some(2), "{schema} {args:?}: {err}");
+            assert_eq!(err.lines().count(), 1, "{schema} {args:?}: {err}");
+        }
+    }
+    assert_eq!(catalog(&server), before, "something was created");
+}
+
+/// A schema leasehold did not create is refused by every command, exit 1
+/// in one line, and left as it is.
+#[test]
+fn a_postgres_schema_leasehold_did_not_create_is_refused_in_one_line() {
+    let server = PostgresServer::start();
+    psql(
+        &server,
+        "CREATE SCHEMA shop; CREATE TABLE shop.orders (id int)",
+    );
+    let before = catalog(&server);
+    let store = format!("{}?schema=shop", server.url());
+    for args in [
+        &["campaign", "--election", "job"][..],
+        &["run", "--election", "job", "--", "true"],
+    ]
+    .into_iter()
+    .chain(READERS)
+    {
+        let (code, err, _) = leasehold_on(&store, args);
+        assert_eq!(code, Some(1), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(
+            err.contains("schema shop exists but leasehold did not create it"),
+            "{args:?}: {err}"
+        );
+    }
+    assert_eq!(catalog(&server), before, "something was written");
+}
+
+/// `status`, `list` and `observe` of a schema that does not exist exit 1,
+/// saying so in one line, and create nothing (they created the schema).
+#[test]
+fn reading_a_postgres_schema_that_does_not_exist_exits_1_and_creates_nothing() {
+    let server = PostgresServer::start();
+    let before = catalog(&server);
+    let store = format!("{}?schema=nothing", server.url());
+    for args in READERS {
+        let (code, err, stdout) = leasehold_on(&store, args);
+        assert_eq!(code, Some(1), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(
+            err.contains("no leasehold store in schema nothing"),
+            "{args:?}: {err}"
+        );
+        assert!(stdout.is_empty(), "{args:?}");
+    }
+    assert_eq!(catalog(&server), before, "something was created");
+}

@@ -1,0 +1,287 @@
+//! Issue 13 on the SQLite store, with the real binary: leasehold writes no
+//! file it did not create, a store that changes under a running leader
+//! stops it before anyone else leads, and reading a store creates nothing.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use super::harness::{Proc, Scratch, alive, leasehold, read_lines, wait_until};
+use super::run::{grandchildren, runs};
+
+const PATIENCE: Duration = Duration::from_secs(30);
+
+fn sibling(path: &Path, suffix: &str) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(suffix);
+    name.into()
+}
+
+/// Runs `cmd` to its end (failing the test if it hangs); its exit code and
+/// stderr.
+fn finish(scratch: &Scratch, name: &str, cmd: &mut Command) -> (Option<i32>, String) {
+    let err_path = scratch.path(&format!("{name}.err"));
+    let err = File::create(&err_path).expect("stderr file");
+    let mut proc = Proc::spawn(cmd.stdout(Stdio::null()).stderr(err));
+    let status = proc
+        .wait_for_exit(PATIENCE)
+        .unwrap_or_else(|| panic!("{name} hung"));
+    (
+        status.code(),
+        std::fs::read_to_string(&err_path).unwrap_or_default(),
+    )
+}
+
+/// A refusal: exit 1 and one line on stderr containing `needle`.
+fn assert_refused(code: Option<i32>, err: &str, needle: &str) {
+    assert_eq!(code, Some(1), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "not one line: {err}");
+    assert!(err.contains(needle), "{needle:?} not in: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+/// `campaign` meets a `<db>-notify` that leasehold did not create: someone's
+/// file, a symbolic link to one, a FIFO. Each is refused before anything is
+/// written, in one line that says why, and left as it was (the FIFO used to
+/// hang `campaign` forever, the others had their first byte overwritten).
+#[test]
+fn a_notify_file_leasehold_did_not_create_is_refused_and_left_as_it_was() {
+    let scratch = Scratch::new();
+    let db = scratch.path("leasehold.db");
+    let notify = sibling(&db, "-notify");
+    let target = scratch.path("target.txt");
+    let campaign = |name: &str| {
+        finish(
+            &scratch,
+            name,
+            leasehold()
+                .args(["campaign", "--election", "e"])
+                .args(["--store", &scratch.store_url()]),
+        )
+    };
+
+    std::fs::write(&notify, "someone's data\n").expect("write");
+    let (code, err) = campaign("file");
+    assert_refused(code, &err, "leasehold.db-notify holds other data");
+    assert_eq!(
+        std::fs::read_to_string(&notify).expect("read"),
+        "someone's data\n"
+    );
+    std::fs::remove_file(&notify).expect("remove");
+
+    std::fs::write(&target, "the target's data\n").expect("write");
+    std::os::unix::fs::symlink(&target, &notify).expect("symlink");
+    let (code, err) = campaign("symlink");
+    assert_refused(code, &err, "leasehold.db-notify is a symbolic link");
+    assert_eq!(
+        std::fs::read_to_string(&target).expect("read"),
+        "the target's data\n"
+    );
+    std::fs::remove_file(&notify).expect("remove");
+
+    nix::unistd::mkfifo(&notify, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
+    let (code, err) = campaign("fifo");
+    assert_refused(code, &err, "leasehold.db-notify is a FIFO");
+    std::fs::remove_file(&notify).expect("remove");
+
+    // Nothing of leasehold's was created next to them.
+    assert!(!db.exists(), "the database was created");
+    let (code, err) = campaign("own");
+    assert_eq!(code, Some(0), "its own notify file is fine: {err}");
+}
+
+/// `run` for `election` with a command that first records any process of
+/// `watch` (pids) still alive as `OVERLAP`, then appends `run TOKEN ID PID`
+/// and a grandchild's pid to billing.log and works until stopped.
+fn replica(scratch: &Scratch, id: &str, watch: &str) -> Proc {
+    let script = r#"for p in $WATCH; do
+  state=$(sed 's/.*) //' /proc/$p/stat 2>/dev/null | cut -c1)
+  case "$state" in ''|Z|X) ;; *) echo "OVERLAP $p $state" >> billing.log ;; esac
+done
+echo "run $LEASEHOLD_TOKEN $LEASEHOLD_ID $$" >> billing.log
+sleep 600 & echo "grandchild $!" >> billing.log
+wait"#;
+    let err = File::create(scratch.path(&format!("{id}.err"))).expect("stderr file");
+    Proc::spawn(
+        leasehold()
+            .args(["run", "--election", "nightly-billing", "--ttl", "3s"])
+            .args(["--id", id, "--store", &scratch.store_url(), "--"])
+            .args(["sh", "-c", script])
+            .env("WATCH", watch)
+            .current_dir(scratch.dir.path())
+            .stdout(Stdio::null())
+            .stderr(err),
+    )
+}
+
+fn overlaps(scratch: &Scratch) -> Vec<String> {
+    read_lines(&scratch.path("billing.log"))
+        .into_iter()
+        .filter(|l| l.starts_with("OVERLAP"))
+        .collect()
+}
+
+/// The leader `a` runs; returns its command's pid and grandchild's.
+fn leading(scratch: &Scratch) -> (Proc, i32, i32) {
+    let a = replica(scratch, "a", "");
+    assert!(
+        wait_until(PATIENCE, || runs(scratch).len() == 1
+            && grandchildren(scratch).len() == 1),
+        "a does not lead: {}",
+        std::fs::read_to_string(scratch.path("a.err")).unwrap_or_default()
+    );
+    let (_, _, child) = runs(scratch)[0].clone();
+    (a, child, grandchildren(scratch)[0])
+}
+
+/// The database (with its -wal and -shm) deleted under a running leader,
+/// and another replica started at once: the first leader's command is
+/// stopped, its runner exits saying why, and only then does the second
+/// replica's command run — on a new file, so with token 1 again. The two
+/// commands never run at once (before: both ran, both with token 1, the
+/// first renewing an unlinked file).
+#[test]
+fn a_deleted_store_stops_its_leader_before_another_replica_runs() {
+    let scratch = Scratch::new();
+    let (mut a, a_child, a_grandchild) = leading(&scratch);
+    let db = scratch.path("leasehold.db");
+    for suffix in ["", "-wal", "-shm"] {
+        std::fs::remove_file(sibling(&db, suffix)).expect("remove");
+    }
+    let b = replica(&scratch, "b", &format!("{a_child} {a_grandchild}"));
+    assert!(
+        wait_until(PATIENCE, || runs(&scratch).len() == 2),
+        "b never ran: {}",
+        std::fs::read_to_string(scratch.path("b.err")).unwrap_or_default()
+    );
+    assert_eq!(
+        overlaps(&scratch),
+        Vec::<String>::new(),
+        "two leaders at once"
+    );
+    assert!(!alive(a_child) && !alive(a_grandchild));
+    let status = a.wait_for_exit(PATIENCE).expect("a exits");
+    assert_eq!(status.code(), Some(1));
+    let a_err = std::fs::read_to_string(scratch.path("a.err")).unwrap_or_default();
+    assert!(a_err.contains("leadership lost"), "{a_err}");
+    // "(it was deleted or moved away)", or "(another file is there now)"
+    // if b created its file first.
+    assert!(
+        a_err.contains("is no longer the database file this process opened"),
+        "{a_err}"
+    );
+    let all = runs(&scratch);
+    assert_eq!(all[1].1, "b");
+    assert_eq!(all[1].0, 1, "a new file starts tokens again from 1");
+    drop(b);
+}
+
+/// Another program's SQLite database moved onto the path under a running
+/// leader, and another replica started at once: the first leader's
+/// command is stopped and its runner exits; the second refuses the file;
+/// the other program's database is left byte for byte as it was, and
+/// SQLite still shows it its own table (before: leasehold wrote its tables
+/// into it through the -wal, and that table was gone).
+#[test]
+fn a_database_moved_onto_the_store_is_left_as_it_was_and_its_leader_stops() {
+    let scratch = Scratch::new();
+    let (mut a, a_child, a_grandchild) = leading(&scratch);
+    let other = scratch.path("app.db");
+    rusqlite::Connection::open(&other)
+        .expect("open")
+        .execute_batch("CREATE TABLE users (id INTEGER PRIMARY KEY); INSERT INTO users VALUES (7);")
+        .expect("create");
+    let before = std::fs::read(&other).expect("read");
+    let db = scratch.path("leasehold.db");
+    std::fs::rename(&other, &db).expect("move onto the store");
+    let mut b = replica(&scratch, "b", &format!("{a_child} {a_grandchild}"));
+    let status = b.wait_for_exit(PATIENCE).expect("b exits");
+    let b_err = std::fs::read_to_string(scratch.path("b.err")).unwrap_or_default();
+    assert_eq!(status.code(), Some(1), "{b_err}");
+    assert!(
+        b_err.contains("a SQLite database of another program"),
+        "{b_err}"
+    );
+    assert!(
+        wait_until(PATIENCE, || !alive(a_child) && !alive(a_grandchild)),
+        "a's command outlived its store"
+    );
+    let status = a.wait_for_exit(PATIENCE).expect("a exits");
+    assert_eq!(status.code(), Some(1));
+    let a_err = std::fs::read_to_string(scratch.path("a.err")).unwrap_or_default();
+    assert!(a_err.contains("another file is there now"), "{a_err}");
+    assert_eq!(runs(&scratch).len(), 1, "b ran");
+    assert_eq!(overlaps(&scratch), Vec::<String>::new());
+
+    assert_eq!(std::fs::read(&db).expect("read"), before);
+    let conn = rusqlite::Connection::open(&db).expect("open");
+    let id: i64 = conn
+        .query_row("SELECT id FROM users", [], |r| r.get(0))
+        .expect("the other program's table");
+    assert_eq!(id, 7);
+    let ours: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE name IN ('sessions', 'elections')",
+            [],
+            |r| r.get(0),
+        )
+        .expect("schema");
+    assert_eq!(ours, 0, "leasehold's tables are in the other database");
+    drop(conn);
+    assert_eq!(std::fs::read(&db).expect("read"), before);
+}
+
+/// `status`, `list` and `observe` on a store that does not exist say so in
+/// one line, exit 1, and create nothing: not the default file nor its
+/// folder under `$XDG_STATE_HOME`, not a database in an empty file.
+#[test]
+fn reading_a_store_that_does_not_exist_creates_nothing() {
+    let scratch = Scratch::new();
+    let state = scratch.path("state");
+    let empty = scratch.path("empty.db");
+    std::fs::write(&empty, "").expect("write");
+    let commands: [&[&str]; 3] = [
+        &["status", "--election", "e"],
+        &["list"],
+        &["observe", "--election", "e"],
+    ];
+    for (i, args) in commands.iter().enumerate() {
+        let (code, err) = finish(
+            &scratch,
+            &format!("default-{i}"),
+            leasehold().args(*args).env("XDG_STATE_HOME", &state),
+        );
+        assert_refused(code, &err, "no leasehold store at");
+        assert!(err.contains("does not exist"), "{err}");
+        assert!(!state.exists(), "{args:?} created {}", state.display());
+
+        let missing = scratch.path("missing.db");
+        let (code, err) = finish(
+            &scratch,
+            &format!("missing-{i}"),
+            leasehold()
+                .args(*args)
+                .args(["--store", &format!("sqlite:{}", missing.display())]),
+        );
+        assert_refused(code, &err, "the file does not exist");
+        assert!(!missing.exists(), "{args:?} created {}", missing.display());
+
+        let (code, err) = finish(
+            &scratch,
+            &format!("empty-{i}"),
+            leasehold()
+                .args(*args)
+                .args(["--store", &format!("sqlite:{}", empty.display())]),
+        );
+        assert_refused(code, &err, "the file is empty");
+        assert_eq!(std::fs::metadata(&empty).expect("stat").len(), 0);
+    }
+    let mut names: Vec<String> = std::fs::read_dir(scratch.dir.path())
+        .expect("read dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.ends_with(".err"))
+        .collect();
+    names.sort();
+    assert_eq!(names, ["empty.db"], "files appeared");
+}

@@ -7,15 +7,23 @@ use leasehold::Elector;
 
 use crate::cli::CampaignArgs;
 use crate::events::{Event, emit, monotonic_ns};
-use crate::signals::StopSignals;
+use crate::signals::{AnySignal, IgnoredSignals, PassedSignals, StopSignals};
 
 pub async fn run(args: CampaignArgs) -> anyhow::Result<ExitCode> {
     let store = args.election.store.open().await?;
     let candidate = args.election.candidate();
     let elector = Elector::new(store, candidate.clone(), args.election.lease_config())?;
-    // SIGTERM, SIGINT, SIGHUP or SIGQUIT end the campaign or the hold early:
-    // the election is resigned (not left to expire) and no round follows.
-    let mut signals = StopSignals::install()?;
+    // SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGPWR — and, as there is no
+    // command to pass them to, the signals `run` passes to its command
+    // (SIGUSR1, SIGUSR2, SIGALRM…) — end the campaign or the hold early: the
+    // election is resigned (not left to expire) and no round follows. The
+    // rest that would end the process (SIGABRT, SIGXCPU…) are logged and
+    // ignored (see signals.rs).
+    let mut signals = Signals {
+        stop: StopSignals::install()?,
+        passed: PassedSignals::install()?,
+        ignored: IgnoredSignals::install()?,
+    };
     let election = &args.election.election;
     let event = |event, token: Option<u64>, reason: Option<String>| Event {
         event,
@@ -65,4 +73,24 @@ pub async fn run(args: CampaignArgs) -> anyhow::Result<ExitCode> {
     }
     elector.close().await?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The signals `campaign` handles.
+struct Signals {
+    stop: StopSignals,
+    passed: PassedSignals,
+    ignored: IgnoredSignals,
+}
+
+impl Signals {
+    /// The next signal that ends the campaign; ignored ones are logged.
+    async fn recv(&mut self) -> AnySignal {
+        loop {
+            tokio::select! {
+                signal = self.stop.recv() => return signal.into(),
+                signal = self.passed.recv() => return signal,
+                signal = self.ignored.recv() => tracing::info!(%signal, "signal ignored"),
+            }
+        }
+    }
 }

@@ -7,6 +7,8 @@ use std::process::ExitStatus;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
+use crate::signals::AnySignal;
+
 /// A running command and its process group.
 #[derive(Debug)]
 pub struct Child {
@@ -62,6 +64,23 @@ impl Child {
     pub fn signal_group(&self, signal: Signal) {
         match killpg(Pid::from_raw(self.pgid), signal) {
             Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
+            Err(error) => {
+                tracing::warn!(pgid = self.pgid, %signal, %error, "cannot signal the command's group")
+            }
+        }
+    }
+}
+
+impl Child {
+    /// Sends `signal` — which may be a real-time signal, which [`Signal`]
+    /// cannot name — to the whole process group; a group already gone is not
+    /// an error.
+    #[allow(unsafe_code)]
+    pub fn pass(&self, signal: AnySignal) {
+        // SAFETY: killpg(2) takes two integers and touches no memory.
+        let sent = unsafe { nix::libc::killpg(self.pgid, signal.number()) };
+        match nix::errno::Errno::result(sent) {
+            Ok(_) | Err(nix::errno::Errno::ESRCH) => {}
             Err(error) => {
                 tracing::warn!(pgid = self.pgid, %signal, %error, "cannot signal the command's group")
             }

@@ -32,7 +32,7 @@ pub struct Args {
     pub quiet: bool,
     /// Log format on stderr: `text` for people, `json` (one object per line)
     /// for log collectors.
-    #[arg(long, global = true, env = "LEASEHOLD_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, help_heading = GLOBAL)]
+    #[arg(long, global = true, env = "LEASEHOLD_LOG_FORMAT", hide_env_values = true, value_enum, default_value_t = LogFormat::Text, help_heading = GLOBAL)]
     pub log_format: LogFormat,
     #[command(subcommand)]
     pub command: Command,
@@ -57,12 +57,14 @@ pub enum Command {
     /// lease deadline, SIGKILL; then `run` campaigns again. If the command
     /// exits, the election is released at once and `run` exits with the
     /// command's status. SIGTERM, SIGINT and SIGQUIT are forwarded to the
-    /// group, and SIGHUP (a closed terminal) is sent on as SIGTERM; the
-    /// command gets up to --grace to exit, then the election is released
-    /// and `run` exits with the command's status. SIGUSR1 and SIGUSR2 are
-    /// passed to the group and stop nothing (for reloads). If `run` itself
-    /// dies, even by SIGKILL, its command's whole process group dies with
-    /// it.
+    /// group, and SIGHUP (a closed terminal) and SIGPWR (a shutdown) are
+    /// sent on as SIGTERM; the command gets up to --grace to exit, then the
+    /// election is released and `run` exits with the command's status.
+    /// SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM, SIGPROF, SIGIO, SIGSTKFLT and
+    /// SIGRTMIN…SIGRTMAX are passed to the group and stop nothing (for
+    /// reloads); SIGTRAP, SIGABRT, SIGSYS, SIGXCPU and SIGXFSZ are logged
+    /// and ignored. If `run` itself dies, even by SIGKILL, its command's
+    /// whole process group dies with it.
     Run(RunArgs),
     /// Print the current leader of an election.
     Status(StatusArgs),
@@ -106,7 +108,7 @@ pub struct StoreArgs {
     /// The store URL: sqlite:PATH, etcd://HOST:PORT[,HOST:PORT…][/PREFIX],
     /// zk://HOST:PORT[,HOST:PORT…][/CHROOT], postgres://USER@HOST[:PORT]/DB[?schema=NAME]
     /// or memory:. [default: sqlite:$XDG_STATE_HOME/leasehold/leasehold.db]
-    #[arg(long, env = "LEASEHOLD_STORE", value_parser = StoreUrlParser)]
+    #[arg(long, env = "LEASEHOLD_STORE", hide_env_values = true, value_parser = StoreUrlParser)]
     pub store: Option<StoreUrl>,
 }
 
@@ -151,18 +153,18 @@ pub struct ElectionArgs {
     /// The election: the name of the responsibility the replicas compete
     /// for, such as nightly-billing; every replica uses the same name
     /// (1–200 bytes of A-Z a-z 0-9 . _ / -, not starting with / or .).
-    #[arg(long, short = 'e', env = "LEASEHOLD_ELECTION", value_parser = parse_election)]
+    #[arg(long, short = 'e', env = "LEASEHOLD_ELECTION", hide_env_values = true, value_parser = parse_election)]
     pub election: ElectionName,
     #[command(flatten)]
     pub store: StoreArgs,
     /// This replica's candidate id. [default: <hostname>-<pid>]
-    #[arg(long, env = "LEASEHOLD_ID", value_parser = parse_candidate)]
+    #[arg(long, env = "LEASEHOLD_ID", hide_env_values = true, value_parser = parse_candidate)]
     pub id: Option<CandidateId>,
     /// The lease TTL: how long the store keeps the election for a leader that
     /// stopped renewing; also about how long a crash leaves it unowned.
-    #[arg(long, env = "LEASEHOLD_TTL", default_value = "15s", value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(long, env = "LEASEHOLD_TTL", hide_env_values = true, default_value = "15s", value_parser = parse_duration, allow_hyphen_values = true)]
     pub ttl: Duration,
-    #[arg(long, env = "LEASEHOLD_RENEW_EVERY", value_parser = parse_duration, allow_hyphen_values = true, help = renew_every_help())]
+    #[arg(long, env = "LEASEHOLD_RENEW_EVERY", hide_env_values = true, value_parser = parse_duration, allow_hyphen_values = true, help = renew_every_help())]
     pub renew_every: Option<Duration>,
 }
 
@@ -187,15 +189,15 @@ pub struct RunArgs {
     #[command(flatten)]
     pub election: ElectionArgs,
     /// How long the command may take to exit after a forwarded SIGTERM,
-    /// SIGINT or SIGQUIT (SIGHUP is forwarded as SIGTERM) before it gets
+    /// SIGINT or SIGQUIT (SIGHUP and SIGPWR are forwarded as SIGTERM) before it gets
     /// SIGKILL; never past the lease deadline.
-    #[arg(long, env = "LEASEHOLD_GRACE", default_value = "5s", value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(long, env = "LEASEHOLD_GRACE", hide_env_values = true, default_value = "5s", value_parser = parse_duration, allow_hyphen_values = true)]
     pub grace: Duration,
     /// Serve /status (JSON), /healthz and /metrics (Prometheus) on this
     /// address: HOST:PORT (an IP address or a host name, served on every
     /// address it resolves to, such as localhost:9464) or :PORT (all
     /// interfaces). [default: no HTTP]
-    #[arg(long, env = "LEASEHOLD_HTTP", value_parser = parse_http_addr, value_name = "ADDR")]
+    #[arg(long, env = "LEASEHOLD_HTTP", hide_env_values = true, value_parser = parse_http_addr, value_name = "ADDR")]
     pub http: Option<HttpAddr>,
     /// The command to run while leader, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
@@ -206,7 +208,7 @@ pub struct RunArgs {
 pub struct StatusArgs {
     /// The election to report on: the name its replicas give to `run
     /// --election` (`list` shows every election in the store).
-    #[arg(long, short = 'e', env = "LEASEHOLD_ELECTION", value_parser = parse_election)]
+    #[arg(long, short = 'e', env = "LEASEHOLD_ELECTION", hide_env_values = true, value_parser = parse_election)]
     pub election: ElectionName,
     #[command(flatten)]
     pub store: StoreArgs,
@@ -219,7 +221,7 @@ pub struct StatusArgs {
 pub struct ObserveArgs {
     /// The election to watch: the name its replicas give to `run
     /// --election` (`list` shows every election in the store).
-    #[arg(long, short = 'e', env = "LEASEHOLD_ELECTION", value_parser = parse_election)]
+    #[arg(long, short = 'e', env = "LEASEHOLD_ELECTION", hide_env_values = true, value_parser = parse_election)]
     pub election: ElectionName,
     #[command(flatten)]
     pub store: StoreArgs,
@@ -239,8 +241,10 @@ pub struct CampaignArgs {
     #[command(flatten)]
     pub election: ElectionArgs,
     /// How long to hold the election once won before resigning. SIGTERM,
-    /// SIGINT, SIGHUP or SIGQUIT resign at once (`releasing` and `released`
-    /// then name the signal) and end `campaign` with status 0.
+    /// SIGINT, SIGHUP, SIGQUIT, SIGPWR, and the signals `run` passes to its
+    /// command (SIGUSR1, SIGUSR2, SIGALRM…) resign at once (`releasing` and
+    /// `released` then name the signal) and end `campaign` with status 0;
+    /// those `run` ignores (SIGABRT, SIGXCPU…) are ignored.
     #[arg(long, default_value = "0s", value_parser = parse_duration)]
     pub hold: Duration,
     /// How many times to campaign, hold and resign in a row.
@@ -647,6 +651,28 @@ mod tests {
             }
         }
         assert!(checked > 20, "only {checked} flags checked");
+    }
+
+    /// No flag read from the environment shows the variable's value in
+    /// `--help`: LEASEHOLD_STORE may hold a password, and any variable added
+    /// later could too.
+    #[test]
+    fn help_never_shows_an_environment_value() {
+        let mut command = Args::command();
+        command.build();
+        let mut checked = 0;
+        for sub in std::iter::once(&command).chain(command.get_subcommands()) {
+            for arg in sub.get_arguments().filter(|a| a.get_env().is_some()) {
+                assert!(
+                    arg.is_hide_env_values_set(),
+                    "{} --{} shows its environment value in --help",
+                    sub.get_name(),
+                    arg.get_id()
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked >= 10, "only {checked} flags checked");
     }
 
     /// `:PORT` is every interface; an IPv6 address needs its brackets (an

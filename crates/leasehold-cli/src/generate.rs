@@ -44,8 +44,12 @@ pub fn man(args: &ManArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Writes `bytes` to stdout and flushes: a full disk or a closed pipe is
-/// an error ("cannot write to stdout: …", exit 1), never a panic.
+/// an error ("cannot write to stdout: …", exit 1), never a panic; so is a
+/// stdout that was closed when leasehold started (it is /dev/null now).
 pub(crate) fn write_stdout(bytes: &[u8]) -> anyhow::Result<()> {
+    if crate::stdio::stdout_closed() {
+        anyhow::bail!(crate::stdio::STDOUT_IS_CLOSED);
+    }
     let mut out = std::io::stdout().lock();
     out.write_all(bytes)
         .and_then(|()| out.flush())

@@ -73,21 +73,12 @@ impl Drop for Guard {
 /// then kills the group still registered.
 pub fn main() -> ExitCode {
     // Signals meant for `run` (a terminal's Ctrl-C or hangup, a service
-    // manager's SIGTERM sent to every process of the unit) must not remove
-    // the guard before `run` is done with it; it exits by itself as soon as
-    // `run` exits.
-    let mut ignored = SigSet::empty();
-    for signal in [
-        Signal::SIGINT,
-        Signal::SIGTERM,
-        Signal::SIGHUP,
-        Signal::SIGQUIT,
-        Signal::SIGUSR1,
-        Signal::SIGUSR2,
-    ] {
-        ignored.add(signal);
-    }
-    let _ = ignored.thread_block();
+    // manager's SIGTERM or a container manager's SIGPWR sent to every
+    // process of the unit, any signal `run` passes to its command) must not
+    // remove the guard before `run` is done with it; it exits by itself as
+    // soon as `run` exits. So every signal that can be is blocked (SIGKILL
+    // and SIGSTOP cannot).
+    let _ = SigSet::all().thread_block();
     let mut protected: Option<i32> = None;
     for line in std::io::stdin().lock().lines() {
         let Ok(line) = line else { break };

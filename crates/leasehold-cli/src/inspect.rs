@@ -89,7 +89,9 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
 
 /// A line per change of leader (never per renewal); while the store does
 /// not answer, a warning on stderr and a line saying the leader is unknown,
-/// then the true state once it answers again.
+/// then the true state once it answers again. A store that can never be
+/// watched again (a SQLite file replaced under it) ends the watch: exit 1,
+/// saying why in one line.
 pub async fn observe(args: ObserveArgs) -> anyhow::Result<ExitCode> {
     let store = args.store.open_read_only().await?;
     let mut watch = store.watch_status(&args.election).await?;
@@ -117,7 +119,12 @@ pub async fn observe(args: ObserveArgs) -> anyhow::Result<ExitCode> {
             printed = Some(current);
         }
         tokio::select! {
-            changed = watch.changed() => if changed.is_err() { anyhow::bail!("the store stopped reporting changes") },
+            changed = watch.changed() => if changed.is_err() {
+                // The watch ended for good (a SQLite file replaced under
+                // this handle): the store says why on a read.
+                store.leader(election).await?;
+                anyhow::bail!("the store stopped reporting changes")
+            },
             _ = interrupt.recv() => return Ok(ExitCode::SUCCESS),
             _ = terminate.recv() => return Ok(ExitCode::SUCCESS),
         }

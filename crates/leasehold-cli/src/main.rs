@@ -20,6 +20,7 @@ mod inspect;
 mod metrics;
 mod run;
 mod signals;
+mod stdio;
 mod tune;
 
 /// Bad usage or input. (3, an unsafe `tune --ttl`, is `tune::EXIT_UNSAFE`.)
@@ -28,6 +29,11 @@ const EXIT_USAGE: u8 = 2;
 const EXIT_FAILURE: u8 = 1;
 
 fn main() -> ExitCode {
+    // First of all, before any file is opened (see stdio.rs).
+    if let Err(line) = stdio::reopen_closed_standard_fds() {
+        say(&line);
+        return ExitCode::from(EXIT_FAILURE);
+    }
     // `run`'s guard process (see guard.rs): internal, so not a subcommand
     // that help, completions or man pages would show.
     if std::env::args_os().nth(1).is_some_and(|a| a == guard::ARG) && std::env::args_os().len() == 2
@@ -82,6 +88,17 @@ pub fn say(line: &str) {
 fn run(args: cli::Args) -> anyhow::Result<ExitCode> {
     // Before any store is opened or command started.
     args.validate()?;
+    // A command whose output is the point fails before it does anything.
+    // `run` and `campaign` (whose JSON lines are a trace of what it does)
+    // work without a stdout.
+    let prints = match &args.command {
+        cli::Command::Run(_) | cli::Command::Campaign(_) => false,
+        cli::Command::Man(man) => man.dir.is_none(),
+        _ => true,
+    };
+    if prints && stdio::stdout_closed() {
+        anyhow::bail!(stdio::STDOUT_IS_CLOSED);
+    }
     // One thread runs every task: the command is forked from this thread,
     // and PR_SET_PDEATHSIG fires when the *thread* that forked exits, so it
     // must be the one that lives as long as the process.
@@ -112,8 +129,12 @@ fn usage_error(error: &clap::Error) -> ExitCode {
             | ErrorKind::DisplayVersion
             | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
     ) {
-        // Help lost on a full disk or a closed pipe is a failure, not a
-        // success.
+        // Help lost on a full disk, a closed pipe or a closed stdout is a
+        // failure, not a success.
+        if stdio::stdout_closed() && !error.use_stderr() {
+            say(stdio::STDOUT_IS_CLOSED);
+            return ExitCode::from(EXIT_FAILURE);
+        }
         if let Err(write_error) = error.print() {
             say(&format!("cannot write to stdout: {write_error}"));
             return ExitCode::from(EXIT_FAILURE);

@@ -14,7 +14,7 @@ use crate::child::{self, Child};
 use crate::cli::RunArgs;
 use crate::guard::Guard;
 use crate::metrics::{RunnerMetrics, StepDown};
-use crate::signals::{PassedSignals, StopSignals, forwarded_as};
+use crate::signals::{IgnoredSignals, PassedSignals, StopSignals, forwarded_as};
 
 /// Exit status when the command could not be started.
 const EXIT_CANNOT_START: u8 = 127;
@@ -34,6 +34,7 @@ struct Runner {
     grace: Duration,
     signals: StopSignals,
     passed: PassedSignals,
+    ignored: IgnoredSignals,
     guard: Guard,
     metrics: Arc<RunnerMetrics>,
 }
@@ -68,6 +69,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         grace: args.grace,
         signals: StopSignals::install()?,
         passed: PassedSignals::install()?,
+        ignored: IgnoredSignals::install()?,
         guard: Guard::start()?,
         metrics,
     };
@@ -179,7 +181,7 @@ impl Runner {
                         tracing::warn!(%error, retry_in = ?RETRY_AFTER, "campaign failed; retrying");
                         tokio::select! {
                             () = tokio::time::sleep(RETRY_AFTER) => {}
-                            signal = stop_requested(&mut self.signals, &mut self.passed) => {
+                            signal = stop_requested(&mut self.signals, &mut self.passed, &mut self.ignored) => {
                                 tracing::info!(%signal, "stopping while waiting to lead");
                                 break Ok(None);
                             }
@@ -187,7 +189,7 @@ impl Runner {
                     }
                     Err(error) => break Err(anyhow::Error::new(error).context("campaign failed")),
                 },
-                signal = stop_requested(&mut self.signals, &mut self.passed) => {
+                signal = stop_requested(&mut self.signals, &mut self.passed, &mut self.ignored) => {
                     tracing::info!(%signal, "stopping while waiting to lead");
                     break Ok(None);
                 }
@@ -335,7 +337,8 @@ impl Runner {
                     kill_at = None;
                 }
                 signal = self.signals.recv(), if !stopping => {
-                    // SIGHUP reaches the command as SIGTERM (`forwarded_as`).
+                    // SIGHUP and SIGPWR reach the command as SIGTERM
+                    // (`forwarded_as`).
                     let sent = forwarded_as(signal);
                     tracing::info!(%signal, forwarded = %sent, grace = ?self.grace, "forwarding to the command");
                     child.signal_group(sent);
@@ -344,7 +347,10 @@ impl Runner {
                 }
                 signal = self.passed.recv() => {
                     tracing::info!(%signal, pgid = child.pgid, "passing to the command");
-                    child.signal_group(signal);
+                    child.pass(signal);
+                }
+                signal = self.ignored.recv() => {
+                    tracing::info!(%signal, "signal ignored");
                 }
             }
         }
@@ -352,14 +358,21 @@ impl Runner {
 }
 
 /// Waits for a signal that asks to stop. A signal meant for the command
-/// (SIGUSR1, SIGUSR2) that arrives while none runs is logged and dropped,
-/// never kept for the next command.
-async fn stop_requested(signals: &mut StopSignals, passed: &mut PassedSignals) -> Signal {
+/// (SIGUSR1, SIGUSR2, SIGALRM…) that arrives while none runs is logged and
+/// dropped, never kept for the next command; so is one that is ignored.
+async fn stop_requested(
+    signals: &mut StopSignals,
+    passed: &mut PassedSignals,
+    ignored: &mut IgnoredSignals,
+) -> Signal {
     loop {
         tokio::select! {
             signal = signals.recv() => return signal,
             signal = passed.recv() => {
                 tracing::info!(%signal, "no command is running; signal ignored");
+            }
+            signal = ignored.recv() => {
+                tracing::info!(%signal, "signal ignored");
             }
         }
     }
@@ -373,8 +386,8 @@ enum TermEnd {
     Lost(LostReason),
     /// Renewals were failing; the command was stopped before the deadline.
     AtRisk,
-    /// `run` was told to stop by this signal; it was forwarded (SIGHUP as
-    /// SIGTERM).
+    /// `run` was told to stop by this signal; it was forwarded (SIGHUP and
+    /// SIGPWR as SIGTERM).
     Stopped(Signal),
 }
 

@@ -113,7 +113,6 @@ pub fn run(seed: u64, scenario: &Scenario) -> std::result::Result<History, Box<F
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
-        .rng_seed(tokio::runtime::RngSeed::from_bytes(&seed.to_le_bytes()))
         .build()
         .expect("a current-thread runtime");
     let history = runtime.block_on(simulate(seed, scenario));

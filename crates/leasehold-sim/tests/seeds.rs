@@ -73,21 +73,17 @@ fn seeds_hold_every_invariant_part_8_of_8() {
 
 #[test]
 fn a_seed_replays_exactly() {
+    // Without tokio's RNG seeded (the build has no tokio_unstable): every
+    // wake-up order in the library is deterministic (`leasehold::watch`).
     let scenario = Scenario::default();
-    for seed in [7, 1234, 99_999] {
+    for seed in [7, 1234, 99_999, 3, 42, 2026, 65_535, 123_456_789] {
         let a = run(seed, &scenario)
             .map_err(|f| f.to_string())
             .expect("passes");
         let b = run(seed, &scenario)
             .map_err(|f| f.to_string())
             .expect("passes");
-        assert_eq!(
-            format!("{:?}", a.terms),
-            format!("{:?}", b.terms),
-            "seed {seed}"
-        );
-        assert_eq!(a.writes.len(), b.writes.len(), "seed {seed}");
-        assert_eq!(a.grants, b.grants, "seed {seed}");
+        assert_eq!(format!("{a:?}"), format!("{b:?}"), "seed {seed}");
     }
 }
 

@@ -3,14 +3,16 @@
 
 use std::sync::Arc;
 
-use tokio::sync::{Mutex, watch};
+use crate::watch;
+use tokio::sync::Mutex;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::clock::{Clock, Instant, TokioClock};
 use crate::config::LeaseConfig;
 use crate::error::{Error, Result};
+use crate::lease::{DeadlinePolicy, LostReason};
 use crate::names::{CandidateId, ElectionName};
-use crate::session::{DeadlinePolicy, LostReason, RenewalObserver, Session, SessionState};
+use crate::session::{GrantSignal, RenewalObserver, Session, SessionState};
 use crate::store::{FencingToken, Grant, Leader, LeaderWatch, StatusWatch, Store};
 
 /// How many fresh sessions one campaign opens before giving up, when each
@@ -87,11 +89,7 @@ impl Elector {
     /// last one ended.
     pub async fn session(&self) -> Result<Arc<Session>> {
         let mut current = self.session.lock().await;
-        let now = self.clock.now();
-        if let Some(session) = current
-            .as_ref()
-            .filter(|s| s.state().over_at(now).is_none())
-        {
+        if let Some(session) = current.as_ref().filter(|s| s.over_now().is_none()) {
             return Ok(Arc::clone(session));
         }
         let session = Arc::new(
@@ -129,13 +127,7 @@ impl Elector {
             match outcome {
                 Ok(grant) => {
                     tracing::info!(%election, id = %self.candidate, token = grant.token.0, "became leader");
-                    return Leadership::start(
-                        grant,
-                        session,
-                        Arc::clone(&self.store),
-                        Arc::clone(&self.clock),
-                    )
-                    .await;
+                    return Ok(Leadership::start(grant, session, Arc::clone(&self.store)));
                 }
                 Err(Error::SessionExpired(_)) => {
                     session.mark_expired();
@@ -193,43 +185,35 @@ pub struct Leadership {
     grant: Grant,
     session: Arc<Session>,
     store: Arc<dyn Store>,
-    clock: Arc<dyn Clock>,
-    lost: watch::Receiver<Option<LostReason>>,
-    publish: Arc<watch::Sender<Option<LostReason>>>,
+    lost: GrantSignal,
+    /// Set once the grant was let go (resign), so that drop does not again.
+    let_go: bool,
     _stop_monitor: DropGuard,
 }
 
 impl Leadership {
-    async fn start(
-        grant: Grant,
-        session: Arc<Session>,
-        store: Arc<dyn Store>,
-        clock: Arc<dyn Clock>,
-    ) -> Result<Self> {
-        let (tx, rx) = watch::channel(None);
-        let publish = Arc::new(tx);
+    fn start(grant: Grant, session: Arc<Session>, store: Arc<dyn Store>) -> Self {
+        let lost = session.hold(&grant);
         let stop = CancellationToken::new();
         // The monitor opens its watch in the background: the new leader's
         // work does not wait for it, and the session's deadline still ends
         // leadership in time if the store is slow to answer.
         let monitor = Monitor {
-            token: grant.token,
-            election: grant.election.clone(),
+            grant: grant.clone(),
             store: Arc::clone(&store),
-            session: session.subscribe(),
-            publish: Arc::clone(&publish),
+            session: Arc::clone(&session),
+            state: session.subscribe(),
             stop: stop.clone(),
         };
         tokio::spawn(monitor.run());
-        Ok(Leadership {
+        Leadership {
             grant,
             session,
             store,
-            clock,
-            lost: rx,
-            publish,
+            lost,
+            let_go: false,
             _stop_monitor: stop.drop_guard(),
-        })
+        }
     }
 
     /// The fencing token of this leadership.
@@ -264,14 +248,11 @@ impl Leadership {
         self.lost_reason().is_none()
     }
 
-    /// Why leadership ended, if it has. Reads the session's state directly,
-    /// so it is exact at the deadline whatever the scheduling of background
-    /// tasks.
+    /// Why leadership ended, if it has. Asks the lease core with the
+    /// clock's now, so it is exact at the deadline whatever the scheduling
+    /// of background tasks.
     pub fn lost_reason(&self) -> Option<LostReason> {
-        if let Some(reason) = self.lost.borrow().clone() {
-            return Some(reason);
-        }
-        self.session.state().over_at(self.clock.now())
+        self.session.grant_lost_now(&self.grant)
     }
 
     /// Resolves when leadership ends, with the reason; no later than the
@@ -289,7 +270,7 @@ impl Leadership {
                 biased;
                 _ = own.changed() => {}
                 _ = session.changed() => {}
-                () = self.clock.sleep_until(deadline) => {}
+                () = self.session.sleep_until(deadline) => {}
             }
         }
     }
@@ -299,7 +280,7 @@ impl Leadership {
     /// so this process must stop acting, whatever its lease says. The grant
     /// is left to expire or be released by [`Leadership::resign`].
     pub fn supersede(&self) {
-        if lose(&self.publish, LostReason::Superseded) {
+        if self.session.supersede(&self.grant, false) {
             tracing::warn!(election = %self.grant.election, token = self.grant.token.0,
                 "leadership ended: the resource refused this token as stale");
         }
@@ -309,19 +290,18 @@ impl Leadership {
     /// the grant in the store, guarded by the token: it can never remove a
     /// successor's grant.
     pub async fn resign(mut self) -> Result<()> {
-        lose(&self.publish, LostReason::Resigned);
-        let grant = self.grant.clone();
-        // Prevent the Drop impl from releasing a second time.
-        self.publish = Arc::new(watch::channel(Some(LostReason::Resigned)).0);
-        self.store.resign(&grant).await
+        self.let_go = true;
+        if self.session.let_go(&self.grant) {
+            self.store.resign(&self.grant).await
+        } else {
+            Ok(())
+        }
     }
 }
 
 impl Drop for Leadership {
     fn drop(&mut self) {
-        let was_leading = self.publish.borrow().is_none();
-        lose(&self.publish, LostReason::Resigned);
-        if !was_leading {
+        if self.let_go || !self.session.let_go(&self.grant) {
             return;
         }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -335,25 +315,13 @@ impl Drop for Leadership {
     }
 }
 
-/// Records the end of leadership; `true` if it was not already recorded.
-fn lose(publish: &watch::Sender<Option<LostReason>>, reason: LostReason) -> bool {
-    publish.send_if_modified(|lost| {
-        if lost.is_some() {
-            return false;
-        }
-        *lost = Some(reason);
-        true
-    })
-}
-
 /// Watches the store for the grant disappearing or being superseded; the
-/// session's own end and deadline are read directly by [`Leadership`].
+/// session's own end and deadline are the lease core's.
 struct Monitor {
-    token: FencingToken,
-    election: ElectionName,
+    grant: Grant,
     store: Arc<dyn Store>,
-    session: watch::Receiver<SessionState>,
-    publish: Arc<watch::Sender<Option<LostReason>>>,
+    session: Arc<Session>,
+    state: watch::Receiver<SessionState>,
     stop: CancellationToken,
 }
 
@@ -362,20 +330,21 @@ const WATCH_RETRY: std::time::Duration = std::time::Duration::from_millis(250);
 
 impl Monitor {
     async fn open_watch(&mut self) -> Option<LeaderWatch> {
+        let election = &self.grant.election;
         loop {
-            match self.store.watch(&self.election).await {
+            match self.store.watch(election).await {
                 Ok(watch) => return Some(watch),
                 Err(error) => {
-                    tracing::warn!(election = %self.election, %error, "cannot watch the election; retrying");
+                    tracing::warn!(%election, %error, "cannot watch the election; retrying");
                 }
             }
             tokio::select! {
                 biased;
                 () = self.stop.cancelled() => return None,
-                changed = self.session.changed() => if changed.is_err() { return None },
-                () = tokio::time::sleep(WATCH_RETRY) => {}
+                changed = self.state.changed() => if changed.is_err() { return None },
+                () = self.session.sleep(WATCH_RETRY) => {}
             }
-            if self.session.borrow().ended.is_some() {
+            if self.state.borrow().ended.is_some() {
                 return None;
             }
         }
@@ -386,14 +355,14 @@ impl Monitor {
             return;
         };
         loop {
-            if self.session.borrow_and_update().ended.is_some() {
+            if self.state.borrow_and_update().ended.is_some() {
                 return;
             }
             let holder = holders.borrow_and_update().clone();
-            if holder.is_none_or(|h| h.token != self.token) {
-                if lose(&self.publish, LostReason::Superseded) {
+            if holder.is_none_or(|h| h.token != self.grant.token) {
+                if self.session.supersede(&self.grant, true) {
                     tracing::warn!(
-                        token = self.token.0,
+                        token = self.grant.token.0,
                         "leadership lost: the store shows the grant gone or superseded"
                     );
                 }
@@ -402,9 +371,9 @@ impl Monitor {
             tokio::select! {
                 biased;
                 () = self.stop.cancelled() => return,
-                changed = self.session.changed() => if changed.is_err() { return },
+                changed = self.state.changed() => if changed.is_err() { return },
                 changed = holders.changed() => if changed.is_err() {
-                    lose(&self.publish, LostReason::Superseded);
+                    self.session.supersede(&self.grant, true);
                     return;
                 },
             }

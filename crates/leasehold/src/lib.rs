@@ -33,18 +33,22 @@ mod config;
 mod elector;
 mod error;
 pub mod fence;
+pub mod lease;
 mod names;
 mod session;
 pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod tune;
+/// A `tokio::sync::watch` replacement whose receivers wake in a deterministic (FIFO) order.
+pub mod watch;
 
 pub use config::{DEFAULT_DRIFT, DEFAULT_SKEW, DEFAULT_TTL, LeaseConfig, MAX_TTL, RENEWAL_RULE};
 pub use elector::{Elector, Leadership};
 pub use error::{Error, Result};
+pub use lease::LostReason;
 pub use names::{CandidateId, ElectionName, MAX_NAME_LEN};
-pub use session::{LostReason, RenewalEvent, RenewalObserver, Session};
+pub use session::{RenewalEvent, RenewalObserver, Session};
 pub use store::{
     ElectionState, FencingToken, Grant, Leader, LeaderStatus, LeaderWatch, SessionId, SessionLease,
     StatusWatch, Store, StoreUrl,

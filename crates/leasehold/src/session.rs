@@ -1,57 +1,21 @@
 //! A session: one lease in the store, renewed in the background, shared by
 //! every election the process takes part in.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::watch;
+use crate::watch;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::clock::{Clock, Instant};
 use crate::config::{LeaseConfig, humanize};
 use crate::error::{Error, Result};
-use crate::store::{SessionId, SessionLease, Store};
-
-/// Why leadership (or the session under it) ended.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum LostReason {
-    /// No renewal was confirmed before the conservative deadline.
-    DeadlineExpired {
-        /// The last renewal error, if renewals failed (rather than hung).
-        last_error: Option<String>,
-    },
-    /// The store reported the session expired or closed.
-    SessionExpired,
-    /// The store shows another grant (or none) for the election.
-    Superseded,
-    /// The holder resigned.
-    Resigned,
-    /// The session was closed by this process.
-    Closed,
-}
-
-impl std::fmt::Display for LostReason {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            LostReason::DeadlineExpired {
-                last_error: Some(e),
-            } => {
-                write!(
-                    f,
-                    "lease deadline passed without a confirmed renewal (last error: {e})"
-                )
-            }
-            LostReason::DeadlineExpired { last_error: None } => {
-                f.write_str("lease deadline passed without a confirmed renewal")
-            }
-            LostReason::SessionExpired => f.write_str("the store expired the session"),
-            LostReason::Superseded => f.write_str("the store shows the grant gone or superseded"),
-            LostReason::Resigned => f.write_str("resigned"),
-            LostReason::Closed => f.write_str("session closed"),
-        }
-    }
-}
+use crate::lease::{DeadlinePolicy, LeaseAction, LeaseEvent, LeaseState, LostReason, NoValidity};
+use crate::names::ElectionName;
+use crate::store::{FencingToken, Grant, SessionId, SessionLease, Store};
 
 /// What happened to one renewal, reported to a [`RenewalObserver`].
 #[derive(Debug)]
@@ -95,54 +59,89 @@ impl std::fmt::Debug for RenewalObserver {
     }
 }
 
-/// What the renewal task publishes.
+/// What a session publishes to the holders of its grants.
 #[derive(Clone, Debug)]
 pub(crate) struct SessionState {
     /// Until when the lease is known valid (DESIGN rule 3).
     pub(crate) deadline: Instant,
     /// Set once the session has ended; it never comes back.
     pub(crate) ended: Option<LostReason>,
-    /// Why the last renewal failed, while renewals are failing.
-    pub(crate) last_error: Option<String>,
 }
 
-impl SessionState {
-    /// Why the session is over at `now`, if it is: ended, or past its
-    /// deadline (even if the renewal task has not run yet).
-    pub(crate) fn over_at(&self, now: Instant) -> Option<LostReason> {
-        if let Some(reason) = &self.ended {
-            return Some(reason.clone());
+/// A grant's own signal: set once when its leadership ends.
+pub(crate) type GrantSignal = watch::Receiver<Option<LostReason>>;
+
+/// The sending side of every grant's signal, by election and token.
+type GrantSignals = BTreeMap<(ElectionName, FencingToken), watch::Sender<Option<LostReason>>>;
+
+/// The lease core and the signals it drives, shared by the renewal task
+/// and the holders of the session's grants.
+#[derive(Debug)]
+struct Shared {
+    core: Mutex<LeaseState>,
+    clock: Arc<dyn Clock>,
+    id: SessionId,
+    state: watch::Sender<SessionState>,
+    /// Each grant's step-down signal, by election and token.
+    grants: Mutex<GrantSignals>,
+}
+
+/// Locks `mutex`; a panic elsewhere while it was held leaves the lease core
+/// consistent (each `handle` call completes or changes nothing that
+/// matters for safety), so a poisoned lock is used as it is.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Shared {
+    /// Feeds `event` to the core at the clock's now, publishes what it
+    /// decided (deadline, end, step-downs) and returns that instant and the
+    /// actions left for the caller (those that need the store or a timer).
+    fn apply(&self, event: LeaseEvent) -> (Instant, Vec<LeaseAction>) {
+        let now = self.clock.now();
+        let mut core = lock(&self.core);
+        let actions = core.handle(now.into_std(), event);
+        let deadline = Instant::from_std(core.deadline());
+        let ended = core.ended().cloned();
+        self.state.send_if_modified(|s| {
+            let changed = s.deadline != deadline || s.ended != ended;
+            s.deadline = deadline;
+            s.ended.clone_from(&ended);
+            changed
+        });
+        let mut left = Vec::new();
+        for action in actions {
+            match action {
+                LeaseAction::StepDown {
+                    election,
+                    token,
+                    reason,
+                } => {
+                    if let Some(signal) = lock(&self.grants).get(&(election, token)) {
+                        signal.send_replace(Some(reason));
+                    }
+                }
+                LeaseAction::SessionLost(reason) => self.log_end(&reason),
+                LeaseAction::Release { election, token } => {
+                    lock(&self.grants).remove(&(election.clone(), token));
+                    left.push(LeaseAction::Release { election, token });
+                }
+                LeaseAction::Deadline(_) | LeaseAction::WakeAt(_) => {}
+                other => left.push(other),
+            }
         }
-        (now >= self.deadline).then(|| LostReason::DeadlineExpired {
-            last_error: self.last_error.clone(),
-        })
+        (now, left)
     }
-}
 
-/// How the holder's deadline is computed. Only the conservative rule is
-/// safe; the other exists so that the simulation can show its checkers
-/// catch a broken deadline.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) enum DeadlinePolicy {
-    /// `sent + ttl·(1 − drift) − skew` (DESIGN rule 3).
-    #[default]
-    Conservative,
-    /// `reply received + ttl`: wrong on purpose, for tests only.
-    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
-    FromReplyUnsafe,
-}
-
-impl DeadlinePolicy {
-    fn deadline(
-        self,
-        config: &LeaseConfig,
-        sent: Instant,
-        replied: Instant,
-        ttl: Duration,
-    ) -> Option<Instant> {
-        match self {
-            DeadlinePolicy::Conservative => config.deadline(sent, ttl),
-            DeadlinePolicy::FromReplyUnsafe => Some(replied + ttl),
+    fn log_end(&self, reason: &LostReason) {
+        match reason {
+            LostReason::DeadlineExpired { .. } => {
+                tracing::warn!(session = %self.id, "lease deadline passed without a confirmed renewal");
+            }
+            LostReason::SessionExpired => {
+                tracing::warn!(session = %self.id, "the store reports the session ended");
+            }
+            _ => tracing::debug!(session = %self.id, %reason, "session over"),
         }
     }
 }
@@ -152,8 +151,8 @@ impl DeadlinePolicy {
 #[derive(Debug)]
 pub struct Session {
     lease: SessionLease,
+    shared: Arc<Shared>,
     state: watch::Receiver<SessionState>,
-    publish: Arc<watch::Sender<SessionState>>,
     stop: CancellationToken,
     _stop_on_drop: DropGuard,
     store: Arc<dyn Store>,
@@ -179,18 +178,28 @@ impl Session {
         config.validate()?;
         let sent = clock.now();
         let lease = store.open_session(config.ttl).await?;
-        let Some(deadline) = policy.deadline(&config, sent, clock.now(), lease.ttl) else {
-            // Best effort: the session is useless, let it go at once.
-            let _ = store.close_session(lease.id).await;
-            return Err(Error::invalid(
-                "lease configuration",
-                format!(
-                    "the store granted a TTL of {}, which leaves no validity after drift {} and skew {}",
-                    humanize(lease.ttl),
-                    config.drift,
-                    humanize(config.skew)
-                ),
-            ));
+        let replied = clock.now();
+        let core = match LeaseState::open_with(
+            config,
+            policy,
+            sent.into_std(),
+            replied.into_std(),
+            lease.ttl,
+        ) {
+            Ok(core) => core,
+            Err(NoValidity) => {
+                // Best effort: the session is useless, let it go at once.
+                let _ = store.close_session(lease.id).await;
+                return Err(Error::invalid(
+                    "lease configuration",
+                    format!(
+                        "the store granted a TTL of {}, which leaves no validity after drift {} and skew {}",
+                        humanize(lease.ttl),
+                        config.drift,
+                        humanize(config.skew)
+                    ),
+                ));
+            }
         };
         if lease.ttl != config.ttl {
             // Debug: the runner's first line states the TTL in use and why.
@@ -201,29 +210,29 @@ impl Session {
                 "the store granted a different TTL; using the granted one"
             );
         }
-        let (tx, rx) = watch::channel(SessionState {
-            deadline,
+        let (state, rx) = watch::channel(SessionState {
+            deadline: Instant::from_std(core.deadline()),
             ended: None,
-            last_error: None,
         });
-        let publish = Arc::new(tx);
+        let shared = Arc::new(Shared {
+            core: Mutex::new(core),
+            clock,
+            id: lease.id,
+            state,
+            grants: Mutex::new(BTreeMap::new()),
+        });
         let stop = CancellationToken::new();
         let renewer = Renewer {
+            shared: Arc::clone(&shared),
             store: Arc::clone(&store),
-            clock,
-            config,
-            id: lease.id,
-            renew_every: config.renew_period_for(lease.ttl),
-            publish: Arc::clone(&publish),
             stop: stop.clone(),
-            policy,
             observer,
         };
-        tokio::spawn(renewer.run(sent, deadline));
+        tokio::spawn(renewer.run());
         Ok(Session {
             lease,
+            shared,
             state: rx,
-            publish,
             _stop_on_drop: stop.clone().drop_guard(),
             stop,
             store,
@@ -250,8 +259,25 @@ impl Session {
         self.state.borrow().ended.clone()
     }
 
-    pub(crate) fn state(&self) -> SessionState {
-        self.state.borrow().clone()
+    /// Why the session is over now, if it is: ended, or past its deadline
+    /// by this process's clock (exact at the deadline, whatever the
+    /// scheduling of the renewal task).
+    pub(crate) fn over_now(&self) -> Option<LostReason> {
+        let now = self.shared.clock.now().into_std();
+        lock(&self.shared.core).over_at(now)
+    }
+
+    /// Completes at `deadline` on the session's clock.
+    pub(crate) fn sleep_until(
+        &self,
+        deadline: Instant,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        self.shared.clock.sleep_until(deadline)
+    }
+
+    /// Completes after `duration` on the session's clock.
+    pub(crate) fn sleep(&self, duration: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        self.shared.clock.sleep(duration)
     }
 
     pub(crate) fn subscribe(&self) -> watch::Receiver<SessionState> {
@@ -269,129 +295,180 @@ impl Session {
 
     /// Records that the store reported the session gone.
     pub(crate) fn mark_expired(&self) {
-        end(&self.publish, LostReason::SessionExpired);
+        self.shared.apply(LeaseEvent::SessionEnded);
+    }
+
+    /// Attaches `grant`, just won on this session; the signal fires once
+    /// its leadership ends.
+    pub(crate) fn hold(&self, grant: &Grant) -> GrantSignal {
+        let (tx, rx) = watch::channel(None);
+        lock(&self.shared.grants).insert((grant.election.clone(), grant.token), tx);
+        self.shared.apply(LeaseEvent::GrantAcquired {
+            election: grant.election.clone(),
+            token: grant.token,
+        });
+        rx
+    }
+
+    /// Why leadership of `grant` is over now, if it is.
+    pub(crate) fn grant_lost_now(&self, grant: &Grant) -> Option<LostReason> {
+        let now = self.shared.clock.now().into_std();
+        lock(&self.shared.core).lost_at(&grant.election, grant.token, now)
+    }
+
+    /// The store shows `grant` gone or superseded (`vanished`), or the
+    /// protected resource refused its token as stale; `true` if this ended
+    /// its leadership.
+    pub(crate) fn supersede(&self, grant: &Grant, vanished: bool) -> bool {
+        let (election, token) = (grant.election.clone(), grant.token);
+        let event = if vanished {
+            LeaseEvent::GrantVanished { election, token }
+        } else {
+            LeaseEvent::Superseded { election, token }
+        };
+        let was_leading = self.grant_lost_now(grant).is_none();
+        self.shared.apply(event);
+        was_leading && self.grant_lost_now(grant).is_some()
+    }
+
+    /// Ends leadership of `grant` locally (its signal fires first); `true`
+    /// if the grant is to be released in the store (it was still attached).
+    pub(crate) fn let_go(&self, grant: &Grant) -> bool {
+        let (_, actions) = self.shared.apply(LeaseEvent::Resign {
+            election: grant.election.clone(),
+            token: grant.token,
+        });
+        actions
+            .iter()
+            .any(|a| matches!(a, LeaseAction::Release { .. }))
     }
 
     /// Stops renewing and closes the session in the store, releasing every
     /// grant attached to it at once.
     pub async fn close(&self) -> Result<()> {
-        end(&self.publish, LostReason::Closed);
+        self.shared.apply(LeaseEvent::Close);
         self.stop.cancel();
         self.store.close_session(self.lease.id).await
     }
 }
 
-fn end(publish: &watch::Sender<SessionState>, reason: LostReason) {
-    publish.send_if_modified(|s| {
-        if s.ended.is_some() {
-            return false;
-        }
-        s.ended = Some(reason);
-        true
-    });
-}
-
+/// The renewal task: the shell that sends renewals and wakes the core.
 struct Renewer {
+    shared: Arc<Shared>,
     store: Arc<dyn Store>,
-    clock: Arc<dyn Clock>,
-    config: LeaseConfig,
-    id: SessionId,
-    renew_every: Duration,
-    publish: Arc<watch::Sender<SessionState>>,
     stop: CancellationToken,
-    policy: DeadlinePolicy,
     observer: Option<RenewalObserver>,
 }
 
+/// A renewal in flight: when it was sent, and its outcome to come.
+type InFlight = (
+    Instant,
+    Pin<Box<dyn Future<Output = Result<Duration>> + Send>>,
+);
+
 impl Renewer {
-    /// Renews every `renew_every` after the last successful renewal was sent;
-    /// retries failures more often; gives up at the deadline.
-    async fn run(self, mut last_sent: Instant, mut deadline: Instant) {
-        let retry = (self.renew_every / 4).max(Duration::from_millis(5));
-        let mut next = last_sent + self.renew_every;
-        let mut last_error: Option<String> = None;
+    /// Renews as the core asks until the session is over.
+    async fn run(self) {
+        let id = self.shared.id;
+        let mut in_flight: Option<InFlight> = None;
+        let (_, first) = self.shared.apply(LeaseEvent::Tick);
+        let mut actions = first;
         loop {
-            tokio::select! {
-                biased;
-                () = self.stop.cancelled() => return,
-                () = self.store.session_ended(self.id) => return self.store_ended_it(),
-                () = self.clock.sleep_until(deadline) => return self.deadline_passed(last_error).await,
-                () = self.clock.sleep_until(next) => {}
+            if self.execute(actions, &mut in_flight).await {
+                return;
             }
-            let sent = self.clock.now();
-            let outcome = tokio::select! {
-                biased;
-                () = self.stop.cancelled() => return,
-                () = self.clock.sleep_until(deadline) => {
-                    // The renewal is still outstanding: it failed.
-                    if let Some(observer) = &self.observer {
-                        let after = self.clock.now().saturating_duration_since(sent);
-                        observer.notify(&RenewalEvent::Failed { after, error: &Error::Timeout(after) });
-                    }
-                    return self.deadline_passed(last_error).await;
-                }
-                outcome = self.store.keep_alive(self.id) => outcome,
+            let Some(wake) = lock(&self.shared.core).next_wake() else {
+                return;
             };
-            if let Some(observer) = &self.observer {
-                let elapsed = self.clock.now().saturating_duration_since(sent);
-                observer.notify(&match &outcome {
-                    Ok(granted) => RenewalEvent::Renewed {
-                        round_trip: elapsed,
-                        granted_ttl: *granted,
-                    },
-                    Err(error) => RenewalEvent::Failed {
-                        after: elapsed,
-                        error,
-                    },
-                });
-            }
-            match outcome {
-                Ok(granted) => {
-                    last_error = None;
-                    last_sent = sent;
-                    let replied = self.clock.now();
-                    match self.policy.deadline(&self.config, sent, replied, granted) {
-                        Some(d) => deadline = d,
-                        None => {
-                            tracing::warn!(session = %self.id, granted = %humanize(granted),
-                                "the store shortened the TTL below any validity; giving up the session");
-                            return self.deadline_passed(None).await;
-                        }
+            let wake = Instant::from_std(wake);
+            actions = tokio::select! {
+                biased;
+                () = self.stop.cancelled() => return,
+                () = self.store.session_ended(id) => {
+                    self.shared.apply(LeaseEvent::SessionEnded).1
+                }
+                outcome = async {
+                    match in_flight.as_mut() {
+                        Some((_, renewal)) => renewal.await,
+                        None => std::future::pending().await,
                     }
-                    self.publish.send_modify(|s| {
-                        s.deadline = deadline;
-                        s.last_error = None;
-                    });
-                    next = last_sent + self.config.renew_period_for(granted);
-                }
-                Err(Error::SessionExpired(_)) => {
-                    tracing::warn!(session = %self.id, "the store reports the session expired");
-                    end(&self.publish, LostReason::SessionExpired);
-                    return;
-                }
-                Err(error) => {
-                    tracing::warn!(session = %self.id, %error, "renewal failed; retrying until the deadline");
-                    last_error = Some(error.to_string());
-                    self.publish
-                        .send_modify(|s| s.last_error.clone_from(&last_error));
-                    next = self.clock.now() + retry;
+                } => match in_flight.take() {
+                    Some((sent, _)) => self.outcome(sent, outcome),
+                    None => Vec::new(),
+                },
+                () = self.shared.clock.sleep_until(wake) => self.shared.apply(LeaseEvent::Tick).1,
+            };
+        }
+    }
+
+    /// Reports a renewal's outcome to the observer and the core.
+    fn outcome(&self, sent: Instant, outcome: Result<Duration>) -> Vec<LeaseAction> {
+        let id = self.shared.id;
+        if let Some(observer) = &self.observer {
+            let elapsed = self.shared.clock.now().saturating_duration_since(sent);
+            observer.notify(&match &outcome {
+                Ok(granted) => RenewalEvent::Renewed {
+                    round_trip: elapsed,
+                    granted_ttl: *granted,
+                },
+                Err(error) => RenewalEvent::Failed {
+                    after: elapsed,
+                    error,
+                },
+            });
+        }
+        let event = match outcome {
+            Ok(granted_ttl) => LeaseEvent::RenewalConfirmed {
+                sent: sent.into_std(),
+                granted_ttl,
+            },
+            Err(Error::SessionExpired(_)) => LeaseEvent::SessionEnded,
+            Err(error) => {
+                tracing::warn!(session = %id, %error, "renewal failed; retrying until the deadline");
+                LeaseEvent::RenewalFailed {
+                    error: error.to_string(),
                 }
             }
-        }
+        };
+        self.shared.apply(event).1
     }
 
-    fn store_ended_it(&self) {
-        tracing::warn!(session = %self.id, "the store reports the session ended");
-        end(&self.publish, LostReason::SessionExpired);
-    }
-
-    async fn deadline_passed(&self, last_error: Option<String>) {
-        tracing::warn!(session = %self.id, "lease deadline passed without a confirmed renewal");
-        end(&self.publish, LostReason::DeadlineExpired { last_error });
-        // The holder has stepped down; closing frees its grants for the next
-        // candidate sooner than the store's expiry would. Best effort.
-        if let Err(error) = self.store.close_session(self.id).await {
-            tracing::debug!(session = %self.id, %error, "could not close the lost session");
+    /// Does what the core asked; `true` once the session is over.
+    async fn execute(&self, actions: Vec<LeaseAction>, in_flight: &mut Option<InFlight>) -> bool {
+        let id = self.shared.id;
+        for action in actions {
+            match action {
+                LeaseAction::Renew => {
+                    let store = Arc::clone(&self.store);
+                    let sent = self.shared.clock.now();
+                    *in_flight = Some((sent, Box::pin(async move { store.keep_alive(id).await })));
+                }
+                LeaseAction::RenewalAbandoned { sent } => {
+                    in_flight.take();
+                    if let Some(observer) = &self.observer {
+                        let after = self
+                            .shared
+                            .clock
+                            .now()
+                            .saturating_duration_since(Instant::from_std(sent));
+                        observer.notify(&RenewalEvent::Failed {
+                            after,
+                            error: &Error::Timeout(after),
+                        });
+                    }
+                }
+                LeaseAction::CloseSession => {
+                    // The holders have stepped down; closing frees the
+                    // grants for the next candidate sooner than the store's
+                    // expiry would. Best effort.
+                    if let Err(error) = self.store.close_session(id).await {
+                        tracing::debug!(session = %id, %error, "could not close the lost session");
+                    }
+                    return true;
+                }
+                _ => {}
+            }
         }
+        lock(&self.shared.core).ended().is_some()
     }
 }

@@ -295,3 +295,84 @@ fn an_unusable_store_exits_1_without_a_panic_and_loses_nothing() {
     }
     assert_eq!(std::fs::read_to_string(&notes).expect("read"), "precious\n");
 }
+
+/// `campaign --hold`, which has no command to pass signals to, resigns on
+/// every signal `run` passes on, as on SIGTERM — SIGUSR1 once killed it
+/// (exit 138) and left the election held until the TTL — and on SIGPWR;
+/// the successor is granted the next token at once. SIGABRT, SIGXCPU and
+/// the other signals `run` ignores are ignored: the hold goes on.
+#[test]
+fn any_other_signal_that_would_end_campaign_resigns_or_is_ignored() {
+    let scratch = Scratch::new();
+    // SIGUSR1, SIGUSR2, SIGALRM, SIGPWR, SIGIO, SIGRTMIN, SIGRTMAX.
+    for (round, (number, name)) in [
+        (10, "SIGUSR1"),
+        (12, "SIGUSR2"),
+        (14, "SIGALRM"),
+        (30, "SIGPWR"),
+        (29, "SIGIO"),
+        (34, "SIGRTMIN"),
+        (64, "SIGRTMAX"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (held, next) = (
+            scratch.path(&format!("held-{round}.jsonl")),
+            scratch.path(&format!("next-{round}.jsonl")),
+        );
+        let mut first = holder(&scratch, "first", "1h", &held);
+        assert!(wait_until(10 * SECOND, || lines(&held)
+            .iter()
+            .any(|l| l.contains(r#""event":"acquired""#))));
+        if round == 0 {
+            // SIGTRAP, SIGABRT, SIGSYS, SIGXCPU, SIGXFSZ: ignored.
+            for ignored in [5, 6, 31, 24, 25] {
+                super::run::kill_by_number(first.pid(), ignored);
+            }
+            std::thread::sleep(SECOND / 2);
+            assert!(
+                first.child.try_wait().expect("try_wait").is_none(),
+                "campaign ended on an ignored signal"
+            );
+            assert_eq!(lines(&held).len(), 2, "{:?}", lines(&held));
+        }
+        let mut successor = holder(&scratch, "successor", "0s", &next);
+        assert!(wait_until(10 * SECOND, || lines(&next)
+            .iter()
+            .any(|l| l.contains(r#""event":"campaigning""#))));
+        super::run::kill_by_number(first.pid(), number);
+        let status = first.wait_for_exit(10 * SECOND).expect("campaign exits");
+        assert_eq!(status.code(), Some(0), "{name}");
+        let ours = events(lines(&held).join("\n").as_bytes());
+        let sequence: Vec<&str> = ours.iter().map(|e| e.event.as_str()).collect();
+        assert_eq!(
+            sequence,
+            ["campaigning", "acquired", "releasing", "released"],
+            "{name}"
+        );
+        let reason = format!(r#""reason":"{name} received""#);
+        assert!(
+            lines(&held).iter().filter(|l| l.contains(&reason)).count() == 2,
+            "{name}: {:?}",
+            lines(&held)
+        );
+        assert!(
+            successor
+                .wait_for_exit(10 * SECOND)
+                .expect("the successor is granted and exits")
+                .success(),
+            "{name}"
+        );
+        let theirs = events(lines(&next).join("\n").as_bytes());
+        let releasing = ours
+            .iter()
+            .find(|e| e.event == "releasing")
+            .expect("releasing");
+        let acquired = theirs
+            .iter()
+            .find(|e| e.event == "acquired")
+            .expect("successor acquired");
+        assert_eq!(acquired.token, releasing.token.map(|t| t + 1), "{name}");
+    }
+}

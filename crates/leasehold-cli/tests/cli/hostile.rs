@@ -595,3 +595,230 @@ fn permission_denied_is_named() {
     }
     std::fs::set_permissions(&locked, std::fs::Permissions::from_mode(0o755)).expect("chmod");
 }
+
+/// Every `LEASEHOLD_*` variable a flag reads, each set to a value that
+/// holds the secret `hunter2` (but for the log format, which `man` parses:
+/// its value must not show either).
+const SECRET_ENV: [(&str, &str); 9] = [
+    (
+        "LEASEHOLD_STORE",
+        "postgresql://pguser:hunter2@127.0.0.1:5432/postgres",
+    ),
+    ("LEASEHOLD_ELECTION", "hunter2"),
+    ("LEASEHOLD_ID", "hunter2"),
+    ("LEASEHOLD_TTL", "hunter2"),
+    ("LEASEHOLD_RENEW_EVERY", "hunter2"),
+    ("LEASEHOLD_GRACE", "hunter2"),
+    ("LEASEHOLD_HTTP", "hunter2:1"),
+    ("LEASEHOLD_LOG_FORMAT", "json"),
+    ("LEASEHOLD_UNUSED", "hunter2"),
+];
+
+/// `--help` never shows the value of a variable a flag reads: with
+/// LEASEHOLD_STORE holding a password, `status --help` once printed
+/// `[env: LEASEHOLD_STORE=postgresql://pguser:hunter2@…]`. Every
+/// subcommand, `-h`, `--help`, `help SUB`, and the manual page.
+#[test]
+fn help_never_shows_the_values_of_environment_variables() {
+    let subcommands = [
+        "run",
+        "status",
+        "observe",
+        "list",
+        "campaign",
+        "tune",
+        "completions",
+        "man",
+    ];
+    let mut invocations: Vec<Vec<&str>> =
+        vec![vec!["--help"], vec!["-h"], vec!["help"], vec!["man"]];
+    for sub in subcommands {
+        invocations.push(vec![sub, "--help"]);
+        invocations.push(vec![sub, "-h"]);
+        invocations.push(vec!["help", sub]);
+    }
+    for args in &invocations {
+        let out = leasehold()
+            .envs(SECRET_ENV)
+            .args(args)
+            .output()
+            .expect("spawn");
+        let (text, err) = (String::from_utf8_lossy(&out.stdout), stderr(&out));
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
+        assert!(!text.is_empty(), "{args:?}");
+        assert!(
+            !text.contains("hunter2") && !err.contains("hunter2"),
+            "{args:?} shows a variable's value:\n{text}{err}"
+        );
+        for (name, _) in SECRET_ENV {
+            assert!(
+                !text.contains(&format!("[env: {name}=")),
+                "{args:?}:\n{text}"
+            );
+        }
+    }
+    // Still named, without the value.
+    let out = leasehold()
+        .envs(SECRET_ENV)
+        .args(["status", "--help"])
+        .output()
+        .expect("spawn");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("[env: LEASEHOLD_STORE]"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+/// `cmd`, whose process starts with fd 1 closed, as `leasehold … >&-`
+/// starts it.
+#[allow(unsafe_code)]
+fn with_stdout_closed(cmd: &mut Command) -> &mut Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child between fork and exec,
+    // after its stdio is set up, where only async-signal-safe calls are
+    // allowed: close(2) is one, and the closure neither allocates nor takes
+    // a lock (an error is built from a raw errno).
+    unsafe {
+        cmd.pre_exec(|| {
+            if nix::libc::close(1) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        })
+    }
+}
+
+/// A closed stdout (`>&-`) is an error for every command that prints, as
+/// /dev/full and a closed pipe are: exit 1 and one line, "cannot write to
+/// stdout: it is closed". The standard library took it for a success (it
+/// ignores EBADF on stdout). `observe` says so at once rather than
+/// watching for nobody. `run` and `campaign` work without a stdout or a
+/// stderr.
+#[test]
+fn a_closed_stdout_is_an_error_for_commands_that_print() {
+    let scratch = Scratch::new();
+    let store = scratch.store_url();
+    let out = leasehold()
+        .args(["campaign", "--election", "e", "--store", &store])
+        .output()
+        .expect("spawn");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let commands: Vec<Vec<&str>> = vec![
+        vec!["--help"],
+        vec!["-h"],
+        vec!["status", "--help"],
+        vec!["help", "run"],
+        vec!["--version"],
+        vec!["tune", "--renew-every", "3s", "--jitter", "1s"],
+        vec!["completions", "bash"],
+        vec!["man"],
+        vec!["status", "--election", "e", "--store", &store],
+        vec!["status", "--json", "--election", "e", "--store", &store],
+        vec!["list", "--store", &store],
+        vec!["observe", "--election", "e", "--store", &store],
+    ];
+    for args in &commands {
+        let started = Instant::now();
+        let mut child = with_stdout_closed(leasehold().args(args))
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        assert!(
+            wait_until(Duration::from_secs(10), || child
+                .try_wait()
+                .expect("try_wait")
+                .is_some()),
+            "{args:?} did not exit"
+        );
+        let out = child.wait_with_output().expect("wait");
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{args:?} >&-: {err}");
+        assert_eq!(
+            err.trim_end(),
+            "leasehold: cannot write to stdout: it is closed",
+            "{args:?}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(10), "{args:?}");
+    }
+    // A usage error still says what is wrong (on stderr), exit 2.
+    let out = with_stdout_closed(leasehold().args(["status", "--store", &store]))
+        .output()
+        .expect("spawn");
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    // `man --dir` writes files, not stdout.
+    let dir = scratch.path("man");
+    let out = with_stdout_closed(leasehold().arg("man").arg("--dir").arg(&dir))
+        .output()
+        .expect("spawn");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(dir.join("leasehold.1").exists());
+
+    // `run` and `campaign` print nothing anyone needs on stdout: they work
+    // with stdout and stderr closed, and release the election.
+    let run = with_stdout_closed(
+        leasehold()
+            .args(["run", "--election", "r", "--store", &store, "--"])
+            .args(["sh", "-c", "exit 7"]),
+    )
+    .stderr(closed_pipe())
+    .status()
+    .expect("spawn");
+    assert_eq!(run.code(), Some(7));
+    let campaign = with_stdout_closed(leasehold().args([
+        "campaign",
+        "--election",
+        "r",
+        "--store",
+        &store,
+        "--rounds",
+        "2",
+    ]))
+    .stderr(closed_pipe())
+    .status()
+    .expect("spawn");
+    assert_eq!(campaign.code(), Some(0));
+    let status = super::harness::status_json(&store, "r");
+    assert!(status["leader"].is_null(), "{status}");
+}
+
+/// With stdout closed, the next file opened would take fd 1, and the
+/// status line would be written into it: `status` on a SQLite store leaves
+/// the database byte for byte as it was.
+#[test]
+fn a_closed_stdout_never_writes_into_the_database() {
+    let scratch = Scratch::new();
+    let store = scratch.store_url();
+    let out = leasehold()
+        .args([
+            "campaign",
+            "--election",
+            "e",
+            "--store",
+            &store,
+            "--hold",
+            "0s",
+        ])
+        .output()
+        .expect("spawn");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let db = scratch.path("leasehold.db");
+    let before = std::fs::read(&db).expect("database");
+    for args in [
+        vec!["status", "--election", "e", "--store", &store],
+        vec!["status", "--json", "--election", "e", "--store", &store],
+        vec!["list", "--store", &store],
+        vec!["list", "--json", "--store", &store],
+    ] {
+        let out = with_stdout_closed(leasehold().args(&args))
+            .output()
+            .expect("spawn");
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
+        assert_eq!(
+            std::fs::read(&db).expect("database"),
+            before,
+            "{args:?} changed the database"
+        );
+    }
+}

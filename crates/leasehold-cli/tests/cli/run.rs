@@ -901,3 +901,174 @@ fn sigusr1_and_sigusr2_reach_the_command_and_stop_nothing() {
         Some(0)
     );
 }
+
+/// Sends signal `number` (which may be a real-time one, which
+/// [`Signal`] cannot name) to `pid` with kill(1).
+pub fn kill_by_number(pid: i32, number: i32) {
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{number}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill -{number} {pid}");
+}
+
+/// SIGPWR (what lxc-stop and power managers send to ask for a shutdown)
+/// stops `run` as SIGTERM does: its command gets SIGTERM, and once it has
+/// exited the election is released and a waiting replica leads next with
+/// the next token, long before the 60 s TTL. It once killed `run` (exit
+/// 158) and left the election held for the whole TTL.
+#[test]
+fn sigpwr_stops_the_command_with_sigterm_and_hands_over() {
+    let scratch = Scratch::new();
+    let mut a = logged_replica(&scratch, "a", NOTES_SIGNALS);
+    assert!(wait_until(10 * SECOND, || runs(&scratch).len() == 1));
+    let b = logged_replica(&scratch, "b", NOTES_SIGNALS);
+    assert!(
+        wait_until(10 * SECOND, || log_of(&scratch, "b")
+            .contains("waiting; election is led")),
+        "b is not waiting: {}",
+        log_of(&scratch, "b")
+    );
+    a.signal(Signal::SIGPWR);
+    let status = a.wait_for_exit(10 * SECOND).expect("a exits");
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "run exits with its command's status (it trapped TERM and exited 0): {}",
+        log_of(&scratch, "a")
+    );
+    let a_log = log_of(&scratch, "a");
+    assert!(
+        a_log.contains("SIGPWR received") && a_log.contains("stopped; election released"),
+        "{a_log}"
+    );
+    assert!(
+        wait_until(10 * SECOND, || runs(&scratch).len() == 2),
+        "no handover"
+    );
+    let log = read_lines(&scratch.path("billing.log"));
+    let stopped = log.iter().position(|l| l == "term 1");
+    let successor = log.iter().position(|l| l.starts_with("run 2 b "));
+    assert!(
+        stopped.is_some() && successor.is_some() && stopped < successor,
+        "a's command must get SIGTERM and exit before b's starts: {log:?}"
+    );
+    assert!(
+        !log_of(&scratch, "b").contains("lease expired"),
+        "b took over from an expired lease, not a release: {}",
+        log_of(&scratch, "b")
+    );
+    drop(b);
+}
+
+/// A command that notes every signal of `PASSED` and `IGNORED` it gets
+/// (`got N`) and exits 0 on SIGTERM.
+const NOTES_EVERY_SIGNAL: &str = r#"trap 'echo "term $LEASEHOLD_TOKEN" >> billing.log; exit 0' TERM
+for n in 14 26 27 29 16 34 40 64 5 6 31 24 25; do trap "echo got $n >> billing.log" $n; done
+echo "run $LEASEHOLD_TOKEN $LEASEHOLD_ID $$" >> billing.log
+while :; do sleep 0.05; done"#;
+
+/// The signals `run` passes to its command: SIGALRM, SIGVTALRM, SIGPROF,
+/// SIGIO, SIGSTKFLT, SIGRTMIN, SIGRTMIN+6, SIGRTMAX (by number, as on
+/// Linux with glibc).
+const PASSED: [i32; 8] = [14, 26, 27, 29, 16, 34, 40, 64];
+/// The signals `run` ignores: SIGTRAP, SIGABRT, SIGSYS, SIGXCPU, SIGXFSZ.
+const IGNORED: [i32; 5] = [5, 6, 31, 24, 25];
+
+/// No signal whose default action ends a process ends a leading `run`
+/// without a release: SIGALRM, the other timer signals, SIGIO, SIGSTKFLT
+/// and the real-time signals reach the command and stop nothing (as
+/// SIGUSR1 does); SIGTRAP, SIGABRT, SIGSYS, SIGXCPU and SIGXFSZ are logged
+/// and ignored. `run` once died of each (SIGALRM: exit 142) and left the
+/// election held until the TTL. A follower takes them all without dying.
+#[test]
+fn other_signals_reach_the_command_or_are_ignored_and_never_end_run() {
+    let scratch = Scratch::new();
+    let mut a = logged_replica(&scratch, "a", NOTES_EVERY_SIGNAL);
+    assert!(wait_until(10 * SECOND, || runs(&scratch).len() == 1));
+    let (_, _, child) = runs(&scratch)[0].clone();
+    let noted = |note: &str| {
+        read_lines(&scratch.path("billing.log"))
+            .iter()
+            .filter(|l| *l == note)
+            .count()
+    };
+    for number in PASSED {
+        let note = format!("got {number}");
+        let before = noted(&note);
+        kill_by_number(a.pid(), number);
+        assert!(
+            wait_until(10 * SECOND, || noted(&note) > before),
+            "signal {number} did not reach the command: {}",
+            log_of(&scratch, "a")
+        );
+        assert!(
+            a.child.try_wait().expect("try_wait").is_none(),
+            "run exited on signal {number}: {}",
+            log_of(&scratch, "a")
+        );
+    }
+    for number in IGNORED {
+        kill_by_number(a.pid(), number);
+    }
+    assert!(
+        wait_until(10 * SECOND, || log_of(&scratch, "a")
+            .matches("signal ignored")
+            .count()
+            == IGNORED.len()),
+        "{}",
+        log_of(&scratch, "a")
+    );
+    for name in ["SIGTRAP", "SIGABRT", "SIGSYS", "SIGXCPU", "SIGXFSZ"] {
+        assert!(log_of(&scratch, "a").contains(name), "{name}");
+    }
+    assert!(
+        log_of(&scratch, "a").contains("SIGRTMAX"),
+        "{}",
+        log_of(&scratch, "a")
+    );
+    for number in IGNORED {
+        assert_eq!(noted(&format!("got {number}")), 0, "{number} was passed on");
+    }
+    assert!(
+        a.child.try_wait().expect("try_wait").is_none(),
+        "run exited"
+    );
+    assert!(alive(child), "the command was stopped");
+    assert_eq!(
+        status_json(&scratch.store_url(), "nightly-billing")["leader"]["id"],
+        "a"
+    );
+
+    let mut b = logged_replica(&scratch, "b", NOTES_EVERY_SIGNAL);
+    assert!(wait_until(10 * SECOND, || log_of(&scratch, "b")
+        .contains("waiting; election is led")));
+    for (sent, number) in PASSED.into_iter().chain(IGNORED).enumerate() {
+        kill_by_number(b.pid(), number);
+        assert!(
+            wait_until(10 * SECOND, || log_of(&scratch, "b")
+                .matches("signal ignored")
+                .count()
+                > sent),
+            "signal {number}: {}",
+            log_of(&scratch, "b")
+        );
+    }
+    assert!(b.child.try_wait().expect("try_wait").is_none(), "b died");
+
+    a.signal(Signal::SIGTERM);
+    assert_eq!(
+        a.wait_for_exit(10 * SECOND).expect("a exits").code(),
+        Some(0)
+    );
+    assert!(
+        wait_until(10 * SECOND, || runs(&scratch).len() == 2),
+        "b did not lead after a"
+    );
+    b.signal(Signal::SIGTERM);
+    assert_eq!(
+        b.wait_for_exit(10 * SECOND).expect("b exits").code(),
+        Some(0)
+    );
+}

@@ -285,3 +285,139 @@ fn reading_a_store_that_does_not_exist_creates_nothing() {
     names.sort();
     assert_eq!(names, ["empty.db"], "files appeared");
 }
+
+/// `observe` on a SQLite store whose file is deleted and created anew by
+/// another process exits 1, saying in one line that the store was
+/// replaced: that is permanent for its handle (before: it printed the
+/// leader as unknown and then waited forever).
+#[test]
+fn observe_exits_when_its_store_is_replaced() {
+    let scratch = Scratch::new();
+    let db = scratch.path("leasehold.db");
+    let campaign = |name: &str| {
+        finish(
+            &scratch,
+            name,
+            leasehold()
+                .args(["campaign", "--election", "e"])
+                .args(["--store", &scratch.store_url()]),
+        )
+    };
+    let (code, err) = campaign("create");
+    assert_eq!(code, Some(0), "{err}");
+    let out_path = scratch.path("observe.out");
+    let err_path = scratch.path("observe.err");
+    let mut observe = Proc::spawn(
+        leasehold()
+            .args([
+                "observe",
+                "--election",
+                "e",
+                "--store",
+                &scratch.store_url(),
+            ])
+            .stdout(File::create(&out_path).expect("stdout file"))
+            .stderr(File::create(&err_path).expect("stderr file")),
+    );
+    assert!(
+        wait_until(PATIENCE, || !read_lines(&out_path).is_empty()),
+        "observe printed nothing: {}",
+        std::fs::read_to_string(&err_path).unwrap_or_default()
+    );
+    for suffix in ["", "-wal", "-shm", "-notify"] {
+        let _ = std::fs::remove_file(sibling(&db, suffix));
+    }
+    let (code, err) = campaign("recreate");
+    assert_eq!(code, Some(0), "{err}");
+    let status = observe
+        .wait_for_exit(PATIENCE)
+        .expect("observe exits once its store is replaced");
+    let err = std::fs::read_to_string(&err_path).unwrap_or_default();
+    assert_refused(status.code(), &err, "store replaced: ");
+    assert!(
+        err.contains("is no longer the database file this process opened"),
+        "{err}"
+    );
+}
+
+/// The tester's case with the real binary: another program's WAL-mode
+/// database whose tables are only in its `-wal` is refused by `campaign`,
+/// `status` and `list`, and the folder is left as it was, byte for byte
+/// (before: `campaign` checkpointed the WAL into the database and deleted
+/// it; `status` and `list` left a `-shm`). A foreign `-wal`, `-journal`
+/// or `-shm` next to a database not created yet is refused, untouched
+/// (before: deleted).
+#[test]
+fn foreign_wal_and_sibling_files_are_refused_and_left_as_they_were() {
+    let scratch = Scratch::new();
+    let source = scratch.path("w.db");
+    let conn = rusqlite::Connection::open(&source).expect("open");
+    conn.pragma_update(None, "journal_mode", "WAL")
+        .expect("wal");
+    conn.pragma_update(None, "wal_autocheckpoint", 0)
+        .expect("no autocheckpoint");
+    conn.execute_batch("CREATE TABLE t (x); BEGIN;")
+        .expect("create");
+    for i in 0..50 {
+        conn.execute("INSERT INTO t VALUES (?1)", [i])
+            .expect("insert");
+    }
+    conn.execute_batch("COMMIT").expect("commit");
+    let folder = scratch.path("store");
+    std::fs::create_dir(&folder).expect("mkdir");
+    let db = folder.join("p.db");
+    std::fs::copy(&source, &db).expect("copy");
+    std::fs::copy(sibling(&source, "-wal"), sibling(&db, "-wal")).expect("copy");
+    drop(conn);
+    let snapshot = |dir: &Path| {
+        let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+            .expect("read dir")
+            .map(|e| {
+                let e = e.expect("entry");
+                (
+                    e.file_name().to_string_lossy().into_owned(),
+                    std::fs::read(e.path()).expect("read"),
+                )
+            })
+            .collect();
+        files.sort();
+        files
+    };
+    let before = snapshot(&folder);
+    let store = format!("sqlite:{}", db.display());
+    let commands: [&[&str]; 3] = [
+        &["campaign", "--election", "e"],
+        &["status", "--election", "e"],
+        &["list"],
+    ];
+    for (i, args) in commands.iter().enumerate() {
+        let (code, err) = finish(
+            &scratch,
+            &format!("foreign-{i}"),
+            leasehold().args(*args).args(["--store", &store]),
+        );
+        assert_refused(code, &err, "a SQLite database of another program");
+        assert!(snapshot(&folder) == before, "{args:?} changed the folder");
+    }
+
+    let new = folder.join("k.db");
+    for suffix in ["-wal", "-journal", "-shm"] {
+        let foreign = sibling(&new, suffix);
+        std::fs::write(&foreign, "foreign wal\n").expect("write");
+        let (code, err) = finish(
+            &scratch,
+            &format!("sibling{suffix}"),
+            leasehold()
+                .args(["campaign", "--election", "e"])
+                .args(["--store", &format!("sqlite:{}", new.display())]),
+        );
+        assert_refused(code, &err, &format!("k.db{suffix} exists"));
+        assert_eq!(
+            std::fs::read_to_string(&foreign).expect("read"),
+            "foreign wal\n"
+        );
+        assert!(!new.exists(), "the database was created");
+        std::fs::remove_file(&foreign).expect("remove");
+    }
+    assert!(snapshot(&folder) == before);
+}

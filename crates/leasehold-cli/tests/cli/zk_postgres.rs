@@ -256,3 +256,85 @@ fn reading_a_postgres_schema_that_does_not_exist_exits_1_and_creates_nothing() {
     }
     assert_eq!(catalog(&server), before, "something was created");
 }
+
+/// A schema holding another program's `schema_version` (Flyway's old
+/// history table) is refused by every command, exit 1 in one line, and
+/// left as it is; `run` exits rather than retrying forever (before: taken
+/// for leasehold's, then "relation flyway.sessions does not exist").
+#[test]
+fn a_postgres_schema_with_a_foreign_schema_version_is_refused_in_one_line() {
+    let server = PostgresServer::start();
+    psql(
+        &server,
+        "CREATE SCHEMA flyway; CREATE TABLE flyway.schema_version (version text);
+         CREATE TABLE flyway.orders (id int)",
+    );
+    let before = catalog(&server);
+    let store = format!("{}?schema=flyway", server.url());
+    for args in [
+        &["campaign", "--election", "job"][..],
+        &["run", "--election", "job", "--", "true"],
+    ]
+    .into_iter()
+    .chain(READERS)
+    {
+        let (code, err, _) = leasehold_on(&store, args);
+        assert_eq!(code, Some(1), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(
+            err.contains("schema flyway exists but leasehold did not create it"),
+            "{args:?}: {err}"
+        );
+    }
+    assert_eq!(catalog(&server), before, "something was written");
+    assert_eq!(
+        psql(&server, "SELECT count(*) FROM flyway.schema_version"),
+        "0\n"
+    );
+}
+
+/// Another program's node with leasehold-like child names is refused by
+/// `campaign`, exit 1 in one line, and left untouched (before: marked
+/// "leasehold 1", and an election node created in it).
+/// Runs ZooKeeper's own client on `commands` (one a line); its output.
+fn zk_cli(server: &ZooKeeperServer, commands: &str) -> String {
+    use std::io::Write;
+    let mut child = std::process::Command::new("/usr/share/zookeeper/bin/zkCli.sh")
+        .args(["-server", &server.endpoints()[0]])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("zkCli.sh (Debian's zookeeper) runs");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(format!("{commands}\nquit\n").as_bytes())
+        .expect("write commands");
+    let out = child.wait_with_output().expect("zkCli.sh ends");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn a_zookeeper_node_shaped_like_leaseholds_is_refused_untouched() {
+    let server = ZooKeeperServer::start();
+    zk_cli(
+        &server,
+        "create /shaped\ncreate /shaped/elections\ncreate /shaped/elections/myjob important",
+    );
+    let nodes = node_count(&server);
+    assert!(nodes >= 3, "the nodes were not created: {nodes}");
+    let (code, err, _) = leasehold_on(&server.url("/shaped"), &["campaign", "--election", "e"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("leasehold did not create it"), "{err}");
+    assert!(err.contains("/shaped/elections/myjob"), "{err}");
+    assert_eq!(node_count(&server), nodes, "nodes were created");
+    let shown = zk_cli(&server, "get /shaped\nget /shaped/elections/myjob");
+    assert!(
+        !shown.contains("leasehold 1"),
+        "the marker was written: {shown}"
+    );
+    assert!(shown.contains("important"), "{shown}");
+}

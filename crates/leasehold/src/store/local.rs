@@ -8,8 +8,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::watch;
 use async_trait::async_trait;
-use tokio::sync::watch;
 
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};

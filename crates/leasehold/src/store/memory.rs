@@ -9,8 +9,8 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use crate::watch;
 use async_trait::async_trait;
-use tokio::sync::watch;
 
 use crate::clock::{Clock, Instant, TokioClock};
 use crate::error::{Error, Result};

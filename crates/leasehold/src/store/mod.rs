@@ -4,8 +4,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::watch;
 use async_trait::async_trait;
-use tokio::sync::watch;
 
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};

@@ -2,9 +2,11 @@
 //!
 //! - Tables live in a schema of their own (default `leasehold`) that
 //!   leasehold creates on first use, together with a `schema_version`
-//!   table, its marker. A schema that exists without that table was not
-//!   created by leasehold and is refused without writing, as is a newer
-//!   version; PostgreSQL's own schemas (`public`, `information_schema`,
+//!   table, its marker: exactly one column `version bigint NOT NULL` and
+//!   one row. A schema that exists without that table — or with another
+//!   program's table of that name, such as Flyway's old history table —
+//!   was not created by leasehold and is refused without writing, as is a
+//!   newer version; PostgreSQL's own schemas (`public`, `information_schema`,
 //!   `pg_*`) are refused up front. A store opened read-only
 //!   ([`PostgresStore::connect_read_only`]) creates nothing.
 //! - A session is a row with an expiry on the **server's** clock
@@ -26,8 +28,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::watch;
 use async_trait::async_trait;
-use tokio::sync::{broadcast, watch};
+use tokio::sync::broadcast;
 use tokio_postgres::{AsyncMessage, Client, NoTls};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
@@ -44,6 +47,9 @@ pub const SCHEMA_VERSION: i64 = 1;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Pause before the listener or a watch retries after a failure.
 const RETRY: Duration = Duration::from_millis(250);
+/// The columns of leasehold's `schema_version`, as the schema check reads
+/// them from the catalog: its marker.
+const MARKER_COLUMNS: &str = "version bigint not null";
 /// Expired session rows older than this are deleted when sessions open.
 const KEEP_EXPIRED: &str = "1 hour";
 
@@ -254,22 +260,32 @@ impl Inner {
         )
         .await?;
         // The schema, and in it leasehold's marker: a table schema_version
-        // with a column version.
+        // with exactly the one column leasehold gives it (`version bigint
+        // NOT NULL`) — another program's table of that name (Flyway's old
+        // history table, say) is not the marker — and leasehold's tables.
         let row = timed(
             "read the schema",
             client.query_one(
                 "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1),
-                        EXISTS (SELECT 1 FROM pg_attribute a
-                                JOIN pg_class c ON c.oid = a.attrelid
-                                JOIN pg_namespace n ON n.oid = c.relnamespace
-                                WHERE n.nspname = $1 AND c.relname = 'schema_version'
-                                  AND c.relkind = 'r' AND a.attname = 'version'
-                                  AND NOT a.attisdropped)",
+                        (SELECT string_agg(a.attname::text || ' '
+                                    || format_type(a.atttypid, a.atttypmod)
+                                    || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END,
+                                    ', ' ORDER BY a.attnum)
+                         FROM pg_attribute a
+                         JOIN pg_class c ON c.oid = a.attrelid
+                         JOIN pg_namespace n ON n.oid = c.relnamespace
+                         WHERE n.nspname = $1 AND c.relname = 'schema_version'
+                           AND c.relkind = 'r' AND a.attnum > 0 AND NOT a.attisdropped),
+                        (SELECT count(*) FROM pg_class c
+                         JOIN pg_namespace n ON n.oid = c.relnamespace
+                         WHERE n.nspname = $1 AND c.relkind = 'r'
+                           AND c.relname IN ('sessions', 'elections'))",
                 &[&s.as_str()],
             ),
         )
         .await?;
-        let (schema_exists, marked): (bool, bool) = (row.get(0), row.get(1));
+        let (schema_exists, columns, tables): (bool, Option<String>, i64) =
+            (row.get(0), row.get(1), row.get(2));
         if !schema_exists {
             if self.read_only {
                 return Err(Error::NotFound(format!(
@@ -279,29 +295,49 @@ impl Inner {
             self.create_schema(client).await?;
             return Ok(true);
         }
-        if !marked {
-            return Err(Error::Corrupt(format!(
-                "schema {s} exists but leasehold did not create it (it has no {s}.schema_version); \
-                 leasehold uses only a schema it creates: choose another with ?schema=NAME"
-            )));
+        match columns.as_deref() {
+            Some(MARKER_COLUMNS) => {}
+            None => {
+                return Err(Error::Corrupt(format!(
+                    "schema {s} exists but leasehold did not create it (it has no {s}.schema_version); \
+                     leasehold uses only a schema it creates: choose another with ?schema=NAME"
+                )));
+            }
+            Some(other) => {
+                return Err(Error::Corrupt(format!(
+                    "schema {s} exists but leasehold did not create it ({s}.schema_version has \
+                     columns ({other}), not leasehold's ({MARKER_COLUMNS})); leasehold uses only a \
+                     schema it creates: choose another with ?schema=NAME"
+                )));
+            }
         }
-        let found: Option<i64> = timed(
+        // The column is leasehold's, so reading it cannot fail on its type.
+        let row = timed(
             "read the schema version",
             client.query_one(
-                &format!("SELECT max(version)::bigint FROM {s}.schema_version"),
+                &format!("SELECT count(*), max(version) FROM {s}.schema_version"),
                 &[],
             ),
         )
-        .await?
-        .get(0);
+        .await?;
+        let (rows, found): (i64, Option<i64>) = (row.get(0), row.get(1));
         match found {
+            _ if rows != 1 => Err(Error::Corrupt(format!(
+                "{s}.schema_version holds {rows} rows where leasehold writes one: schema {s} was \
+                 not created by leasehold, or was damaged; nothing was written"
+            ))),
             Some(v) if v > SCHEMA_VERSION => Err(Error::IncompatibleSchema {
                 found: v,
                 supported: SCHEMA_VERSION,
             }),
-            Some(_) => Ok(false),
-            None => Err(Error::Corrupt(format!(
-                "{s}.schema_version is empty: schema {s} was not created by leasehold, or was damaged"
+            Some(v) if v >= 1 && tables == 2 => Ok(false),
+            Some(v) if v >= 1 => Err(Error::Corrupt(format!(
+                "schema {s} has leasehold's schema_version but not its tables sessions and \
+                 elections: it was damaged; nothing was written"
+            ))),
+            _ => Err(Error::Corrupt(format!(
+                "{s}.schema_version holds no version leasehold writes: schema {s} was not created \
+                 by leasehold, or was damaged; nothing was written"
             ))),
         }
     }

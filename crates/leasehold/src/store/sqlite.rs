@@ -52,10 +52,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
+use crate::watch;
 use async_trait::async_trait;
-use nix::fcntl::OFlag;
+use nix::fcntl::{FcntlArg, OFlag};
+use rusqlite::config::DbConfig;
 use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionBehavior, params};
-use tokio::sync::watch;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::clock::host_monotonic_ns as monotonic_ns;
@@ -75,6 +76,11 @@ const SCHEMA_VERSION: i64 = 1;
 const APPLICATION_ID: i64 = 0x4c53_4844;
 /// How long a statement waits for another process's write lock.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a `-journal`, `-wal` or `-shm` next to a missing or empty
+/// database may stay before it is taken for another program's (one that
+/// another leasehold process is creating the database with goes within
+/// milliseconds).
+const SIBLING_SETTLE: Duration = Duration::from_secs(2);
 /// How long creating a new database waits for the processes that still use
 /// an earlier one at the same path to stop.
 const GENERATION_WAIT: Duration = Duration::from_secs(5);
@@ -137,6 +143,15 @@ struct Db {
     replaced: CancellationToken,
     why_replaced: OnceLock<&'static str>,
     wal_emptied: AtomicBool,
+    /// Whether `-wal` and `-shm` existed before this handle opened the
+    /// database: those that did not were created by its SQLite connection.
+    wal_existed: bool,
+    shm_existed: bool,
+    /// Set once the database is known to be leasehold's and this handle
+    /// writes: SQLite may then checkpoint it on closing. Until then (and
+    /// always when read-only) closing checkpoints nothing, and removes the
+    /// `-wal` and `-shm` files the connection created.
+    verified: bool,
 }
 
 /// A file's identity: device and inode.
@@ -152,6 +167,47 @@ impl FileId {
             dev: meta.dev(),
             ino: meta.ino(),
         }
+    }
+}
+
+impl Drop for Db {
+    /// A handle that did not write leasehold's database (read-only, or it
+    /// refused the file) closes without checkpointing and removes the
+    /// `-wal` (if empty) and `-shm` its connection created, once no SQLite
+    /// connection uses the database: the folder is left as it was.
+    fn drop(&mut self) {
+        if self.verified {
+            return;
+        }
+        let Ok(placeholder) = Connection::open_in_memory() else {
+            return;
+        };
+        let conn = std::mem::replace(
+            self.conn.get_mut().unwrap_or_else(|p| p.into_inner()),
+            placeholder,
+        );
+        drop(conn);
+        let created: Vec<PathBuf> = [("-wal", self.wal_existed), ("-shm", self.shm_existed)]
+            .into_iter()
+            .filter(|(_, existed)| !existed)
+            .filter_map(|(suffix, _)| {
+                let path = sibling(&self.path, suffix);
+                let meta = std::fs::symlink_metadata(&path).ok()?;
+                (meta.is_file() && (suffix == "-shm" || meta.len() == 0)).then_some(path)
+            })
+            .collect();
+        // Only while this handle's file is still at the path, and no
+        // connection (in any process) uses it.
+        let still_here = std::fs::metadata(&self.path).is_ok_and(|m| FileId::of(&m) == self.id);
+        if created.is_empty() || !still_here || !lock_unused(&self.file, true) {
+            return;
+        }
+        for path in created {
+            if let Err(error) = std::fs::remove_file(&path) {
+                tracing::debug!(path = %path.display(), %error, "could not remove a file SQLite created");
+            }
+        }
+        lock_unused(&self.file, false);
     }
 }
 
@@ -285,6 +341,46 @@ fn open_database_file(path: &Path) -> std::io::Result<File> {
         .open(path)
 }
 
+/// Opens the database file to hold it for the handle's life: for writing
+/// too where this user may (only to lock it, see [`lock_unused`]; nothing
+/// is written through it), without blocking on a FIFO.
+fn hold_database_file(path: &Path) -> std::io::Result<File> {
+    match OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(OFlag::O_NONBLOCK.bits())
+        .open(path)
+    {
+        Ok(file) => Ok(file),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Err(error),
+        Err(_) => open_database_file(path),
+    }
+}
+
+/// SQLite's lock bytes (unix VFS): every connection holds a read lock on
+/// the `SHARED` range while it has a database in WAL mode open.
+const SHARED_FIRST: i64 = 0x4000_0002;
+const SHARED_SIZE: i64 = 510;
+
+/// Takes (`true`), or releases, a write lock over SQLite's `SHARED` range
+/// of `file`: an open file description lock, which conflicts with every
+/// SQLite connection's lock in every process, this one included. Taken
+/// only while no SQLite connection uses the database.
+fn lock_unused(file: &File, take: bool) -> bool {
+    let lock = nix::libc::flock {
+        l_type: if take {
+            nix::libc::F_WRLCK
+        } else {
+            nix::libc::F_UNLCK
+        } as i16,
+        l_whence: nix::libc::SEEK_SET as i16,
+        l_start: SHARED_FIRST,
+        l_len: SHARED_SIZE,
+        l_pid: 0,
+    };
+    nix::fcntl::fcntl(file, FcntlArg::F_OFD_SETLK(&lock)).is_ok()
+}
+
 /// [`Error::NotFound`] for a path without a file.
 fn missing(path: &Path) -> Error {
     let dir = match path.parent() {
@@ -356,20 +452,56 @@ impl Db {
         let mut owners = [existing.as_ref().map_or(me, MetadataExt::uid), me];
         // A notify file that leasehold did not create is refused before
         // anything is created or written.
-        let notify = if read_only {
+        let mut notify = if read_only {
             None
         } else {
             notify::open_existing(path, &owners)?
         };
+        let exists = |suffix: &str| std::fs::symlink_metadata(sibling(path, suffix)).is_ok();
+        let (wal_existed, shm_existed) = (exists("-wal"), exists("-shm"));
+        // A new database: SQLite deletes a `-wal` or `-journal` next to a
+        // missing or empty file, and takes over a `-shm`. Such a file is
+        // leasehold's leftover only next to leasehold's notify file. Another
+        // leasehold process creating the database at this moment has a
+        // `-journal` there for a few milliseconds, and writes the notify file
+        // soon after: only a sibling that stays is foreign.
+        let settle = std::time::Instant::now() + SIBLING_SETTLE;
+        while !read_only && notify.is_none() {
+            let state = match std::fs::metadata(path) {
+                Err(_) => "does not exist",
+                Ok(meta) if meta.len() == 0 => "is empty",
+                Ok(_) => break,
+            };
+            let Some(suffix) = ["-wal", "-journal", "-shm"]
+                .into_iter()
+                .find(|suffix| exists(suffix))
+            else {
+                break;
+            };
+            if std::time::Instant::now() >= settle {
+                return Err(Error::Corrupt(format!(
+                    "{shown}{suffix} exists but {shown} {state}, and no leasehold notify file is \
+                     next to it, so it is not leasehold's; creating the database would delete or \
+                     overwrite it: leasehold writes only files it created, move it away"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+            notify = notify::open_existing(path, &owners)?;
+        }
         let flags = if read_only {
             OpenFlags::SQLITE_OPEN_READ_ONLY
         } else {
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE
         } | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let conn = Connection::open_with_flags(path, flags).map_err(|e| sql_error(path, e))?;
+        // Closing must not checkpoint another program's WAL into its
+        // database (and delete the WAL) before the schema is known to be
+        // leasehold's.
+        conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)
+            .map_err(|e| sql_error(path, e))?;
         conn.busy_timeout(BUSY_TIMEOUT)
             .map_err(|e| sql_error(path, e))?;
-        let file = match open_database_file(path) {
+        let file = match hold_database_file(path) {
             Ok(file) => file,
             Err(error) if error.kind() == std::io::ErrorKind::NotFound && read_only => {
                 return Err(missing(path));
@@ -402,10 +534,20 @@ impl Db {
             replaced: CancellationToken::new(),
             why_replaced: OnceLock::new(),
             wal_emptied: AtomicBool::new(false),
+            wal_existed,
+            shm_existed,
+            verified: false,
         };
         db.prepare()?;
         // SQLite opened what the path named between the first look and now.
         db.check_file()?;
+        if !read_only {
+            // Leasehold's database: closing checkpoints it as usual.
+            db.conn()
+                .set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, false)
+                .map_err(db.err())?;
+            db.verified = true;
+        }
         Ok(db)
     }
 
@@ -603,8 +745,14 @@ impl Db {
         };
         let _ = self.why_replaced.set(why);
         self.replaced.cancel();
-        tracing::warn!(path = %self.path.display(), why,
-            "the database file this process opened is no longer at its path; not using it any more");
+        let message =
+            "the database file this process opened is no longer at its path; not using it any more";
+        if self.read_only {
+            // A reader reports it in its error (`observe` exits saying so).
+            tracing::debug!(path = %self.path.display(), why, "{message}");
+        } else {
+            tracing::warn!(path = %self.path.display(), why, "{message}");
+        }
         Err(self.replaced_error())
     }
 
@@ -1278,11 +1426,39 @@ impl Store for SqliteStore {
     }
 
     async fn watch(&self, election: &ElectionName) -> Result<LeaderWatch> {
-        Ok(known_only(self.watch_status(election).await?))
+        // Not ended by a replaced file (see `watch_status`): a leader's
+        // monitor learns of that from `session_ended`, with its reason.
+        Ok(known_only(
+            local::watch_status(Arc::clone(&self.inner), election).await?,
+        ))
     }
 
+    /// Ends (its sender is dropped) once the database file is replaced:
+    /// that is permanent for this handle, whose reads then all fail with
+    /// [`Error::Replaced`], so a watcher learns why from its next read
+    /// instead of waiting for an answer that never comes.
     async fn watch_status(&self, election: &ElectionName) -> Result<StatusWatch> {
-        local::watch_status(Arc::clone(&self.inner), election).await
+        let mut status = local::watch_status(Arc::clone(&self.inner), election).await?;
+        let replaced = self.inner.db.replaced.clone();
+        let (tx, rx) = watch::channel(status.borrow_and_update().clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    biased;
+                    () = replaced.cancelled() => return,
+                    () = tx.closed() => return,
+                    changed = status.changed() => if changed.is_err() { return },
+                }
+                // The file is checked (and `replaced` cancelled) before a
+                // read reports it replaced: a replaced file ends the watch
+                // rather than being published as an outage.
+                if replaced.is_cancelled() {
+                    return;
+                }
+                tx.send_replace(status.borrow_and_update().clone());
+            }
+        });
+        Ok(rx)
     }
 
     async fn elections(&self) -> Result<Vec<ElectionState>> {

@@ -26,9 +26,12 @@
 //! use creates the root with the marker and `{root}/elections` in one
 //! transaction (parents of the root that are missing are created empty). A
 //! root that exists without the marker is refused before anything is
-//! written, unless it has the shape an earlier leasehold left (no data, one
-//! child `elections`): that one gets the marker, guarded by the root's
-//! version. Roots inside another leasehold store, and ZooKeeper's own
+//! written, unless everything under it has exactly the shape an earlier
+//! leasehold left (no data; one child `elections`, empty; under it empty
+//! persistent election nodes, under those only candidates ephemeral to
+//! the session their name gives, holding `{ttl_ms} {candidate}`): that one
+//! gets the marker, guarded by the root's version. Any node with data
+//! leasehold never writes makes the root another program's. Roots inside another leasehold store, and ZooKeeper's own
 //! `/zookeeper`, are refused. Within the space, a candidate is a node named
 //! `c-{session}-{sequence}` that is ephemeral to that very session; other
 //! nodes among an election's candidates are skipped, with a warning. A
@@ -38,8 +41,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use crate::watch;
 use async_trait::async_trait;
-use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use zookeeper_client::{
@@ -463,10 +466,20 @@ impl Inner {
                 }
                 None => {}
             }
-            if !data.is_empty() || !self.has_earlier_layout(client).await? {
+            let foreign = if data.is_empty() {
+                self.foreign_in_earlier_layout(client).await?
+            } else {
+                Some(root.to_owned())
+            };
+            if let Some(node) = foreign {
+                let which = if node == root {
+                    String::new()
+                } else {
+                    format!(", and {node} is not leasehold's")
+                };
                 return Err(Error::Corrupt(format!(
                     "zookeeper node {root} exists but leasehold did not create it \
-                     (it holds no leasehold marker); use a root of its own"
+                     (it holds no leasehold marker{which}); use a root of its own"
                 )));
             }
             if self.read_only {
@@ -524,25 +537,84 @@ impl Inner {
         }
     }
 
-    /// Whether the root has the shape an earlier leasehold (before the
-    /// marker) left: one child, `elections`, whose children are elections.
-    async fn has_earlier_layout(&self, client: &Client) -> Result<bool> {
-        let children = request("read the root node", client.list_children(&self.root))
+    /// Whether the root (whose data is empty) has exactly the shape an
+    /// earlier leasehold (before the marker) left: one child `elections`,
+    /// empty and persistent; under it, election nodes named as elections,
+    /// empty and persistent; under those, only candidates, each ephemeral
+    /// to the session its name gives and holding `{ttl_ms} {candidate}`.
+    /// `Some(node)` names the first node that is not leasehold's: a node
+    /// with data leasehold never writes makes the root another program's.
+    async fn foreign_in_earlier_layout(&self, client: &Client) -> Result<Option<String>> {
+        let root = self.root.as_str();
+        let children = request("read the root node", client.list_children(root))
             .await?
             .map_err(|e| unavailable("read the root node", e))?;
         if children != ["elections"] {
-            return Ok(false);
+            let other = children.iter().find(|c| *c != "elections");
+            return Ok(Some(match other {
+                Some(child) => format!("{root}/{child}"),
+                None => root.to_owned(),
+            }));
         }
-        match request(
-            "list elections",
-            client.list_children(&self.elections_dir()),
-        )
-        .await?
-        {
-            Ok(nodes) => Ok(nodes.iter().all(|n| decode(n).is_some())),
-            Err(zookeeper_client::Error::NoNode) => Ok(false),
-            Err(error) => Err(unavailable("list elections", error)),
+        let elections = self.elections_dir();
+        // A node read: `None` when it is gone (an ephemeral candidate may
+        // go at any time).
+        let read = |path: String| async move {
+            match request("read the store", client.get_data(&path)).await? {
+                Ok(found) => Ok(Some(found)),
+                Err(zookeeper_client::Error::NoNode) => Ok(None),
+                Err(error) => Err(unavailable("read the store", error)),
+            }
+        };
+        let list = |path: String| async move {
+            match request("read the store", client.list_children(&path)).await? {
+                Ok(found) => Ok(Some(found)),
+                Err(zookeeper_client::Error::NoNode) => Ok(None),
+                Err(error) => Err(unavailable("read the store", error)),
+            }
+        };
+        let plain = |data: &[u8], stat: &zookeeper_client::Stat| {
+            data.is_empty() && stat.ephemeral_owner == 0
+        };
+        match read(elections.clone()).await? {
+            Some((data, stat)) if plain(&data, &stat) => {}
+            _ => return Ok(Some(elections)),
         }
+        let Some(names) = list(elections.clone()).await? else {
+            return Ok(Some(elections));
+        };
+        for name in names {
+            let dir = format!("{elections}/{name}");
+            if decode(&name).is_none() {
+                return Ok(Some(dir));
+            }
+            match read(dir.clone()).await? {
+                Some((data, stat)) if plain(&data, &stat) => {}
+                Some(_) => return Ok(Some(dir)),
+                // Deleted meanwhile: nothing of it is left to judge.
+                None => continue,
+            }
+            let Some(nodes) = list(dir.clone()).await? else {
+                continue;
+            };
+            let named = queue(nodes.clone());
+            for node in nodes {
+                let path = format!("{dir}/{node}");
+                let Some(candidate) = named.iter().find(|c| c.name == node) else {
+                    return Ok(Some(path));
+                };
+                match read(path.clone()).await? {
+                    Some((data, stat))
+                        if owned(candidate, &stat)
+                            && stat.num_children == 0
+                            && parse_node_data(&path, &data).is_ok() => {}
+                    Some(_) => return Ok(Some(path)),
+                    // An ephemeral candidate whose session ended.
+                    None => {}
+                }
+            }
+        }
+        Ok(None)
     }
 
     fn election_dir(&self, election: &ElectionName) -> String {

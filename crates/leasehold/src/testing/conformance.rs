@@ -16,8 +16,8 @@ use crate::clock::TokioClock;
 use crate::config::LeaseConfig;
 use crate::elector::Elector;
 use crate::error::Error;
+use crate::lease::LostReason;
 use crate::names::{CandidateId, ElectionName};
-use crate::session::LostReason;
 use crate::store::{Grant, LeaderStatus, Store};
 
 /// A TTL long enough never to expire during a test.

@@ -545,3 +545,66 @@ async fn reading_a_schema_that_does_not_exist_creates_nothing() {
         .get(0);
     assert_eq!(sessions, 0, "read-only wrote");
 }
+
+/// A schema with another program's table named `schema_version` (Flyway's
+/// old history table, or one shaped like leasehold's but not holding what
+/// leasehold writes) is not leasehold's: refused, read-only too, with
+/// nothing written (before: taken for leasehold's, then "relation
+/// sessions does not exist" on every use, retried forever by `run`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_version_table_leasehold_did_not_write_is_not_its_marker() {
+    let server = server().await;
+    let admin = sql(&server.url()).await;
+    admin
+        .batch_execute(
+            "CREATE SCHEMA flyway; CREATE TABLE flyway.schema_version (version text);
+             CREATE TABLE flyway.orders (id int);
+             CREATE SCHEMA flyway_row; CREATE TABLE flyway_row.schema_version (version text);
+             INSERT INTO flyway_row.schema_version VALUES ('1');
+             CREATE SCHEMA history; CREATE TABLE history.schema_version (
+                 installed_rank int NOT NULL, version varchar(50), description varchar(200));
+             INSERT INTO history.schema_version VALUES (1, '1', 'init');
+             CREATE SCHEMA wider; CREATE TABLE wider.schema_version (
+                 version bigint NOT NULL, applied_by text);
+             INSERT INTO wider.schema_version VALUES (1, 'me');
+             CREATE SCHEMA two_rows; CREATE TABLE two_rows.schema_version (version bigint NOT NULL);
+             INSERT INTO two_rows.schema_version VALUES (1), (1);
+             CREATE SCHEMA no_tables; CREATE TABLE no_tables.schema_version (version bigint NOT NULL);
+             INSERT INTO no_tables.schema_version VALUES (1);",
+        )
+        .await
+        .expect("other programs' schemas");
+    for schema in [
+        "flyway",
+        "flyway_row",
+        "history",
+        "wider",
+        "two_rows",
+        "no_tables",
+    ] {
+        let before = objects(&admin, schema).await;
+        for read_only in [false, true] {
+            let opened = if read_only {
+                PostgresStore::connect_read_only(&server.url(), schema).await
+            } else {
+                PostgresStore::connect(&server.url(), schema).await
+            };
+            match opened {
+                Err(Error::Corrupt(message)) => assert!(
+                    message.contains("did not create")
+                        || message.contains("not created by")
+                        || message.contains("damaged"),
+                    "{schema}: {message}"
+                ),
+                other => panic!("{schema} (read-only {read_only}) must be refused, got {other:?}"),
+            }
+        }
+        assert_eq!(objects(&admin, schema).await, before, "{schema}: written");
+    }
+    let rows: i64 = admin
+        .query_one("SELECT count(*) FROM flyway.schema_version", &[])
+        .await
+        .expect("count")
+        .get(0);
+    assert_eq!(rows, 0, "written");
+}

@@ -493,3 +493,116 @@ async fn a_read_only_store_reads_and_refuses_to_write() {
         Some(grant.token)
     );
 }
+
+/// Another program's WAL-mode database whose tables are still only in its
+/// `-wal` (not checkpointed): built the way the program would, with
+/// automatic checkpoints off. Returns the database's path.
+fn foreign_wal_database(dir: &std::path::Path) -> PathBuf {
+    let source = dir.join("source").join("w.db");
+    std::fs::create_dir(source.parent().expect("parent")).expect("mkdir");
+    let conn = rusqlite_conn(&source);
+    conn.pragma_update(None, "journal_mode", "WAL")
+        .expect("wal");
+    conn.pragma_update(None, "wal_autocheckpoint", 0)
+        .expect("no autocheckpoint");
+    conn.execute_batch("CREATE TABLE t (x)").expect("create");
+    conn.execute_batch("BEGIN").expect("begin");
+    for i in 0..50 {
+        conn.execute("INSERT INTO t VALUES (?1)", [i])
+            .expect("insert");
+    }
+    conn.execute_batch("COMMIT").expect("commit");
+    let path = dir.join("p.db");
+    std::fs::copy(&source, &path).expect("copy the database");
+    std::fs::copy(sibling(&source, "-wal"), sibling(&path, "-wal")).expect("copy its WAL");
+    drop(conn);
+    std::fs::remove_dir_all(source.parent().expect("parent")).expect("clean up");
+    path
+}
+
+/// Another program's WAL-mode database whose tables exist only in its
+/// `-wal` is refused — for writing and for reading — and left byte for
+/// byte as it was, with no file added next to it (before: the refusing
+/// connection checkpointed the WAL into the database on closing and
+/// deleted the `-wal`, and read-only opens left a `-shm`).
+#[test]
+fn a_foreign_database_only_in_its_wal_is_refused_and_left_as_it_was() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = foreign_wal_database(dir.path());
+    let wal = sibling(&path, "-wal");
+    let (db_before, wal_before) = (
+        std::fs::read(&path).expect("read"),
+        std::fs::read(&wal).expect("read"),
+    );
+    assert!(!wal_before.is_empty(), "the WAL holds the tables");
+    let files = listing(dir.path());
+    assert_eq!(files, ["p.db", "p.db-wal"]);
+    for read_only in [false, true] {
+        let err = if read_only {
+            SqliteStore::open_read_only(&path).expect_err("foreign, read-only")
+        } else {
+            SqliteStore::open(&path).expect_err("foreign")
+        };
+        assert!(matches!(err, Error::Corrupt(_)), "{err:?}");
+        assert!(
+            err.to_string()
+                .contains("a SQLite database of another program"),
+            "{err}"
+        );
+        assert_eq!(std::fs::read(&path).expect("read"), db_before, "db written");
+        assert_eq!(
+            std::fs::read(&wal).expect("read"),
+            wal_before,
+            "wal written"
+        );
+        assert_eq!(listing(dir.path()), files, "read-only {read_only}");
+    }
+    // The other program still sees its rows.
+    let rows: i64 = rusqlite_conn(&path)
+        .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+        .expect("its table");
+    assert_eq!(rows, 50);
+}
+
+/// A `-wal`, `-journal` or `-shm` next to a database that does not exist
+/// yet (or is empty) is refused, in one line naming it, and left alone
+/// (before: SQLite deleted it while creating the database) — unless
+/// leasehold's notify file shows it is leasehold's own leftover.
+#[test]
+fn a_foreign_sibling_of_a_new_database_is_refused_and_left_alone() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("k.db");
+    for suffix in ["-wal", "-journal", "-shm"] {
+        let foreign = sibling(&path, suffix);
+        std::fs::write(&foreign, "foreign wal\n").expect("write");
+        for empty in [false, true] {
+            if empty {
+                std::fs::write(&path, "").expect("an empty database file");
+            }
+            let err = SqliteStore::open(&path).expect_err("foreign sibling");
+            assert!(matches!(err, Error::Corrupt(_)), "{err:?}");
+            let text = err.to_string();
+            assert!(text.contains(&format!("k.db{suffix} exists")), "{text}");
+            assert_eq!(text.lines().count(), 1, "{text}");
+            assert_eq!(
+                std::fs::read_to_string(&foreign).expect("read"),
+                "foreign wal\n"
+            );
+            let mut expected = vec![format!("k.db{suffix}")];
+            if empty {
+                expected.insert(0, "k.db".to_owned());
+                assert_eq!(std::fs::metadata(&path).expect("stat").len(), 0);
+            }
+            assert_eq!(listing(dir.path()), expected);
+            if empty {
+                std::fs::remove_file(&path).expect("remove");
+            }
+        }
+        std::fs::remove_file(&foreign).expect("remove");
+    }
+    // leasehold's own leftover: its notify file is next to it.
+    drop(SqliteStore::open(&path).expect("create"));
+    std::fs::remove_file(&path).expect("remove the database");
+    std::fs::write(sibling(&path, "-wal"), "").expect("a leftover WAL");
+    SqliteStore::open(&path).expect("leasehold's leftover is fine");
+}

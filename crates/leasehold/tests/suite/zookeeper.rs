@@ -616,3 +616,62 @@ async fn reading_a_root_that_does_not_exist_creates_nothing() {
         Err(leasehold::Error::InvalidInput { .. })
     ));
 }
+
+/// A node another program made with leasehold-like child names is not an
+/// earlier leasehold's root: any node with data leasehold never writes
+/// (an election node with data, an `elections` node with data, a
+/// persistent node named like a candidate) makes it refused, read-only
+/// too, and left untouched (before: marked "leasehold 1" and written to).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_node_shaped_like_an_earlier_leasehold_root_is_refused_untouched() {
+    let server = server().await;
+    let raw = raw_client(&server).await;
+    let nodes: [(&str, &[u8]); 9] = [
+        ("/shaped", b""),
+        ("/shaped/elections", b""),
+        ("/shaped/elections/myjob", b"important"),
+        ("/busy", b""),
+        ("/busy/elections", b"config"),
+        ("/mimic", b""),
+        ("/mimic/elections", b""),
+        ("/mimic/elections/job", b""),
+        (
+            "/mimic/elections/job/c-0123456789abcdef-0000000001",
+            b"100 mimic",
+        ),
+    ];
+    for (path, data) in nodes {
+        raw.create(path, data, &persistent())
+            .await
+            .expect("another program's node");
+    }
+    for root in ["/shaped", "/busy", "/mimic"] {
+        for read_only in [false, true] {
+            let opened = if read_only {
+                ZkStore::connect_read_only(&server.endpoints(), root).await
+            } else {
+                ZkStore::connect(&server.endpoints(), root).await
+            };
+            match opened {
+                Err(leasehold::Error::Corrupt(message)) => {
+                    assert!(message.contains("did not create"), "{message}");
+                }
+                other => panic!("{root} (read-only {read_only}) must be refused, got {other:?}"),
+            }
+        }
+    }
+    for (path, data) in nodes {
+        assert_eq!(raw.get_data(path).await.expect("read").0, data, "{path}");
+    }
+    assert_eq!(
+        raw.list_children("/shaped/elections").await.expect("list"),
+        ["myjob"],
+        "written"
+    );
+    assert!(
+        raw.list_children("/shaped/elections/myjob")
+            .await
+            .expect("list")
+            .is_empty()
+    );
+}

@@ -43,8 +43,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::watch;
 use async_trait::async_trait;
-use tokio::sync::{Mutex, watch};
+use tokio::sync::Mutex;
 
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};

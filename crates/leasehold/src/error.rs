@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
+use crate::grant::{FencingToken, SessionId};
 use crate::names::ElectionName;
-use crate::store::{FencingToken, SessionId};
 
 /// Everything that can go wrong in leasehold.
 ///

@@ -33,6 +33,7 @@ mod config;
 mod elector;
 mod error;
 pub mod fence;
+mod grant;
 mod names;
 mod session;
 pub mod store;

@@ -22,7 +22,7 @@
 use tokio_postgres::{GenericClient, Transaction};
 
 use crate::error::{Error, Result};
-use crate::store::FencingToken;
+use crate::grant::FencingToken;
 
 /// The fence table, for `CREATE`-ing once.
 pub const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS leasehold_fence (

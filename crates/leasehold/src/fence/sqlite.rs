@@ -20,7 +20,7 @@ use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, 
 
 use super::Fence;
 use crate::error::{Error, Result};
-use crate::store::FencingToken;
+use crate::grant::FencingToken;
 
 const CREATE: &str = "CREATE TABLE IF NOT EXISTS leasehold_fence (
     resource TEXT PRIMARY KEY,

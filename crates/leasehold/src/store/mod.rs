@@ -28,6 +28,16 @@ pub use url::{StoreUrl, open, open_read_only};
 pub(crate) use watch::read_until_ok;
 pub(crate) use watch::{known_only, publish_failure, publish_leader, status_of, watch_read};
 
+/// `session`'s key in a store that keeps session ids as signed 64-bit
+/// integers (SQLite, PostgreSQL, etcd): [`Error::SessionExpired`] for an
+/// id such a store never issued.
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "etcd"))]
+pub(crate) fn session_key(session: SessionId) -> Result<i64> {
+    session
+        .to_i64()
+        .ok_or(crate::error::Error::SessionExpired(session))
+}
+
 /// The key prefix of the etcd store when its URL names none.
 pub(crate) const fn etcd_default_prefix() -> &'static str {
     "/leasehold"

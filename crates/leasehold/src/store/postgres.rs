@@ -35,7 +35,7 @@ use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
 use crate::store::{
     ElectionState, FencingToken, Grant, Leader, LeaderStatus, LeaderWatch, SessionId, SessionLease,
-    StatusWatch, Store, known_only, publish_leader, read_until_ok,
+    StatusWatch, Store, known_only, publish_leader, read_until_ok, session_key,
 };
 
 /// The schema version this build writes and understands.
@@ -104,14 +104,6 @@ fn millis(d: Duration) -> i64 {
 
 fn from_millis(ms: i64) -> Duration {
     Duration::from_millis(u64::try_from(ms).unwrap_or(0))
-}
-
-fn session_key(session: SessionId) -> Result<i64> {
-    i64::try_from(session.0).map_err(|_| Error::SessionExpired(session))
-}
-
-fn token(value: i64) -> FencingToken {
-    FencingToken(u64::try_from(value).unwrap_or(0))
 }
 
 /// Refuses a schema name leasehold cannot use: not a plain lower-case
@@ -367,7 +359,7 @@ impl Inner {
             })?;
         Ok(Leader {
             candidate,
-            token: token(tok),
+            token: FencingToken::from_stored(tok),
             expires_in: from_millis(left_ms),
         })
     }
@@ -398,11 +390,11 @@ impl Inner {
                 election: election.clone(),
                 candidate: candidate.clone(),
                 session,
-                token: token(tok),
+                token: FencingToken::from_stored(tok),
             })),
             (Some(false), tok) => Ok(Err((
                 from_millis(wait_ms.unwrap_or(0)),
-                token(tok.unwrap_or(0)),
+                FencingToken::from_stored(tok.unwrap_or(0)),
             ))),
             _ => Err(Error::SessionExpired(session)),
         }
@@ -416,7 +408,7 @@ impl Inner {
         tok: FencingToken,
     ) -> Result<Option<String>> {
         let client = self.client().await?;
-        let tok = i64::try_from(tok.0).unwrap_or(i64::MAX);
+        let tok = tok.to_i64_saturating();
         let row = timed(
             "read the expired holder",
             client.query_opt(
@@ -741,7 +733,7 @@ impl Store for PostgresStore {
         )
         .await;
         Ok(SessionLease {
-            id: SessionId(u64::try_from(id).unwrap_or(0)),
+            id: SessionId::from_stored(id),
             ttl: from_millis(ttl_ms),
         })
     }
@@ -845,7 +837,7 @@ impl Store for PostgresStore {
     async fn resign(&self, grant: &Grant) -> Result<()> {
         let id = session_key(grant.session)?;
         let client = self.inner.client().await?;
-        let token_value = i64::try_from(grant.token.0).unwrap_or(i64::MAX);
+        let token_value = grant.token.to_i64_saturating();
         let released: bool = timed(
             "release the election",
             client.query_one(

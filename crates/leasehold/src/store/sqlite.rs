@@ -64,7 +64,7 @@ use crate::names::{CandidateId, ElectionName};
 use crate::store::local::{self, Attempt, Changes, Expired, LocalBackend};
 use crate::store::{
     ElectionState, FencingToken, Grant, Leader, LeaderWatch, SessionId, SessionLease, StatusWatch,
-    Store, known_only,
+    Store, known_only, session_key,
 };
 
 mod notify;
@@ -734,7 +734,7 @@ impl Db {
         let alive = conn
             .query_row(
                 "SELECT 1 FROM sessions WHERE id = ?1 AND boot_id = ?2 AND expires_at_ns > ?3",
-                params![session_key(session), self.boot_id, now],
+                params![session_key(session)?, self.boot_id, now],
                 |_| Ok(()),
             )
             .optional()
@@ -777,7 +777,7 @@ impl Db {
         self.usable(&tx)?;
         tx.commit().map_err(self.err())?;
         Ok(SessionLease {
-            id: SessionId(id.unsigned_abs()),
+            id: SessionId::from_stored(id),
             ttl: granted,
         })
     }
@@ -801,7 +801,7 @@ impl Db {
                 "UPDATE sessions SET expires_at_ns = ?3 + ttl_ms * 1000000
                  WHERE id = ?1 AND boot_id = ?2 AND expires_at_ns > ?3
                  RETURNING ttl_ms",
-                params![session_key(session), self.boot_id, now],
+                params![session_key(session)?, self.boot_id, now],
                 |r| r.get(0),
             )
             .optional()
@@ -818,6 +818,10 @@ impl Db {
     /// holds it is no longer the store, and nothing is written to it.
     fn close_session(&self, session: SessionId) -> Result<()> {
         self.writable()?;
+        // An id SQLite never issued names no session.
+        let Ok(key) = session_key(session) else {
+            return Ok(());
+        };
         let mut conn = self.conn();
         if let Err(Error::Replaced(_)) = self.usable(&conn) {
             return Ok(());
@@ -828,14 +832,11 @@ impl Db {
         tx.execute(
             "UPDATE elections SET holder_session = NULL, holder_candidate = NULL, holder_token = NULL
              WHERE holder_session = ?1",
-            params![session_key(session)],
+            params![key],
         )
         .map_err(self.err())?;
-        tx.execute(
-            "DELETE FROM sessions WHERE id = ?1",
-            params![session_key(session)],
-        )
-        .map_err(self.err())?;
+        tx.execute("DELETE FROM sessions WHERE id = ?1", params![key])
+            .map_err(self.err())?;
         if let Err(Error::Replaced(_)) = self.usable(&tx) {
             return Ok(());
         }
@@ -863,7 +864,7 @@ impl Db {
             .live_holder(&tx, election.as_str(), now)
             .map_err(self.err())?
         {
-            if holder.session == session_key(session) {
+            if SessionId::from_stored(holder.session) == session {
                 let grant = holder.into_grant(&self.path, election, session)?;
                 return Ok((Attempt::Granted(grant, None), false));
             }
@@ -880,9 +881,7 @@ impl Db {
                 |r| {
                     Ok(Expired {
                         candidate: r.get::<_, Option<String>>(0)?.unwrap_or_default(),
-                        token: FencingToken(
-                            r.get::<_, Option<i64>>(1)?.unwrap_or(0).unsigned_abs(),
-                        ),
+                        token: FencingToken::from_stored(r.get::<_, Option<i64>>(1)?.unwrap_or(0)),
                     })
                 },
             )
@@ -898,7 +897,7 @@ impl Db {
                      holder_candidate = excluded.holder_candidate,
                      holder_token = last_token + 1
                  RETURNING holder_token",
-                params![election.as_str(), session_key(session), candidate.as_str()],
+                params![election.as_str(), session_key(session)?, candidate.as_str()],
                 |r| r.get(0),
             )
             .map_err(self.err())?;
@@ -909,7 +908,7 @@ impl Db {
             election: election.clone(),
             candidate: candidate.clone(),
             session,
-            token: FencingToken(token.unsigned_abs()),
+            token: FencingToken::from_stored(token),
         };
         Ok((Attempt::Granted(grant, expired), true))
     }
@@ -929,7 +928,7 @@ impl Db {
                      (SELECT id FROM sessions WHERE boot_id = ?3 AND expires_at_ns > ?4)",
                 params![
                     grant.election.as_str(),
-                    token_key(grant.token),
+                    grant.token.to_i64_saturating(),
                     self.boot_id,
                     now
                 ],
@@ -1030,19 +1029,11 @@ struct Identity {
     objects: i64,
 }
 
-fn session_key(session: SessionId) -> i64 {
-    i64::try_from(session.0).unwrap_or(i64::MAX)
-}
-
-fn token_key(token: FencingToken) -> i64 {
-    i64::try_from(token.0).unwrap_or(i64::MAX)
-}
-
 impl Holder {
     fn into_leader(self, path: &Path) -> Result<Leader> {
         Ok(Leader {
             candidate: stored_candidate(path, self.candidate)?,
-            token: FencingToken(self.token.unsigned_abs()),
+            token: FencingToken::from_stored(self.token),
             expires_in: duration_ns(self.expires_in_ns),
         })
     }
@@ -1052,7 +1043,7 @@ impl Holder {
             election: election.clone(),
             candidate: stored_candidate(path, self.candidate)?,
             session,
-            token: FencingToken(self.token.unsigned_abs()),
+            token: FencingToken::from_stored(self.token),
         })
     }
 }

@@ -192,7 +192,7 @@ fn queue(children: Vec<String>) -> Vec<Candidate> {
 /// name gives: leasehold created it; another program's node named like one
 /// is skipped.
 fn owned(candidate: &Candidate, stat: &zookeeper_client::Stat) -> bool {
-    u64::from_ne_bytes(stat.ephemeral_owner.to_ne_bytes()) == candidate.owner
+    SessionId::from_bits(stat.ephemeral_owner).0 == candidate.owner
 }
 
 fn warn_foreign(path: &str) {
@@ -277,7 +277,7 @@ fn parse_node_data(path: &str, data: &[u8]) -> Result<(Duration, CandidateId)> {
 }
 
 fn token_of(stat: &zookeeper_client::Stat) -> FencingToken {
-    FencingToken(u64::try_from(stat.czxid).unwrap_or(0))
+    FencingToken::from_stored(stat.czxid)
 }
 
 impl ZkStore {
@@ -782,8 +782,7 @@ impl Store for ZkStore {
         let sent = Instant::now();
         let client = self.inner.connect(ttl).await?;
         let granted = client.session_timeout();
-        // ZooKeeper session ids are i64; keep the bits.
-        let id = SessionId(u64::from_ne_bytes(client.session_id().0.to_ne_bytes()));
+        let id = SessionId::from_bits(client.session_id().0);
         if granted != ttl {
             // The session logs the granted TTL for every store; this is the
             // detail of why.

@@ -50,7 +50,7 @@ use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
 use crate::store::{
     ElectionState, FencingToken, Grant, Leader, LeaderStatus, LeaderWatch, SessionId, SessionLease,
-    StatusWatch, Store, known_only, publish_leader, read_until_ok,
+    StatusWatch, Store, known_only, publish_leader, read_until_ok, session_key,
 };
 
 mod client;
@@ -482,10 +482,6 @@ impl EtcdStore {
         format!("{}{}", self.known_key_prefix(), election.as_str())
     }
 
-    fn lease_id(session: SessionId) -> Result<i64> {
-        i64::try_from(session.0).map_err(|_| Error::SessionExpired(session))
-    }
-
     async fn range(&self, what: &str, range: RangeRequest) -> Result<pb::RangeResponse> {
         self.members
             .call(what, |channel| {
@@ -618,7 +614,7 @@ impl EtcdStore {
             .await?;
         Ok(Leader {
             candidate,
-            token: FencingToken(kv.create_revision.unsigned_abs()),
+            token: FencingToken::from_stored(kv.create_revision),
             expires_in: Duration::from_secs(ttl.ttl.max(0).unsigned_abs()),
         })
     }
@@ -643,7 +639,7 @@ impl EtcdStore {
         election: &ElectionName,
         candidate: &CandidateId,
     ) -> Result<(i64, bool)> {
-        let lease = Self::lease_id(session)?;
+        let lease = session_key(session)?;
         let key = self.candidate_key(election, session);
         let known = self.known_key(election);
         let marker = self.marker_key();
@@ -848,7 +844,7 @@ impl EtcdStore {
         value: impl Into<Vec<u8>>,
     ) -> Result<()> {
         let leader_key = self.candidate_key(&grant.election, grant.session);
-        let token = i64::try_from(grant.token.0).unwrap_or(i64::MAX);
+        let token = grant.token.to_i64_saturating();
         let txn = TxnRequest {
             compare: vec![created_at(leader_key, token)],
             success: vec![put(key, value, 0)],
@@ -861,7 +857,7 @@ impl EtcdStore {
             Some((kv, _)) if kv.create_revision > token => Err(Error::Stale {
                 resource: key.to_owned(),
                 presented: grant.token,
-                highest: FencingToken(kv.create_revision.unsigned_abs()),
+                highest: FencingToken::from_stored(kv.create_revision),
             }),
             _ => Err(Error::NotHolder {
                 election: grant.election.clone(),
@@ -903,18 +899,18 @@ impl Store for EtcdStore {
             });
         }
         Ok(SessionLease {
-            id: SessionId(lease.id.unsigned_abs()),
+            id: SessionId::from_stored(lease.id),
             ttl: Duration::from_secs(lease.ttl.max(0).unsigned_abs()),
         })
     }
 
     async fn keep_alive(&self, session: SessionId) -> Result<Duration> {
-        let id = Self::lease_id(session)?;
+        let id = session_key(session)?;
         self.keep_alive_once(session, id).await
     }
 
     async fn close_session(&self, session: SessionId) -> Result<()> {
-        let id = Self::lease_id(session)?;
+        let id = session_key(session)?;
         self.keepers.lock().await.remove(&id);
         let revoked = self
             .members
@@ -961,7 +957,7 @@ impl Store for EtcdStore {
                         election: election.clone(),
                         candidate: candidate.clone(),
                         session,
-                        token: FencingToken(my_revision.unsigned_abs()),
+                        token: FencingToken::from_stored(my_revision),
                     });
                 }
             }
@@ -970,7 +966,7 @@ impl Store for EtcdStore {
 
     async fn resign(&self, grant: &Grant) -> Result<()> {
         let key = self.candidate_key(&grant.election, grant.session);
-        let token = i64::try_from(grant.token.0).unwrap_or(i64::MAX);
+        let token = grant.token.to_i64_saturating();
         let txn = TxnRequest {
             compare: vec![created_at(key.clone(), token)],
             success: vec![delete(key)],

@@ -31,11 +31,21 @@ use tokio::sync::{broadcast, watch};
 use tokio_postgres::{AsyncMessage, Client, NoTls};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+use crate::config::StoreTtl;
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
 use crate::store::{
     ElectionState, FencingToken, Grant, Leader, LeaderStatus, LeaderWatch, SessionId, SessionLease,
     StatusWatch, Store, known_only, publish_leader, read_until_ok, session_key,
+};
+
+/// How PostgreSQL keeps a TTL: as milliseconds in a `bigint`, turned into
+/// an `interval` (at most about 178,000,000 years) added to the server's
+/// clock.
+const TTL: StoreTtl = StoreTtl {
+    store: "PostgreSQL",
+    unit: Duration::from_millis(1),
+    max: Duration::from_secs(178_000_000 * 365 * 86_400),
 };
 
 /// The schema version this build writes and understands.
@@ -96,10 +106,6 @@ async fn timed<T>(
             REQUEST_TIMEOUT,
         )),
     }
-}
-
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX)
 }
 
 fn from_millis(ms: i64) -> Duration {
@@ -705,9 +711,7 @@ impl Store for PostgresStore {
                 "the store was opened read-only (PostgresStore::connect_read_only)",
             ));
         }
-        // More than zero, at most MAX_TTL (a day).
-        crate::config::check_ttl(ttl)?;
-        let ttl_ms = millis(ttl);
+        let ttl_ms = TTL.check(ttl)?.units;
         let client = self.inner.client().await?;
         let s = self.inner.table("sessions");
         let id: i64 = timed(

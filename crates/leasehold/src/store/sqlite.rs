@@ -59,6 +59,7 @@ use tokio::sync::watch;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::clock::host_monotonic_ns as monotonic_ns;
+use crate::config::{CheckedTtl, StoreTtl};
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
 use crate::store::local::{self, Attempt, Changes, Expired, LocalBackend};
@@ -68,6 +69,14 @@ use crate::store::{
 };
 
 mod notify;
+
+/// How SQLite keeps a TTL: as milliseconds, and expiry times as
+/// nanoseconds of the monotonic clock in an `i64`.
+const TTL: StoreTtl = StoreTtl {
+    store: "SQLite",
+    unit: Duration::from_millis(1),
+    max: Duration::from_nanos(i64::MAX.unsigned_abs()),
+};
 
 /// The schema version this build writes and understands.
 const SCHEMA_VERSION: i64 = 1;
@@ -742,10 +751,8 @@ impl Db {
         alive.ok_or(Error::SessionExpired(session))
     }
 
-    fn open_session(&self, ttl: Duration) -> Result<SessionLease> {
-        let ttl_ms = i64::try_from(ttl.as_nanos().div_ceil(1_000_000))
-            .map_err(|_| Error::invalid("TTL", format!("{ttl:?} is too long")))?;
-        let granted = Duration::from_millis(ttl_ms.unsigned_abs());
+    fn open_session(&self, ttl: CheckedTtl) -> Result<SessionLease> {
+        let (granted, ttl_ms) = (ttl.ttl, ttl.units);
         self.writable()?;
         let mut conn = self.conn();
         self.usable(&conn)?;
@@ -1231,8 +1238,7 @@ impl LocalBackend for Inner {
 #[async_trait]
 impl Store for SqliteStore {
     async fn open_session(&self, ttl: Duration) -> Result<SessionLease> {
-        // More than zero, at most MAX_TTL (a day).
-        crate::config::check_ttl(ttl)?;
+        let ttl = TTL.check(ttl)?;
         self.inner.blocking(move |db| db.open_session(ttl)).await
     }
 

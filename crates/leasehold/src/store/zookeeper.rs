@@ -46,11 +46,22 @@ use zookeeper_client::{
     Acls, AddWatchMode, Client, CreateMode, CreateOptions, EventType, SessionState,
 };
 
+use crate::config::StoreTtl;
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
 use crate::store::{
     ElectionState, FencingToken, Grant, Leader, LeaderStatus, LeaderWatch, SessionId, SessionLease,
     StatusWatch, Store, known_only, publish_failure, publish_leader, read_until_ok,
+};
+
+/// How ZooKeeper keeps a TTL: the session timeout, an `int` of
+/// milliseconds, which the server then negotiates into its own
+/// `minSessionTimeout`..`maxSessionTimeout` (the session's TTL is the
+/// negotiated one).
+const TTL: StoreTtl = StoreTtl {
+    store: "ZooKeeper",
+    unit: Duration::from_millis(1),
+    max: Duration::from_millis(i32::MAX as u64),
 };
 
 /// How long to wait for a connection to the ensemble.
@@ -777,8 +788,7 @@ impl Store for ZkStore {
                 "the store was opened read-only (ZkStore::connect_read_only)",
             ));
         }
-        // More than zero, at most MAX_TTL (a day).
-        crate::config::check_ttl(ttl)?;
+        let ttl = TTL.check(ttl)?.ttl;
         let sent = Instant::now();
         let client = self.inner.connect(ttl).await?;
         let granted = client.session_timeout();

@@ -46,6 +46,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::{Mutex, watch};
 
+use crate::config::StoreTtl;
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
 use crate::store::{
@@ -73,6 +74,14 @@ mod pb {
 use pb::compare::{CompareResult, CompareTarget, TargetUnion};
 use pb::range_request::{SortOrder, SortTarget};
 use pb::{KeyValue, RangeRequest, RequestOp, TxnRequest, TxnResponse};
+
+/// How etcd keeps a TTL: a lease has whole seconds (a request is rounded
+/// up, never down), at most etcd's `MaxLeaseTTL`.
+const TTL: StoreTtl = StoreTtl {
+    store: "etcd",
+    unit: Duration::from_secs(1),
+    max: Duration::from_secs(9_000_000_000),
+};
 
 /// Pause before re-establishing a broken watch.
 const WATCH_RETRY: Duration = Duration::from_millis(200);
@@ -876,11 +885,7 @@ impl Store for EtcdStore {
                 "the store was opened read-only (EtcdStore::connect_read_only)",
             ));
         }
-        // More than zero, at most MAX_TTL (a day).
-        crate::config::check_ttl(ttl)?;
-        // etcd leases have whole seconds; round up, never down.
-        let seconds = i64::try_from(ttl.as_millis().div_ceil(1000))
-            .map_err(|_| Error::invalid("TTL", format!("{ttl:?} is too long")))?;
+        let seconds = TTL.check(ttl)?.units;
         let lease = self
             .members
             .call("lease grant", |channel| async move {

@@ -9,6 +9,13 @@ use async_trait::async_trait;
 use crate::error::Result;
 use crate::names::{CandidateId, ElectionName};
 
+#[cfg(any(
+    feature = "sqlite",
+    feature = "etcd",
+    feature = "zookeeper",
+    feature = "postgres"
+))]
+mod cleanup;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 mod local;

@@ -34,6 +34,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use crate::config::StoreTtl;
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
+use crate::store::cleanup::OnDrop;
 use crate::store::{
     ElectionState, FencingToken, Grant, Leader, LeaderStatus, LeaderWatch, SessionId, SessionLease,
     StatusWatch, Store, known_only, publish_leader, read_until_ok, session_key,
@@ -667,38 +668,21 @@ fn wakes(
     }
 }
 
-/// Leaves the line when a campaign is dropped or fails before it is
+/// Leaves the line, for a campaign dropped or failed before it was
 /// granted, so that a release is never handed to a waiter that is gone.
-struct Withdraw {
-    inner: Arc<Inner>,
-    election: ElectionName,
-    session: SessionId,
-    armed: bool,
-}
-
-impl Drop for Withdraw {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let (inner, election, session) =
-            (Arc::clone(&self.inner), self.election.clone(), self.session);
-        runtime.spawn(async move {
-            let Ok(id) = session_key(session) else { return };
-            let Ok(client) = inner.client().await else { return };
-            let statement = format!("SELECT {}($1, $2)", inner.table("withdraw"));
-            if let Err(error) = timed(
-                "leave the line",
-                client.execute(&statement, &[&election.as_str(), &id]),
-            )
-            .await
-            {
-                tracing::debug!(%election, %error, "could not leave the line; the session's expiry will");
-            }
-        });
+async fn leave_line(inner: Arc<Inner>, election: ElectionName, session: SessionId) {
+    let Ok(id) = session_key(session) else { return };
+    let Ok(client) = inner.client().await else {
+        return;
+    };
+    let statement = format!("SELECT {}($1, $2)", inner.table("withdraw"));
+    if let Err(error) = timed(
+        "leave the line",
+        client.execute(&statement, &[&election.as_str(), &id]),
+    )
+    .await
+    {
+        tracing::debug!(%election, %error, "could not leave the line; the session's expiry will");
     }
 }
 
@@ -788,11 +772,9 @@ impl Store for PostgresStore {
         // Subscribed before the first attempt, so a release between the
         // attempt and the wait is not missed.
         let mut notices = self.inner.notices.subscribe();
-        let mut withdraw = Withdraw {
-            inner: Arc::clone(&self.inner),
-            election: election.clone(),
-            session,
-            armed: true,
+        let withdraw = {
+            let (inner, election) = (Arc::clone(&self.inner), election.clone());
+            OnDrop::new((), move |()| leave_line(inner, election, session))
         };
         let me = session.0.to_string();
         // The holder whose grant this campaign found expired, not released.
@@ -800,7 +782,7 @@ impl Store for PostgresStore {
         loop {
             match self.inner.try_acquire(session, election, candidate).await? {
                 Ok(grant) => {
-                    withdraw.armed = false;
+                    withdraw.disarm();
                     if let Some((holder, tok)) = expired {
                         tracing::info!(%election, id = %candidate, expired_leader = %holder, expired_token = tok.0,
                             "the previous leader's lease expired; taking over");

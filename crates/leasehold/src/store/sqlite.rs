@@ -62,6 +62,7 @@ use crate::clock::host_monotonic_ns as monotonic_ns;
 use crate::config::{CheckedTtl, StoreTtl};
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
+use crate::store::cleanup::OnDrop;
 use crate::store::local::{self, Attempt, Changes, Expired, LocalBackend};
 use crate::store::{
     ElectionState, FencingToken, Grant, Leader, LeaderWatch, SessionId, SessionLease, StatusWatch,
@@ -1166,32 +1167,6 @@ impl Inner {
     }
 }
 
-/// Releases a grant whose campaign was dropped before it could be returned,
-/// so that a cancelled campaign never leaves the session holding the
-/// election (the [`Store`] cancellation obligation).
-struct ReleaseIfAbandoned {
-    pending: Option<tokio::task::JoinHandle<Result<(Attempt, bool)>>>,
-    db: Arc<Db>,
-}
-
-impl Drop for ReleaseIfAbandoned {
-    fn drop(&mut self) {
-        let Some(pending) = self.pending.take() else {
-            return;
-        };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let db = Arc::clone(&self.db);
-        runtime.spawn(async move {
-            if let Ok(Ok((Attempt::Granted(grant, _), true))) = pending.await {
-                let released = tokio::task::spawn_blocking(move || db.resign(&grant)).await;
-                tracing::debug!(?released, "released the grant of a cancelled campaign");
-            }
-        });
-    }
-}
-
 #[async_trait]
 impl LocalBackend for Inner {
     fn changes(&self) -> Changes {
@@ -1207,15 +1182,21 @@ impl LocalBackend for Inner {
     ) -> Result<Attempt> {
         let db = Arc::clone(&self.db);
         let (election, candidate) = (election.clone(), candidate.clone());
-        let mut guard = ReleaseIfAbandoned {
-            pending: Some(tokio::task::spawn_blocking(move || {
-                db.try_acquire(session, &election, &candidate)
-            })),
-            db: Arc::clone(&self.db),
-        };
-        let pending = guard.pending.as_mut().expect("set just above");
-        let outcome = pending.await;
-        guard.pending = None;
+        let pending =
+            tokio::task::spawn_blocking(move || db.try_acquire(session, &election, &candidate));
+        // Dropped before the attempt's outcome is returned, the campaign
+        // releases the grant the attempt made, so that a cancelled campaign
+        // never leaves the session holding the election (the [`Store`]
+        // cancellation obligation).
+        let db = Arc::clone(&self.db);
+        let mut guard = OnDrop::new(pending, |pending| async move {
+            if let Ok(Ok((Attempt::Granted(grant, _), true))) = pending.await {
+                let released = tokio::task::spawn_blocking(move || db.resign(&grant)).await;
+                tracing::debug!(?released, "released the grant of a cancelled campaign");
+            }
+        });
+        let outcome = guard.get_mut().await;
+        guard.disarm();
         let (attempt, fresh) =
             outcome.map_err(|e| Error::unavailable("sqlite worker failed", e))??;
         if fresh {

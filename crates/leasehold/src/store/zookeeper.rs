@@ -49,6 +49,7 @@ use zookeeper_client::{
 use crate::config::StoreTtl;
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
+use crate::store::cleanup::OnDrop;
 use crate::store::{
     ElectionState, FencingToken, Grant, Leader, LeaderStatus, LeaderWatch, SessionId, SessionLease,
     StatusWatch, Store, known_only, publish_failure, publish_leader, read_until_ok,
@@ -736,46 +737,27 @@ impl Inner {
 }
 
 /// Withdraws a candidacy whose campaign was dropped before it completed:
-/// deletes this session's node in the election unless the session holds
-/// the election. The list is sent after any create of the dropped campaign
-/// on the same session, so ZooKeeper answers it after that create.
-struct Withdraw {
-    inner: Arc<Inner>,
-    session: Arc<ZkSession>,
-    election: ElectionName,
-    armed: bool,
-}
-
-impl Drop for Withdraw {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
+/// deletes the session's nodes in the election's node `dir` unless the
+/// session holds the election. The list is sent after any create of the
+/// dropped campaign on the same session, so ZooKeeper answers it after that
+/// create.
+async fn withdraw(session: Arc<ZkSession>, election: ElectionName, dir: String) {
+    let Some(client) = session.client() else {
+        return;
+    };
+    let held = session
+        .held
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .contains(&election);
+    if held {
+        return;
+    }
+    let prefix = session_prefix(session.id);
+    if let Ok(Ok(children)) = request("list candidates", client.list_children(&dir)).await {
+        for node in children.iter().filter(|c| c.starts_with(&prefix)) {
+            let _ = request("withdraw", client.delete(&format!("{dir}/{node}"), None)).await;
         }
-        let Some(client) = self.session.client() else {
-            return;
-        };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let (session, election) = (Arc::clone(&self.session), self.election.clone());
-        let dir = self.inner.election_dir(&election);
-        runtime.spawn(async move {
-            let held = session
-                .held
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .contains(&election);
-            if held {
-                return;
-            }
-            let prefix = session_prefix(session.id);
-            if let Ok(Ok(children)) = request("list candidates", client.list_children(&dir)).await {
-                for node in children.iter().filter(|c| c.starts_with(&prefix)) {
-                    let _ =
-                        request("withdraw", client.delete(&format!("{dir}/{node}"), None)).await;
-                }
-            }
-        });
     }
 }
 
@@ -898,11 +880,9 @@ impl Store for ZkStore {
             Err(error) => return Err(unavailable("create the election node", error)),
         }
         let prefix = session_prefix(session);
-        let mut withdraw = Withdraw {
-            inner: Arc::clone(&self.inner),
-            session: Arc::clone(&zk),
-            election: election.clone(),
-            armed: true,
+        let guard = {
+            let (session, election, dir) = (Arc::clone(&zk), election.clone(), dir.clone());
+            OnDrop::new((), move |()| withdraw(session, election, dir))
         };
         let ephemeral = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
         let (data, node_prefix) = (node_data(zk.ttl, candidate), format!("{dir}/{prefix}"));
@@ -959,7 +939,7 @@ impl Store for ZkStore {
                             .lock()
                             .unwrap_or_else(PoisonError::into_inner)
                             .insert(election.clone());
-                        withdraw.armed = false;
+                        guard.disarm();
                         tracing::debug!(%election, %session, node = %me.name, "granted by zookeeper");
                         return Ok(Grant {
                             election: election.clone(),

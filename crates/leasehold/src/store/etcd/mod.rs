@@ -49,6 +49,7 @@ use tokio::sync::{Mutex, watch};
 use crate::config::StoreTtl;
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
+use crate::store::cleanup::OnDrop;
 use crate::store::{
     ElectionState, FencingToken, Grant, Leader, LeaderStatus, LeaderWatch, SessionId, SessionLease,
     StatusWatch, Store, known_only, publish_leader, read_until_ok, session_key,
@@ -811,33 +812,20 @@ fn warn_foreign(kv: &KeyValue) {
     );
 }
 
-/// Deletes a candidate key whose campaign was dropped before it completed,
-/// so a cancelled campaign never comes to hold the election later.
-struct WithdrawIfAbandoned {
-    armed: Option<(EtcdStore, String, i64)>,
-}
-
-impl Drop for WithdrawIfAbandoned {
-    fn drop(&mut self) {
-        let Some((store, key, revision)) = self.armed.take() else {
-            return;
-        };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        runtime.spawn(async move {
-            let txn = TxnRequest {
-                compare: vec![created_at(key.clone(), revision)],
-                success: vec![delete(key)],
-                failure: Vec::new(),
-            };
-            let withdrawn = store.txn("withdraw", txn).await;
-            tracing::debug!(
-                ok = withdrawn.is_ok(),
-                "withdrew the candidacy of a cancelled campaign"
-            );
-        });
-    }
+/// Deletes the candidate key created at `revision`, of a campaign that was
+/// dropped before it completed, so that a cancelled campaign never comes to
+/// hold the election later.
+async fn withdraw(store: EtcdStore, key: String, revision: i64) {
+    let txn = TxnRequest {
+        compare: vec![created_at(key.clone(), revision)],
+        success: vec![delete(key)],
+        failure: Vec::new(),
+    };
+    let withdrawn = store.txn("withdraw", txn).await;
+    tracing::debug!(
+        ok = withdrawn.is_ok(),
+        "withdrew the candidacy of a cancelled campaign"
+    );
 }
 
 impl EtcdStore {
@@ -938,15 +926,10 @@ impl Store for EtcdStore {
         candidate: &CandidateId,
     ) -> Result<Grant> {
         let (my_revision, created) = self.create_candidate(session, election, candidate).await?;
-        let mut guard = WithdrawIfAbandoned {
-            armed: created.then(|| {
-                (
-                    self.clone(),
-                    self.candidate_key(election, session),
-                    my_revision,
-                )
-            }),
-        };
+        let guard = created.then(|| {
+            let (store, key) = (self.clone(), self.candidate_key(election, session));
+            OnDrop::new((), move |()| withdraw(store, key, my_revision))
+        });
         loop {
             let (ahead, revision) = self.predecessor(election, my_revision).await?;
             match ahead {
@@ -957,7 +940,9 @@ impl Store for EtcdStore {
                     self.wait_deleted(&predecessor, revision + 1).await;
                 }
                 Ok(None) => {
-                    guard.armed = None;
+                    if let Some(guard) = guard {
+                        guard.disarm();
+                    }
                     return Ok(Grant {
                         election: election.clone(),
                         candidate: candidate.clone(),

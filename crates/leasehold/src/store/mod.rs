@@ -31,9 +31,7 @@ pub mod zookeeper;
 
 pub use crate::grant::{FencingToken, Grant, Leader, SessionId, SessionLease};
 pub use url::{StoreUrl, open, open_read_only};
-#[cfg(any(feature = "etcd", feature = "postgres", feature = "zookeeper"))]
-pub(crate) use watch::read_until_ok;
-pub(crate) use watch::{known_only, publish_failure, publish_leader, status_of, watch_read};
+pub(crate) use watch::{known_only, status_of};
 
 /// `session`'s key in a store that keeps session ids as signed 64-bit
 /// integers (SQLite, PostgreSQL, etcd): [`Error::SessionExpired`] for an

@@ -27,7 +27,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::{broadcast, watch};
+use tokio::sync::broadcast;
 use tokio_postgres::{AsyncMessage, Client, NoTls};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
@@ -35,9 +35,10 @@ use crate::config::StoreTtl;
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
 use crate::store::cleanup::OnDrop;
+use crate::store::watch::{self as leader_watch, Event, Source};
 use crate::store::{
-    ElectionState, FencingToken, Grant, Leader, LeaderStatus, LeaderWatch, SessionId, SessionLease,
-    StatusWatch, Store, known_only, publish_leader, read_until_ok, session_key,
+    ElectionState, FencingToken, Grant, Leader, LeaderWatch, SessionId, SessionLease, StatusWatch,
+    Store, known_only, session_key,
 };
 
 /// How PostgreSQL keeps a TTL: as milliseconds in a `bigint`, turned into
@@ -643,6 +644,35 @@ async fn listen(inner: std::sync::Weak<Inner>, stop: CancellationToken) {
     }
 }
 
+/// The PostgreSQL side of a watch on one election: it wakes on the
+/// listener's notices for the election, and on a lost listener connection
+/// (anything may have changed meanwhile).
+struct PgWatch {
+    inner: Arc<Inner>,
+    election: ElectionName,
+    notices: broadcast::Receiver<Notice>,
+}
+
+impl Source for PgWatch {
+    const RETRY: Duration = RETRY;
+
+    async fn read(&mut self) -> Result<Option<Leader>> {
+        self.inner.read_leader(&self.election).await
+    }
+
+    async fn changed(&mut self) -> Event {
+        loop {
+            let notice = self.notices.recv().await;
+            if let Err(broadcast::error::RecvError::Closed) = notice {
+                return Event::Ended;
+            }
+            if concerns(&notice, self.election.as_str()) {
+                return Event::Changed;
+            }
+        }
+    }
+}
+
 /// Whether a notice concerns `election` (for observers: any change).
 fn concerns(
     notice: &std::result::Result<Notice, broadcast::error::RecvError>,
@@ -851,49 +881,14 @@ impl Store for PostgresStore {
     }
 
     async fn watch_status(&self, election: &ElectionName) -> Result<StatusWatch> {
-        let mut notices = self.inner.notices.subscribe();
-        let first = self.inner.read_leader(election).await?;
-        let (tx, rx) = watch::channel(LeaderStatus::Known(first.clone()));
-        let inner = Arc::clone(&self.inner);
-        let election = election.clone();
-        tokio::spawn(async move {
-            // When the holder's session expires by the server's account,
-            // unless renewed; a renewal moves it but publishes nothing.
-            let expiry = |leader: &Option<Leader>| {
-                leader
-                    .as_ref()
-                    .map(|l| tokio::time::Instant::now() + l.expires_in + Duration::from_millis(1))
-            };
-            let mut wake = expiry(&first);
-            loop {
-                // Wake on a notice for this election (a lost listener
-                // connection is one: anything may have changed), or at the
-                // holder's expiry.
-                tokio::select! {
-                    biased;
-                    () = tx.closed() => return,
-                    notice = notices.recv() => {
-                        if !concerns(&notice, election.as_str()) {
-                            continue;
-                        }
-                    }
-                    () = async {
-                        match wake {
-                            Some(at) => tokio::time::sleep_until(at).await,
-                            None => std::future::pending().await,
-                        }
-                    } => {}
-                }
-                let Some(leader) =
-                    read_until_ok(&tx, &election, RETRY, || inner.read_leader(&election)).await
-                else {
-                    return;
-                };
-                wake = expiry(&leader);
-                publish_leader(&tx, leader);
-            }
-        });
-        Ok(rx)
+        let source = PgWatch {
+            inner: Arc::clone(&self.inner),
+            election: election.clone(),
+            // Subscribed before the first read, so that no change between
+            // the two is missed.
+            notices: self.inner.notices.subscribe(),
+        };
+        leader_watch::start(source, election).await
     }
 
     async fn elections(&self) -> Result<Vec<ElectionState>> {

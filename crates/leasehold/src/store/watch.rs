@@ -1,6 +1,10 @@
-//! What every backend's watch task shares: what a watch publishes (a
-//! renewal is not news), its reads of the store, and, with the `testing`
-//! feature, the fault point inside those reads.
+//! The watch every backend shares: [`start`] drives a backend's [`Source`]
+//! (what wakes it, how it reads the holder), publishing only changes of
+//! grant (a renewal is not news); and, with the `testing` feature, the
+//! fault point inside its reads.
+
+use std::pin::Pin;
+use std::time::Duration;
 
 use tokio::sync::watch;
 
@@ -77,36 +81,6 @@ pub(crate) async fn watch_read<T>(
     read.await
 }
 
-/// For watch tasks: runs `read` until it succeeds, pausing `pause` after
-/// each failure, and publishes the failure on `tx` (a [`StatusWatch`]
-/// turns unknown); `None` once every receiver of `tx` is gone.
-#[cfg(any(feature = "etcd", feature = "postgres", feature = "zookeeper"))]
-pub(crate) async fn read_until_ok<T, V, Fut>(
-    tx: &watch::Sender<V>,
-    election: &ElectionName,
-    pause: std::time::Duration,
-    mut read: impl FnMut() -> Fut,
-) -> Option<T>
-where
-    V: Published,
-    Fut: Future<Output = Result<T>>,
-{
-    loop {
-        match watch_read(election, read()).await {
-            Ok(value) => return Some(value),
-            Err(error) => {
-                tracing::debug!(%election, %error, "re-reading the leader failed; retrying");
-                publish_failure(tx, &error);
-                tokio::select! {
-                    biased;
-                    () = tx.closed() => return None,
-                    () = tokio::time::sleep(pause) => {}
-                }
-            }
-        }
-    }
-}
-
 /// Publishes `leader` on a watch sender if it is news: another grant than
 /// the one published (a renewal alone is not a change), or the first
 /// answer after a failure.
@@ -162,6 +136,130 @@ pub(crate) fn status_of(mut leaders: LeaderWatch) -> StatusWatch {
         }
     });
     rx
+}
+
+/// What a watch hears from its store between reads.
+#[derive(Debug)]
+pub(crate) enum Event {
+    /// The election may have changed: read it again.
+    Changed,
+    /// The store cannot be watched now (the connection the watch relies on
+    /// is lost): the holder is unknown until the next [`Event::Changed`].
+    /// (Only ZooKeeper's client tells of a lost connection between reads.)
+    #[cfg_attr(not(feature = "zookeeper"), allow(dead_code))]
+    Unavailable(Error),
+    /// Nothing more will come: the watch ends.
+    Ended,
+}
+
+/// A backend's own part of a watch on one election: how it reads the
+/// holder and what wakes it (an etcd watch stream, a ZooKeeper watcher,
+/// PostgreSQL's `NOTIFY`, a local store's changes). [`start`] does the
+/// rest, the same for every backend.
+pub(crate) trait Source: Send + 'static {
+    /// How long to pause after a failed read before reading again.
+    const RETRY: Duration;
+
+    /// Reads the holder. [`start`] adds the test fault point to every read
+    /// after the first.
+    fn read(&mut self) -> impl Future<Output = Result<Option<Leader>>> + Send;
+
+    /// Waits until the election may have changed, or the watch cannot
+    /// go on.
+    fn changed(&mut self) -> impl Future<Output = Event> + Send;
+
+    /// Sleeps for `duration` on the store's clock.
+    fn sleep(&self, duration: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        Box::pin(tokio::time::sleep(duration))
+    }
+}
+
+/// Slack added to the holder's expiry so that the watch wakes just after it.
+const EXPIRY_SLACK: Duration = Duration::from_millis(1);
+
+/// Watches an election through `source`: reads the holder once (a failure
+/// is returned), then keeps the returned [`StatusWatch`] up to date in a
+/// task. The task re-reads whenever the source reports a change and at the
+/// holder's expiry (which notices an expiry, or an outage, that no event
+/// reports); retries a failed read after [`Source::RETRY`], reporting the
+/// holder unknown meanwhile; publishes only a change of grant (a renewal,
+/// the same token and candidate, is none); and ends once every receiver is
+/// gone.
+pub(crate) async fn start<S: Source>(
+    mut source: S,
+    election: &ElectionName,
+) -> Result<StatusWatch> {
+    let first = source.read().await?;
+    let (tx, rx) = watch::channel(LeaderStatus::Known(first.clone()));
+    tokio::spawn(drive(source, tx, election.clone(), first));
+    Ok(rx)
+}
+
+async fn drive<S: Source>(
+    mut source: S,
+    tx: watch::Sender<LeaderStatus>,
+    election: ElectionName,
+    first: Option<Leader>,
+) {
+    let mut at_expiry = expiry(&source, first.as_ref());
+    loop {
+        tokio::select! {
+            biased;
+            () = tx.closed() => return,
+            event = source.changed() => match event {
+                Event::Changed => {}
+                Event::Unavailable(error) => {
+                    tracing::debug!(%election, %error, "the watch cannot hear from the store");
+                    publish_failure(&tx, &error);
+                    continue;
+                }
+                Event::Ended => return,
+            },
+            () = &mut at_expiry => {}
+        }
+        let Some(leader) = read_until_ok(&mut source, &tx, &election).await else {
+            return;
+        };
+        at_expiry = expiry(&source, leader.as_ref());
+        publish_leader(&tx, leader);
+    }
+}
+
+/// Resolves just after `leader`'s session expires unless renewed; never
+/// without a leader.
+fn expiry<S: Source>(
+    source: &S,
+    leader: Option<&Leader>,
+) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+    match leader {
+        Some(leader) => source.sleep(leader.expires_in + EXPIRY_SLACK),
+        None => Box::pin(std::future::pending()),
+    }
+}
+
+/// Reads until a read succeeds, pausing [`Source::RETRY`] after each
+/// failure and publishing it (a [`StatusWatch`] turns unknown); `None` once
+/// every receiver of `tx` is gone.
+async fn read_until_ok<S: Source>(
+    source: &mut S,
+    tx: &watch::Sender<LeaderStatus>,
+    election: &ElectionName,
+) -> Option<Option<Leader>> {
+    loop {
+        match watch_read(election, source.read()).await {
+            Ok(leader) => return Some(leader),
+            Err(error) => {
+                tracing::debug!(%election, %error, "re-reading the leader failed; retrying");
+                publish_failure(tx, &error);
+                let pause = source.sleep(S::RETRY);
+                tokio::select! {
+                    biased;
+                    () = tx.closed() => return None,
+                    () = pause => {}
+                }
+            }
+        }
+    }
 }
 
 /// Watch reads of one election made to fail, and how many did.

@@ -50,9 +50,10 @@ use crate::config::StoreTtl;
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
 use crate::store::cleanup::OnDrop;
+use crate::store::watch::{self as leader_watch, Event, Source};
 use crate::store::{
-    ElectionState, FencingToken, Grant, Leader, LeaderStatus, LeaderWatch, SessionId, SessionLease,
-    StatusWatch, Store, known_only, publish_failure, publish_leader, read_until_ok,
+    ElectionState, FencingToken, Grant, Leader, LeaderWatch, SessionId, SessionLease, StatusWatch,
+    Store, known_only,
 };
 
 /// How ZooKeeper keeps a TTL: the session timeout, an `int` of
@@ -643,34 +644,6 @@ impl Inner {
         .map_err(|e| unavailable("watch the election", e))
     }
 
-    /// Watches `election` again on a new reader session, retrying (and
-    /// publishing the failure on `tx`) until it can; `None` once every
-    /// receiver of `tx` is gone.
-    async fn rewatch(
-        &self,
-        tx: &watch::Sender<LeaderStatus>,
-        election: &ElectionName,
-    ) -> Option<zookeeper_client::PersistentWatcher> {
-        loop {
-            let watched = match self.reader().await {
-                Ok(client) => self.watch_election(&client, election).await,
-                Err(error) => Err(error),
-            };
-            match watched {
-                Ok(watcher) => return Some(watcher),
-                Err(error) => {
-                    tracing::debug!(%election, %error, "zookeeper watch: cannot watch again; retrying");
-                    publish_failure(tx, &error);
-                }
-            }
-            tokio::select! {
-                biased;
-                () = tx.closed() => return None,
-                () = tokio::time::sleep(WATCH_RETRY) => {}
-            }
-        }
-    }
-
     /// The leader of `election` as `client` reads it: the lowest candidate
     /// node leasehold created (nodes it did not create are skipped).
     async fn leader_via(&self, client: &Client, election: &ElectionName) -> Result<Option<Leader>> {
@@ -733,6 +706,82 @@ impl Inner {
             }
         }
         self.forget(session.id);
+    }
+}
+
+/// The ZooKeeper side of a watch on one election: it wakes on the events
+/// of a persistent watch on the election's node (a candidate node created
+/// or deleted) and on the reader client's session events. While the
+/// client is disconnected nothing can be read; once it reconnects, or its
+/// session ended, the watch is set anew (the client's automatic reset of a
+/// persistent watch was seen to leave it deaf, and events while
+/// disconnected are not replayed), on a new session if need be.
+struct ZkWatch {
+    inner: Arc<Inner>,
+    election: ElectionName,
+    /// `None` when the watch must be set anew.
+    watcher: Option<zookeeper_client::PersistentWatcher>,
+    disconnected: bool,
+    /// The last attempt to set the watch anew failed: pause before the next.
+    rewatch_failed: bool,
+}
+
+impl Source for ZkWatch {
+    const RETRY: Duration = WATCH_RETRY;
+
+    async fn read(&mut self) -> Result<Option<Leader>> {
+        self.inner.read_leader(&self.election).await
+    }
+
+    async fn changed(&mut self) -> Event {
+        loop {
+            let Some(watcher) = self.watcher.as_mut() else {
+                return self.rewatch().await;
+            };
+            let event = watcher.changed().await;
+            if event.event_type != EventType::Session {
+                return Event::Changed;
+            }
+            if event.session_state.is_terminated() {
+                self.watcher = None;
+            } else if event.session_state == SessionState::Disconnected {
+                self.disconnected = true;
+                return Event::Unavailable(Error::Unavailable {
+                    reason: format!("zookeeper at {}: disconnected", self.inner.cluster),
+                    source: None,
+                });
+            } else if std::mem::take(&mut self.disconnected) {
+                self.watcher = None;
+            } else {
+                // (Re)connected: events may have been missed.
+                return Event::Changed;
+            }
+        }
+    }
+}
+
+impl ZkWatch {
+    /// Sets the watch anew on the reader (reconnected if its session
+    /// ended): then re-read; or why it cannot be set now.
+    async fn rewatch(&mut self) -> Event {
+        if std::mem::take(&mut self.rewatch_failed) {
+            tokio::time::sleep(WATCH_RETRY).await;
+        }
+        let watched = match self.inner.reader().await {
+            Ok(client) => self.inner.watch_election(&client, &self.election).await,
+            Err(error) => Err(error),
+        };
+        match watched {
+            Ok(watcher) => {
+                self.watcher = Some(watcher);
+                Event::Changed
+            }
+            Err(error) => {
+                tracing::debug!(election = %self.election, %error, "zookeeper watch: cannot watch again; retrying");
+                self.rewatch_failed = true;
+                Event::Unavailable(error)
+            }
+        }
     }
 }
 
@@ -1043,73 +1092,17 @@ impl Store for ZkStore {
 
     async fn watch_status(&self, election: &ElectionName) -> Result<StatusWatch> {
         let client = self.inner.reader().await?;
+        // Set before the first read, so that no change between the two is
+        // missed.
         let watcher = self.inner.watch_election(&client, election).await?;
-        let first = self.inner.leader_via(&client, election).await?;
-        let (tx, rx) = watch::channel(LeaderStatus::Known(first));
-        let inner = Arc::clone(&self.inner);
-        let election = election.clone();
-        tokio::spawn(async move {
-            let mut watcher = watcher;
-            loop {
-                let mut disconnected = false;
-                loop {
-                    let event = tokio::select! {
-                        biased;
-                        () = tx.closed() => return,
-                        event = watcher.changed() => event,
-                    };
-                    if event.event_type == EventType::Session {
-                        if event.session_state.is_terminated() {
-                            break;
-                        }
-                        if event.session_state == SessionState::Disconnected {
-                            // Until it reconnects, nothing can be read.
-                            disconnected = true;
-                            publish_failure(
-                                &tx,
-                                &Error::Unavailable {
-                                    reason: format!("zookeeper at {}: disconnected", inner.cluster),
-                                    source: None,
-                                },
-                            );
-                            continue;
-                        }
-                        if disconnected {
-                            // Reconnected: the client's automatic reset of a
-                            // persistent watch was seen to leave it deaf, and
-                            // events while disconnected are not replayed;
-                            // set the watch anew, then re-read.
-                            break;
-                        }
-                    }
-                    // A candidate node came or went, or the client
-                    // (re)connected and may have missed events: re-read,
-                    // retrying until a read succeeds.
-                    let Some(leader) =
-                        read_until_ok(&tx, &election, WATCH_RETRY, || inner.read_leader(&election))
-                            .await
-                    else {
-                        return;
-                    };
-                    publish_leader(&tx, leader);
-                }
-                // The reader's session ended (its persistent watch with it)
-                // or reconnected: watch again (on a new session if need be),
-                // re-read.
-                let Some(renewed) = inner.rewatch(&tx, &election).await else {
-                    return;
-                };
-                watcher = renewed;
-                let Some(leader) =
-                    read_until_ok(&tx, &election, WATCH_RETRY, || inner.read_leader(&election))
-                        .await
-                else {
-                    return;
-                };
-                publish_leader(&tx, leader);
-            }
-        });
-        Ok(rx)
+        let source = ZkWatch {
+            inner: Arc::clone(&self.inner),
+            election: election.clone(),
+            watcher: Some(watcher),
+            disconnected: false,
+            rewatch_failed: false,
+        };
+        leader_watch::start(source, election).await
     }
 
     async fn elections(&self) -> Result<Vec<ElectionState>> {

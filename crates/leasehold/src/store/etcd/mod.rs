@@ -44,15 +44,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::{Mutex, watch};
+use tokio::sync::Mutex;
 
 use crate::config::StoreTtl;
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
 use crate::store::cleanup::OnDrop;
+use crate::store::watch::{self as leader_watch, Event, Source};
 use crate::store::{
-    ElectionState, FencingToken, Grant, Leader, LeaderStatus, LeaderWatch, SessionId, SessionLease,
-    StatusWatch, Store, known_only, publish_leader, read_until_ok, session_key,
+    ElectionState, FencingToken, Grant, Leader, LeaderWatch, SessionId, SessionLease, StatusWatch,
+    Store, known_only, session_key,
 };
 
 mod client;
@@ -804,6 +805,44 @@ impl EtcdStore {
     }
 }
 
+/// The etcd side of a watch on one election: it wakes on the events of an
+/// etcd watch on the election's keys, opened from the revision of the last
+/// read so that nothing between the two is missed. A watch that breaks
+/// wakes it too (the re-read then tells whether etcd answers). It is
+/// opened with `hasleader`, so a member that loses quorum cancels it.
+struct EtcdWatch {
+    store: EtcdStore,
+    election: ElectionName,
+    /// The revision to watch from: one past the last read's.
+    from: i64,
+}
+
+impl Source for EtcdWatch {
+    const RETRY: Duration = WATCH_RETRY;
+
+    async fn read(&mut self) -> Result<Option<Leader>> {
+        let (leader, revision) = self.store.leader_at(&self.election).await?;
+        self.from = revision + 1;
+        Ok(leader)
+    }
+
+    async fn changed(&mut self) -> Event {
+        let prefix = self.store.election_prefix(&self.election);
+        let opened = Watch::open(
+            self.store.members.channel(0),
+            prefix.as_bytes().to_vec(),
+            prefix_end(prefix.as_bytes()),
+            self.from,
+        )
+        .await;
+        if let Ok(mut watch) = opened {
+            // Events, or a broken watch: either way, re-read.
+            let _ = watch.changed().await;
+        }
+        Event::Changed
+    }
+}
+
 /// Logs a key in an election's candidates that leasehold did not write.
 fn warn_foreign(kv: &KeyValue) {
     tracing::warn!(
@@ -980,64 +1019,12 @@ impl Store for EtcdStore {
     }
 
     async fn watch_status(&self, election: &ElectionName) -> Result<StatusWatch> {
-        let (first, revision) = self.leader_at(election).await?;
-        let (tx, rx) = watch::channel(LeaderStatus::Known(first.clone()));
-        let store = self.clone();
-        let election = election.clone();
-        tokio::spawn(async move {
-            // A re-read at the holder's expiry notices an outage that no
-            // event reports (a member without quorum answers nothing).
-            let expiry = |leader: &Option<Leader>| {
-                leader
-                    .as_ref()
-                    .map(|l| tokio::time::Instant::now() + l.expires_in + Duration::from_millis(1))
-            };
-            let mut wake = expiry(&first);
-            let at_expiry = |wake: Option<tokio::time::Instant>| async move {
-                match wake {
-                    Some(at) => tokio::time::sleep_until(at).await,
-                    None => std::future::pending().await,
-                }
-            };
-            let mut from = revision + 1;
-            loop {
-                let prefix = store.election_prefix(&election);
-                let opened = tokio::select! {
-                    biased;
-                    () = tx.closed() => return,
-                    () = at_expiry(wake) => None,
-                    opened = Watch::open(
-                        store.members.channel(0),
-                        prefix.as_bytes().to_vec(),
-                        prefix_end(prefix.as_bytes()),
-                        from,
-                    ) => Some(opened),
-                };
-                if let Some(Ok(mut watch)) = opened {
-                    // The watch is opened with `hasleader`: a member that
-                    // loses quorum cancels it, and the re-read then fails.
-                    tokio::select! {
-                        biased;
-                        () = tx.closed() => return,
-                        () = at_expiry(wake) => {}
-                        // Events, or a broken watch: either way, re-read.
-                        _ = watch.changed() => {}
-                    }
-                }
-                // Something changed, the watch broke, or the holder's lease
-                // ran out: re-read, publish, and watch again from the read's
-                // revision.
-                let Some((leader, revision)) =
-                    read_until_ok(&tx, &election, WATCH_RETRY, || store.leader_at(&election)).await
-                else {
-                    return;
-                };
-                wake = expiry(&leader);
-                publish_leader(&tx, leader);
-                from = revision + 1;
-            }
-        });
-        Ok(rx)
+        let source = EtcdWatch {
+            store: self.clone(),
+            election: election.clone(),
+            from: 0,
+        };
+        leader_watch::start(source, election).await
     }
 
     async fn elections(&self) -> Result<Vec<ElectionState>> {

@@ -59,7 +59,7 @@ use crate::store::{
 mod client;
 
 pub use client::ATTEMPT_TIMEOUT;
-use client::{KeepAlive, Members, Watch, describe, prefix_end, request};
+use client::{EtcdError, KeepAlive, Members, Watch, describe, prefix_end, request};
 
 /// The messages and client stubs generated from `proto/etcd.proto`.
 #[allow(
@@ -493,7 +493,7 @@ impl EtcdStore {
         format!("{}{}", self.known_key_prefix(), election.as_str())
     }
 
-    async fn range(&self, what: &str, range: RangeRequest) -> Result<pb::RangeResponse> {
+    async fn range(&self, what: &str, range: RangeRequest) -> Result<pb::RangeResponse, EtcdError> {
         self.members
             .call(what, |channel| {
                 let range = range.clone();
@@ -506,7 +506,7 @@ impl EtcdStore {
             .await
     }
 
-    async fn txn(&self, what: &str, txn: TxnRequest) -> Result<TxnResponse> {
+    async fn txn(&self, what: &str, txn: TxnRequest) -> Result<TxnResponse, EtcdError> {
         self.members
             .call(what, |channel| {
                 let txn = txn.clone();
@@ -678,7 +678,7 @@ impl EtcdStore {
                 failure: vec![get(key.clone()), get(known.clone()), get(marker.clone())],
             };
             let done = match self.txn("campaign", txn).await {
-                Err(error) if client::is_lease_not_found_error(&error) => {
+                Err(error) if error.is_lease_not_found() => {
                     return Err(Error::SessionExpired(session));
                 }
                 other => other?,
@@ -779,7 +779,7 @@ impl EtcdStore {
                     match tokio::time::timeout(ATTEMPT_TIMEOUT, KeepAlive::open(channel, id)).await
                     {
                         Ok(Ok(keeper)) => vacant.insert(keeper),
-                        Ok(Err(status)) if client::is_lease_not_found(&status) => {
+                        Ok(Err(status)) if client::lease_not_found(&status) => {
                             return Err(Error::SessionExpired(session));
                         }
                         Ok(Err(_)) | Err(_) => continue,
@@ -953,8 +953,8 @@ impl Store for EtcdStore {
             })
             .await;
         match revoked {
-            Err(error) if client::is_lease_not_found_error(&error) => Ok(()),
-            other => other.map(|_| ()),
+            Err(error) if error.is_lease_not_found() => Ok(()),
+            other => other.map(|_| ()).map_err(Error::from),
         }
     }
 

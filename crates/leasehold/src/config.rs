@@ -155,7 +155,7 @@ impl LeaseConfig {
 }
 
 /// The TTL a store may be asked for: more than zero, at most [`MAX_TTL`].
-/// Every store's `open_session` checks it first.
+/// Every store's `open_session` checks it first, through [`StoreTtl::check`].
 pub(crate) fn check_ttl(ttl: Duration) -> Result<()> {
     if ttl.is_zero() {
         return Err(Error::invalid("TTL", "must be greater than zero"));
@@ -171,6 +171,59 @@ pub(crate) fn check_ttl(ttl: Duration) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// How a store keeps a lease's TTL: in whole `unit`s, at most `max`. Each
+/// store states its own, and its `open_session` passes it to
+/// [`StoreTtl::check`], the one check of a requested TTL.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct StoreTtl {
+    /// The store, for messages ("etcd").
+    pub(crate) store: &'static str,
+    /// The store counts the TTL in whole units of this.
+    pub(crate) unit: Duration,
+    /// The longest TTL the store keeps.
+    pub(crate) max: Duration,
+}
+
+/// A TTL as a store keeps it: the requested one rounded up to the store's
+/// unit, and how many units that is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct CheckedTtl {
+    /// The TTL, rounded up to whole units.
+    pub(crate) ttl: Duration,
+    /// The TTL in units.
+    pub(crate) units: i64,
+}
+
+impl StoreTtl {
+    /// Checks a requested TTL (more than zero, at most [`MAX_TTL`], at most
+    /// what the store keeps) and rounds it up, never down, to the store's
+    /// unit.
+    pub(crate) fn check(self, ttl: Duration) -> Result<CheckedTtl> {
+        check_ttl(ttl)?;
+        let too_long = || {
+            Error::invalid(
+                "TTL",
+                format!(
+                    "{} is longer than {} keeps a lease, {}",
+                    show(ttl),
+                    self.store,
+                    show(self.max)
+                ),
+            )
+        };
+        if ttl > self.max {
+            return Err(too_long());
+        }
+        let unit = self.unit.as_nanos().max(1);
+        let units = ttl.as_nanos().div_ceil(unit);
+        let rounded = u64::try_from(units * unit).map_err(|_| too_long())?;
+        Ok(CheckedTtl {
+            ttl: Duration::from_nanos(rounded),
+            units: i64::try_from(units).map_err(|_| too_long())?,
+        })
+    }
 }
 
 fn show(d: Duration) -> String {
@@ -277,6 +330,35 @@ mod tests {
         assert!(check_ttl(Duration::ZERO).is_err());
         assert!(check_ttl(MAX_TTL).is_ok());
         assert_eq!(humanize(MAX_TTL), "24h");
+    }
+
+    #[test]
+    fn a_store_ttl_is_checked_and_rounded_up_to_its_unit() {
+        let etcd = StoreTtl {
+            store: "etcd",
+            unit: Duration::from_secs(1),
+            max: Duration::from_secs(9_000_000_000),
+        };
+        assert_eq!(
+            etcd.check(ms(1500)).expect("valid"),
+            CheckedTtl {
+                ttl: Duration::from_secs(2),
+                units: 2
+            }
+        );
+        assert_eq!(etcd.check(MAX_TTL).expect("valid").units, 86_400);
+        assert!(etcd.check(Duration::ZERO).is_err());
+        assert!(etcd.check(MAX_TTL + Duration::from_nanos(1)).is_err());
+        let short = StoreTtl {
+            store: "a small store",
+            unit: Duration::from_millis(1),
+            max: Duration::from_secs(10),
+        };
+        let error = short.check(Duration::from_secs(11)).expect_err("too long");
+        assert_eq!(
+            error.to_string(),
+            "invalid TTL: 11s is longer than a small store keeps a lease, 10s"
+        );
     }
 
     #[test]

@@ -2,8 +2,7 @@
 
 use std::time::Duration;
 
-use crate::names::ElectionName;
-use crate::store::{FencingToken, SessionId};
+use crate::ids::{FencingToken, SessionId};
 
 /// Everything that can go wrong in leasehold.
 ///
@@ -27,8 +26,8 @@ pub enum Error {
     /// or taken by a successor.
     #[error("not the holder of election {election} (token {token})")]
     NotHolder {
-        /// The election concerned.
-        election: ElectionName,
+        /// The election concerned (its name).
+        election: String,
         /// The token the caller presented.
         token: FencingToken,
     },

@@ -27,8 +27,8 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use crate::config::LeaseConfig;
+use crate::grant::FencingToken;
 use crate::names::ElectionName;
-use crate::store::FencingToken;
 
 /// Why leadership (or the session under it) ended.
 #[derive(Clone, Debug, PartialEq, Eq)]

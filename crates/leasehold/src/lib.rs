@@ -33,6 +33,8 @@ mod config;
 mod elector;
 mod error;
 pub mod fence;
+mod grant;
+mod ids;
 pub mod lease;
 mod names;
 mod session;

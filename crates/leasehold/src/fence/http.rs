@@ -20,7 +20,7 @@ use http::{HeaderValue, Method, StatusCode};
 
 use super::Fence;
 use crate::error::{Error, Result};
-use crate::store::FencingToken;
+use crate::grant::FencingToken;
 
 /// The request header that carries the writer's fencing token.
 pub const FENCING_TOKEN: &str = "fencing-token";

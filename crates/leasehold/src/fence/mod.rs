@@ -25,7 +25,7 @@ use std::sync::Mutex;
 use async_trait::async_trait;
 
 use crate::error::{Error, Result};
-use crate::store::FencingToken;
+use crate::grant::FencingToken;
 
 #[cfg(feature = "http")]
 pub mod http;

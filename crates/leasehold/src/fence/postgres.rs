@@ -22,7 +22,7 @@
 use tokio_postgres::{GenericClient, Transaction};
 
 use crate::error::{Error, Result};
-use crate::store::FencingToken;
+use crate::grant::FencingToken;
 
 /// The fence table, for `CREATE`-ing once.
 pub const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS leasehold_fence (
@@ -52,8 +52,9 @@ pub async fn check_and_advance(
     resource: &str,
     token: FencingToken,
 ) -> Result<()> {
-    let presented = i64::try_from(token.0)
-        .map_err(|_| Error::invalid("fencing token", format!("{token} is too large")))?;
+    let presented = token
+        .to_i64()
+        .ok_or_else(|| Error::invalid("fencing token", format!("{token} is too large")))?;
     if tx
         .query_opt(ADVANCE, &[&resource, &presented])
         .await
@@ -73,6 +74,6 @@ pub async fn check_and_advance(
     Err(Error::Stale {
         resource: resource.to_owned(),
         presented: token,
-        highest: FencingToken(highest.unsigned_abs()),
+        highest: FencingToken::from_stored(highest),
     })
 }

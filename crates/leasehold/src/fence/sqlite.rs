@@ -20,7 +20,7 @@ use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, 
 
 use super::Fence;
 use crate::error::{Error, Result};
-use crate::store::FencingToken;
+use crate::grant::FencingToken;
 
 const CREATE: &str = "CREATE TABLE IF NOT EXISTS leasehold_fence (
     resource TEXT PRIMARY KEY,
@@ -47,8 +47,9 @@ pub fn create_table(conn: &Connection) -> Result<()> {
 /// Start the transaction with `TransactionBehavior::Immediate` so that two
 /// writers serialize on the check. The table must exist ([`create_table`]).
 pub fn check_and_advance(tx: &Transaction<'_>, resource: &str, token: FencingToken) -> Result<()> {
-    let presented = i64::try_from(token.0)
-        .map_err(|_| Error::invalid("fencing token", format!("{token} is too large")))?;
+    let presented = token
+        .to_i64()
+        .ok_or_else(|| Error::invalid("fencing token", format!("{token} is too large")))?;
     let accepted: Option<i64> = tx
         .query_row(ADVANCE, params![resource, presented], |r| r.get(0))
         .optional()
@@ -66,7 +67,7 @@ pub fn check_and_advance(tx: &Transaction<'_>, resource: &str, token: FencingTok
     Err(Error::Stale {
         resource: resource.to_owned(),
         presented: token,
-        highest: FencingToken(highest.unsigned_abs()),
+        highest: FencingToken::from_stored(highest),
     })
 }
 

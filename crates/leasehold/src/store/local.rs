@@ -8,18 +8,14 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::watch;
-use async_trait::async_trait;
-
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
-use crate::store::{
-    FencingToken, Grant, Leader, LeaderStatus, SessionId, StatusWatch, publish_failure,
-    publish_leader, watch_read,
-};
+use crate::store::watch_driver::{self as leader_watch, Event, Source};
+use crate::store::{FencingToken, Grant, Leader, SessionId, StatusWatch};
+use async_trait::async_trait;
 
 /// Bumped whenever anything in the store may have changed.
-pub(crate) type Changes = watch::Receiver<u64>;
+pub(crate) type Changes = crate::watch::Receiver<u64>;
 
 /// One compare-and-swap attempt's outcome.
 #[derive(Debug)]
@@ -42,7 +38,7 @@ pub(crate) struct Expired {
 /// Slack added to a known expiry so the waiter wakes just after it.
 const EXPIRY_SLACK: Duration = Duration::from_millis(1);
 
-/// After a failed read, a watcher retries on the next change or after this.
+/// After a failed read, a watch reads again after this.
 const READ_RETRY: Duration = Duration::from_millis(250);
 
 #[async_trait]
@@ -101,55 +97,46 @@ pub(crate) async fn campaign<B: LocalBackend + ?Sized>(
     }
 }
 
-/// Starts a task that keeps a [`StatusWatch`] up to date; it ends when the
-/// last receiver is dropped.
+/// A local store's side of a watch: it wakes on any change committed to
+/// the store (and, through [`leader_watch::start`], at the holder's expiry).
+struct LocalWatch<B> {
+    backend: Arc<B>,
+    election: ElectionName,
+    changes: Changes,
+}
+
+impl<B: LocalBackend> Source for LocalWatch<B> {
+    const RETRY: Duration = READ_RETRY;
+
+    async fn read(&mut self) -> Result<Option<Leader>> {
+        // Mark the current version seen *before* reading, so a change made
+        // during the read still wakes the watch.
+        self.changes.borrow_and_update();
+        self.backend.read_leader(&self.election).await
+    }
+
+    async fn changed(&mut self) -> Event {
+        match self.changes.changed().await {
+            Ok(()) => Event::Changed,
+            Err(_) => Event::Ended,
+        }
+    }
+
+    fn sleep(&self, duration: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        self.backend.sleep(duration)
+    }
+}
+
+/// Watches `election` (see [`leader_watch::start`]).
 pub(crate) async fn watch_status<B: LocalBackend>(
     backend: Arc<B>,
     election: &ElectionName,
 ) -> Result<StatusWatch> {
-    let mut changes = backend.changes();
-    changes.borrow_and_update();
-    let first = backend.read_leader(election).await?;
-    let (tx, rx) = watch::channel(LeaderStatus::Known(first.clone()));
-    let election = election.clone();
-    tokio::spawn(async move {
-        let mut current = first;
-        loop {
-            let wake_in = current.as_ref().map(|l| l.expires_in + EXPIRY_SLACK);
-            tokio::select! {
-                biased;
-                () = tx.closed() => return,
-                changed = changes.changed() => if changed.is_err() { return },
-                () = sleep_opt(&*backend, wake_in) => {}
-            }
-            // Read until a read succeeds: a failed read is retried, not
-            // left until the next change.
-            let leader = loop {
-                changes.borrow_and_update();
-                match watch_read(&election, backend.read_leader(&election)).await {
-                    Ok(leader) => break leader,
-                    Err(error) => {
-                        tracing::debug!(%election, %error, "watch could not read the store; retrying");
-                        publish_failure(&tx, &error);
-                        tokio::select! {
-                            biased;
-                            () = tx.closed() => return,
-                            changed = changes.changed() => if changed.is_err() { return },
-                            () = backend.sleep(READ_RETRY) => {}
-                        }
-                    }
-                }
-            };
-            publish_leader(&tx, leader.clone());
-            current = leader;
-        }
-    });
-    Ok(rx)
-}
-
-async fn sleep_opt<B: LocalBackend + ?Sized>(backend: &B, duration: Option<Duration>) {
-    match duration {
-        Some(d) => backend.sleep(d).await,
-        None => std::future::pending().await,
-    }
+    let changes = backend.changes();
+    let source = LocalWatch {
+        backend,
+        election: election.clone(),
+        changes,
+    };
+    leader_watch::start(source, election).await
 }

@@ -13,12 +13,20 @@ use crate::watch;
 use async_trait::async_trait;
 
 use crate::clock::{Clock, Instant, TokioClock};
+use crate::config::StoreTtl;
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
 use crate::store::local::{self, Attempt, Changes, Expired, LocalBackend};
 use crate::store::{
     ElectionState, FencingToken, Grant, Leader, LeaderWatch, SessionId, SessionLease, StatusWatch,
     Store, known_only,
+};
+
+/// How the memory store keeps a TTL: exactly.
+const TTL: StoreTtl = StoreTtl {
+    store: "the memory store",
+    unit: Duration::from_nanos(1),
+    max: Duration::MAX,
 };
 
 /// An in-process store. Cloning gives another handle to the same state.
@@ -172,8 +180,7 @@ impl LocalBackend for Inner {
 #[async_trait]
 impl Store for MemoryStore {
     async fn open_session(&self, ttl: Duration) -> Result<SessionLease> {
-        // More than zero, at most MAX_TTL (a day).
-        crate::config::check_ttl(ttl)?;
+        let ttl = TTL.check(ttl)?.ttl;
         let now = self.inner.clock.now();
         let mut state = self.inner.state();
         let id = SessionId(state.next_session);
@@ -230,7 +237,7 @@ impl Store for MemoryStore {
         let current = state.live_holder(&grant.election, now);
         if current.is_none_or(|(holder, _)| holder.token != grant.token) {
             return Err(Error::NotHolder {
-                election: grant.election.clone(),
+                election: grant.election.to_string(),
                 token: grant.token,
             });
         }

@@ -28,17 +28,28 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::watch;
 use async_trait::async_trait;
 use tokio::sync::broadcast;
 use tokio_postgres::{AsyncMessage, Client, NoTls};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
+use crate::config::StoreTtl;
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
+use crate::store::cleanup::OnDrop;
+use crate::store::watch_driver::{self as leader_watch, Event, Source};
 use crate::store::{
-    ElectionState, FencingToken, Grant, Leader, LeaderStatus, LeaderWatch, SessionId, SessionLease,
-    StatusWatch, Store, known_only, publish_leader, read_until_ok,
+    ElectionState, FencingToken, Grant, Leader, LeaderWatch, SessionId, SessionLease, StatusWatch,
+    Store, known_only, session_key,
+};
+
+/// How PostgreSQL keeps a TTL: as milliseconds in a `bigint`, turned into
+/// an `interval` (at most about 178,000,000 years) added to the server's
+/// clock.
+const TTL: StoreTtl = StoreTtl {
+    store: "PostgreSQL",
+    unit: Duration::from_millis(1),
+    max: Duration::from_secs(178_000_000 * 365 * 86_400),
 };
 
 /// The schema version this build writes and understands.
@@ -104,20 +115,8 @@ async fn timed<T>(
     }
 }
 
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX)
-}
-
 fn from_millis(ms: i64) -> Duration {
     Duration::from_millis(u64::try_from(ms).unwrap_or(0))
-}
-
-fn session_key(session: SessionId) -> Result<i64> {
-    i64::try_from(session.0).map_err(|_| Error::SessionExpired(session))
-}
-
-fn token(value: i64) -> FencingToken {
-    FencingToken(u64::try_from(value).unwrap_or(0))
 }
 
 /// Refuses a schema name leasehold cannot use: not a plain lower-case
@@ -403,7 +402,7 @@ impl Inner {
             })?;
         Ok(Leader {
             candidate,
-            token: token(tok),
+            token: FencingToken::from_stored(tok),
             expires_in: from_millis(left_ms),
         })
     }
@@ -434,11 +433,11 @@ impl Inner {
                 election: election.clone(),
                 candidate: candidate.clone(),
                 session,
-                token: token(tok),
+                token: FencingToken::from_stored(tok),
             })),
             (Some(false), tok) => Ok(Err((
                 from_millis(wait_ms.unwrap_or(0)),
-                token(tok.unwrap_or(0)),
+                FencingToken::from_stored(tok.unwrap_or(0)),
             ))),
             _ => Err(Error::SessionExpired(session)),
         }
@@ -452,7 +451,7 @@ impl Inner {
         tok: FencingToken,
     ) -> Result<Option<String>> {
         let client = self.client().await?;
-        let tok = i64::try_from(tok.0).unwrap_or(i64::MAX);
+        let tok = tok.to_i64_saturating();
         let row = timed(
             "read the expired holder",
             client.query_opt(
@@ -680,6 +679,35 @@ async fn listen(inner: std::sync::Weak<Inner>, stop: CancellationToken) {
     }
 }
 
+/// The PostgreSQL side of a watch on one election: it wakes on the
+/// listener's notices for the election, and on a lost listener connection
+/// (anything may have changed meanwhile).
+struct PgWatch {
+    inner: Arc<Inner>,
+    election: ElectionName,
+    notices: broadcast::Receiver<Notice>,
+}
+
+impl Source for PgWatch {
+    const RETRY: Duration = RETRY;
+
+    async fn read(&mut self) -> Result<Option<Leader>> {
+        self.inner.read_leader(&self.election).await
+    }
+
+    async fn changed(&mut self) -> Event {
+        loop {
+            let notice = self.notices.recv().await;
+            if let Err(broadcast::error::RecvError::Closed) = notice {
+                return Event::Ended;
+            }
+            if concerns(&notice, self.election.as_str()) {
+                return Event::Changed;
+            }
+        }
+    }
+}
+
 /// Whether a notice concerns `election` (for observers: any change).
 fn concerns(
     notice: &std::result::Result<Notice, broadcast::error::RecvError>,
@@ -705,38 +733,21 @@ fn wakes(
     }
 }
 
-/// Leaves the line when a campaign is dropped or fails before it is
+/// Leaves the line, for a campaign dropped or failed before it was
 /// granted, so that a release is never handed to a waiter that is gone.
-struct Withdraw {
-    inner: Arc<Inner>,
-    election: ElectionName,
-    session: SessionId,
-    armed: bool,
-}
-
-impl Drop for Withdraw {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let (inner, election, session) =
-            (Arc::clone(&self.inner), self.election.clone(), self.session);
-        runtime.spawn(async move {
-            let Ok(id) = session_key(session) else { return };
-            let Ok(client) = inner.client().await else { return };
-            let statement = format!("SELECT {}($1, $2)", inner.table("withdraw"));
-            if let Err(error) = timed(
-                "leave the line",
-                client.execute(&statement, &[&election.as_str(), &id]),
-            )
-            .await
-            {
-                tracing::debug!(%election, %error, "could not leave the line; the session's expiry will");
-            }
-        });
+async fn leave_line(inner: Arc<Inner>, election: ElectionName, session: SessionId) {
+    let Ok(id) = session_key(session) else { return };
+    let Ok(client) = inner.client().await else {
+        return;
+    };
+    let statement = format!("SELECT {}($1, $2)", inner.table("withdraw"));
+    if let Err(error) = timed(
+        "leave the line",
+        client.execute(&statement, &[&election.as_str(), &id]),
+    )
+    .await
+    {
+        tracing::debug!(%election, %error, "could not leave the line; the session's expiry will");
     }
 }
 
@@ -749,9 +760,7 @@ impl Store for PostgresStore {
                 "the store was opened read-only (PostgresStore::connect_read_only)",
             ));
         }
-        // More than zero, at most MAX_TTL (a day).
-        crate::config::check_ttl(ttl)?;
-        let ttl_ms = millis(ttl);
+        let ttl_ms = TTL.check(ttl)?.units;
         let client = self.inner.client().await?;
         let s = self.inner.table("sessions");
         let id: i64 = timed(
@@ -777,7 +786,7 @@ impl Store for PostgresStore {
         )
         .await;
         Ok(SessionLease {
-            id: SessionId(u64::try_from(id).unwrap_or(0)),
+            id: SessionId::from_stored(id),
             ttl: from_millis(ttl_ms),
         })
     }
@@ -828,11 +837,9 @@ impl Store for PostgresStore {
         // Subscribed before the first attempt, so a release between the
         // attempt and the wait is not missed.
         let mut notices = self.inner.notices.subscribe();
-        let mut withdraw = Withdraw {
-            inner: Arc::clone(&self.inner),
-            election: election.clone(),
-            session,
-            armed: true,
+        let withdraw = {
+            let (inner, election) = (Arc::clone(&self.inner), election.clone());
+            OnDrop::new((), move |()| leave_line(inner, election, session))
         };
         let me = session.0.to_string();
         // The holder whose grant this campaign found expired, not released.
@@ -840,7 +847,7 @@ impl Store for PostgresStore {
         loop {
             match self.inner.try_acquire(session, election, candidate).await? {
                 Ok(grant) => {
-                    withdraw.armed = false;
+                    withdraw.disarm();
                     if let Some((holder, tok)) = expired {
                         tracing::info!(%election, id = %candidate, expired_leader = %holder, expired_token = tok.0,
                             "the previous leader's lease expired; taking over");
@@ -881,7 +888,7 @@ impl Store for PostgresStore {
     async fn resign(&self, grant: &Grant) -> Result<()> {
         let id = session_key(grant.session)?;
         let client = self.inner.client().await?;
-        let token_value = i64::try_from(grant.token.0).unwrap_or(i64::MAX);
+        let token_value = grant.token.to_i64_saturating();
         let released: bool = timed(
             "release the election",
             client.query_one(
@@ -893,7 +900,7 @@ impl Store for PostgresStore {
         .get(0);
         if !released {
             return Err(Error::NotHolder {
-                election: grant.election.clone(),
+                election: grant.election.to_string(),
                 token: grant.token,
             });
         }
@@ -909,49 +916,14 @@ impl Store for PostgresStore {
     }
 
     async fn watch_status(&self, election: &ElectionName) -> Result<StatusWatch> {
-        let mut notices = self.inner.notices.subscribe();
-        let first = self.inner.read_leader(election).await?;
-        let (tx, rx) = watch::channel(LeaderStatus::Known(first.clone()));
-        let inner = Arc::clone(&self.inner);
-        let election = election.clone();
-        tokio::spawn(async move {
-            // When the holder's session expires by the server's account,
-            // unless renewed; a renewal moves it but publishes nothing.
-            let expiry = |leader: &Option<Leader>| {
-                leader
-                    .as_ref()
-                    .map(|l| tokio::time::Instant::now() + l.expires_in + Duration::from_millis(1))
-            };
-            let mut wake = expiry(&first);
-            loop {
-                // Wake on a notice for this election (a lost listener
-                // connection is one: anything may have changed), or at the
-                // holder's expiry.
-                tokio::select! {
-                    biased;
-                    () = tx.closed() => return,
-                    notice = notices.recv() => {
-                        if !concerns(&notice, election.as_str()) {
-                            continue;
-                        }
-                    }
-                    () = async {
-                        match wake {
-                            Some(at) => tokio::time::sleep_until(at).await,
-                            None => std::future::pending().await,
-                        }
-                    } => {}
-                }
-                let Some(leader) =
-                    read_until_ok(&tx, &election, RETRY, || inner.read_leader(&election)).await
-                else {
-                    return;
-                };
-                wake = expiry(&leader);
-                publish_leader(&tx, leader);
-            }
-        });
-        Ok(rx)
+        let source = PgWatch {
+            inner: Arc::clone(&self.inner),
+            election: election.clone(),
+            // Subscribed before the first read, so that no change between
+            // the two is missed.
+            notices: self.inner.notices.subscribe(),
+        };
+        leader_watch::start(source, election).await
     }
 
     async fn elections(&self) -> Result<Vec<ElectionState>> {

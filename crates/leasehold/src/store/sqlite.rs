@@ -60,15 +60,25 @@ use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionB
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::clock::host_monotonic_ns as monotonic_ns;
+use crate::config::{CheckedTtl, StoreTtl};
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
+use crate::store::cleanup::OnDrop;
 use crate::store::local::{self, Attempt, Changes, Expired, LocalBackend};
 use crate::store::{
     ElectionState, FencingToken, Grant, Leader, LeaderWatch, SessionId, SessionLease, StatusWatch,
-    Store, known_only,
+    Store, known_only, session_key,
 };
 
 mod notify;
+
+/// How SQLite keeps a TTL: as milliseconds, and expiry times as
+/// nanoseconds of the monotonic clock in an `i64`.
+const TTL: StoreTtl = StoreTtl {
+    store: "SQLite",
+    unit: Duration::from_millis(1),
+    max: Duration::from_nanos(i64::MAX.unsigned_abs()),
+};
 
 /// The schema version this build writes and understands.
 const SCHEMA_VERSION: i64 = 1;
@@ -882,7 +892,7 @@ impl Db {
         let alive = conn
             .query_row(
                 "SELECT 1 FROM sessions WHERE id = ?1 AND boot_id = ?2 AND expires_at_ns > ?3",
-                params![session_key(session), self.boot_id, now],
+                params![session_key(session)?, self.boot_id, now],
                 |_| Ok(()),
             )
             .optional()
@@ -890,10 +900,8 @@ impl Db {
         alive.ok_or(Error::SessionExpired(session))
     }
 
-    fn open_session(&self, ttl: Duration) -> Result<SessionLease> {
-        let ttl_ms = i64::try_from(ttl.as_nanos().div_ceil(1_000_000))
-            .map_err(|_| Error::invalid("TTL", format!("{ttl:?} is too long")))?;
-        let granted = Duration::from_millis(ttl_ms.unsigned_abs());
+    fn open_session(&self, ttl: CheckedTtl) -> Result<SessionLease> {
+        let (granted, ttl_ms) = (ttl.ttl, ttl.units);
         self.writable()?;
         let mut conn = self.conn();
         self.usable(&conn)?;
@@ -925,7 +933,7 @@ impl Db {
         self.usable(&tx)?;
         tx.commit().map_err(self.err())?;
         Ok(SessionLease {
-            id: SessionId(id.unsigned_abs()),
+            id: SessionId::from_stored(id),
             ttl: granted,
         })
     }
@@ -949,7 +957,7 @@ impl Db {
                 "UPDATE sessions SET expires_at_ns = ?3 + ttl_ms * 1000000
                  WHERE id = ?1 AND boot_id = ?2 AND expires_at_ns > ?3
                  RETURNING ttl_ms",
-                params![session_key(session), self.boot_id, now],
+                params![session_key(session)?, self.boot_id, now],
                 |r| r.get(0),
             )
             .optional()
@@ -966,6 +974,10 @@ impl Db {
     /// holds it is no longer the store, and nothing is written to it.
     fn close_session(&self, session: SessionId) -> Result<()> {
         self.writable()?;
+        // An id SQLite never issued names no session.
+        let Ok(key) = session_key(session) else {
+            return Ok(());
+        };
         let mut conn = self.conn();
         if let Err(Error::Replaced(_)) = self.usable(&conn) {
             return Ok(());
@@ -976,14 +988,11 @@ impl Db {
         tx.execute(
             "UPDATE elections SET holder_session = NULL, holder_candidate = NULL, holder_token = NULL
              WHERE holder_session = ?1",
-            params![session_key(session)],
+            params![key],
         )
         .map_err(self.err())?;
-        tx.execute(
-            "DELETE FROM sessions WHERE id = ?1",
-            params![session_key(session)],
-        )
-        .map_err(self.err())?;
+        tx.execute("DELETE FROM sessions WHERE id = ?1", params![key])
+            .map_err(self.err())?;
         if let Err(Error::Replaced(_)) = self.usable(&tx) {
             return Ok(());
         }
@@ -1011,7 +1020,7 @@ impl Db {
             .live_holder(&tx, election.as_str(), now)
             .map_err(self.err())?
         {
-            if holder.session == session_key(session) {
+            if SessionId::from_stored(holder.session) == session {
                 let grant = holder.into_grant(&self.path, election, session)?;
                 return Ok((Attempt::Granted(grant, None), false));
             }
@@ -1028,9 +1037,7 @@ impl Db {
                 |r| {
                     Ok(Expired {
                         candidate: r.get::<_, Option<String>>(0)?.unwrap_or_default(),
-                        token: FencingToken(
-                            r.get::<_, Option<i64>>(1)?.unwrap_or(0).unsigned_abs(),
-                        ),
+                        token: FencingToken::from_stored(r.get::<_, Option<i64>>(1)?.unwrap_or(0)),
                     })
                 },
             )
@@ -1046,7 +1053,7 @@ impl Db {
                      holder_candidate = excluded.holder_candidate,
                      holder_token = last_token + 1
                  RETURNING holder_token",
-                params![election.as_str(), session_key(session), candidate.as_str()],
+                params![election.as_str(), session_key(session)?, candidate.as_str()],
                 |r| r.get(0),
             )
             .map_err(self.err())?;
@@ -1057,7 +1064,7 @@ impl Db {
             election: election.clone(),
             candidate: candidate.clone(),
             session,
-            token: FencingToken(token.unsigned_abs()),
+            token: FencingToken::from_stored(token),
         };
         Ok((Attempt::Granted(grant, expired), true))
     }
@@ -1077,7 +1084,7 @@ impl Db {
                      (SELECT id FROM sessions WHERE boot_id = ?3 AND expires_at_ns > ?4)",
                 params![
                     grant.election.as_str(),
-                    token_key(grant.token),
+                    grant.token.to_i64_saturating(),
                     self.boot_id,
                     now
                 ],
@@ -1085,7 +1092,7 @@ impl Db {
             .map_err(self.err())?;
         if released == 0 {
             return Err(Error::NotHolder {
-                election: grant.election.clone(),
+                election: grant.election.to_string(),
                 token: grant.token,
             });
         }
@@ -1178,19 +1185,11 @@ struct Identity {
     objects: i64,
 }
 
-fn session_key(session: SessionId) -> i64 {
-    i64::try_from(session.0).unwrap_or(i64::MAX)
-}
-
-fn token_key(token: FencingToken) -> i64 {
-    i64::try_from(token.0).unwrap_or(i64::MAX)
-}
-
 impl Holder {
     fn into_leader(self, path: &Path) -> Result<Leader> {
         Ok(Leader {
             candidate: stored_candidate(path, self.candidate)?,
-            token: FencingToken(self.token.unsigned_abs()),
+            token: FencingToken::from_stored(self.token),
             expires_in: duration_ns(self.expires_in_ns),
         })
     }
@@ -1200,7 +1199,7 @@ impl Holder {
             election: election.clone(),
             candidate: stored_candidate(path, self.candidate)?,
             session,
-            token: FencingToken(self.token.unsigned_abs()),
+            token: FencingToken::from_stored(self.token),
         })
     }
 }
@@ -1316,32 +1315,6 @@ impl Inner {
     }
 }
 
-/// Releases a grant whose campaign was dropped before it could be returned,
-/// so that a cancelled campaign never leaves the session holding the
-/// election (the [`Store`] cancellation obligation).
-struct ReleaseIfAbandoned {
-    pending: Option<tokio::task::JoinHandle<Result<(Attempt, bool)>>>,
-    db: Arc<Db>,
-}
-
-impl Drop for ReleaseIfAbandoned {
-    fn drop(&mut self) {
-        let Some(pending) = self.pending.take() else {
-            return;
-        };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let db = Arc::clone(&self.db);
-        runtime.spawn(async move {
-            if let Ok(Ok((Attempt::Granted(grant, _), true))) = pending.await {
-                let released = tokio::task::spawn_blocking(move || db.resign(&grant)).await;
-                tracing::debug!(?released, "released the grant of a cancelled campaign");
-            }
-        });
-    }
-}
-
 #[async_trait]
 impl LocalBackend for Inner {
     fn changes(&self) -> Changes {
@@ -1357,15 +1330,21 @@ impl LocalBackend for Inner {
     ) -> Result<Attempt> {
         let db = Arc::clone(&self.db);
         let (election, candidate) = (election.clone(), candidate.clone());
-        let mut guard = ReleaseIfAbandoned {
-            pending: Some(tokio::task::spawn_blocking(move || {
-                db.try_acquire(session, &election, &candidate)
-            })),
-            db: Arc::clone(&self.db),
-        };
-        let pending = guard.pending.as_mut().expect("set just above");
-        let outcome = pending.await;
-        guard.pending = None;
+        let pending =
+            tokio::task::spawn_blocking(move || db.try_acquire(session, &election, &candidate));
+        // Dropped before the attempt's outcome is returned, the campaign
+        // releases the grant the attempt made, so that a cancelled campaign
+        // never leaves the session holding the election (the [`Store`]
+        // cancellation obligation).
+        let db = Arc::clone(&self.db);
+        let mut guard = OnDrop::new(pending, |pending| async move {
+            if let Ok(Ok((Attempt::Granted(grant, _), true))) = pending.await {
+                let released = tokio::task::spawn_blocking(move || db.resign(&grant)).await;
+                tracing::debug!(?released, "released the grant of a cancelled campaign");
+            }
+        });
+        let outcome = guard.get_mut().await;
+        guard.disarm();
         let (attempt, fresh) =
             outcome.map_err(|e| Error::unavailable("sqlite worker failed", e))??;
         if fresh {
@@ -1388,8 +1367,7 @@ impl LocalBackend for Inner {
 #[async_trait]
 impl Store for SqliteStore {
     async fn open_session(&self, ttl: Duration) -> Result<SessionLease> {
-        // More than zero, at most MAX_TTL (a day).
-        crate::config::check_ttl(ttl)?;
+        let ttl = TTL.check(ttl)?;
         self.inner.blocking(move |db| db.open_session(ttl)).await
     }
 

@@ -49,11 +49,24 @@ use zookeeper_client::{
     Acls, AddWatchMode, Client, CreateMode, CreateOptions, EventType, SessionState,
 };
 
+use crate::config::StoreTtl;
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
+use crate::store::cleanup::OnDrop;
+use crate::store::watch_driver::{self as leader_watch, Event, Source};
 use crate::store::{
-    ElectionState, FencingToken, Grant, Leader, LeaderStatus, LeaderWatch, SessionId, SessionLease,
-    StatusWatch, Store, known_only, publish_failure, publish_leader, read_until_ok,
+    ElectionState, FencingToken, Grant, Leader, LeaderWatch, SessionId, SessionLease, StatusWatch,
+    Store, known_only,
+};
+
+/// How ZooKeeper keeps a TTL: the session timeout, an `int` of
+/// milliseconds, which the server then negotiates into its own
+/// `minSessionTimeout`..`maxSessionTimeout` (the session's TTL is the
+/// negotiated one).
+const TTL: StoreTtl = StoreTtl {
+    store: "ZooKeeper",
+    unit: Duration::from_millis(1),
+    max: Duration::from_millis(i32::MAX as u64),
 };
 
 /// How long to wait for a connection to the ensemble.
@@ -195,7 +208,7 @@ fn queue(children: Vec<String>) -> Vec<Candidate> {
 /// name gives: leasehold created it; another program's node named like one
 /// is skipped.
 fn owned(candidate: &Candidate, stat: &zookeeper_client::Stat) -> bool {
-    u64::from_ne_bytes(stat.ephemeral_owner.to_ne_bytes()) == candidate.owner
+    SessionId::from_bits(stat.ephemeral_owner).0 == candidate.owner
 }
 
 fn warn_foreign(path: &str) {
@@ -280,7 +293,7 @@ fn parse_node_data(path: &str, data: &[u8]) -> Result<(Duration, CandidateId)> {
 }
 
 fn token_of(stat: &zookeeper_client::Stat) -> FencingToken {
-    FencingToken(u64::try_from(stat.czxid).unwrap_or(0))
+    FencingToken::from_stored(stat.czxid)
 }
 
 impl ZkStore {
@@ -703,34 +716,6 @@ impl Inner {
         .map_err(|e| unavailable("watch the election", e))
     }
 
-    /// Watches `election` again on a new reader session, retrying (and
-    /// publishing the failure on `tx`) until it can; `None` once every
-    /// receiver of `tx` is gone.
-    async fn rewatch(
-        &self,
-        tx: &watch::Sender<LeaderStatus>,
-        election: &ElectionName,
-    ) -> Option<zookeeper_client::PersistentWatcher> {
-        loop {
-            let watched = match self.reader().await {
-                Ok(client) => self.watch_election(&client, election).await,
-                Err(error) => Err(error),
-            };
-            match watched {
-                Ok(watcher) => return Some(watcher),
-                Err(error) => {
-                    tracing::debug!(%election, %error, "zookeeper watch: cannot watch again; retrying");
-                    publish_failure(tx, &error);
-                }
-            }
-            tokio::select! {
-                biased;
-                () = tx.closed() => return None,
-                () = tokio::time::sleep(WATCH_RETRY) => {}
-            }
-        }
-    }
-
     /// The leader of `election` as `client` reads it: the lowest candidate
     /// node leasehold created (nodes it did not create are skipped).
     async fn leader_via(&self, client: &Client, election: &ElectionName) -> Result<Option<Leader>> {
@@ -796,47 +781,104 @@ impl Inner {
     }
 }
 
-/// Withdraws a candidacy whose campaign was dropped before it completed:
-/// deletes this session's node in the election unless the session holds
-/// the election. The list is sent after any create of the dropped campaign
-/// on the same session, so ZooKeeper answers it after that create.
-struct Withdraw {
+/// The ZooKeeper side of a watch on one election: it wakes on the events
+/// of a persistent watch on the election's node (a candidate node created
+/// or deleted) and on the reader client's session events. While the
+/// client is disconnected nothing can be read; once it reconnects, or its
+/// session ended, the watch is set anew (the client's automatic reset of a
+/// persistent watch was seen to leave it deaf, and events while
+/// disconnected are not replayed), on a new session if need be.
+struct ZkWatch {
     inner: Arc<Inner>,
-    session: Arc<ZkSession>,
     election: ElectionName,
-    armed: bool,
+    /// `None` when the watch must be set anew.
+    watcher: Option<zookeeper_client::PersistentWatcher>,
+    disconnected: bool,
+    /// The last attempt to set the watch anew failed: pause before the next.
+    rewatch_failed: bool,
 }
 
-impl Drop for Withdraw {
-    fn drop(&mut self) {
-        if !self.armed {
-            return;
+impl Source for ZkWatch {
+    const RETRY: Duration = WATCH_RETRY;
+
+    async fn read(&mut self) -> Result<Option<Leader>> {
+        self.inner.read_leader(&self.election).await
+    }
+
+    async fn changed(&mut self) -> Event {
+        loop {
+            let Some(watcher) = self.watcher.as_mut() else {
+                return self.rewatch().await;
+            };
+            let event = watcher.changed().await;
+            if event.event_type != EventType::Session {
+                return Event::Changed;
+            }
+            if event.session_state.is_terminated() {
+                self.watcher = None;
+            } else if event.session_state == SessionState::Disconnected {
+                self.disconnected = true;
+                return Event::Unavailable(Error::Unavailable {
+                    reason: format!("zookeeper at {}: disconnected", self.inner.cluster),
+                    source: None,
+                });
+            } else if std::mem::take(&mut self.disconnected) {
+                self.watcher = None;
+            } else {
+                // (Re)connected: events may have been missed.
+                return Event::Changed;
+            }
         }
-        let Some(client) = self.session.client() else {
-            return;
+    }
+}
+
+impl ZkWatch {
+    /// Sets the watch anew on the reader (reconnected if its session
+    /// ended): then re-read; or why it cannot be set now.
+    async fn rewatch(&mut self) -> Event {
+        if std::mem::take(&mut self.rewatch_failed) {
+            tokio::time::sleep(WATCH_RETRY).await;
+        }
+        let watched = match self.inner.reader().await {
+            Ok(client) => self.inner.watch_election(&client, &self.election).await,
+            Err(error) => Err(error),
         };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let (session, election) = (Arc::clone(&self.session), self.election.clone());
-        let dir = self.inner.election_dir(&election);
-        runtime.spawn(async move {
-            let held = session
-                .held
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .contains(&election);
-            if held {
-                return;
+        match watched {
+            Ok(watcher) => {
+                self.watcher = Some(watcher);
+                Event::Changed
             }
-            let prefix = session_prefix(session.id);
-            if let Ok(Ok(children)) = request("list candidates", client.list_children(&dir)).await {
-                for node in children.iter().filter(|c| c.starts_with(&prefix)) {
-                    let _ =
-                        request("withdraw", client.delete(&format!("{dir}/{node}"), None)).await;
-                }
+            Err(error) => {
+                tracing::debug!(election = %self.election, %error, "zookeeper watch: cannot watch again; retrying");
+                self.rewatch_failed = true;
+                Event::Unavailable(error)
             }
-        });
+        }
+    }
+}
+
+/// Withdraws a candidacy whose campaign was dropped before it completed:
+/// deletes the session's nodes in the election's node `dir` unless the
+/// session holds the election. The list is sent after any create of the
+/// dropped campaign on the same session, so ZooKeeper answers it after that
+/// create.
+async fn withdraw(session: Arc<ZkSession>, election: ElectionName, dir: String) {
+    let Some(client) = session.client() else {
+        return;
+    };
+    let held = session
+        .held
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .contains(&election);
+    if held {
+        return;
+    }
+    let prefix = session_prefix(session.id);
+    if let Ok(Ok(children)) = request("list candidates", client.list_children(&dir)).await {
+        for node in children.iter().filter(|c| c.starts_with(&prefix)) {
+            let _ = request("withdraw", client.delete(&format!("{dir}/{node}"), None)).await;
+        }
     }
 }
 
@@ -849,13 +891,11 @@ impl Store for ZkStore {
                 "the store was opened read-only (ZkStore::connect_read_only)",
             ));
         }
-        // More than zero, at most MAX_TTL (a day).
-        crate::config::check_ttl(ttl)?;
+        let ttl = TTL.check(ttl)?.ttl;
         let sent = Instant::now();
         let client = self.inner.connect(ttl).await?;
         let granted = client.session_timeout();
-        // ZooKeeper session ids are i64; keep the bits.
-        let id = SessionId(u64::from_ne_bytes(client.session_id().0.to_ne_bytes()));
+        let id = SessionId::from_bits(client.session_id().0);
         if granted != ttl {
             // The session logs the granted TTL for every store; this is the
             // detail of why.
@@ -961,11 +1001,9 @@ impl Store for ZkStore {
             Err(error) => return Err(unavailable("create the election node", error)),
         }
         let prefix = session_prefix(session);
-        let mut withdraw = Withdraw {
-            inner: Arc::clone(&self.inner),
-            session: Arc::clone(&zk),
-            election: election.clone(),
-            armed: true,
+        let guard = {
+            let (session, election, dir) = (Arc::clone(&zk), election.clone(), dir.clone());
+            OnDrop::new((), move |()| withdraw(session, election, dir))
         };
         let ephemeral = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
         let (data, node_prefix) = (node_data(zk.ttl, candidate), format!("{dir}/{prefix}"));
@@ -1022,7 +1060,7 @@ impl Store for ZkStore {
                             .lock()
                             .unwrap_or_else(PoisonError::into_inner)
                             .insert(election.clone());
-                        withdraw.armed = false;
+                        guard.disarm();
                         tracing::debug!(%election, %session, node = %me.name, "granted by zookeeper");
                         return Ok(Grant {
                             election: election.clone(),
@@ -1065,7 +1103,7 @@ impl Store for ZkStore {
 
     async fn resign(&self, grant: &Grant) -> Result<()> {
         let not_holder = || Error::NotHolder {
-            election: grant.election.clone(),
+            election: grant.election.to_string(),
             token: grant.token,
         };
         let Ok((zk, client)) = self.inner.live_session(grant.session) else {
@@ -1126,73 +1164,17 @@ impl Store for ZkStore {
 
     async fn watch_status(&self, election: &ElectionName) -> Result<StatusWatch> {
         let client = self.inner.reader().await?;
+        // Set before the first read, so that no change between the two is
+        // missed.
         let watcher = self.inner.watch_election(&client, election).await?;
-        let first = self.inner.leader_via(&client, election).await?;
-        let (tx, rx) = watch::channel(LeaderStatus::Known(first));
-        let inner = Arc::clone(&self.inner);
-        let election = election.clone();
-        tokio::spawn(async move {
-            let mut watcher = watcher;
-            loop {
-                let mut disconnected = false;
-                loop {
-                    let event = tokio::select! {
-                        biased;
-                        () = tx.closed() => return,
-                        event = watcher.changed() => event,
-                    };
-                    if event.event_type == EventType::Session {
-                        if event.session_state.is_terminated() {
-                            break;
-                        }
-                        if event.session_state == SessionState::Disconnected {
-                            // Until it reconnects, nothing can be read.
-                            disconnected = true;
-                            publish_failure(
-                                &tx,
-                                &Error::Unavailable {
-                                    reason: format!("zookeeper at {}: disconnected", inner.cluster),
-                                    source: None,
-                                },
-                            );
-                            continue;
-                        }
-                        if disconnected {
-                            // Reconnected: the client's automatic reset of a
-                            // persistent watch was seen to leave it deaf, and
-                            // events while disconnected are not replayed;
-                            // set the watch anew, then re-read.
-                            break;
-                        }
-                    }
-                    // A candidate node came or went, or the client
-                    // (re)connected and may have missed events: re-read,
-                    // retrying until a read succeeds.
-                    let Some(leader) =
-                        read_until_ok(&tx, &election, WATCH_RETRY, || inner.read_leader(&election))
-                            .await
-                    else {
-                        return;
-                    };
-                    publish_leader(&tx, leader);
-                }
-                // The reader's session ended (its persistent watch with it)
-                // or reconnected: watch again (on a new session if need be),
-                // re-read.
-                let Some(renewed) = inner.rewatch(&tx, &election).await else {
-                    return;
-                };
-                watcher = renewed;
-                let Some(leader) =
-                    read_until_ok(&tx, &election, WATCH_RETRY, || inner.read_leader(&election))
-                        .await
-                else {
-                    return;
-                };
-                publish_leader(&tx, leader);
-            }
-        });
-        Ok(rx)
+        let source = ZkWatch {
+            inner: Arc::clone(&self.inner),
+            election: election.clone(),
+            watcher: Some(watcher),
+            disconnected: false,
+            rewatch_failed: false,
+        };
+        leader_watch::start(source, election).await
     }
 
     async fn elections(&self) -> Result<Vec<ElectionState>> {

@@ -1,11 +1,10 @@
 //! A fault-injecting [`Store`] wrapper: the same trait, so any backend can be
-//! made slow, lossy or unavailable without mocks. And a fault point inside
-//! every backend's watch task, for what a wrapper cannot reach: the reads a
-//! watch makes after the store told it of a change.
+//! made slow, lossy or unavailable without mocks. (The fault point inside
+//! every backend's watch task, for what a wrapper cannot reach, is in the
+//! store's watch module; [`super::fail_watch_reads`] re-exports it.)
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -144,53 +143,4 @@ impl Store for FaultyStore {
     async fn session_ended(&self, session: SessionId) {
         self.inner.session_ended(session).await;
     }
-}
-
-/// Watch reads of one election made to fail, and how many did.
-#[derive(Debug, Default)]
-struct WatchReadFault {
-    failing: bool,
-    failed: u64,
-}
-
-fn watch_read_faults() -> std::sync::MutexGuard<'static, HashMap<ElectionName, WatchReadFault>> {
-    static FAULTS: OnceLock<Mutex<HashMap<ElectionName, WatchReadFault>>> = OnceLock::new();
-    FAULTS
-        .get_or_init(Mutex::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-}
-
-/// Until [`heal_watch_reads`], every read that a watch task of any store in
-/// this process makes of `election` fails inside the backend, as if the
-/// store did not answer. (Keyed by election, so tests running at once do
-/// not disturb each other: they use [`super::unique_election`].)
-pub fn fail_watch_reads(election: &ElectionName) {
-    watch_read_faults()
-        .entry(election.clone())
-        .or_default()
-        .failing = true;
-}
-
-/// Ends [`fail_watch_reads`] for `election`.
-pub fn heal_watch_reads(election: &ElectionName) {
-    if let Some(fault) = watch_read_faults().get_mut(election) {
-        fault.failing = false;
-    }
-}
-
-/// How many watch reads of `election` [`fail_watch_reads`] has failed.
-pub fn failed_watch_reads(election: &ElectionName) -> u64 {
-    watch_read_faults().get(election).map_or(0, |f| f.failed)
-}
-
-/// The failure for a watch read of `election`, if a test asked for one.
-pub(crate) fn injected_watch_read_failure(election: &ElectionName) -> Option<Error> {
-    let mut faults = watch_read_faults();
-    let fault = faults.get_mut(election).filter(|f| f.failing)?;
-    fault.failed += 1;
-    Some(Error::Unavailable {
-        reason: "fault injected: the watch's read got no answer".into(),
-        source: None,
-    })
 }

@@ -16,10 +16,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
 
+pub use crate::store::watch_driver::{fail_watch_reads, failed_watch_reads, heal_watch_reads};
 #[cfg(feature = "etcd")]
 pub use etcd_cluster::EtcdCluster;
-pub(crate) use faults::injected_watch_read_failure;
-pub use faults::{FaultyStore, fail_watch_reads, failed_watch_reads, heal_watch_reads};
+pub use faults::FaultyStore;
 #[cfg(feature = "postgres")]
 pub use postgres_server::PostgresServer;
 pub use rng::Rng;

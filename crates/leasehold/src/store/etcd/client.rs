@@ -22,6 +22,60 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long one attempt on one endpoint may take before the next is tried.
 pub const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(750);
 
+/// An etcd request that failed, kept with etcd's gRPC status where etcd
+/// refused it, so that callers tell its answers apart by code; as an
+/// [`Error`] it is [`Error::Unavailable`], naming the request.
+#[derive(Debug)]
+pub(super) enum EtcdError {
+    /// etcd answered with an error that another endpoint would answer too.
+    Refused {
+        /// The request, for messages.
+        what: String,
+        /// etcd's answer.
+        status: Status,
+    },
+    /// No endpoint answered in time, or each failed as a member that is
+    /// down, partitioned or without a leader does.
+    Unreachable {
+        /// The request, for messages.
+        what: String,
+        /// How the last endpoint tried failed.
+        last: String,
+    },
+}
+
+impl EtcdError {
+    /// Whether etcd refused the request because the lease is gone (the
+    /// session expired or was revoked).
+    pub(super) fn is_lease_not_found(&self) -> bool {
+        matches!(self, EtcdError::Refused { status, .. } if lease_not_found(status))
+    }
+}
+
+impl From<EtcdError> for Error {
+    fn from(error: EtcdError) -> Self {
+        let reason = match error {
+            EtcdError::Refused { what, status } => {
+                format!("etcd {what} failed: {}", describe(&status))
+            }
+            EtcdError::Unreachable { what, last } => {
+                format!("etcd {what} failed on every endpoint (last: {last})")
+            }
+        };
+        Error::Unavailable {
+            reason,
+            source: None,
+        }
+    }
+}
+
+/// Whether `status` says that the lease a request named is gone. etcd
+/// answers `NOT_FOUND` (`etcdserver: requested lease not found`) for that
+/// alone among the lease and key-value requests leasehold makes.
+pub(super) fn lease_not_found(status: &Status) -> bool {
+    status.code() == Code::NotFound
+}
+
 /// One connection per endpoint, and which one answered last.
 pub(super) struct Members {
     endpoints: Vec<String>,
@@ -91,7 +145,7 @@ impl Members {
 
     /// Runs `op` on the pinned member, failing over to the next ones on
     /// transient errors and timeouts, within [`REQUEST_TIMEOUT`].
-    pub(super) async fn call<T, F, Fut>(&self, what: &str, op: F) -> Result<T>
+    pub(super) async fn call<T, F, Fut>(&self, what: &str, op: F) -> Result<T, EtcdError>
     where
         F: Fn(Channel) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
@@ -121,7 +175,12 @@ impl Members {
                     self.active.store(i, Ordering::Relaxed);
                     return Ok(reply.into_inner());
                 }
-                Ok(Err(status)) if !is_transient(&status) => return Err(classify(what, &status)),
+                Ok(Err(status)) if !is_transient(&status) => {
+                    return Err(EtcdError::Refused {
+                        what: what.to_owned(),
+                        status,
+                    });
+                }
                 Ok(Err(status)) => last = format!("{}: {}", self.endpoints[i], describe(&status)),
                 Err(_) => {
                     last = format!(
@@ -133,9 +192,9 @@ impl Members {
             }
             tracing::debug!(what, endpoint = %self.endpoints[i], %last, "etcd request failed; trying the next endpoint");
         }
-        Err(Error::Unavailable {
-            reason: format!("etcd {what} failed on every endpoint (last: {last})"),
-            source: None,
+        Err(EtcdError::Unreachable {
+            what: what.to_owned(),
+            last,
         })
     }
 }
@@ -178,21 +237,6 @@ pub(super) fn describe(status: &Status) -> String {
         line = status.code().description().to_owned();
     }
     line
-}
-
-fn classify(what: &str, status: &Status) -> Error {
-    Error::Unavailable {
-        reason: format!("etcd {what} failed: {}", describe(status)),
-        source: None,
-    }
-}
-
-pub(super) fn is_lease_not_found(status: &Status) -> bool {
-    status.message().contains("lease not found")
-}
-
-pub(super) fn is_lease_not_found_error(error: &Error) -> bool {
-    matches!(error, Error::Unavailable { reason, .. } if reason.contains("lease not found"))
 }
 
 /// One past the last key that starts with `prefix` (etcd's prefix range).

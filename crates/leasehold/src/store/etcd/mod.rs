@@ -43,21 +43,23 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::watch;
 use async_trait::async_trait;
 use tokio::sync::Mutex;
 
+use crate::config::StoreTtl;
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
+use crate::store::cleanup::OnDrop;
+use crate::store::watch_driver::{self as leader_watch, Event, Source};
 use crate::store::{
-    ElectionState, FencingToken, Grant, Leader, LeaderStatus, LeaderWatch, SessionId, SessionLease,
-    StatusWatch, Store, known_only, publish_leader, read_until_ok,
+    ElectionState, FencingToken, Grant, Leader, LeaderWatch, SessionId, SessionLease, StatusWatch,
+    Store, known_only, session_key,
 };
 
 mod client;
 
 pub use client::ATTEMPT_TIMEOUT;
-use client::{KeepAlive, Members, Watch, describe, prefix_end, request};
+use client::{EtcdError, KeepAlive, Members, Watch, describe, prefix_end, request};
 
 /// The messages and client stubs generated from `proto/etcd.proto`.
 #[allow(
@@ -74,6 +76,14 @@ mod pb {
 use pb::compare::{CompareResult, CompareTarget, TargetUnion};
 use pb::range_request::{SortOrder, SortTarget};
 use pb::{KeyValue, RangeRequest, RequestOp, TxnRequest, TxnResponse};
+
+/// How etcd keeps a TTL: a lease has whole seconds (a request is rounded
+/// up, never down), at most etcd's `MaxLeaseTTL`.
+const TTL: StoreTtl = StoreTtl {
+    store: "etcd",
+    unit: Duration::from_secs(1),
+    max: Duration::from_secs(9_000_000_000),
+};
 
 /// Pause before re-establishing a broken watch.
 const WATCH_RETRY: Duration = Duration::from_millis(200);
@@ -483,11 +493,7 @@ impl EtcdStore {
         format!("{}{}", self.known_key_prefix(), election.as_str())
     }
 
-    fn lease_id(session: SessionId) -> Result<i64> {
-        i64::try_from(session.0).map_err(|_| Error::SessionExpired(session))
-    }
-
-    async fn range(&self, what: &str, range: RangeRequest) -> Result<pb::RangeResponse> {
+    async fn range(&self, what: &str, range: RangeRequest) -> Result<pb::RangeResponse, EtcdError> {
         self.members
             .call(what, |channel| {
                 let range = range.clone();
@@ -500,7 +506,7 @@ impl EtcdStore {
             .await
     }
 
-    async fn txn(&self, what: &str, txn: TxnRequest) -> Result<TxnResponse> {
+    async fn txn(&self, what: &str, txn: TxnRequest) -> Result<TxnResponse, EtcdError> {
         self.members
             .call(what, |channel| {
                 let txn = txn.clone();
@@ -619,7 +625,7 @@ impl EtcdStore {
             .await?;
         Ok(Leader {
             candidate,
-            token: FencingToken(kv.create_revision.unsigned_abs()),
+            token: FencingToken::from_stored(kv.create_revision),
             expires_in: Duration::from_secs(ttl.ttl.max(0).unsigned_abs()),
         })
     }
@@ -644,7 +650,7 @@ impl EtcdStore {
         election: &ElectionName,
         candidate: &CandidateId,
     ) -> Result<(i64, bool)> {
-        let lease = Self::lease_id(session)?;
+        let lease = session_key(session)?;
         let key = self.candidate_key(election, session);
         let known = self.known_key(election);
         let marker = self.marker_key();
@@ -672,7 +678,7 @@ impl EtcdStore {
                 failure: vec![get(key.clone()), get(known.clone()), get(marker.clone())],
             };
             let done = match self.txn("campaign", txn).await {
-                Err(error) if client::is_lease_not_found_error(&error) => {
+                Err(error) if error.is_lease_not_found() => {
                     return Err(Error::SessionExpired(session));
                 }
                 other => other?,
@@ -773,7 +779,7 @@ impl EtcdStore {
                     match tokio::time::timeout(ATTEMPT_TIMEOUT, KeepAlive::open(channel, id)).await
                     {
                         Ok(Ok(keeper)) => vacant.insert(keeper),
-                        Ok(Err(status)) if client::is_lease_not_found(&status) => {
+                        Ok(Err(status)) if client::lease_not_found(&status) => {
                             return Err(Error::SessionExpired(session));
                         }
                         Ok(Err(_)) | Err(_) => continue,
@@ -799,6 +805,44 @@ impl EtcdStore {
     }
 }
 
+/// The etcd side of a watch on one election: it wakes on the events of an
+/// etcd watch on the election's keys, opened from the revision of the last
+/// read so that nothing between the two is missed. A watch that breaks
+/// wakes it too (the re-read then tells whether etcd answers). It is
+/// opened with `hasleader`, so a member that loses quorum cancels it.
+struct EtcdWatch {
+    store: EtcdStore,
+    election: ElectionName,
+    /// The revision to watch from: one past the last read's.
+    from: i64,
+}
+
+impl Source for EtcdWatch {
+    const RETRY: Duration = WATCH_RETRY;
+
+    async fn read(&mut self) -> Result<Option<Leader>> {
+        let (leader, revision) = self.store.leader_at(&self.election).await?;
+        self.from = revision + 1;
+        Ok(leader)
+    }
+
+    async fn changed(&mut self) -> Event {
+        let prefix = self.store.election_prefix(&self.election);
+        let opened = Watch::open(
+            self.store.members.channel(0),
+            prefix.as_bytes().to_vec(),
+            prefix_end(prefix.as_bytes()),
+            self.from,
+        )
+        .await;
+        if let Ok(mut watch) = opened {
+            // Events, or a broken watch: either way, re-read.
+            let _ = watch.changed().await;
+        }
+        Event::Changed
+    }
+}
+
 /// Logs a key in an election's candidates that leasehold did not write.
 fn warn_foreign(kv: &KeyValue) {
     tracing::warn!(
@@ -807,33 +851,20 @@ fn warn_foreign(kv: &KeyValue) {
     );
 }
 
-/// Deletes a candidate key whose campaign was dropped before it completed,
-/// so a cancelled campaign never comes to hold the election later.
-struct WithdrawIfAbandoned {
-    armed: Option<(EtcdStore, String, i64)>,
-}
-
-impl Drop for WithdrawIfAbandoned {
-    fn drop(&mut self) {
-        let Some((store, key, revision)) = self.armed.take() else {
-            return;
-        };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        runtime.spawn(async move {
-            let txn = TxnRequest {
-                compare: vec![created_at(key.clone(), revision)],
-                success: vec![delete(key)],
-                failure: Vec::new(),
-            };
-            let withdrawn = store.txn("withdraw", txn).await;
-            tracing::debug!(
-                ok = withdrawn.is_ok(),
-                "withdrew the candidacy of a cancelled campaign"
-            );
-        });
-    }
+/// Deletes the candidate key created at `revision`, of a campaign that was
+/// dropped before it completed, so that a cancelled campaign never comes to
+/// hold the election later.
+async fn withdraw(store: EtcdStore, key: String, revision: i64) {
+    let txn = TxnRequest {
+        compare: vec![created_at(key.clone(), revision)],
+        success: vec![delete(key)],
+        failure: Vec::new(),
+    };
+    let withdrawn = store.txn("withdraw", txn).await;
+    tracing::debug!(
+        ok = withdrawn.is_ok(),
+        "withdrew the candidacy of a cancelled campaign"
+    );
 }
 
 impl EtcdStore {
@@ -849,7 +880,7 @@ impl EtcdStore {
         value: impl Into<Vec<u8>>,
     ) -> Result<()> {
         let leader_key = self.candidate_key(&grant.election, grant.session);
-        let token = i64::try_from(grant.token.0).unwrap_or(i64::MAX);
+        let token = grant.token.to_i64_saturating();
         let txn = TxnRequest {
             compare: vec![created_at(leader_key, token)],
             success: vec![put(key, value, 0)],
@@ -862,10 +893,10 @@ impl EtcdStore {
             Some((kv, _)) if kv.create_revision > token => Err(Error::Stale {
                 resource: key.to_owned(),
                 presented: grant.token,
-                highest: FencingToken(kv.create_revision.unsigned_abs()),
+                highest: FencingToken::from_stored(kv.create_revision),
             }),
             _ => Err(Error::NotHolder {
-                election: grant.election.clone(),
+                election: grant.election.to_string(),
                 token: grant.token,
             }),
         }
@@ -881,11 +912,7 @@ impl Store for EtcdStore {
                 "the store was opened read-only (EtcdStore::connect_read_only)",
             ));
         }
-        // More than zero, at most MAX_TTL (a day).
-        crate::config::check_ttl(ttl)?;
-        // etcd leases have whole seconds; round up, never down.
-        let seconds = i64::try_from(ttl.as_millis().div_ceil(1000))
-            .map_err(|_| Error::invalid("TTL", format!("{ttl:?} is too long")))?;
+        let seconds = TTL.check(ttl)?.units;
         let lease = self
             .members
             .call("lease grant", |channel| async move {
@@ -904,18 +931,18 @@ impl Store for EtcdStore {
             });
         }
         Ok(SessionLease {
-            id: SessionId(lease.id.unsigned_abs()),
+            id: SessionId::from_stored(lease.id),
             ttl: Duration::from_secs(lease.ttl.max(0).unsigned_abs()),
         })
     }
 
     async fn keep_alive(&self, session: SessionId) -> Result<Duration> {
-        let id = Self::lease_id(session)?;
+        let id = session_key(session)?;
         self.keep_alive_once(session, id).await
     }
 
     async fn close_session(&self, session: SessionId) -> Result<()> {
-        let id = Self::lease_id(session)?;
+        let id = session_key(session)?;
         self.keepers.lock().await.remove(&id);
         let revoked = self
             .members
@@ -926,8 +953,8 @@ impl Store for EtcdStore {
             })
             .await;
         match revoked {
-            Err(error) if client::is_lease_not_found_error(&error) => Ok(()),
-            other => other.map(|_| ()),
+            Err(error) if error.is_lease_not_found() => Ok(()),
+            other => other.map(|_| ()).map_err(Error::from),
         }
     }
 
@@ -938,15 +965,10 @@ impl Store for EtcdStore {
         candidate: &CandidateId,
     ) -> Result<Grant> {
         let (my_revision, created) = self.create_candidate(session, election, candidate).await?;
-        let mut guard = WithdrawIfAbandoned {
-            armed: created.then(|| {
-                (
-                    self.clone(),
-                    self.candidate_key(election, session),
-                    my_revision,
-                )
-            }),
-        };
+        let guard = created.then(|| {
+            let (store, key) = (self.clone(), self.candidate_key(election, session));
+            OnDrop::new((), move |()| withdraw(store, key, my_revision))
+        });
         loop {
             let (ahead, revision) = self.predecessor(election, my_revision).await?;
             match ahead {
@@ -957,12 +979,14 @@ impl Store for EtcdStore {
                     self.wait_deleted(&predecessor, revision + 1).await;
                 }
                 Ok(None) => {
-                    guard.armed = None;
+                    if let Some(guard) = guard {
+                        guard.disarm();
+                    }
                     return Ok(Grant {
                         election: election.clone(),
                         candidate: candidate.clone(),
                         session,
-                        token: FencingToken(my_revision.unsigned_abs()),
+                        token: FencingToken::from_stored(my_revision),
                     });
                 }
             }
@@ -971,7 +995,7 @@ impl Store for EtcdStore {
 
     async fn resign(&self, grant: &Grant) -> Result<()> {
         let key = self.candidate_key(&grant.election, grant.session);
-        let token = i64::try_from(grant.token.0).unwrap_or(i64::MAX);
+        let token = grant.token.to_i64_saturating();
         let txn = TxnRequest {
             compare: vec![created_at(key.clone(), token)],
             success: vec![delete(key)],
@@ -979,7 +1003,7 @@ impl Store for EtcdStore {
         };
         if !self.txn("resign", txn).await?.succeeded {
             return Err(Error::NotHolder {
-                election: grant.election.clone(),
+                election: grant.election.to_string(),
                 token: grant.token,
             });
         }
@@ -995,64 +1019,12 @@ impl Store for EtcdStore {
     }
 
     async fn watch_status(&self, election: &ElectionName) -> Result<StatusWatch> {
-        let (first, revision) = self.leader_at(election).await?;
-        let (tx, rx) = watch::channel(LeaderStatus::Known(first.clone()));
-        let store = self.clone();
-        let election = election.clone();
-        tokio::spawn(async move {
-            // A re-read at the holder's expiry notices an outage that no
-            // event reports (a member without quorum answers nothing).
-            let expiry = |leader: &Option<Leader>| {
-                leader
-                    .as_ref()
-                    .map(|l| tokio::time::Instant::now() + l.expires_in + Duration::from_millis(1))
-            };
-            let mut wake = expiry(&first);
-            let at_expiry = |wake: Option<tokio::time::Instant>| async move {
-                match wake {
-                    Some(at) => tokio::time::sleep_until(at).await,
-                    None => std::future::pending().await,
-                }
-            };
-            let mut from = revision + 1;
-            loop {
-                let prefix = store.election_prefix(&election);
-                let opened = tokio::select! {
-                    biased;
-                    () = tx.closed() => return,
-                    () = at_expiry(wake) => None,
-                    opened = Watch::open(
-                        store.members.channel(0),
-                        prefix.as_bytes().to_vec(),
-                        prefix_end(prefix.as_bytes()),
-                        from,
-                    ) => Some(opened),
-                };
-                if let Some(Ok(mut watch)) = opened {
-                    // The watch is opened with `hasleader`: a member that
-                    // loses quorum cancels it, and the re-read then fails.
-                    tokio::select! {
-                        biased;
-                        () = tx.closed() => return,
-                        () = at_expiry(wake) => {}
-                        // Events, or a broken watch: either way, re-read.
-                        _ = watch.changed() => {}
-                    }
-                }
-                // Something changed, the watch broke, or the holder's lease
-                // ran out: re-read, publish, and watch again from the read's
-                // revision.
-                let Some((leader, revision)) =
-                    read_until_ok(&tx, &election, WATCH_RETRY, || store.leader_at(&election)).await
-                else {
-                    return;
-                };
-                wake = expiry(&leader);
-                publish_leader(&tx, leader);
-                from = revision + 1;
-            }
-        });
-        Ok(rx)
+        let source = EtcdWatch {
+            store: self.clone(),
+            election: election.clone(),
+            from: 0,
+        };
+        leader_watch::start(source, election).await
     }
 
     async fn elections(&self) -> Result<Vec<ElectionState>> {

@@ -1,0 +1,76 @@
+//! Cleanups that must run when a future is dropped half-way: a campaign
+//! cancelled after the store may have granted or queued it (the [`Store`]
+//! cancellation obligation). `Drop` cannot wait, so the cleanup is spawned
+//! on the runtime of the thread that drops it.
+//!
+//! [`Store`]: crate::store::Store
+
+use std::future::Future;
+use std::pin::Pin;
+
+type Cleanup<T> = Box<dyn FnOnce(T) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
+
+/// Holds a value and an async cleanup for it. Dropped while armed, it
+/// spawns the cleanup with the value on the current tokio runtime (without
+/// a runtime, as when the whole runtime is shutting down, the cleanup does
+/// not run; the store's own expiry then ends what it would have ended).
+/// [`OnDrop::disarm`] gives the value back without running the cleanup.
+pub(crate) struct OnDrop<T: Send + 'static> {
+    armed: Option<(T, Cleanup<T>)>,
+}
+
+impl<T: Send + 'static> OnDrop<T> {
+    /// Arms `cleanup` to run with `value` if this guard is dropped.
+    pub(crate) fn new<F, Fut>(value: T, cleanup: F) -> Self
+    where
+        F: FnOnce(T) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let cleanup: Cleanup<T> = Box::new(
+            move |value: T| -> Pin<Box<dyn Future<Output = ()> + Send>> {
+                Box::pin(cleanup(value))
+            },
+        );
+        OnDrop {
+            armed: Some((value, cleanup)),
+        }
+    }
+
+    /// The guarded value.
+    #[cfg(feature = "sqlite")]
+    pub(crate) fn get_mut(&mut self) -> &mut T {
+        match &mut self.armed {
+            Some((value, _)) => value,
+            // `armed` is taken only by `disarm`, which consumes the guard,
+            // and by `drop`.
+            None => unreachable!("an OnDrop is armed until it is consumed"),
+        }
+    }
+
+    /// Gives the value back; the cleanup will not run.
+    pub(crate) fn disarm(mut self) -> T {
+        match self.armed.take() {
+            Some((value, _)) => value,
+            None => unreachable!("an OnDrop is armed until it is consumed"),
+        }
+    }
+}
+
+impl<T: Send + 'static> Drop for OnDrop<T> {
+    fn drop(&mut self) {
+        let Some((value, cleanup)) = self.armed.take() else {
+            return;
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(cleanup(value));
+        }
+    }
+}
+
+impl<T: Send + 'static> std::fmt::Debug for OnDrop<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OnDrop")
+            .field("armed", &self.armed.is_some())
+            .finish()
+    }
+}

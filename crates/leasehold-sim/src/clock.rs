@@ -24,10 +24,13 @@ impl DriftingClock {
         }
     }
 
-    /// The real instant at which this clock reads `local`.
+    /// The real instant at which this clock reads `local`, or a moment
+    /// after: rounded up, so that a sleep until it ends with
+    /// [`Clock::now`] at or past `local` (the `Clock` contract), never a
+    /// nanosecond short.
     pub fn to_real(&self, local: Instant) -> Instant {
         let elapsed = local.saturating_duration_since(self.origin);
-        self.origin + elapsed.div_f64(self.rate)
+        self.origin + elapsed.div_f64(self.rate) + Duration::from_micros(1)
     }
 }
 

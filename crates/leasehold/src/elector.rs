@@ -260,18 +260,21 @@ impl Leadership {
     pub async fn lost(&self) -> LostReason {
         let mut own = self.lost.clone();
         let mut session = self.session.subscribe();
+        let mut at = self.session.now();
         loop {
             own.borrow_and_update();
             let deadline = session.borrow_and_update().deadline;
-            if let Some(reason) = self.lost_reason() {
+            if let Some(reason) = self.session.grant_lost_at(&self.grant, at) {
                 return reason;
             }
-            tokio::select! {
+            at = tokio::select! {
                 biased;
-                _ = own.changed() => {}
-                _ = session.changed() => {}
-                () = self.session.sleep_until(deadline) => {}
-            }
+                _ = own.changed() => self.session.now(),
+                _ = session.changed() => self.session.now(),
+                // At the deadline at least, even if the clock woke a hair
+                // early.
+                () = self.session.sleep_until(deadline) => self.session.now().max(deadline),
+            };
         }
     }
 

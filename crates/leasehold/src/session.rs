@@ -98,7 +98,11 @@ impl Shared {
     /// decided (deadline, end, step-downs) and returns that instant and the
     /// actions left for the caller (those that need the store or a timer).
     fn apply(&self, event: LeaseEvent) -> (Instant, Vec<LeaseAction>) {
-        let now = self.clock.now();
+        self.apply_at(self.clock.now(), event)
+    }
+
+    /// [`Shared::apply`] at `now`.
+    fn apply_at(&self, now: Instant, event: LeaseEvent) -> (Instant, Vec<LeaseAction>) {
         let mut core = lock(&self.core);
         let actions = core.handle(now.into_std(), event);
         let deadline = Instant::from_std(core.deadline());
@@ -312,8 +316,17 @@ impl Session {
 
     /// Why leadership of `grant` is over now, if it is.
     pub(crate) fn grant_lost_now(&self, grant: &Grant) -> Option<LostReason> {
-        let now = self.shared.clock.now().into_std();
-        lock(&self.shared.core).lost_at(&grant.election, grant.token, now)
+        self.grant_lost_at(grant, self.shared.clock.now())
+    }
+
+    /// Why leadership of `grant` is over at `at`, if it is.
+    pub(crate) fn grant_lost_at(&self, grant: &Grant, at: Instant) -> Option<LostReason> {
+        lock(&self.shared.core).lost_at(&grant.election, grant.token, at.into_std())
+    }
+
+    /// The session's clock's now.
+    pub(crate) fn now(&self) -> Instant {
+        self.shared.clock.now()
     }
 
     /// The store shows `grant` gone or superseded (`vanished`), or the
@@ -396,7 +409,13 @@ impl Renewer {
                     Some((sent, _)) => self.outcome(sent, outcome),
                     None => Vec::new(),
                 },
-                () = self.shared.clock.sleep_until(wake) => self.shared.apply(LeaseEvent::Tick).1,
+                () = self.shared.clock.sleep_until(wake) => {
+                    // At `wake` at least: a clock that wakes its sleepers a
+                    // hair early (rounding) must not make the core see an
+                    // instant before the one it asked for, again and again.
+                    let now = self.shared.clock.now().max(wake);
+                    self.shared.apply_at(now, LeaseEvent::Tick).1
+                }
             };
         }
     }

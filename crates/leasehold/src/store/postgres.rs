@@ -90,11 +90,30 @@ struct Inner {
 }
 
 fn unavailable(what: &str, error: tokio_postgres::Error) -> Error {
+    use tokio_postgres::error::SqlState;
     // tokio-postgres says only "db error" for errors the server reports.
     let detail = match error.as_db_error() {
         Some(db) => format!("{} ({})", db.message(), db.code().code()),
         None => crate::error::with_causes(&error),
     };
+    // leasehold's own statements on objects that are missing or of another
+    // shape: the schema is not (or no longer) what leasehold made, and no
+    // retry will change that.
+    let foreign = [
+        SqlState::UNDEFINED_TABLE,
+        SqlState::UNDEFINED_COLUMN,
+        SqlState::UNDEFINED_FUNCTION,
+        SqlState::UNDEFINED_SCHEMA,
+        SqlState::WRONG_OBJECT_TYPE,
+        SqlState::DATATYPE_MISMATCH,
+    ];
+    if error.code().is_some_and(|code| foreign.contains(code)) {
+        return Error::Corrupt(format!(
+            "postgres {what}: {detail}: the schema's tables and functions are not the ones \
+             leasehold made (changed or made by another program); leasehold writes only what it \
+             created"
+        ));
+    }
     Error::Unavailable {
         reason: format!("postgres {what}: {detail}"),
         source: Some(Box::new(error)),

@@ -313,3 +313,67 @@ async fn the_renewal_observer_sees_round_trips_and_failures() {
         "{last:?}"
     );
 }
+
+/// A clock whose sleepers wake when it still reads 2 ms short of the
+/// instant they asked for (as a clock converting between rates can, by
+/// rounding, by a hair).
+#[derive(Debug)]
+struct EarlyClock;
+
+impl Clock for EarlyClock {
+    fn now(&self) -> Instant {
+        Instant::now() - ms(2)
+    }
+
+    fn sleep_until(
+        &self,
+        deadline: Instant,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+        Box::pin(tokio::time::sleep_until(deadline))
+    }
+}
+
+/// Regression (simulation seed 2233 hung): a clock that wakes a hair early
+/// must not make the renewal task or `lost()` wait on the same instant
+/// forever; renewals go on, and a hung renewal still ends leadership at
+/// the deadline.
+#[tokio::test(start_paused = true)]
+async fn a_clock_that_wakes_early_neither_spins_nor_misses_the_deadline() {
+    let clock: Arc<dyn Clock> = Arc::new(EarlyClock);
+    let store = MemoryStore::with_clock(Arc::clone(&clock));
+    let faulty = Arc::new(FaultyStore::new(
+        Arc::new(store.clone()),
+        Arc::clone(&clock),
+    ));
+    let elector = Elector::new(
+        faulty.clone(),
+        CandidateId::new("a").expect("id"),
+        LeaseConfig::with_ttl(ms(3000)),
+    )
+    .expect("valid config")
+    .with_clock(clock);
+    let leadership = elector
+        .campaign(&unique_election("early"))
+        .await
+        .expect("campaign");
+    // Several renewal periods: still leading, so renewals were sent.
+    tokio::time::timeout(ms(10_000), tokio::time::sleep(ms(5_000)))
+        .await
+        .expect("time moves on");
+    assert!(leadership.is_leader());
+    faulty.set_drop_keep_alives(true);
+    let deadline = leadership.deadline();
+    let reason = tokio::time::timeout(ms(10_000), leadership.lost())
+        .await
+        .expect("lost() returns");
+    assert!(
+        matches!(reason, LostReason::DeadlineExpired { .. }),
+        "{reason:?}"
+    );
+    let lost_at = Instant::now();
+    assert!(
+        lost_at + ms(1) >= deadline,
+        "lost early: {:?}",
+        deadline - lost_at
+    );
+}

@@ -249,67 +249,76 @@ impl Inner {
 
     /// `Ok(true)` when it created the schema (to be committed).
     async fn migrate_in_transaction(&self, client: &Client) -> Result<bool> {
-        let s = &self.schema;
-        timed(
-            "lock the schema",
-            client.execute(
-                "SELECT pg_advisory_xact_lock(hashtext($1))",
-                &[&format!("leasehold schema {s}")],
-            ),
-        )
-        .await?;
-        // The schema, and in it leasehold's marker: a table schema_version
-        // with exactly the one column leasehold gives it (`version bigint
-        // NOT NULL`) — another program's table of that name (Flyway's old
-        // history table, say) is not the marker — and leasehold's tables.
-        let row = timed(
-            "read the schema",
-            client.query_one(
-                "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1),
-                        (SELECT string_agg(a.attname::text || ' '
-                                    || format_type(a.atttypid, a.atttypmod)
-                                    || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END,
-                                    ', ' ORDER BY a.attnum)
-                         FROM pg_attribute a
-                         JOIN pg_class c ON c.oid = a.attrelid
-                         JOIN pg_namespace n ON n.oid = c.relnamespace
-                         WHERE n.nspname = $1 AND c.relname = 'schema_version'
-                           AND c.relkind = 'r' AND a.attnum > 0 AND NOT a.attisdropped),
-                        (SELECT count(*) FROM pg_class c
-                         JOIN pg_namespace n ON n.oid = c.relnamespace
-                         WHERE n.nspname = $1 AND c.relkind = 'r'
-                           AND c.relname IN ('sessions', 'elections'))",
-                &[&s.as_str()],
-            ),
-        )
-        .await?;
-        let (schema_exists, columns, tables): (bool, Option<String>, i64) =
-            (row.get(0), row.get(1), row.get(2));
-        if !schema_exists {
+        self.lock_schema(client).await?;
+        let found = self.inspect_schema(client).await?;
+        if !found.exists {
             if self.read_only {
                 return Err(Error::NotFound(format!(
-                    "in schema {s}: nothing has campaigned there yet"
+                    "in schema {}: nothing has campaigned there yet",
+                    self.schema
                 )));
             }
             self.create_schema(client).await?;
             return Ok(true);
         }
-        match columns.as_deref() {
-            Some(MARKER_COLUMNS) => {}
-            None => {
-                return Err(Error::Corrupt(format!(
-                    "schema {s} exists but leasehold did not create it (it has no {s}.schema_version); \
-                     leasehold uses only a schema it creates: choose another with ?schema=NAME"
-                )));
-            }
-            Some(other) => {
-                return Err(Error::Corrupt(format!(
-                    "schema {s} exists but leasehold did not create it ({s}.schema_version has \
-                     columns ({other}), not leasehold's ({MARKER_COLUMNS})); leasehold uses only a \
-                     schema it creates: choose another with ?schema=NAME"
-                )));
-            }
+        self.check_marker(found.marker_columns.as_deref())?;
+        self.check_version(client, found.tables).await?;
+        Ok(false)
+    }
+
+    /// Takes the transaction's advisory lock on the schema's name.
+    async fn lock_schema(&self, client: &Client) -> Result<()> {
+        timed(
+            "lock the schema",
+            client.execute(
+                "SELECT pg_advisory_xact_lock(hashtext($1))",
+                &[&format!("leasehold schema {}", self.schema)],
+            ),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// The schema, and in it leasehold's marker: a table schema_version
+    /// with exactly the one column leasehold gives it (`version bigint NOT
+    /// NULL`) — another program's table of that name (Flyway's old history
+    /// table, say) is not the marker — and leasehold's tables.
+    async fn inspect_schema(&self, client: &Client) -> Result<FoundSchema> {
+        let row = timed(
+            "read the schema",
+            client.query_one(INSPECT_SCHEMA_SQL, &[&self.schema.as_str()]),
+        )
+        .await?;
+        Ok(FoundSchema {
+            exists: row.get(0),
+            marker_columns: row.get(1),
+            tables: row.get(2),
+        })
+    }
+
+    /// Refuses an existing schema without leasehold's marker: leasehold did
+    /// not create it.
+    fn check_marker(&self, columns: Option<&str>) -> Result<()> {
+        let s = &self.schema;
+        match columns {
+            Some(MARKER_COLUMNS) => Ok(()),
+            None => Err(Error::Corrupt(format!(
+                "schema {s} exists but leasehold did not create it (it has no {s}.schema_version); \
+                 leasehold uses only a schema it creates: choose another with ?schema=NAME"
+            ))),
+            Some(other) => Err(Error::Corrupt(format!(
+                "schema {s} exists but leasehold did not create it ({s}.schema_version has \
+                 columns ({other}), not leasehold's ({MARKER_COLUMNS})); leasehold uses only a \
+                 schema it creates: choose another with ?schema=NAME"
+            ))),
         }
+    }
+
+    /// Checks the version in the marker of a schema leasehold created, which
+    /// has `tables` of leasehold's two: one version row, one this build
+    /// supports, and both tables.
+    async fn check_version(&self, client: &Client, tables: i64) -> Result<()> {
+        let s = &self.schema;
         // The column is leasehold's, so reading it cannot fail on its type.
         let row = timed(
             "read the schema version",
@@ -329,7 +338,7 @@ impl Inner {
                 found: v,
                 supported: SCHEMA_VERSION,
             }),
-            Some(v) if v >= 1 && tables == 2 => Ok(false),
+            Some(v) if v >= 1 && tables == 2 => Ok(()),
             Some(v) if v >= 1 => Err(Error::Corrupt(format!(
                 "schema {s} has leasehold's schema_version but not its tables sessions and \
                  elections: it was damaged; nothing was written"
@@ -472,6 +481,18 @@ impl Inner {
 ///   `close_session(session)`: the guarded release, leaving the line, and
 ///   ending a session (releasing its grants and its places in line).
 const SCHEMA_SQL: &str = include_str!("postgres/schema.sql");
+
+/// What [`Inner::inspect_schema`] finds (`postgres/inspect_schema.sql`).
+const INSPECT_SCHEMA_SQL: &str = include_str!("postgres/inspect_schema.sql");
+
+/// What is in the store's schema, before it is created or used.
+struct FoundSchema {
+    exists: bool,
+    /// The columns of its table schema_version, if it has one.
+    marker_columns: Option<String>,
+    /// How many of leasehold's tables sessions and elections it has.
+    tables: i64,
+}
 
 /// `sql` with `{schema}` replaced by the schema's name `schema` (checked to
 /// be `[a-z0-9_]` by `check_schema_name`, so it needs no quoting) and

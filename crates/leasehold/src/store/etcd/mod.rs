@@ -338,82 +338,17 @@ impl EtcdStore {
     async fn open_space(&self) -> Result<()> {
         for attempt in 0..ATTEMPTS {
             let survey = if attempt == 0 {
-                // The first request: fail now, with the endpoints named,
-                // rather than at the first campaign.
-                self.survey().await.map_err(|e| {
-                    let cause = match e {
-                        Error::Unavailable { reason, .. } => reason,
-                        other => other.to_string(),
-                    };
-                    Error::Unavailable {
-                        reason: format!(
-                            "cannot reach etcd at {}: {cause}",
-                            self.members.endpoints().join(",")
-                        ),
-                        source: None,
-                    }
-                })?
+                self.first_survey().await?
             } else {
                 self.survey().await?
             };
-            if let Some(outer) = &survey.enclosing {
-                return Err(Error::Corrupt(format!(
-                    "etcd prefix {} is inside the leasehold store at prefix {outer}; \
-                     use a prefix of its own",
-                    self.prefix
-                )));
-            }
-            if let Some(marker) = &survey.marker {
-                let found = marker_version(marker)?;
-                if found > LAYOUT_VERSION {
-                    return Err(Error::IncompatibleSchema {
-                        found,
-                        supported: LAYOUT_VERSION,
-                    });
-                }
+            if self.is_usable_store(&survey)? {
                 return Ok(());
             }
-            let space = range_of_prefix(&self.space());
-            // No enclosing prefix became a store meanwhile.
-            let mut guards: Vec<pb::Compare> = self
-                .enclosing_markers()
-                .into_iter()
-                .map(|key| {
-                    let key = RangeRequest {
-                        key: key.into_bytes(),
-                        ..Default::default()
-                    };
-                    unchanged_since(&key, survey.revision)
-                })
-                .collect();
-            if survey.keys == 0 {
-                if self.read_only {
-                    return Err(Error::NotFound(format!(
-                        "at etcd prefix {}: nothing has campaigned there yet",
-                        self.prefix
-                    )));
-                }
-                guards.push(no_key_in(&space));
-            } else {
-                self.check_earlier_layout(&space, survey.revision).await?;
-                if self.read_only {
-                    return Ok(());
-                }
-                guards.push(created_at(self.marker_key(), 0));
-                guards.push(unchanged_since(&space, survey.revision));
-            }
-            let txn = TxnRequest {
-                compare: guards,
-                success: vec![put(
-                    self.marker_key(),
-                    format!("leasehold {LAYOUT_VERSION}"),
-                    0,
-                )],
-                failure: Vec::new(),
+            let Some(guards) = self.marking_guards(&survey).await? else {
+                return Ok(());
             };
-            if self.txn("create the store", txn).await?.succeeded {
-                tracing::debug!(prefix = %self.prefix, adopted = survey.keys > 0,
-                    "marked the etcd prefix as leasehold's");
+            if self.mark_space(guards, survey.keys > 0).await? {
                 return Ok(());
             }
             // The prefix changed between the read and the write: read again.
@@ -425,6 +360,103 @@ impl EtcdStore {
             ),
             source: None,
         })
+    }
+
+    /// The first request: fails now, with the endpoints named, rather than
+    /// at the first campaign.
+    async fn first_survey(&self) -> Result<Survey> {
+        self.survey().await.map_err(|e| {
+            let cause = match e {
+                Error::Unavailable { reason, .. } => reason,
+                other => other.to_string(),
+            };
+            Error::Unavailable {
+                reason: format!(
+                    "cannot reach etcd at {}: {cause}",
+                    self.members.endpoints().join(",")
+                ),
+                source: None,
+            }
+        })
+    }
+
+    /// Whether the surveyed prefix is a leasehold store this build can use
+    /// (marked); refuses one inside another store or of a newer layout.
+    fn is_usable_store(&self, survey: &Survey) -> Result<bool> {
+        if let Some(outer) = &survey.enclosing {
+            return Err(Error::Corrupt(format!(
+                "etcd prefix {} is inside the leasehold store at prefix {outer}; \
+                 use a prefix of its own",
+                self.prefix
+            )));
+        }
+        let Some(marker) = &survey.marker else {
+            return Ok(false);
+        };
+        let found = marker_version(marker)?;
+        if found > LAYOUT_VERSION {
+            return Err(Error::IncompatibleSchema {
+                found,
+                supported: LAYOUT_VERSION,
+            });
+        }
+        Ok(true)
+    }
+
+    /// The conditions under which the unmarked, surveyed prefix may be
+    /// marked: empty, or as an earlier leasehold left it (checked), and
+    /// unchanged; `None` when read-only and there is nothing to refuse.
+    async fn marking_guards(&self, survey: &Survey) -> Result<Option<Vec<pb::Compare>>> {
+        let space = range_of_prefix(&self.space());
+        // No enclosing prefix became a store meanwhile.
+        let mut guards: Vec<pb::Compare> = self
+            .enclosing_markers()
+            .into_iter()
+            .map(|key| {
+                let key = RangeRequest {
+                    key: key.into_bytes(),
+                    ..Default::default()
+                };
+                unchanged_since(&key, survey.revision)
+            })
+            .collect();
+        if survey.keys == 0 {
+            if self.read_only {
+                return Err(Error::NotFound(format!(
+                    "at etcd prefix {}: nothing has campaigned there yet",
+                    self.prefix
+                )));
+            }
+            guards.push(no_key_in(&space));
+        } else {
+            self.check_earlier_layout(&space, survey.revision).await?;
+            if self.read_only {
+                return Ok(None);
+            }
+            guards.push(created_at(self.marker_key(), 0));
+            guards.push(unchanged_since(&space, survey.revision));
+        }
+        Ok(Some(guards))
+    }
+
+    /// Writes the marker if `guards` hold; `false` if they did not (the
+    /// prefix changed). `adopted`: the prefix held an earlier leasehold's
+    /// keys.
+    async fn mark_space(&self, guards: Vec<pb::Compare>, adopted: bool) -> Result<bool> {
+        let txn = TxnRequest {
+            compare: guards,
+            success: vec![put(
+                self.marker_key(),
+                format!("leasehold {LAYOUT_VERSION}"),
+                0,
+            )],
+            failure: Vec::new(),
+        };
+        if self.txn("create the store", txn).await?.succeeded {
+            tracing::debug!(prefix = %self.prefix, adopted, "marked the etcd prefix as leasehold's");
+            return Ok(true);
+        }
+        Ok(false)
     }
 
     /// Checks that every key under the prefix (read at `revision`) has the

@@ -40,7 +40,7 @@ use std::time::Duration;
 use crate::watch;
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg, OFlag};
-use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, InotifyEvent};
 use tokio::io::unix::AsyncFd;
 use tokio_util::sync::CancellationToken;
 
@@ -389,24 +389,7 @@ pub(super) fn spawn(
     };
     let mut signal = file.clone();
     signal.push(NOTIFY_SUFFIX);
-    let renames = AddWatchFlags::IN_CREATE
-        | AddWatchFlags::IN_DELETE
-        | AddWatchFlags::IN_MOVED_FROM
-        | AddWatchFlags::IN_MOVED_TO;
-    let watcher = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).and_then(|fd| {
-        fd.add_watch(
-            &dir,
-            AddWatchFlags::IN_MODIFY
-                | renames
-                | AddWatchFlags::IN_DELETE_SELF
-                | AddWatchFlags::IN_MOVE_SELF,
-        )?;
-        Ok(fd)
-    });
-    let fd = match watcher
-        .map_err(std::io::Error::from)
-        .and_then(|fd| register(InotifyFd(fd)))
-    {
+    let fd = match watch_dir(&dir) {
         Ok(fd) => fd,
         Err(e) => return fallback(changes, stop, e.to_string(), file_event),
     };
@@ -428,12 +411,7 @@ pub(super) fn spawn(
                     let relevant = events
                         .iter()
                         .any(|e| e.name.as_ref().is_some_and(|n| *n == signal));
-                    // The database file's name changed hands, or the folder
-                    // itself went (no name), or events were lost.
-                    let moved = events.iter().any(|e| match &e.name {
-                        Some(name) => *name == file && e.mask.intersects(renames),
-                        None => true,
-                    });
+                    let moved = events.iter().any(|e| moves(e, &file));
                     if moved {
                         file_event();
                     }
@@ -449,6 +427,40 @@ pub(super) fn spawn(
             }
         }
     });
+}
+
+/// The events on a folder's entries that give a name to another file or
+/// take it away.
+const RENAMES: AddWatchFlags = AddWatchFlags::IN_CREATE
+    .union(AddWatchFlags::IN_DELETE)
+    .union(AddWatchFlags::IN_MOVED_FROM)
+    .union(AddWatchFlags::IN_MOVED_TO);
+
+/// An inotify watch on the folder `dir`, registered with tokio: its
+/// entries' changes and renames, and its own deletion or move.
+fn watch_dir(dir: &Path) -> std::io::Result<AsyncFd<InotifyFd>> {
+    let watcher = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).and_then(|fd| {
+        fd.add_watch(
+            dir,
+            AddWatchFlags::IN_MODIFY
+                | RENAMES
+                | AddWatchFlags::IN_DELETE_SELF
+                | AddWatchFlags::IN_MOVE_SELF,
+        )?;
+        Ok(fd)
+    });
+    watcher
+        .map_err(std::io::Error::from)
+        .and_then(|fd| register(InotifyFd(fd)))
+}
+
+/// Whether `event` says the database `file`'s name changed hands, or the
+/// folder itself went (no name), or events were lost.
+fn moves(event: &InotifyEvent, file: &OsString) -> bool {
+    match &event.name {
+        Some(name) => name == file && event.mask.intersects(RENAMES),
+        None => true,
+    }
 }
 
 fn fallback(

@@ -268,67 +268,76 @@ impl Inner {
 
     /// `Ok(true)` when it created the schema (to be committed).
     async fn migrate_in_transaction(&self, client: &Client) -> Result<bool> {
-        let s = &self.schema;
-        timed(
-            "lock the schema",
-            client.execute(
-                "SELECT pg_advisory_xact_lock(hashtext($1))",
-                &[&format!("leasehold schema {s}")],
-            ),
-        )
-        .await?;
-        // The schema, and in it leasehold's marker: a table schema_version
-        // with exactly the one column leasehold gives it (`version bigint
-        // NOT NULL`) — another program's table of that name (Flyway's old
-        // history table, say) is not the marker — and leasehold's tables.
-        let row = timed(
-            "read the schema",
-            client.query_one(
-                "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1),
-                        (SELECT string_agg(a.attname::text || ' '
-                                    || format_type(a.atttypid, a.atttypmod)
-                                    || CASE WHEN a.attnotnull THEN ' not null' ELSE '' END,
-                                    ', ' ORDER BY a.attnum)
-                         FROM pg_attribute a
-                         JOIN pg_class c ON c.oid = a.attrelid
-                         JOIN pg_namespace n ON n.oid = c.relnamespace
-                         WHERE n.nspname = $1 AND c.relname = 'schema_version'
-                           AND c.relkind = 'r' AND a.attnum > 0 AND NOT a.attisdropped),
-                        (SELECT count(*) FROM pg_class c
-                         JOIN pg_namespace n ON n.oid = c.relnamespace
-                         WHERE n.nspname = $1 AND c.relkind = 'r'
-                           AND c.relname IN ('sessions', 'elections'))",
-                &[&s.as_str()],
-            ),
-        )
-        .await?;
-        let (schema_exists, columns, tables): (bool, Option<String>, i64) =
-            (row.get(0), row.get(1), row.get(2));
-        if !schema_exists {
+        self.lock_schema(client).await?;
+        let found = self.inspect_schema(client).await?;
+        if !found.exists {
             if self.read_only {
                 return Err(Error::NotFound(format!(
-                    "in schema {s}: nothing has campaigned there yet"
+                    "in schema {}: nothing has campaigned there yet",
+                    self.schema
                 )));
             }
             self.create_schema(client).await?;
             return Ok(true);
         }
-        match columns.as_deref() {
-            Some(MARKER_COLUMNS) => {}
-            None => {
-                return Err(Error::Corrupt(format!(
-                    "schema {s} exists but leasehold did not create it (it has no {s}.schema_version); \
-                     leasehold uses only a schema it creates: choose another with ?schema=NAME"
-                )));
-            }
-            Some(other) => {
-                return Err(Error::Corrupt(format!(
-                    "schema {s} exists but leasehold did not create it ({s}.schema_version has \
-                     columns ({other}), not leasehold's ({MARKER_COLUMNS})); leasehold uses only a \
-                     schema it creates: choose another with ?schema=NAME"
-                )));
-            }
+        self.check_marker(found.marker_columns.as_deref())?;
+        self.check_version(client, found.tables).await?;
+        Ok(false)
+    }
+
+    /// Takes the transaction's advisory lock on the schema's name.
+    async fn lock_schema(&self, client: &Client) -> Result<()> {
+        timed(
+            "lock the schema",
+            client.execute(
+                "SELECT pg_advisory_xact_lock(hashtext($1))",
+                &[&format!("leasehold schema {}", self.schema)],
+            ),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// The schema, and in it leasehold's marker: a table schema_version
+    /// with exactly the one column leasehold gives it (`version bigint NOT
+    /// NULL`) — another program's table of that name (Flyway's old history
+    /// table, say) is not the marker — and leasehold's tables.
+    async fn inspect_schema(&self, client: &Client) -> Result<FoundSchema> {
+        let row = timed(
+            "read the schema",
+            client.query_one(INSPECT_SCHEMA_SQL, &[&self.schema.as_str()]),
+        )
+        .await?;
+        Ok(FoundSchema {
+            exists: row.get(0),
+            marker_columns: row.get(1),
+            tables: row.get(2),
+        })
+    }
+
+    /// Refuses an existing schema without leasehold's marker: leasehold did
+    /// not create it.
+    fn check_marker(&self, columns: Option<&str>) -> Result<()> {
+        let s = &self.schema;
+        match columns {
+            Some(MARKER_COLUMNS) => Ok(()),
+            None => Err(Error::Corrupt(format!(
+                "schema {s} exists but leasehold did not create it (it has no {s}.schema_version); \
+                 leasehold uses only a schema it creates: choose another with ?schema=NAME"
+            ))),
+            Some(other) => Err(Error::Corrupt(format!(
+                "schema {s} exists but leasehold did not create it ({s}.schema_version has \
+                 columns ({other}), not leasehold's ({MARKER_COLUMNS})); leasehold uses only a \
+                 schema it creates: choose another with ?schema=NAME"
+            ))),
         }
+    }
+
+    /// Checks the version in the marker of a schema leasehold created, which
+    /// has `tables` of leasehold's two: one version row, one this build
+    /// supports, and both tables.
+    async fn check_version(&self, client: &Client, tables: i64) -> Result<()> {
+        let s = &self.schema;
         // The column is leasehold's, so reading it cannot fail on its type.
         let row = timed(
             "read the schema version",
@@ -348,7 +357,7 @@ impl Inner {
                 found: v,
                 supported: SCHEMA_VERSION,
             }),
-            Some(v) if v >= 1 && tables == 2 => Ok(false),
+            Some(v) if v >= 1 && tables == 2 => Ok(()),
             Some(v) if v >= 1 => Err(Error::Corrupt(format!(
                 "schema {s} has leasehold's schema_version but not its tables sessions and \
                  elections: it was damaged; nothing was written"
@@ -363,28 +372,7 @@ impl Inner {
     /// Creates the schema, its tables and functions; fails if the schema
     /// exists (the caller checked, under the lock, that it does not).
     async fn create_schema(&self, client: &Client) -> Result<()> {
-        let s = &self.schema;
-        let ddl = format!(
-            "CREATE SCHEMA {s};
-             CREATE TABLE {s}.schema_version (version bigint NOT NULL);
-             CREATE TABLE {s}.sessions (
-                 id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-                 ttl_ms bigint NOT NULL CHECK (ttl_ms > 0),
-                 expires_at timestamptz NOT NULL);
-             CREATE TABLE {s}.elections (
-                 name text PRIMARY KEY,
-                 token bigint NOT NULL,
-                 session bigint,
-                 candidate text);
-             CREATE TABLE {s}.waiters (
-                 seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-                 election text NOT NULL,
-                 session bigint NOT NULL,
-                 UNIQUE (election, session));
-             {functions}
-             INSERT INTO {s}.schema_version (version) VALUES ({SCHEMA_VERSION});",
-            functions = functions(s)
-        );
+        let ddl = fill_schema_placeholders(SCHEMA_SQL, &self.schema);
         timed("create the schema", client.batch_execute(&ddl)).await
     }
 
@@ -490,8 +478,10 @@ impl Inner {
     }
 }
 
-/// The store's statements that change state, as functions so that each is
-/// one statement (one implicit transaction) however many steps it takes:
+/// The schema's SQL (`postgres/schema.sql`, with placeholders filled by
+/// [`fill_schema_placeholders`]): its tables, its version marker, and the
+/// store's statements that change state, as functions so that each is one
+/// statement (one implicit transaction) however many steps it takes:
 ///
 /// - `acquire(session, election, candidate)`: the compare-and-swap. It locks
 ///   the election row, then the holder's session row (a renewal racing with
@@ -509,137 +499,26 @@ impl Inner {
 /// - `release(election, token, session)`, `withdraw(election, session)`,
 ///   `close_session(session)`: the guarded release, leaving the line, and
 ///   ending a session (releasing its grants and its places in line).
-fn functions(s: &str) -> String {
-    format!(
-        "CREATE OR REPLACE FUNCTION {s}.queue_head(
-             p_name text, OUT o_session bigint, OUT o_left_ms bigint)
-         LANGUAGE sql AS $fn$
-             SELECT w.session,
-                    (extract(epoch FROM h.expires_at - clock_timestamp()) * 1000)::bigint
-             FROM {s}.waiters w
-             JOIN {s}.sessions h ON h.id = w.session AND h.expires_at > clock_timestamp()
-             WHERE w.election = p_name
-             ORDER BY w.seq
-             LIMIT 1
-         $fn$;
+const SCHEMA_SQL: &str = include_str!("postgres/schema.sql");
 
-         CREATE OR REPLACE FUNCTION {s}.notify_release(p_name text) RETURNS void
-         LANGUAGE plpgsql AS $fn$
-         BEGIN
-             PERFORM pg_notify('leasehold_{s}',
-                 p_name || ' ' || coalesce((SELECT q.o_session FROM {s}.queue_head(p_name) q)::text, ''));
-         END
-         $fn$;
+/// What [`Inner::inspect_schema`] finds (`postgres/inspect_schema.sql`).
+const INSPECT_SCHEMA_SQL: &str = include_str!("postgres/inspect_schema.sql");
 
-         CREATE OR REPLACE FUNCTION {s}.acquire(
-             p_session bigint, p_name text, p_candidate text,
-             OUT o_granted boolean, OUT o_token bigint, OUT o_wait_ms bigint)
-         LANGUAGE plpgsql AS $fn$
-         DECLARE
-             v_token bigint;
-             v_holder bigint;
-             v_left bigint;
-             v_head bigint;
-             v_head_left bigint;
-         BEGIN
-             INSERT INTO {s}.elections AS e (name, token) VALUES (p_name, 0)
-                 ON CONFLICT (name) DO NOTHING;
-             SELECT e.token, e.session INTO v_token, v_holder
-                 FROM {s}.elections e WHERE e.name = p_name FOR UPDATE;
-             PERFORM 1 FROM {s}.sessions h
-                 WHERE h.id = p_session AND h.expires_at > clock_timestamp() FOR SHARE;
-             IF NOT FOUND THEN
-                 DELETE FROM {s}.waiters w WHERE w.election = p_name AND w.session = p_session;
-                 RETURN;
-             END IF;
-             o_token := v_token;
-             IF v_holder IS NOT NULL THEN
-                 SELECT (extract(epoch FROM h.expires_at - clock_timestamp()) * 1000)::bigint
-                     INTO v_left
-                     FROM {s}.sessions h
-                     WHERE h.id = v_holder AND h.expires_at > clock_timestamp() FOR UPDATE;
-                 IF FOUND THEN
-                     IF v_holder = p_session THEN
-                         o_granted := true;
-                         o_wait_ms := 0;
-                         RETURN;
-                     END IF;
-                     INSERT INTO {s}.waiters (election, session) VALUES (p_name, p_session)
-                         ON CONFLICT DO NOTHING;
-                     SELECT q.o_session, q.o_left_ms INTO v_head, v_head_left
-                         FROM {s}.queue_head(p_name) q;
-                     o_granted := false;
-                     -- The first in line wakes at the holder's expiry; the
-                     -- others only if the first's session expires first.
-                     o_wait_ms := CASE WHEN v_head = p_session THEN v_left
-                                       ELSE v_head_left END;
-                     RETURN;
-                 END IF;
-             END IF;
-             INSERT INTO {s}.waiters (election, session) VALUES (p_name, p_session)
-                 ON CONFLICT DO NOTHING;
-             SELECT q.o_session, q.o_left_ms INTO v_head, v_head_left
-                 FROM {s}.queue_head(p_name) q;
-             IF v_head IS DISTINCT FROM p_session THEN
-                 o_granted := false;
-                 o_wait_ms := v_head_left;
-                 RETURN;
-             END IF;
-             UPDATE {s}.elections e SET token = e.token + 1, session = p_session, candidate = p_candidate
-                 WHERE e.name = p_name RETURNING e.token INTO v_token;
-             DELETE FROM {s}.waiters w
-                 WHERE w.election = p_name
-                   AND (w.session = p_session OR NOT EXISTS (
-                        SELECT 1 FROM {s}.sessions h
-                        WHERE h.id = w.session AND h.expires_at > clock_timestamp()));
-             PERFORM pg_notify('leasehold_{s}', p_name);
-             o_granted := true;
-             o_token := v_token;
-             o_wait_ms := 0;
-         END
-         $fn$;
+/// What is in the store's schema, before it is created or used.
+struct FoundSchema {
+    exists: bool,
+    /// The columns of its table schema_version, if it has one.
+    marker_columns: Option<String>,
+    /// How many of leasehold's tables sessions and elections it has.
+    tables: i64,
+}
 
-         CREATE OR REPLACE FUNCTION {s}.release(p_name text, p_token bigint, p_session bigint)
-         RETURNS boolean LANGUAGE plpgsql AS $fn$
-         BEGIN
-             UPDATE {s}.elections e SET session = NULL, candidate = NULL
-                 WHERE e.name = p_name AND e.token = p_token AND e.session = p_session;
-             IF NOT FOUND THEN
-                 RETURN false;
-             END IF;
-             PERFORM {s}.notify_release(p_name);
-             RETURN true;
-         END
-         $fn$;
-
-         CREATE OR REPLACE FUNCTION {s}.withdraw(p_name text, p_session bigint) RETURNS void
-         LANGUAGE plpgsql AS $fn$
-         BEGIN
-             DELETE FROM {s}.waiters w WHERE w.election = p_name AND w.session = p_session;
-             IF FOUND THEN
-                 -- It may have been woken for a release it will not take.
-                 PERFORM {s}.notify_release(p_name);
-             END IF;
-         END
-         $fn$;
-
-         CREATE OR REPLACE FUNCTION {s}.close_session(p_session bigint) RETURNS void
-         LANGUAGE plpgsql AS $fn$
-         DECLARE
-             v_names text[];
-         BEGIN
-             WITH released AS (
-                 UPDATE {s}.elections e SET session = NULL, candidate = NULL
-                 WHERE e.session = p_session RETURNING e.name),
-             unqueued AS (
-                 DELETE FROM {s}.waiters w WHERE w.session = p_session RETURNING w.election)
-             SELECT array_agg(DISTINCT n) INTO v_names
-                 FROM (SELECT name AS n FROM released UNION SELECT election FROM unqueued) x;
-             DELETE FROM {s}.sessions h WHERE h.id = p_session;
-             PERFORM {s}.notify_release(n) FROM unnest(coalesce(v_names, '{{}}')) n;
-         END
-         $fn$;"
-    )
+/// `sql` with `{schema}` replaced by the schema's name `schema` (checked to
+/// be `[a-z0-9_]` by `check_schema_name`, so it needs no quoting) and
+/// `{version}` by [`SCHEMA_VERSION`].
+fn fill_schema_placeholders(sql: &str, schema: &str) -> String {
+    sql.replace("{schema}", schema)
+        .replace("{version}", &SCHEMA_VERSION.to_string())
 }
 
 /// Keeps one connection LISTENing on the store's channel and broadcasts

@@ -425,39 +425,134 @@ fn retry_busy<T>(mut op: impl FnMut() -> Result<T>) -> Result<T> {
     }
 }
 
-impl Db {
-    fn open(path: &Path, read_only: bool) -> Result<Self> {
-        let shown = path.display();
-        if path.as_os_str().is_empty() {
-            return Err(Error::invalid("sqlite path", "must not be empty"));
-        }
-        if path.is_dir() {
-            return Err(Error::invalid(
-                "sqlite path",
-                format!("{shown} is a directory, not a database file"),
+/// Checks the path before anything is opened: not empty, not a directory,
+/// and, if something is there, a regular file (read-only, it must exist).
+/// Its metadata if it exists.
+fn check_path(path: &Path, read_only: bool) -> Result<Option<Metadata>> {
+    let shown = path.display();
+    if path.as_os_str().is_empty() {
+        return Err(Error::invalid("sqlite path", "must not be empty"));
+    }
+    if path.is_dir() {
+        return Err(Error::invalid(
+            "sqlite path",
+            format!("{shown} is a directory, not a database file"),
+        ));
+    }
+    // A path that cannot be looked up (a folder on the way that this
+    // user may not search) is not a missing one.
+    let existing = match std::fs::metadata(path) {
+        Ok(meta) => Some(meta),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => None,
+        Err(error) => {
+            return Err(Error::unavailable(
+                format!("cannot open {shown}: {error}"),
+                error,
             ));
         }
-        // A path that cannot be looked up (a folder on the way that this
-        // user may not search) is not a missing one.
-        let existing = match std::fs::metadata(path) {
-            Ok(meta) => Some(meta),
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => None,
-            Err(error) => {
-                return Err(Error::unavailable(
-                    format!("cannot open {shown}: {error}"),
-                    error,
-                ));
-            }
+    };
+    match &existing {
+        None if read_only => Err(missing(path)),
+        Some(meta) if !meta.is_file() => Err(Error::Corrupt(format!(
+            "{shown} is not a regular file, so not a database"
+        ))),
+        _ => Ok(existing),
+    }
+}
+
+/// The database's notify file `notify` (as found), or the one that appears
+/// while a sibling of a new database settles; refuses a sibling that stays.
+/// For a writer, before it opens the database.
+///
+/// A new database: SQLite deletes a `-wal` or `-journal` next to a missing
+/// or empty file, and takes over a `-shm`. Such a file is leasehold's
+/// leftover only next to leasehold's notify file. Another leasehold process
+/// creating the database at this moment has a `-journal` there for a few
+/// milliseconds, and writes the notify file soon after: only a sibling that
+/// stays is foreign.
+fn settle_new_database(
+    path: &Path,
+    owners: &[u32],
+    mut notify: Option<notify::NotifyFile>,
+) -> Result<Option<notify::NotifyFile>> {
+    let shown = path.display();
+    let exists = |suffix: &str| std::fs::symlink_metadata(sibling(path, suffix)).is_ok();
+    let settle = std::time::Instant::now() + SIBLING_SETTLE;
+    while notify.is_none() {
+        let state = match std::fs::metadata(path) {
+            Err(_) => "does not exist",
+            Ok(meta) if meta.len() == 0 => "is empty",
+            Ok(_) => break,
         };
-        match &existing {
-            None if read_only => return Err(missing(path)),
-            Some(meta) if !meta.is_file() => {
-                return Err(Error::Corrupt(format!(
-                    "{shown} is not a regular file, so not a database"
-                )));
-            }
-            _ => {}
+        let Some(suffix) = ["-wal", "-journal", "-shm"]
+            .into_iter()
+            .find(|suffix| exists(suffix))
+        else {
+            break;
+        };
+        if std::time::Instant::now() >= settle {
+            return Err(Error::Corrupt(format!(
+                "{shown}{suffix} exists but {shown} {state}, and no leasehold notify file is \
+                 next to it, so it is not leasehold's; creating the database would delete or \
+                 overwrite it: leasehold writes only files it created, move it away"
+            )));
         }
+        std::thread::sleep(Duration::from_millis(10));
+        notify = notify::open_existing(path, owners)?;
+    }
+    Ok(notify)
+}
+
+/// SQLite's connection to the database (created if missing, unless
+/// `read_only`), which does not checkpoint on close until the schema is
+/// known to be leasehold's.
+fn open_connection(path: &Path, read_only: bool) -> Result<Connection> {
+    let flags = if read_only {
+        OpenFlags::SQLITE_OPEN_READ_ONLY
+    } else {
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE
+    } | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags).map_err(|e| sql_error(path, e))?;
+    // Closing must not checkpoint another program's WAL into its
+    // database (and delete the WAL) before the schema is known to be
+    // leasehold's.
+    conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)
+        .map_err(|e| sql_error(path, e))?;
+    conn.busy_timeout(BUSY_TIMEOUT)
+        .map_err(|e| sql_error(path, e))?;
+    Ok(conn)
+}
+
+/// The database file, held open (see [`hold_database_file`]), and its
+/// metadata; refused unless it is a regular file.
+fn hold_regular_file(path: &Path, read_only: bool) -> Result<(File, Metadata)> {
+    let shown = path.display();
+    let file = match hold_database_file(path) {
+        Ok(file) => file,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound && read_only => {
+            return Err(missing(path));
+        }
+        Err(error) => {
+            return Err(Error::unavailable(
+                format!("cannot open {shown}: {error}"),
+                error,
+            ));
+        }
+    };
+    let meta = file
+        .metadata()
+        .map_err(|e| Error::unavailable(format!("cannot inspect {shown}: {e}"), e))?;
+    if !meta.is_file() {
+        return Err(Error::Corrupt(format!(
+            "{shown} is not a regular file, so not a database"
+        )));
+    }
+    Ok((file, meta))
+}
+
+impl Db {
+    fn open(path: &Path, read_only: bool) -> Result<Self> {
+        let existing = check_path(path, read_only)?;
         let me = nix::unistd::geteuid().as_raw();
         let mut owners = [existing.as_ref().map_or(me, MetadataExt::uid), me];
         // A notify file that leasehold did not create is refused before
@@ -469,68 +564,11 @@ impl Db {
         };
         let exists = |suffix: &str| std::fs::symlink_metadata(sibling(path, suffix)).is_ok();
         let (wal_existed, shm_existed) = (exists("-wal"), exists("-shm"));
-        // A new database: SQLite deletes a `-wal` or `-journal` next to a
-        // missing or empty file, and takes over a `-shm`. Such a file is
-        // leasehold's leftover only next to leasehold's notify file. Another
-        // leasehold process creating the database at this moment has a
-        // `-journal` there for a few milliseconds, and writes the notify file
-        // soon after: only a sibling that stays is foreign.
-        let settle = std::time::Instant::now() + SIBLING_SETTLE;
-        while !read_only && notify.is_none() {
-            let state = match std::fs::metadata(path) {
-                Err(_) => "does not exist",
-                Ok(meta) if meta.len() == 0 => "is empty",
-                Ok(_) => break,
-            };
-            let Some(suffix) = ["-wal", "-journal", "-shm"]
-                .into_iter()
-                .find(|suffix| exists(suffix))
-            else {
-                break;
-            };
-            if std::time::Instant::now() >= settle {
-                return Err(Error::Corrupt(format!(
-                    "{shown}{suffix} exists but {shown} {state}, and no leasehold notify file is \
-                     next to it, so it is not leasehold's; creating the database would delete or \
-                     overwrite it: leasehold writes only files it created, move it away"
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(10));
-            notify = notify::open_existing(path, &owners)?;
+        if !read_only {
+            notify = settle_new_database(path, &owners, notify)?;
         }
-        let flags = if read_only {
-            OpenFlags::SQLITE_OPEN_READ_ONLY
-        } else {
-            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE
-        } | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-        let conn = Connection::open_with_flags(path, flags).map_err(|e| sql_error(path, e))?;
-        // Closing must not checkpoint another program's WAL into its
-        // database (and delete the WAL) before the schema is known to be
-        // leasehold's.
-        conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)
-            .map_err(|e| sql_error(path, e))?;
-        conn.busy_timeout(BUSY_TIMEOUT)
-            .map_err(|e| sql_error(path, e))?;
-        let file = match hold_database_file(path) {
-            Ok(file) => file,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound && read_only => {
-                return Err(missing(path));
-            }
-            Err(error) => {
-                return Err(Error::unavailable(
-                    format!("cannot open {shown}: {error}"),
-                    error,
-                ));
-            }
-        };
-        let meta = file
-            .metadata()
-            .map_err(|e| Error::unavailable(format!("cannot inspect {shown}: {e}"), e))?;
-        if !meta.is_file() {
-            return Err(Error::Corrupt(format!(
-                "{shown} is not a regular file, so not a database"
-            )));
-        }
+        let conn = open_connection(path, read_only)?;
+        let (file, meta) = hold_regular_file(path, read_only)?;
         owners[0] = meta.uid();
         let mut db = Db {
             path: path.to_owned(),

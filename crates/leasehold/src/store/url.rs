@@ -546,6 +546,25 @@ impl<'a> PgUrl<'a> {
     }
 
     fn check(&self) -> Result<(), String> {
+        self.check_given_once()?;
+        for chunk in self.hosts.split(',').filter(|_| !self.hosts.is_empty()) {
+            let (host, port) = split_host_port(chunk)?;
+            check_pg_host(host, chunk)?;
+            if let Some(port) = port {
+                check_port(port, chunk)?;
+            }
+        }
+        self.check_host_params()?;
+        self.refuse_tls()?;
+        if let Some(schema) = self.param("schema") {
+            check_schema(schema)?;
+        }
+        Ok(())
+    }
+
+    /// Refuses what is given both in the URL and as a parameter, and a URL
+    /// without a host.
+    fn check_given_once(&self) -> Result<(), String> {
         let twice = |what: &str, key: &str| {
             Err(format!(
                 "the {what} is given twice: in the URL and as ?{key}="
@@ -574,29 +593,11 @@ impl<'a> PgUrl<'a> {
                 "names no host: give HOST[:PORT] after postgres:// (or ?host=, ?hostaddr=)".into(),
             );
         }
-        for chunk in self.hosts.split(',').filter(|_| !self.hosts.is_empty()) {
-            let (host, port) = if chunk.starts_with('[') {
-                match chunk.find(']') {
-                    Some(end) => {
-                        let port = &chunk[end + 1..];
-                        if !(port.is_empty() || port.starts_with(':')) {
-                            return Err(format!("host {} is not [IPV6][:PORT]", quote(chunk)));
-                        }
-                        (&chunk[..=end], port.strip_prefix(':'))
-                    }
-                    None => return Err(format!("host {} is not [IPV6][:PORT]", quote(chunk))),
-                }
-            } else {
-                match chunk.split_once(':') {
-                    Some((host, port)) => (host, Some(port)),
-                    None => (chunk, None),
-                }
-            };
-            check_pg_host(host, chunk)?;
-            if let Some(port) = port {
-                check_port(port, chunk)?;
-            }
-        }
+        Ok(())
+    }
+
+    /// Checks `?host=` and `?port=`.
+    fn check_host_params(&self) -> Result<(), String> {
         // tokio-postgres takes ?host= as one host (unlike ?port= and
         // ?hostaddr=, which it splits at commas).
         if let Some(host) = self.param("host") {
@@ -612,6 +613,11 @@ impl<'a> PgUrl<'a> {
                 check_port(port, port)?;
             }
         }
+        Ok(())
+    }
+
+    /// Refuses the settings that need TLS, which the store does not support.
+    fn refuse_tls(&self) -> Result<(), String> {
         for (key, value) in &self.params {
             let tls = match (*key, *value) {
                 ("sslmode", "require") => Some("sslmode=require"),
@@ -624,9 +630,6 @@ impl<'a> PgUrl<'a> {
                     "{setting} needs TLS, which leasehold's PostgreSQL store does not support yet"
                 ));
             }
-        }
-        if let Some(schema) = self.param("schema") {
-            check_schema(schema)?;
         }
         Ok(())
     }
@@ -665,6 +668,29 @@ impl<'a> PgUrl<'a> {
         }
         out
     }
+}
+
+/// One host of a PostgreSQL URL, `HOST[:PORT]` or `[IPV6][:PORT]`, split
+/// into its host and port.
+fn split_host_port(chunk: &str) -> Result<(&str, Option<&str>), String> {
+    let (host, port) = if chunk.starts_with('[') {
+        match chunk.find(']') {
+            Some(end) => {
+                let port = &chunk[end + 1..];
+                if !(port.is_empty() || port.starts_with(':')) {
+                    return Err(format!("host {} is not [IPV6][:PORT]", quote(chunk)));
+                }
+                (&chunk[..=end], port.strip_prefix(':'))
+            }
+            None => return Err(format!("host {} is not [IPV6][:PORT]", quote(chunk))),
+        }
+    } else {
+        match chunk.split_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (chunk, None),
+        }
+    };
+    Ok((host, port))
 }
 
 /// A PostgreSQL host: a host name or address, or (percent-encoded, as

@@ -132,6 +132,34 @@ impl ZkSession {
             .clone()
     }
 
+    /// `fut`'s output, or [`Error::SessionExpired`] if the session ends
+    /// first (`fut` is then dropped).
+    async fn unless_ended<T>(&self, fut: impl Future<Output = T>) -> Result<T> {
+        tokio::select! {
+            biased;
+            () = self.ended.cancelled() => Err(Error::SessionExpired(self.id)),
+            out = fut => Ok(out),
+        }
+    }
+
+    /// ZooKeeper's answer to the request `what` (see [`request`]), unless
+    /// the session ends first.
+    async fn ask<T>(
+        &self,
+        what: &str,
+        fut: impl Future<Output = std::result::Result<T, zookeeper_client::Error>>,
+    ) -> Result<std::result::Result<T, zookeeper_client::Error>> {
+        self.unless_ended(request(what, fut)).await?
+    }
+
+    /// The error for the request `what` that ZooKeeper refused with `error`.
+    fn refused(&self, what: &str, error: zookeeper_client::Error) -> Error {
+        match error {
+            zookeeper_client::Error::SessionExpired => Error::SessionExpired(self.id),
+            error => unavailable(what, error),
+        }
+    }
+
     /// Ends the session: every campaign on it stops and drops its client,
     /// and the last client dropped closes the ZooKeeper session.
     fn end(&self) -> Option<Client> {
@@ -422,22 +450,8 @@ impl Inner {
     /// unless read-only, creates it if it does not exist, or marks it if an
     /// earlier leasehold made it. Writes nothing otherwise.
     async fn open_root(&self, client: &Client) -> Result<()> {
+        self.refuse_enclosing_store(client).await?;
         let root = self.root.as_str();
-        // A store at an enclosing node: its nodes are not for us to use.
-        for (i, _) in root.match_indices('/').filter(|(i, _)| *i > 0) {
-            let outer = &root[..i];
-            match request("read the root node", client.get_data(outer)).await? {
-                Ok((data, _)) if marker_version(&data).is_some() => {
-                    return Err(Error::Corrupt(format!(
-                        "zookeeper node {root} is inside the leasehold store at {outer}; \
-                         use a root of its own"
-                    )));
-                }
-                Ok(_) => {}
-                Err(zookeeper_client::Error::NoNode) => break,
-                Err(error) => return Err(unavailable("read the root node", error)),
-            }
-        }
         for _ in 0..ATTEMPTS {
             let (data, stat) = match request("read the root node", client.get_data(root)).await? {
                 Ok(found) => found,
@@ -463,60 +477,96 @@ impl Inner {
                     });
                 }
                 Some(_) if self.read_only => return Ok(()),
-                Some(_) => {
-                    // The root is leasehold's: put back its elections node
-                    // should someone have deleted it.
-                    let elections = self.elections_dir();
-                    return match request(
-                        "create the elections node",
-                        client.create(&elections, &[], &persistent()),
-                    )
-                    .await?
-                    {
-                        Ok(_) | Err(zookeeper_client::Error::NodeExists) => Ok(()),
-                        Err(error) => Err(unavailable("create the elections node", error)),
-                    };
-                }
+                Some(_) => return self.restore_elections_node(client).await,
                 None => {}
             }
-            let foreign = if data.is_empty() {
-                self.foreign_in_earlier_layout(client).await?
-            } else {
-                Some(root.to_owned())
-            };
-            if let Some(node) = foreign {
-                let which = if node == root {
-                    String::new()
-                } else {
-                    format!(", and {node} is not leasehold's")
-                };
-                return Err(Error::Corrupt(format!(
-                    "zookeeper node {root} exists but leasehold did not create it \
-                     (it holds no leasehold marker{which}); use a root of its own"
-                )));
-            }
-            if self.read_only {
+            self.refuse_unmarked_foreign(client, &data).await?;
+            if self.read_only || self.mark_root(client, stat.version).await? {
                 return Ok(());
-            }
-            match request(
-                "mark the root node",
-                client.set_data(root, &marker(LAYOUT_VERSION), Some(stat.version)),
-            )
-            .await?
-            {
-                Ok(_) => {
-                    tracing::debug!(root, "marked an earlier leasehold's zookeeper root");
-                    return Ok(());
-                }
-                // Changed meanwhile: read it again.
-                Err(zookeeper_client::Error::BadVersion | zookeeper_client::Error::NoNode) => {}
-                Err(error) => return Err(unavailable("mark the root node", error)),
             }
         }
         Err(Error::Unavailable {
             reason: format!("zookeeper node {root} kept changing while leasehold checked it"),
             source: None,
         })
+    }
+
+    /// Refuses a root inside a leasehold store at an enclosing node: its
+    /// nodes are not for us to use.
+    async fn refuse_enclosing_store(&self, client: &Client) -> Result<()> {
+        let root = self.root.as_str();
+        for (i, _) in root.match_indices('/').filter(|(i, _)| *i > 0) {
+            let outer = &root[..i];
+            match request("read the root node", client.get_data(outer)).await? {
+                Ok((data, _)) if marker_version(&data).is_some() => {
+                    return Err(Error::Corrupt(format!(
+                        "zookeeper node {root} is inside the leasehold store at {outer}; \
+                         use a root of its own"
+                    )));
+                }
+                Ok(_) => {}
+                Err(zookeeper_client::Error::NoNode) => break,
+                Err(error) => return Err(unavailable("read the root node", error)),
+            }
+        }
+        Ok(())
+    }
+
+    /// The root is leasehold's: puts back its elections node should someone
+    /// have deleted it.
+    async fn restore_elections_node(&self, client: &Client) -> Result<()> {
+        let elections = self.elections_dir();
+        match request(
+            "create the elections node",
+            client.create(&elections, &[], &persistent()),
+        )
+        .await?
+        {
+            Ok(_) | Err(zookeeper_client::Error::NodeExists) => Ok(()),
+            Err(error) => Err(unavailable("create the elections node", error)),
+        }
+    }
+
+    /// Refuses a root without leasehold's marker (its `data`) unless it is
+    /// an earlier leasehold's: empty, and its nodes leasehold's.
+    async fn refuse_unmarked_foreign(&self, client: &Client, data: &[u8]) -> Result<()> {
+        let root = self.root.as_str();
+        let foreign = if data.is_empty() {
+            self.foreign_in_earlier_layout(client).await?
+        } else {
+            Some(root.to_owned())
+        };
+        let Some(node) = foreign else {
+            return Ok(());
+        };
+        let which = if node == root {
+            String::new()
+        } else {
+            format!(", and {node} is not leasehold's")
+        };
+        Err(Error::Corrupt(format!(
+            "zookeeper node {root} exists but leasehold did not create it \
+             (it holds no leasehold marker{which}); use a root of its own"
+        )))
+    }
+
+    /// Marks an earlier leasehold's root, read at `version`, with this
+    /// layout; `false` if it changed meanwhile (to be read again).
+    async fn mark_root(&self, client: &Client, version: i32) -> Result<bool> {
+        let root = self.root.as_str();
+        match request(
+            "mark the root node",
+            client.set_data(root, &marker(LAYOUT_VERSION), Some(version)),
+        )
+        .await?
+        {
+            Ok(_) => {
+                tracing::debug!(root, "marked an earlier leasehold's zookeeper root");
+                Ok(true)
+            }
+            Err(zookeeper_client::Error::BadVersion | zookeeper_client::Error::NoNode) => Ok(false),
+            Err(error) => Err(unavailable("mark the root node", error)),
+        }
     }
 
     /// Creates the root with the marker and its `elections` node in one
@@ -882,6 +932,123 @@ async fn withdraw(session: Arc<ZkSession>, election: ElectionName, dir: String) 
     }
 }
 
+/// A session's campaign in an election's node `dir`: the steps of
+/// [`ZkStore::campaign`]. Every request fails with
+/// [`Error::SessionExpired`] once the session ends.
+struct Line<'a> {
+    zk: &'a ZkSession,
+    client: &'a Client,
+    /// The election's node.
+    dir: &'a str,
+    /// How the session's candidate nodes are named ([`session_prefix`]).
+    prefix: String,
+}
+
+impl Line<'_> {
+    /// Creates the election's node if it does not exist. Not `mkdir`: if
+    /// leasehold's nodes were deleted (`elections_dir` among them), nothing
+    /// is created in their place.
+    async fn create_election_node(&self, elections_dir: &str) -> Result<()> {
+        const WHAT: &str = "create the election node";
+        let made = (self.zk)
+            .ask(WHAT, self.client.create(self.dir, &[], &persistent()))
+            .await?;
+        match made {
+            Ok(_) | Err(zookeeper_client::Error::NodeExists) => Ok(()),
+            Err(zookeeper_client::Error::NoNode) => Err(Error::Corrupt(format!(
+                "zookeeper node {elections_dir} is gone: leasehold's nodes were deleted; nothing was written"
+            ))),
+            Err(error) => Err(self.zk.refused(WHAT, error)),
+        }
+    }
+
+    /// The election's candidate nodes in line, less the `foreign` ones.
+    async fn candidates(&self, foreign: &HashSet<String>) -> Result<Vec<Candidate>> {
+        const WHAT: &str = "list candidates";
+        let children = (self.zk)
+            .ask(WHAT, self.client.list_children(self.dir))
+            .await?
+            .map_err(|error| self.zk.refused(WHAT, error))?;
+        let mut queue = queue(children);
+        queue.retain(|c| !foreign.contains(&c.name));
+        Ok(queue)
+    }
+
+    /// Where in `queue` the session's candidate node is, if it has one.
+    /// Deletes any second node of the session: a create retried after a
+    /// lost reply can leave one.
+    async fn own_position(&self, queue: &[Candidate]) -> Option<usize> {
+        let mut mine = queue
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.name.starts_with(&self.prefix));
+        let (position, _) = mine.next()?;
+        for (_, extra) in mine {
+            let _ = request(
+                "delete a duplicate candidate",
+                self.client
+                    .delete(&format!("{}/{}", self.dir, extra.name), None),
+            )
+            .await;
+        }
+        Some(position)
+    }
+
+    /// Joins the line: creates the session's candidate node.
+    async fn join(&self, candidate: &CandidateId) -> Result<()> {
+        const WHAT: &str = "create a candidate node";
+        let ephemeral = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+        let (data, path) = (
+            node_data(self.zk.ttl, candidate),
+            format!("{}/{}", self.dir, self.prefix),
+        );
+        (self.zk)
+            .ask(WHAT, self.client.create(&path, &data, &ephemeral))
+            .await?
+            .map_err(|error| self.zk.refused(WHAT, error))?;
+        Ok(())
+    }
+
+    /// The stat of the session's node `me`, first in line (its creation is
+    /// the grant's token), or `None` if it is gone.
+    async fn read_own_node(&self, me: &Candidate) -> Result<Option<zookeeper_client::Stat>> {
+        const WHAT: &str = "read the candidate node";
+        let path = format!("{}/{}", self.dir, me.name);
+        match self.zk.ask(WHAT, self.client.get_data(&path)).await? {
+            Ok((_, stat)) => Ok(Some(stat)),
+            Err(zookeeper_client::Error::NoNode) => Ok(None),
+            Err(error) => Err(self.zk.refused(WHAT, error)),
+        }
+    }
+
+    /// Waits until the candidate `ahead` of the session's node is gone;
+    /// returns at once if it already is, or if it is not a candidate (then
+    /// it is added to `foreign`: it would never go away by itself).
+    async fn wait_for_predecessor(
+        &self,
+        ahead: &Candidate,
+        foreign: &mut HashSet<String>,
+    ) -> Result<()> {
+        const WHAT: &str = "watch the predecessor";
+        let predecessor = format!("{}/{}", self.dir, ahead.name);
+        let watched = (self.zk)
+            .ask(WHAT, self.client.check_and_watch_stat(&predecessor))
+            .await?;
+        match watched {
+            Ok((None, _)) => {}
+            Ok((Some(stat), _)) if !owned(ahead, &stat) => {
+                warn_foreign(&predecessor);
+                foreign.insert(ahead.name.clone());
+            }
+            Ok((Some(_), watcher)) => {
+                self.zk.unless_ended(watcher.changed()).await?;
+            }
+            Err(error) => return Err(self.zk.refused(WHAT, error)),
+        }
+        Ok(())
+    }
+}
+
 #[async_trait]
 impl Store for ZkStore {
     async fn open_session(&self, ttl: Duration) -> Result<SessionLease> {
@@ -928,11 +1095,7 @@ impl Store for ZkStore {
     async fn keep_alive(&self, session: SessionId) -> Result<Duration> {
         let (zk, client) = self.inner.live_session(session)?;
         let sent = Instant::now();
-        let outcome = tokio::select! {
-            biased;
-            () = zk.ended.cancelled() => return Err(Error::SessionExpired(session)),
-            outcome = request("renew the session", client.check_stat("/")) => outcome?,
-        };
+        let outcome = zk.ask("renew the session", client.check_stat("/")).await?;
         match outcome {
             Ok(_) => {
                 zk.renewed.send_replace(sent);
@@ -980,124 +1143,47 @@ impl Store for ZkStore {
     ) -> Result<Grant> {
         let (zk, client) = self.inner.live_session(session)?;
         let dir = self.inner.election_dir(election);
-        let expired = || Error::SessionExpired(session);
-        let options = persistent();
-        // Not `mkdir`: if leasehold's nodes were deleted, nothing is
-        // created in their place.
-        let made = tokio::select! {
-            biased;
-            () = zk.ended.cancelled() => return Err(expired()),
-            made = request("create the election node", client.create(&dir, &[], &options)) => made?,
+        let line = Line {
+            zk: &zk,
+            client: &client,
+            dir: &dir,
+            prefix: session_prefix(session),
         };
-        match made {
-            Ok(_) | Err(zookeeper_client::Error::NodeExists) => {}
-            Err(zookeeper_client::Error::NoNode) => {
-                return Err(Error::Corrupt(format!(
-                    "zookeeper node {} is gone: leasehold's nodes were deleted; nothing was written",
-                    self.inner.elections_dir()
-                )));
-            }
-            Err(zookeeper_client::Error::SessionExpired) => return Err(expired()),
-            Err(error) => return Err(unavailable("create the election node", error)),
-        }
-        let prefix = session_prefix(session);
+        line.create_election_node(&self.inner.elections_dir())
+            .await?;
         let guard = {
             let (session, election, dir) = (Arc::clone(&zk), election.clone(), dir.clone());
             OnDrop::new((), move |()| withdraw(session, election, dir))
         };
-        let ephemeral = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
-        let (data, node_prefix) = (node_data(zk.ttl, candidate), format!("{dir}/{prefix}"));
         // Nodes named like candidates that leasehold did not create; names
         // are never reused under a parent.
         let mut foreign: HashSet<String> = HashSet::new();
         loop {
-            let listed = tokio::select! {
-                biased;
-                () = zk.ended.cancelled() => return Err(expired()),
-                listed = request("list candidates", client.list_children(&dir)) => listed?,
-            };
-            let children = match listed {
-                Ok(children) => children,
-                Err(zookeeper_client::Error::SessionExpired) => return Err(expired()),
-                Err(error) => return Err(unavailable("list candidates", error)),
-            };
-            let mut queue = queue(children);
-            queue.retain(|c| !foreign.contains(&c.name));
-            let mut mine = queue.iter().filter(|c| c.name.starts_with(&prefix));
-            let Some(me) = mine.next().cloned() else {
-                let created = tokio::select! {
-                    biased;
-                    () = zk.ended.cancelled() => return Err(expired()),
-                    created = request("create a candidate node",
-                        client.create(&node_prefix, &data, &ephemeral)) => created?,
-                };
-                match created {
-                    Ok(_) => {}
-                    Err(zookeeper_client::Error::SessionExpired) => return Err(expired()),
-                    Err(error) => return Err(unavailable("create a candidate node", error)),
-                }
+            let queue = line.candidates(&foreign).await?;
+            let Some(position) = line.own_position(&queue).await else {
+                line.join(candidate).await?;
                 continue;
             };
-            // A create retried after a lost reply can leave a second node.
-            for extra in mine {
-                let _ = request(
-                    "delete a duplicate candidate",
-                    client.delete(&format!("{dir}/{}", extra.name), None),
-                )
-                .await;
-            }
-            let position = queue.iter().position(|c| *c == me).unwrap_or(0);
             if position == 0 {
-                let path = format!("{dir}/{}", me.name);
-                let read = tokio::select! {
-                    biased;
-                    () = zk.ended.cancelled() => return Err(expired()),
-                    read = request("read the candidate node", client.get_data(&path)) => read?,
+                let me = &queue[0];
+                let Some(stat) = line.read_own_node(me).await? else {
+                    continue;
                 };
-                match read {
-                    Ok((_, stat)) => {
-                        zk.held
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .insert(election.clone());
-                        guard.disarm();
-                        tracing::debug!(%election, %session, node = %me.name, "granted by zookeeper");
-                        return Ok(Grant {
-                            election: election.clone(),
-                            candidate: candidate.clone(),
-                            session,
-                            token: token_of(&stat),
-                        });
-                    }
-                    Err(zookeeper_client::Error::NoNode) => continue,
-                    Err(zookeeper_client::Error::SessionExpired) => return Err(expired()),
-                    Err(error) => return Err(unavailable("read the candidate node", error)),
-                }
+                zk.held
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(election.clone());
+                guard.disarm();
+                tracing::debug!(%election, %session, node = %me.name, "granted by zookeeper");
+                return Ok(Grant {
+                    election: election.clone(),
+                    candidate: candidate.clone(),
+                    session,
+                    token: token_of(&stat),
+                });
             }
-            let ahead = &queue[position - 1];
-            let predecessor = format!("{dir}/{}", ahead.name);
-            let watched = tokio::select! {
-                biased;
-                () = zk.ended.cancelled() => return Err(expired()),
-                watched = request("watch the predecessor", client.check_and_watch_stat(&predecessor)) => watched?,
-            };
-            match watched {
-                Ok((None, _)) => continue,
-                Ok((Some(stat), _)) if !owned(ahead, &stat) => {
-                    // Not a candidate: it would never go away by itself.
-                    warn_foreign(&predecessor);
-                    foreign.insert(ahead.name.clone());
-                }
-                Ok((Some(_), watcher)) => {
-                    tokio::select! {
-                        biased;
-                        () = zk.ended.cancelled() => return Err(expired()),
-                        _ = watcher.changed() => {}
-                    }
-                }
-                Err(zookeeper_client::Error::SessionExpired) => return Err(expired()),
-                Err(error) => return Err(unavailable("watch the predecessor", error)),
-            }
+            line.wait_for_predecessor(&queue[position - 1], &mut foreign)
+                .await?;
         }
     }
 

@@ -338,82 +338,17 @@ impl EtcdStore {
     async fn open_space(&self) -> Result<()> {
         for attempt in 0..ATTEMPTS {
             let survey = if attempt == 0 {
-                // The first request: fail now, with the endpoints named,
-                // rather than at the first campaign.
-                self.survey().await.map_err(|e| {
-                    let cause = match e {
-                        Error::Unavailable { reason, .. } => reason,
-                        other => other.to_string(),
-                    };
-                    Error::Unavailable {
-                        reason: format!(
-                            "cannot reach etcd at {}: {cause}",
-                            self.members.endpoints().join(",")
-                        ),
-                        source: None,
-                    }
-                })?
+                self.first_survey().await?
             } else {
                 self.survey().await?
             };
-            if let Some(outer) = &survey.enclosing {
-                return Err(Error::Corrupt(format!(
-                    "etcd prefix {} is inside the leasehold store at prefix {outer}; \
-                     use a prefix of its own",
-                    self.prefix
-                )));
-            }
-            if let Some(marker) = &survey.marker {
-                let found = marker_version(marker)?;
-                if found > LAYOUT_VERSION {
-                    return Err(Error::IncompatibleSchema {
-                        found,
-                        supported: LAYOUT_VERSION,
-                    });
-                }
+            if self.is_usable_store(&survey)? {
                 return Ok(());
             }
-            let space = range_of_prefix(&self.space());
-            // No enclosing prefix became a store meanwhile.
-            let mut guards: Vec<pb::Compare> = self
-                .enclosing_markers()
-                .into_iter()
-                .map(|key| {
-                    let key = RangeRequest {
-                        key: key.into_bytes(),
-                        ..Default::default()
-                    };
-                    unchanged_since(&key, survey.revision)
-                })
-                .collect();
-            if survey.keys == 0 {
-                if self.read_only {
-                    return Err(Error::NotFound(format!(
-                        "at etcd prefix {}: nothing has campaigned there yet",
-                        self.prefix
-                    )));
-                }
-                guards.push(no_key_in(&space));
-            } else {
-                self.check_earlier_layout(&space, survey.revision).await?;
-                if self.read_only {
-                    return Ok(());
-                }
-                guards.push(created_at(self.marker_key(), 0));
-                guards.push(unchanged_since(&space, survey.revision));
-            }
-            let txn = TxnRequest {
-                compare: guards,
-                success: vec![put(
-                    self.marker_key(),
-                    format!("leasehold {LAYOUT_VERSION}"),
-                    0,
-                )],
-                failure: Vec::new(),
+            let Some(guards) = self.marking_guards(&survey).await? else {
+                return Ok(());
             };
-            if self.txn("create the store", txn).await?.succeeded {
-                tracing::debug!(prefix = %self.prefix, adopted = survey.keys > 0,
-                    "marked the etcd prefix as leasehold's");
+            if self.mark_space(guards, survey.keys > 0).await? {
                 return Ok(());
             }
             // The prefix changed between the read and the write: read again.
@@ -425,6 +360,103 @@ impl EtcdStore {
             ),
             source: None,
         })
+    }
+
+    /// The first request: fails now, with the endpoints named, rather than
+    /// at the first campaign.
+    async fn first_survey(&self) -> Result<Survey> {
+        self.survey().await.map_err(|e| {
+            let cause = match e {
+                Error::Unavailable { reason, .. } => reason,
+                other => other.to_string(),
+            };
+            Error::Unavailable {
+                reason: format!(
+                    "cannot reach etcd at {}: {cause}",
+                    self.members.endpoints().join(",")
+                ),
+                source: None,
+            }
+        })
+    }
+
+    /// Whether the surveyed prefix is a leasehold store this build can use
+    /// (marked); refuses one inside another store or of a newer layout.
+    fn is_usable_store(&self, survey: &Survey) -> Result<bool> {
+        if let Some(outer) = &survey.enclosing {
+            return Err(Error::Corrupt(format!(
+                "etcd prefix {} is inside the leasehold store at prefix {outer}; \
+                 use a prefix of its own",
+                self.prefix
+            )));
+        }
+        let Some(marker) = &survey.marker else {
+            return Ok(false);
+        };
+        let found = marker_version(marker)?;
+        if found > LAYOUT_VERSION {
+            return Err(Error::IncompatibleSchema {
+                found,
+                supported: LAYOUT_VERSION,
+            });
+        }
+        Ok(true)
+    }
+
+    /// The conditions under which the unmarked, surveyed prefix may be
+    /// marked: empty, or as an earlier leasehold left it (checked), and
+    /// unchanged; `None` when read-only and there is nothing to refuse.
+    async fn marking_guards(&self, survey: &Survey) -> Result<Option<Vec<pb::Compare>>> {
+        let space = range_of_prefix(&self.space());
+        // No enclosing prefix became a store meanwhile.
+        let mut guards: Vec<pb::Compare> = self
+            .enclosing_markers()
+            .into_iter()
+            .map(|key| {
+                let key = RangeRequest {
+                    key: key.into_bytes(),
+                    ..Default::default()
+                };
+                unchanged_since(&key, survey.revision)
+            })
+            .collect();
+        if survey.keys == 0 {
+            if self.read_only {
+                return Err(Error::NotFound(format!(
+                    "at etcd prefix {}: nothing has campaigned there yet",
+                    self.prefix
+                )));
+            }
+            guards.push(no_key_in(&space));
+        } else {
+            self.check_earlier_layout(&space, survey.revision).await?;
+            if self.read_only {
+                return Ok(None);
+            }
+            guards.push(created_at(self.marker_key(), 0));
+            guards.push(unchanged_since(&space, survey.revision));
+        }
+        Ok(Some(guards))
+    }
+
+    /// Writes the marker if `guards` hold; `false` if they did not (the
+    /// prefix changed). `adopted`: the prefix held an earlier leasehold's
+    /// keys.
+    async fn mark_space(&self, guards: Vec<pb::Compare>, adopted: bool) -> Result<bool> {
+        let txn = TxnRequest {
+            compare: guards,
+            success: vec![put(
+                self.marker_key(),
+                format!("leasehold {LAYOUT_VERSION}"),
+                0,
+            )],
+            failure: Vec::new(),
+        };
+        if self.txn("create the store", txn).await?.succeeded {
+            tracing::debug!(prefix = %self.prefix, adopted, "marked the etcd prefix as leasehold's");
+            return Ok(true);
+        }
+        Ok(false)
     }
 
     /// Checks that every key under the prefix (read at `revision`) has the
@@ -657,26 +689,7 @@ impl EtcdStore {
         // Most campaigns are for an election the store has seen before.
         let mut known_exists = true;
         for _ in 0..ATTEMPTS {
-            let mut compare = vec![exists(marker.clone()), created_at(key.clone(), 0)];
-            let mut success = vec![put(key.clone(), candidate.as_str(), lease)];
-            if known_exists {
-                // leasehold writes it empty; anything else is not its own.
-                compare.push(pb::Compare {
-                    result: CompareResult::Equal as i32,
-                    target: CompareTarget::Value as i32,
-                    key: known.clone().into_bytes(),
-                    target_union: Some(TargetUnion::Value(Vec::new())),
-                    range_end: Vec::new(),
-                });
-            } else {
-                compare.push(created_at(known.clone(), 0));
-                success.push(put(known.clone(), "", 0));
-            }
-            let txn = TxnRequest {
-                compare,
-                success,
-                failure: vec![get(key.clone()), get(known.clone()), get(marker.clone())],
-            };
+            let txn = candidate_txn(&key, &known, &marker, candidate, lease, known_exists);
             let done = match self.txn("campaign", txn).await {
                 Err(error) if error.is_lease_not_found() => {
                     return Err(Error::SessionExpired(session));
@@ -686,49 +699,62 @@ impl EtcdStore {
             if done.succeeded {
                 return Ok((revision_of(done.header.as_ref()), true));
             }
-            let mut found = done.responses.into_iter().map(|r| match r.response {
-                Some(pb::response_op::Response::ResponseRange(range)) => {
-                    range.kvs.into_iter().next()
-                }
-                _ => None,
-            });
-            let (mine, known_kv, marker_kv) = (
-                found.next().flatten(),
-                found.next().flatten(),
-                found.next().flatten(),
-            );
-            if let Some(mine) = mine {
-                if mine.lease == lease {
-                    return Ok((mine.create_revision, false));
-                }
-                return Err(Error::Corrupt(format!(
-                    "etcd key {} was not written by this session; leasehold does not overwrite it",
-                    shown(&mine.key)
-                )));
-            }
-            if marker_kv.is_none() {
-                return Err(Error::Corrupt(format!(
-                    "the marker key {marker:?} is gone: leasehold's keys under etcd prefix {} \
-                     were deleted; nothing was written",
-                    self.prefix
-                )));
-            }
-            match known_kv {
-                None => known_exists = false,
-                Some(kv) if kv.value.is_empty() => known_exists = true,
-                Some(kv) => {
-                    return Err(Error::Corrupt(format!(
-                        "etcd key {} holds a value leasehold did not write; \
-                         leasehold does not overwrite it",
-                        shown(&kv.key)
-                    )));
-                }
+            match self.why_not_created(done.responses, lease, &marker)? {
+                NotCreated::AlreadyCandidate(revision) => return Ok((revision, false)),
+                NotCreated::Retry { known_exists: now } => known_exists = now,
             }
         }
         Err(Error::Unavailable {
             reason: format!("etcd campaign: the keys of election {election} kept changing"),
             source: None,
         })
+    }
+
+    /// Why the candidate key was not created, from the failed
+    /// transaction's `responses` (the candidate key, the `k/` key, the
+    /// marker); refuses keys leasehold did not write and a missing marker.
+    fn why_not_created(
+        &self,
+        responses: Vec<pb::ResponseOp>,
+        lease: i64,
+        marker: &str,
+    ) -> Result<NotCreated> {
+        let mut found = responses.into_iter().map(|r| match r.response {
+            Some(pb::response_op::Response::ResponseRange(range)) => range.kvs.into_iter().next(),
+            _ => None,
+        });
+        let (mine, known_kv, marker_kv) = (
+            found.next().flatten(),
+            found.next().flatten(),
+            found.next().flatten(),
+        );
+        if let Some(mine) = mine {
+            if mine.lease == lease {
+                return Ok(NotCreated::AlreadyCandidate(mine.create_revision));
+            }
+            return Err(Error::Corrupt(format!(
+                "etcd key {} was not written by this session; leasehold does not overwrite it",
+                shown(&mine.key)
+            )));
+        }
+        if marker_kv.is_none() {
+            return Err(Error::Corrupt(format!(
+                "the marker key {marker:?} is gone: leasehold's keys under etcd prefix {} \
+                 were deleted; nothing was written",
+                self.prefix
+            )));
+        }
+        match known_kv {
+            None => Ok(NotCreated::Retry {
+                known_exists: false,
+            }),
+            Some(kv) if kv.value.is_empty() => Ok(NotCreated::Retry { known_exists: true }),
+            Some(kv) => Err(Error::Corrupt(format!(
+                "etcd key {} holds a value leasehold did not write; \
+                 leasehold does not overwrite it",
+                shown(&kv.key)
+            ))),
+        }
     }
 
     /// Waits until `key` is deleted, watching from `from_revision`. Returns
@@ -1048,5 +1074,53 @@ impl Store for EtcdStore {
             states.push(ElectionState { election, leader });
         }
         Ok(states)
+    }
+}
+
+/// Why [`EtcdStore::create_candidate`]'s transaction did not create the
+/// candidate key.
+enum NotCreated {
+    /// The session is a candidate already: its key's create revision.
+    AlreadyCandidate(i64),
+    /// The election's `k/` key is not as assumed: try again, knowing whether
+    /// it exists.
+    Retry { known_exists: bool },
+}
+
+/// The transaction that creates the candidate `key` (with `candidate`, on
+/// `lease`) only if absent and only while `marker` is there; with the
+/// election's `known` key: empty if `known_exists`, else created only if
+/// absent. On failure it reads the three keys.
+fn candidate_txn(
+    key: &str,
+    known: &str,
+    marker: &str,
+    candidate: &CandidateId,
+    lease: i64,
+    known_exists: bool,
+) -> TxnRequest {
+    let mut compare = vec![exists(marker.to_owned()), created_at(key.to_owned(), 0)];
+    let mut success = vec![put(key.to_owned(), candidate.as_str(), lease)];
+    if known_exists {
+        // leasehold writes it empty; anything else is not its own.
+        compare.push(pb::Compare {
+            result: CompareResult::Equal as i32,
+            target: CompareTarget::Value as i32,
+            key: known.as_bytes().to_vec(),
+            target_union: Some(TargetUnion::Value(Vec::new())),
+            range_end: Vec::new(),
+        });
+    } else {
+        compare.push(created_at(known.to_owned(), 0));
+        success.push(put(known.to_owned(), "", 0));
+    }
+    TxnRequest {
+        compare,
+        success,
+        failure: vec![
+            get(key.to_owned()),
+            get(known.to_owned()),
+            get(marker.to_owned()),
+        ],
     }
 }

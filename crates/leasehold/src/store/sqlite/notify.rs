@@ -40,7 +40,7 @@ use std::time::Duration;
 use crate::watch;
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg, OFlag};
-use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, InotifyEvent};
 use tokio::io::unix::AsyncFd;
 use tokio_util::sync::CancellationToken;
 
@@ -139,86 +139,15 @@ fn not_ours(path: &Path, why: impl std::fmt::Display) -> Error {
 /// it may belong to.
 pub(super) fn open_existing(db_path: &Path, owners: &[u32]) -> Result<Option<NotifyFile>> {
     let path = notify_path(db_path);
-    let shown = path.display();
-    let meta = match std::fs::symlink_metadata(&path) {
-        Ok(meta) => meta,
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(error) => {
-            return Err(Error::unavailable(
-                format!("cannot inspect {shown}: {error}"),
-                error,
-            ));
-        }
+    if !is_there(&path)? {
+        return Ok(None);
+    }
+    let Some((file, writable)) = open_no_follow(&path)? else {
+        return Ok(None);
     };
-    if !meta.file_type().is_file() {
-        return Err(not_ours(
-            &path,
-            format_args!("is {}", kind(meta.file_type())),
-        ));
-    }
-    let flags = (OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK).bits();
-    let opened = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(flags)
-        .open(&path);
-    let (file, writable) = match opened {
-        Ok(file) => (file, true),
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(error) if error.raw_os_error() == Some(Errno::ELOOP as i32) => {
-            return Err(not_ours(&path, "is a symbolic link"));
-        }
-        Err(error)
-            if matches!(
-                Errno::from_raw(error.raw_os_error().unwrap_or(0)),
-                Errno::EACCES | Errno::EPERM | Errno::EROFS
-            ) =>
-        {
-            match OpenOptions::new()
-                .read(true)
-                .custom_flags(flags)
-                .open(&path)
-            {
-                Ok(file) => (file, false),
-                Err(error) => {
-                    return Err(Error::unavailable(
-                        format!("cannot open {shown}: {error}"),
-                        error,
-                    ));
-                }
-            }
-        }
-        Err(error) => {
-            return Err(Error::unavailable(
-                format!("cannot open {shown}: {error}"),
-                error,
-            ));
-        }
-    };
-    // What was opened, which may not be what was inspected.
-    let meta = file
-        .metadata()
-        .map_err(|e| Error::unavailable(format!("cannot inspect {shown}: {e}"), e))?;
-    if !meta.file_type().is_file() {
-        return Err(not_ours(
-            &path,
-            format_args!("is {}", kind(meta.file_type())),
-        ));
-    }
-    if !owners.contains(&meta.uid()) {
-        return Err(not_ours(
-            &path,
-            format_args!(
-                "belongs to user {}, neither the database's owner nor this user",
-                meta.uid()
-            ),
-        ));
-    }
-    if !has_marker(&file) {
-        return Err(not_ours(&path, "holds other data"));
-    }
+    check_opened(&path, &file, owners)?;
     if !writable {
-        tracing::warn!(path = %shown, "the notify file is not writable by this user; waiters will be slower");
+        tracing::warn!(path = %path.display(), "the notify file is not writable by this user; waiters will be slower");
     }
     Ok(Some(NotifyFile {
         path,
@@ -227,6 +156,93 @@ pub(super) fn open_existing(db_path: &Path, owners: &[u32]) -> Result<Option<Not
         failed: AtomicBool::new(false),
         lock: Mutex::new(None),
     }))
+}
+
+/// Whether there is something at `path`; refuses anything but a regular
+/// file.
+fn is_there(path: &Path) -> Result<bool> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(error) => {
+            return Err(Error::unavailable(
+                format!("cannot inspect {}: {error}", path.display()),
+                error,
+            ));
+        }
+    };
+    if !meta.file_type().is_file() {
+        return Err(not_ours(
+            path,
+            format_args!("is {}", kind(meta.file_type())),
+        ));
+    }
+    Ok(true)
+}
+
+/// Opens the file at `path` without following a symbolic link: for reading
+/// and writing, or only reading if this user may not write it (the `bool`
+/// says whether it is writable); `None` if it is gone.
+fn open_no_follow(path: &Path) -> Result<Option<(File, bool)>> {
+    let shown = path.display();
+    let flags = (OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK).bits();
+    let opened = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(flags)
+        .open(path);
+    match opened {
+        Ok(file) => Ok(Some((file, true))),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(error) if error.raw_os_error() == Some(Errno::ELOOP as i32) => {
+            Err(not_ours(path, "is a symbolic link"))
+        }
+        Err(error)
+            if matches!(
+                Errno::from_raw(error.raw_os_error().unwrap_or(0)),
+                Errno::EACCES | Errno::EPERM | Errno::EROFS
+            ) =>
+        {
+            match OpenOptions::new().read(true).custom_flags(flags).open(path) {
+                Ok(file) => Ok(Some((file, false))),
+                Err(error) => Err(Error::unavailable(
+                    format!("cannot open {shown}: {error}"),
+                    error,
+                )),
+            }
+        }
+        Err(error) => Err(Error::unavailable(
+            format!("cannot open {shown}: {error}"),
+            error,
+        )),
+    }
+}
+
+/// Checks what was opened at `path`, which may not be what was inspected:
+/// a regular file, belonging to one of `owners`, holding leasehold's marker.
+fn check_opened(path: &Path, file: &File, owners: &[u32]) -> Result<()> {
+    let meta = file
+        .metadata()
+        .map_err(|e| Error::unavailable(format!("cannot inspect {}: {e}", path.display()), e))?;
+    if !meta.file_type().is_file() {
+        return Err(not_ours(
+            path,
+            format_args!("is {}", kind(meta.file_type())),
+        ));
+    }
+    if !owners.contains(&meta.uid()) {
+        return Err(not_ours(
+            path,
+            format_args!(
+                "belongs to user {}, neither the database's owner nor this user",
+                meta.uid()
+            ),
+        ));
+    }
+    if !has_marker(file) {
+        return Err(not_ours(path, "holds other data"));
+    }
+    Ok(())
 }
 
 /// Whether `file` begins with leasehold's marker (or is what earlier
@@ -373,24 +389,7 @@ pub(super) fn spawn(
     };
     let mut signal = file.clone();
     signal.push(NOTIFY_SUFFIX);
-    let renames = AddWatchFlags::IN_CREATE
-        | AddWatchFlags::IN_DELETE
-        | AddWatchFlags::IN_MOVED_FROM
-        | AddWatchFlags::IN_MOVED_TO;
-    let watcher = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).and_then(|fd| {
-        fd.add_watch(
-            &dir,
-            AddWatchFlags::IN_MODIFY
-                | renames
-                | AddWatchFlags::IN_DELETE_SELF
-                | AddWatchFlags::IN_MOVE_SELF,
-        )?;
-        Ok(fd)
-    });
-    let fd = match watcher
-        .map_err(std::io::Error::from)
-        .and_then(|fd| register(InotifyFd(fd)))
-    {
+    let fd = match watch_dir(&dir) {
         Ok(fd) => fd,
         Err(e) => return fallback(changes, stop, e.to_string(), file_event),
     };
@@ -412,12 +411,7 @@ pub(super) fn spawn(
                     let relevant = events
                         .iter()
                         .any(|e| e.name.as_ref().is_some_and(|n| *n == signal));
-                    // The database file's name changed hands, or the folder
-                    // itself went (no name), or events were lost.
-                    let moved = events.iter().any(|e| match &e.name {
-                        Some(name) => *name == file && e.mask.intersects(renames),
-                        None => true,
-                    });
+                    let moved = events.iter().any(|e| moves(e, &file));
                     if moved {
                         file_event();
                     }
@@ -433,6 +427,40 @@ pub(super) fn spawn(
             }
         }
     });
+}
+
+/// The events on a folder's entries that give a name to another file or
+/// take it away.
+const RENAMES: AddWatchFlags = AddWatchFlags::IN_CREATE
+    .union(AddWatchFlags::IN_DELETE)
+    .union(AddWatchFlags::IN_MOVED_FROM)
+    .union(AddWatchFlags::IN_MOVED_TO);
+
+/// An inotify watch on the folder `dir`, registered with tokio: its
+/// entries' changes and renames, and its own deletion or move.
+fn watch_dir(dir: &Path) -> std::io::Result<AsyncFd<InotifyFd>> {
+    let watcher = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).and_then(|fd| {
+        fd.add_watch(
+            dir,
+            AddWatchFlags::IN_MODIFY
+                | RENAMES
+                | AddWatchFlags::IN_DELETE_SELF
+                | AddWatchFlags::IN_MOVE_SELF,
+        )?;
+        Ok(fd)
+    });
+    watcher
+        .map_err(std::io::Error::from)
+        .and_then(|fd| register(InotifyFd(fd)))
+}
+
+/// Whether `event` says the database `file`'s name changed hands, or the
+/// folder itself went (no name), or events were lost.
+fn moves(event: &InotifyEvent, file: &OsString) -> bool {
+    match &event.name {
+        Some(name) => name == file && event.mask.intersects(RENAMES),
+        None => true,
+    }
 }
 
 fn fallback(

@@ -1,0 +1,152 @@
+-- leasehold's PostgreSQL schema: its tables, its functions and its
+-- version marker. postgres.rs loads it with include_str! and runs it in one
+-- transaction after `fill_schema_placeholders` has replaced "schema" in
+-- braces by the schema's name (checked to be [a-z0-9_]) and "version" in
+-- braces by SCHEMA_VERSION. What each function does is described in
+-- postgres.rs at `SCHEMA_SQL`.
+CREATE SCHEMA {schema};
+CREATE TABLE {schema}.schema_version (version bigint NOT NULL);
+CREATE TABLE {schema}.sessions (
+    id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    ttl_ms bigint NOT NULL CHECK (ttl_ms > 0),
+    expires_at timestamptz NOT NULL);
+CREATE TABLE {schema}.elections (
+    name text PRIMARY KEY,
+    token bigint NOT NULL,
+    session bigint,
+    candidate text);
+CREATE TABLE {schema}.waiters (
+    seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    election text NOT NULL,
+    session bigint NOT NULL,
+    UNIQUE (election, session));
+CREATE OR REPLACE FUNCTION {schema}.queue_head(
+    p_name text, OUT o_session bigint, OUT o_left_ms bigint)
+LANGUAGE sql AS $fn$
+    SELECT w.session,
+           (extract(epoch FROM h.expires_at - clock_timestamp()) * 1000)::bigint
+    FROM {schema}.waiters w
+    JOIN {schema}.sessions h ON h.id = w.session AND h.expires_at > clock_timestamp()
+    WHERE w.election = p_name
+    ORDER BY w.seq
+    LIMIT 1
+$fn$;
+
+CREATE OR REPLACE FUNCTION {schema}.notify_release(p_name text) RETURNS void
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    PERFORM pg_notify('leasehold_{schema}',
+        p_name || ' ' || coalesce((SELECT q.o_session FROM {schema}.queue_head(p_name) q)::text, ''));
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION {schema}.acquire(
+    p_session bigint, p_name text, p_candidate text,
+    OUT o_granted boolean, OUT o_token bigint, OUT o_wait_ms bigint)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_token bigint;
+    v_holder bigint;
+    v_left bigint;
+    v_head bigint;
+    v_head_left bigint;
+BEGIN
+    INSERT INTO {schema}.elections AS e (name, token) VALUES (p_name, 0)
+        ON CONFLICT (name) DO NOTHING;
+    SELECT e.token, e.session INTO v_token, v_holder
+        FROM {schema}.elections e WHERE e.name = p_name FOR UPDATE;
+    PERFORM 1 FROM {schema}.sessions h
+        WHERE h.id = p_session AND h.expires_at > clock_timestamp() FOR SHARE;
+    IF NOT FOUND THEN
+        DELETE FROM {schema}.waiters w WHERE w.election = p_name AND w.session = p_session;
+        RETURN;
+    END IF;
+    o_token := v_token;
+    IF v_holder IS NOT NULL THEN
+        SELECT (extract(epoch FROM h.expires_at - clock_timestamp()) * 1000)::bigint
+            INTO v_left
+            FROM {schema}.sessions h
+            WHERE h.id = v_holder AND h.expires_at > clock_timestamp() FOR UPDATE;
+        IF FOUND THEN
+            IF v_holder = p_session THEN
+                o_granted := true;
+                o_wait_ms := 0;
+                RETURN;
+            END IF;
+            INSERT INTO {schema}.waiters (election, session) VALUES (p_name, p_session)
+                ON CONFLICT DO NOTHING;
+            SELECT q.o_session, q.o_left_ms INTO v_head, v_head_left
+                FROM {schema}.queue_head(p_name) q;
+            o_granted := false;
+            -- The first in line wakes at the holder's expiry; the
+            -- others only if the first's session expires first.
+            o_wait_ms := CASE WHEN v_head = p_session THEN v_left
+                              ELSE v_head_left END;
+            RETURN;
+        END IF;
+    END IF;
+    INSERT INTO {schema}.waiters (election, session) VALUES (p_name, p_session)
+        ON CONFLICT DO NOTHING;
+    SELECT q.o_session, q.o_left_ms INTO v_head, v_head_left
+        FROM {schema}.queue_head(p_name) q;
+    IF v_head IS DISTINCT FROM p_session THEN
+        o_granted := false;
+        o_wait_ms := v_head_left;
+        RETURN;
+    END IF;
+    UPDATE {schema}.elections e SET token = e.token + 1, session = p_session, candidate = p_candidate
+        WHERE e.name = p_name RETURNING e.token INTO v_token;
+    DELETE FROM {schema}.waiters w
+        WHERE w.election = p_name
+          AND (w.session = p_session OR NOT EXISTS (
+               SELECT 1 FROM {schema}.sessions h
+               WHERE h.id = w.session AND h.expires_at > clock_timestamp()));
+    PERFORM pg_notify('leasehold_{schema}', p_name);
+    o_granted := true;
+    o_token := v_token;
+    o_wait_ms := 0;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION {schema}.release(p_name text, p_token bigint, p_session bigint)
+RETURNS boolean LANGUAGE plpgsql AS $fn$
+BEGIN
+    UPDATE {schema}.elections e SET session = NULL, candidate = NULL
+        WHERE e.name = p_name AND e.token = p_token AND e.session = p_session;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    PERFORM {schema}.notify_release(p_name);
+    RETURN true;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION {schema}.withdraw(p_name text, p_session bigint) RETURNS void
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    DELETE FROM {schema}.waiters w WHERE w.election = p_name AND w.session = p_session;
+    IF FOUND THEN
+        -- It may have been woken for a release it will not take.
+        PERFORM {schema}.notify_release(p_name);
+    END IF;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION {schema}.close_session(p_session bigint) RETURNS void
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_names text[];
+BEGIN
+    WITH released AS (
+        UPDATE {schema}.elections e SET session = NULL, candidate = NULL
+        WHERE e.session = p_session RETURNING e.name),
+    unqueued AS (
+        DELETE FROM {schema}.waiters w WHERE w.session = p_session RETURNING w.election)
+    SELECT array_agg(DISTINCT n) INTO v_names
+        FROM (SELECT name AS n FROM released UNION SELECT election FROM unqueued) x;
+    DELETE FROM {schema}.sessions h WHERE h.id = p_session;
+    PERFORM {schema}.notify_release(n) FROM unnest(coalesce(v_names, '{}')) n;
+END
+$fn$;
+
+INSERT INTO {schema}.schema_version (version) VALUES ({version});

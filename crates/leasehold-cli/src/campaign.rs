@@ -45,7 +45,15 @@ pub async fn run(args: CampaignArgs) -> anyhow::Result<ExitCode> {
             }
         };
         let token = Some(leadership.token().0);
-        emit(&event("acquired", token, None))?;
+        if let Err(error) = emit(&event("acquired", token, None)) {
+            // Nobody can learn that this process leads (stdout is gone, as
+            // in `campaign --hold 1m | head -1` once head has exited): let
+            // the election go at once rather than at the TTL.
+            let released = leadership.resign().await;
+            elector.close().await?;
+            released.with_context(|| format!("resigning {election} failed"))?;
+            return Err(error);
+        }
         let stopped = tokio::select! {
             () = tokio::time::sleep(args.hold) => None,
             reason = leadership.lost() => {

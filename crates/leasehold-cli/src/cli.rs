@@ -62,8 +62,8 @@ pub enum Command {
     /// election is released and `run` exits with the command's status.
     /// SIGUSR1, SIGUSR2, SIGALRM, SIGVTALRM, SIGPROF, SIGIO, SIGSTKFLT and
     /// SIGRTMIN…SIGRTMAX are passed to the group and stop nothing (for
-    /// reloads); SIGTRAP, SIGABRT, SIGSYS, SIGXCPU and SIGXFSZ are logged
-    /// and ignored. If `run` itself dies, even by SIGKILL, its command's
+    /// reloads); SIGTRAP, SIGABRT, SIGSYS, SIGXCPU, SIGXFSZ and SIGTSTP,
+    /// SIGTTIN, SIGTTOU (Ctrl-Z) are logged and ignored. If `run` itself dies, even by SIGKILL, its command's
     /// whole process group dies with it.
     Run(RunArgs),
     /// Print the current leader of an election.

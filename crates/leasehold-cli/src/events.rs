@@ -3,6 +3,8 @@
 use serde::Serialize;
 use std::io::Write;
 
+use anyhow::Context;
+
 pub use leasehold::clock::host_monotonic_ns as monotonic_ns;
 
 #[derive(Debug, Serialize)]
@@ -21,7 +23,7 @@ pub struct Event<'a> {
 pub fn emit(event: &Event<'_>) -> anyhow::Result<()> {
     let line = serde_json::to_string(event)?;
     let mut out = std::io::stdout().lock();
-    writeln!(out, "{line}")?;
-    out.flush()?;
-    Ok(())
+    writeln!(out, "{line}")
+        .and_then(|()| out.flush())
+        .context("cannot write to stdout")
 }

@@ -20,7 +20,10 @@
 //!   fault or a resource limit of the process that gets them: `run` and
 //!   `campaign` log them and go on, and never pass them to the command.
 //!   (An `abort()` still ends the process: it restores the default action
-//!   before raising SIGABRT again.)
+//!   before raising SIGABRT again.) So are SIGTSTP, SIGTTIN and SIGTTOU
+//!   (Ctrl-Z, a background read or write on the terminal), whose default
+//!   would stop `run` while its command, in a process group of its own,
+//!   went on running past the lease that `run` could no longer renew.
 //!
 //! Left alone: SIGKILL and SIGSTOP (no process can catch them), SIGILL,
 //! SIGFPE, SIGSEGV and SIGBUS (a fault of leasehold itself, which it cannot
@@ -49,12 +52,15 @@ pub const STOP: [Signal; 5] = [
 ];
 
 /// The signals `run` and `campaign` log and otherwise ignore.
-pub const IGNORED: [Signal; 5] = [
+pub const IGNORED: [Signal; 8] = [
     Signal::SIGTRAP,
     Signal::SIGABRT,
     Signal::SIGSYS,
     Signal::SIGXCPU,
     Signal::SIGXFSZ,
+    Signal::SIGTSTP,
+    Signal::SIGTTIN,
+    Signal::SIGTTOU,
 ];
 
 /// The signals `run` passes to its command: the named ones, then every
@@ -329,7 +335,7 @@ mod tests {
         handled.sort_unstable();
         handled.dedup();
         assert_eq!(handled.len(), count, "a signal is in two classes");
-        // Default action "ignore" or "stop", or not catchable / a fault.
+        // Default action "ignore", or not catchable / a fault.
         let left_alone = [
             Signal::SIGKILL,
             Signal::SIGSTOP,
@@ -342,9 +348,6 @@ mod tests {
             Signal::SIGCONT,
             Signal::SIGURG,
             Signal::SIGWINCH,
-            Signal::SIGTSTP,
-            Signal::SIGTTIN,
-            Signal::SIGTTOU,
         ];
         for signal in Signal::iterator() {
             assert!(

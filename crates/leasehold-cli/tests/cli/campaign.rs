@@ -376,3 +376,50 @@ fn any_other_signal_that_would_end_campaign_resigns_or_is_ignored() {
         assert_eq!(acquired.token, releasing.token.map(|t| t + 1), "{name}");
     }
 }
+
+/// `campaign --hold` whose stdout reader goes away once it has read the
+/// first line (`campaign … | head -1`): the `acquired` line cannot be
+/// written, and the election is released at once, not left held for the
+/// 60 s TTL; the error names stdout.
+#[test]
+fn a_reader_gone_before_acquired_releases_the_election() {
+    use std::io::BufRead;
+    let scratch = Scratch::new();
+    // `a` holds first, so that `b` is still waiting when its reader goes.
+    let a_out = scratch.path("a.out");
+    let a = holder(&scratch, "a", "1h", &a_out);
+    assert!(
+        wait_until(10 * SECOND, || lines(&a_out).len() >= 2),
+        "a never led"
+    );
+    let mut child = leasehold()
+        .args([
+            "campaign",
+            "--election",
+            "held",
+            "--ttl",
+            "60s",
+            "--hold",
+            "1h",
+        ])
+        .args(["--store", &scratch.store_url()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut first = String::new();
+    std::io::BufReader::new(stdout)
+        .read_line(&mut first)
+        .expect("first line");
+    assert!(first.contains("campaigning"), "{first}");
+    // The reader is dropped: the pipe's read end is closed. Then `a` lets
+    // go, `b` is granted the election and cannot say so.
+    a.signal(Signal::SIGTERM);
+    let out = child.wait_with_output().expect("exit");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("cannot write to stdout"), "{err}");
+    let status = status_json(&scratch.store_url(), "held");
+    assert!(status["leader"].is_null(), "still held: {status}");
+}

@@ -253,7 +253,8 @@ impl SqliteStore {
     }
 
     fn open_in(path: &Path, read_only: bool) -> Result<Self> {
-        let db = Arc::new(Db::open(path, read_only)?);
+        let path = resolve_symbolic_link(path)?;
+        let db = Arc::new(Db::open(&path, read_only)?);
         let stop_notifier = CancellationToken::new();
         Ok(SqliteStore {
             inner: Arc::new(Inner {
@@ -269,6 +270,25 @@ impl SqliteStore {
     /// The database file.
     pub fn path(&self) -> &Path {
         &self.inner.db.path
+    }
+}
+
+/// The file a symbolic link at `path` names, so that the checks of the
+/// files next to the database (`-wal`, `-shm`, `-journal`, `-notify`) look
+/// where SQLite puts them: next to the file the link resolves to. Any
+/// other path is returned as it is.
+fn resolve_symbolic_link(path: &Path) -> Result<PathBuf> {
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_symlink() => std::fs::canonicalize(path).map_err(|error| {
+            Error::unavailable(
+                format!(
+                    "{} is a symbolic link that cannot be followed: {error}",
+                    path.display()
+                ),
+                error,
+            )
+        }),
+        _ => Ok(path.to_owned()),
     }
 }
 

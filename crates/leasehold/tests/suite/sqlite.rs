@@ -606,3 +606,42 @@ fn a_foreign_sibling_of_a_new_database_is_refused_and_left_alone() {
     std::fs::write(sibling(&path, "-wal"), "").expect("a leftover WAL");
     SqliteStore::open(&path).expect("leasehold's leftover is fine");
 }
+
+/// A symbolic link to a database is followed as SQLite follows it: the
+/// files next to the database are checked where SQLite puts them, next to
+/// the file the link names. Another program's WAL database behind a link
+/// is refused and left as it was, with nothing added next to it (before:
+/// a `-shm` appeared next to it, and reading called it "no leasehold
+/// database yet"); leasehold's own database behind a link is used.
+#[test]
+fn a_symbolic_link_is_checked_where_it_leads() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let target = foreign_wal_database(dir.path());
+    let link = dir.path().join("link.db");
+    std::os::unix::fs::symlink(&target, &link).expect("symlink");
+    let files = listing(dir.path());
+    let before = std::fs::read(&target).expect("read");
+    for read_only in [false, true] {
+        let err = if read_only {
+            SqliteStore::open_read_only(&link).expect_err("foreign, read-only")
+        } else {
+            SqliteStore::open(&link).expect_err("foreign")
+        };
+        assert!(
+            err.to_string()
+                .contains("a SQLite database of another program"),
+            "{err}"
+        );
+        assert_eq!(listing(dir.path()), files, "read-only {read_only}");
+        assert_eq!(std::fs::read(&target).expect("read"), before);
+    }
+    let ours = dir.path().join("ours.db");
+    drop(SqliteStore::open(&ours).expect("create"));
+    let ours_link = dir.path().join("ours-link.db");
+    std::os::unix::fs::symlink(&ours, &ours_link).expect("symlink");
+    let store = SqliteStore::open(&ours_link).expect("leasehold's own, behind a link");
+    assert_eq!(
+        store.path(),
+        std::fs::canonicalize(&ours).expect("real path")
+    );
+}

@@ -381,10 +381,45 @@ async fn simulate(seed: u64, scenario: &Scenario) -> History {
     let mut slots: Vec<Slot> = (0..scenario.candidates)
         .map(|i| world.spawn(i, 0, &mut rng))
         .collect();
+    let faults = fault_phase(&world, &mut slots, &store_clock, &mut rng).await;
+    settle(&world, &mut slots, &mut rng).await;
+    let crash = liveness(&world, &mut slots).await;
+    let mut history = lock(&history).clone();
+    history.faults = faults;
+    history.liveness_crash = Some(match crash {
+        Some((candidate, at)) => Crash {
+            candidate,
+            at,
+            next_leader_at: history
+                .terms
+                .iter()
+                .filter(|t| t.candidate != candidate && t.start >= at)
+                .map(|t| t.start)
+                .min(),
+        },
+        None => Crash {
+            candidate: usize::MAX,
+            at: world.since_start(),
+            next_leader_at: None,
+        },
+    });
+    history
+}
+
+/// The fault phase: until `scenario.fault_phase` has passed, a random
+/// fault every 0.3–2.5 s (partitions of one candidate or of all, pauses,
+/// crashes with restarts, store clock jumps, message loss). Returns how
+/// many faults it injected.
+async fn fault_phase(
+    world: &World,
+    slots: &mut [Slot],
+    store_clock: &StoreClock,
+    rng: &mut Rng,
+) -> usize {
+    let scenario = &world.scenario;
     let mut restarts: Vec<(Instant, usize)> = Vec::new();
     let mut faults = 0;
 
-    // Fault phase.
     let fault_end = world.t0 + scenario.fault_phase;
     loop {
         let next = Instant::now() + rng.millis(300, 2500);
@@ -396,7 +431,7 @@ async fn simulate(seed: u64, scenario: &Scenario) -> History {
             }
             tokio::time::sleep_until(at).await;
             restarts.remove(0);
-            slots[i] = world.spawn(i, faults as u64 + 1, &mut rng);
+            slots[i] = world.spawn(i, faults as u64 + 1, rng);
         }
         if next >= fault_end {
             break;
@@ -438,19 +473,29 @@ async fn simulate(seed: u64, scenario: &Scenario) -> History {
         }
     }
 
-    // Heal, restart everyone, and let the group settle without handovers.
+    faults
+}
+
+/// Heals every link, restarts the crashed candidates, and lets the group
+/// settle for three TTLs without handovers.
+async fn settle(world: &World, slots: &mut [Slot], rng: &mut Rng) {
+    let scenario = &world.scenario;
     world
         .handovers
         .store(false, std::sync::atomic::Ordering::Relaxed);
     for (i, slot) in slots.iter_mut().enumerate() {
         if slot.crashed {
-            *slot = world.spawn(i, 1_000 + i as u64, &mut rng);
+            *slot = world.spawn(i, 1_000 + i as u64, rng);
         }
         slot.link.heal();
     }
     tokio::time::sleep(scenario.ttl * 3).await;
+}
 
-    // Liveness: crash the leader; someone else must lead within the bound.
+/// Liveness: crashes the leader (if any); someone else must lead within
+/// the bound. Then crashes everyone. Returns the crashed leader and when.
+async fn liveness(world: &World, slots: &mut [Slot]) -> Option<(usize, Duration)> {
+    let scenario = &world.scenario;
     let leader = world.store.leader(&world.election).await.ok().flatten();
     let crash = leader.map(|l| {
         let i = candidate_index(&l.candidate);
@@ -461,29 +506,10 @@ async fn simulate(seed: u64, scenario: &Scenario) -> History {
         (i, at)
     });
     tokio::time::sleep(scenario.ttl + scenario.failover_slack * 2).await;
-    for slot in &mut slots {
+    for slot in slots.iter_mut() {
         if !slot.crashed {
             world.crash(slot);
         }
     }
-    let mut history = lock(&history).clone();
-    history.faults = faults;
-    history.liveness_crash = Some(match crash {
-        Some((candidate, at)) => Crash {
-            candidate,
-            at,
-            next_leader_at: history
-                .terms
-                .iter()
-                .filter(|t| t.candidate != candidate && t.start >= at)
-                .map(|t| t.start)
-                .min(),
-        },
-        None => Crash {
-            candidate: usize::MAX,
-            at: world.since_start(),
-            next_leader_at: None,
-        },
-    });
-    history
+    crash
 }

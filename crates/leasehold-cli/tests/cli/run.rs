@@ -750,6 +750,16 @@ while :; do sleep 0.05; done"#;
 /// lease to expire.
 #[test]
 fn sighup_stops_the_command_with_sigterm_and_hands_over() {
+    a_stop_signal_hands_over_like_sigterm(Signal::SIGHUP);
+}
+
+/// `signal` to a leading `run` stops it the way SIGTERM does: its command
+/// gets SIGTERM (not `signal`), and once it has exited the election is
+/// released, so a waiting replica leads next without waiting for the lease
+/// to expire.
+fn a_stop_signal_hands_over_like_sigterm(signal: Signal) {
+    let name = signal.as_str();
+    let noted_as = name.trim_start_matches("SIG").to_lowercase();
     let scratch = Scratch::new();
     let mut a = logged_replica(&scratch, "a", NOTES_SIGNALS);
     assert!(wait_until(10 * SECOND, || runs(&scratch).len() == 1));
@@ -760,7 +770,7 @@ fn sighup_stops_the_command_with_sigterm_and_hands_over() {
         "b is not waiting: {}",
         log_of(&scratch, "b")
     );
-    a.signal(Signal::SIGHUP);
+    a.signal(signal);
     let status = a.wait_for_exit(10 * SECOND).expect("a exits");
     assert_eq!(
         status.code(),
@@ -770,7 +780,7 @@ fn sighup_stops_the_command_with_sigterm_and_hands_over() {
     );
     let a_log = log_of(&scratch, "a");
     assert!(
-        a_log.contains("SIGHUP received") && a_log.contains("stopped; election released"),
+        a_log.contains(&format!("{name} received")) && a_log.contains("stopped; election released"),
         "{a_log}"
     );
     assert!(
@@ -784,7 +794,7 @@ fn sighup_stops_the_command_with_sigterm_and_hands_over() {
         stopped.is_some() && successor.is_some() && stopped < successor,
         "a's command must get SIGTERM and exit before b's starts: {log:?}"
     );
-    assert!(!log.iter().any(|l| l.starts_with("hup")), "{log:?}");
+    assert!(!log.iter().any(|l| l.starts_with(&noted_as)), "{log:?}");
     assert!(
         !log_of(&scratch, "b").contains("lease expired"),
         "b took over from an expired lease, not a release: {}",
@@ -920,46 +930,7 @@ pub fn kill_by_number(pid: i32, number: i32) {
 /// 158) and left the election held for the whole TTL.
 #[test]
 fn sigpwr_stops_the_command_with_sigterm_and_hands_over() {
-    let scratch = Scratch::new();
-    let mut a = logged_replica(&scratch, "a", NOTES_SIGNALS);
-    assert!(wait_until(10 * SECOND, || runs(&scratch).len() == 1));
-    let b = logged_replica(&scratch, "b", NOTES_SIGNALS);
-    assert!(
-        wait_until(10 * SECOND, || log_of(&scratch, "b")
-            .contains("waiting; election is led")),
-        "b is not waiting: {}",
-        log_of(&scratch, "b")
-    );
-    a.signal(Signal::SIGPWR);
-    let status = a.wait_for_exit(10 * SECOND).expect("a exits");
-    assert_eq!(
-        status.code(),
-        Some(0),
-        "run exits with its command's status (it trapped TERM and exited 0): {}",
-        log_of(&scratch, "a")
-    );
-    let a_log = log_of(&scratch, "a");
-    assert!(
-        a_log.contains("SIGPWR received") && a_log.contains("stopped; election released"),
-        "{a_log}"
-    );
-    assert!(
-        wait_until(10 * SECOND, || runs(&scratch).len() == 2),
-        "no handover"
-    );
-    let log = read_lines(&scratch.path("billing.log"));
-    let stopped = log.iter().position(|l| l == "term 1");
-    let successor = log.iter().position(|l| l.starts_with("run 2 b "));
-    assert!(
-        stopped.is_some() && successor.is_some() && stopped < successor,
-        "a's command must get SIGTERM and exit before b's starts: {log:?}"
-    );
-    assert!(
-        !log_of(&scratch, "b").contains("lease expired"),
-        "b took over from an expired lease, not a release: {}",
-        log_of(&scratch, "b")
-    );
-    drop(b);
+    a_stop_signal_hands_over_like_sigterm(Signal::SIGPWR);
 }
 
 /// A command that notes every signal of `PASSED` and `IGNORED` it gets

@@ -113,21 +113,24 @@ pub struct StoreArgs {
 }
 
 impl StoreArgs {
+    /// The store's URL, the default SQLite file's when none is given.
+    pub fn url(&self) -> anyhow::Result<StoreUrl> {
+        Ok(match &self.store {
+            Some(url) => url.clone(),
+            None => StoreUrl::default_sqlite()?,
+        })
+    }
+
     /// Opens the store, or the default SQLite file (creating its folder).
     pub async fn open(&self) -> anyhow::Result<Arc<dyn Store>> {
-        let url = match &self.store {
-            Some(url) => url.clone(),
-            None => {
-                let url = StoreUrl::default_sqlite()?;
-                if let StoreUrl::Sqlite(path) = &url
-                    && let Some(dir) = path.parent()
-                {
-                    std::fs::create_dir_all(dir)
-                        .with_context(|| format!("cannot create {}", dir.display()))?;
-                }
-                url
-            }
-        };
+        let url = self.url()?;
+        if self.store.is_none()
+            && let StoreUrl::Sqlite(path) = &url
+            && let Some(dir) = path.parent()
+        {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+        }
         leasehold::store::open(&url)
             .await
             .with_context(|| format!("cannot open store {url}"))
@@ -137,10 +140,7 @@ impl StoreArgs {
     /// creates nothing, not even the default SQLite file's folder; a store
     /// that does not exist is an error.
     pub async fn open_read_only(&self) -> anyhow::Result<Arc<dyn Store>> {
-        let url = match &self.store {
-            Some(url) => url.clone(),
-            None => StoreUrl::default_sqlite()?,
-        };
+        let url = self.url()?;
         leasehold::store::open_read_only(&url)
             .await
             .with_context(|| format!("cannot read store {url}"))

@@ -167,8 +167,37 @@ fn usage_error(error: &clap::Error) -> ExitCode {
     ExitCode::from(EXIT_USAGE)
 }
 
+/// `run`'s log settings, handed to its guard process (`guard::LOG_ENV`).
+static LOG_SETTINGS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// The log settings in effect, as [`init_logging_from`] reads them.
+pub fn log_settings() -> String {
+    LOG_SETTINGS.get().cloned().unwrap_or_default()
+}
+
+/// Sets up logging as [`log_settings`] described it (the guard's; anything
+/// unreadable means the defaults).
+pub fn init_logging_from(settings: &str) {
+    let mut words = settings.split(' ');
+    let verbose = words.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+    let quiet = words.next() == Some("quiet");
+    let format = match words.next() {
+        Some("json") => cli::LogFormat::Json,
+        _ => cli::LogFormat::Text,
+    };
+    init_logging(verbose, quiet, format);
+}
+
 fn init_logging(verbose: u8, quiet: bool, format: cli::LogFormat) {
     use tracing_subscriber::EnvFilter;
+    let shown = match format {
+        cli::LogFormat::Json => "json",
+        cli::LogFormat::Text => "text",
+    };
+    let _ = LOG_SETTINGS.set(format!(
+        "{verbose} {} {shown}",
+        if quiet { "quiet" } else { "loud" }
+    ));
     let default = match (quiet, verbose) {
         (true, _) => "error",
         // The ZooKeeper client logs every (re)connection at info.

@@ -5,14 +5,13 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use leasehold::{ElectionName, Elector, Leadership, LostReason};
 use nix::sys::signal::Signal;
 use tokio::time::{Instant, sleep_until};
 
-use crate::child::{self, Child};
+use crate::child;
 use crate::cli::RunArgs;
-use crate::guard::Guard;
+use crate::guard::{Ended, Launch, Supervised};
 use crate::metrics::{RunnerMetrics, StepDown};
 use crate::signals::{IgnoredSignals, PassedSignals, StopSignals, forwarded_as};
 
@@ -35,7 +34,8 @@ struct Runner {
     signals: StopSignals,
     passed: PassedSignals,
     ignored: IgnoredSignals,
-    guard: Guard,
+    /// Where the grants live, for the guard (see guard.rs).
+    store: leasehold::StoreUrl,
     metrics: Arc<RunnerMetrics>,
 }
 
@@ -70,7 +70,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         signals: StopSignals::install()?,
         passed: PassedSignals::install()?,
         ignored: IgnoredSignals::install()?,
-        guard: Guard::start()?,
+        store: args.election.store.url()?,
         metrics,
     };
     let code = runner.serve().await;
@@ -209,7 +209,14 @@ impl Runner {
             ("LEASEHOLD_ID", self.elector.candidate().to_string()),
             ("LEASEHOLD_TOKEN", token.to_string()),
         ];
-        let mut child = match child::spawn(&self.command, &env) {
+        let launch = Launch {
+            command: &self.command,
+            env: &env,
+            store: &self.store,
+            grant: leadership.grant(),
+            deadline: leadership.deadline(),
+        };
+        let mut child = match Supervised::start(launch).await {
             Ok(child) => child,
             Err(error) => {
                 let program = self
@@ -219,7 +226,7 @@ impl Runner {
                 // Never a panic on a closed stderr: the election must
                 // still be released below.
                 crate::say(&format!(
-                    "cannot run {}: {error}",
+                    "cannot run {}: {error:#}",
                     program.unwrap_or_default()
                 ));
                 if let Err(error) = leadership.resign().await {
@@ -228,30 +235,20 @@ impl Runner {
                 return Ok(Next::Exit(ExitCode::from(EXIT_CANNOT_START)));
             }
         };
-        self.guard.protect(child.pgid);
         self.metrics
             .became_leader(token, Arc::clone(leadership.session()));
         tracing::info!(election = %self.election, id = %self.elector.candidate(), token = token.0, pgid = child.pgid, "leading; command started");
-        let ended = self.supervise(&mut child, &leadership).await;
-        // Whatever ended the term, nothing of the command's group may keep
-        // working without a supervisor.
-        child.signal_group(Signal::SIGKILL);
-        self.guard.forget(child.pgid);
-        let (status, why) = match ended {
-            Ok(ended) => ended,
-            Err(error) => {
-                self.metrics.stepped_down(StepDown::Other);
-                return Err(error);
-            }
-        };
+        // Returns once the command's whole tree is gone (the guard makes
+        // sure of it), so the election is released only then.
+        let (status, why) = self.supervise(&mut child, &leadership).await;
         let code = child::exit_code(status);
         let id = self.elector.candidate().clone();
         let election = &self.election;
-        match why {
+        let next = match why {
             TermEnd::Lost(reason) => {
                 self.metrics.stepped_down(StepDown::from_lost(&reason));
                 tracing::warn!(%election, %id, token = token.0, %reason, status = code, "stepped down; campaigning again");
-                Ok(Next::Campaign)
+                Next::Campaign
             }
             TermEnd::AtRisk => {
                 self.metrics.stepped_down(StepDown::AtRisk);
@@ -259,7 +256,7 @@ impl Runner {
                 // may not answer before its timeout) comes after.
                 tracing::warn!(%election, %id, token = token.0, reason = "renewals failing; stopped before the lease deadline", status = code, "stepped down; campaigning again");
                 release(leadership).await;
-                Ok(Next::Campaign)
+                Next::Campaign
             }
             TermEnd::Stopped(signal) => {
                 self.metrics.stepped_down(StepDown::Stopped);
@@ -269,7 +266,7 @@ impl Runner {
                 } else {
                     tracing::warn!(%election, %id, token = token.0, %reason, status = code, "stopped; the election was not released (the store expires it after the TTL)");
                 }
-                Ok(Next::Exit(ExitCode::from(code)))
+                Next::Exit(ExitCode::from(code))
             }
             TermEnd::Exited => {
                 self.metrics.stepped_down(StepDown::CommandExited);
@@ -279,18 +276,23 @@ impl Runner {
                 } else {
                     tracing::warn!(%election, %id, token = token.0, reason, status = code, "the election was not released (the store expires it after the TTL)");
                 }
-                Ok(Next::Exit(ExitCode::from(code)))
+                Next::Exit(ExitCode::from(code))
             }
-        }
+        };
+        // The term is over: `run` released the grant or knows it lost it,
+        // so the guard releases nothing.
+        child.finish().await;
+        Ok(next)
     }
 
-    /// Waits for the command to exit, stopping it when leadership is lost or
-    /// at risk, or when `run` is told to stop.
+    /// Waits until the command's whole tree is gone, stopping it when
+    /// leadership is lost or at risk, or when `run` is told to stop, and
+    /// telling the guard every new lease deadline.
     async fn supervise(
         &mut self,
-        child: &mut Child,
+        child: &mut Supervised,
         leadership: &Leadership,
-    ) -> anyhow::Result<(std::process::ExitStatus, TermEnd)> {
+    ) -> (std::process::ExitStatus, TermEnd) {
         // When no renewal has been confirmed this long before the deadline,
         // the command is asked to stop so that it can exit cleanly before
         // the deadline's SIGKILL.
@@ -303,17 +305,11 @@ impl Runner {
             let at_risk = deadline.checked_sub(lead).unwrap_or(deadline);
             let stopping = !matches!(why, TermEnd::Exited);
             tokio::select! {
-                status = child.process.wait() => {
-                    let status = status.context("cannot wait for the command")?;
-                    // A command that exits after leadership was lost (say,
-                    // because the resource refused its token) ends the term
-                    // like a loss: the replica stays in the pool.
-                    if matches!(why, TermEnd::Exited)
-                        && let Some(reason) = leadership.lost_reason()
-                    {
-                        why = TermEnd::Lost(reason);
-                    }
-                    return Ok((status, why));
+                ended = child.wait() => {
+                    return (ended.status, self.term_end(why, ended, leadership));
+                }
+                moved = leadership.deadline_after(deadline), if !lost => {
+                    child.extend(moved).await;
                 }
                 reason = leadership.lost(), if !lost => {
                     lost = true;
@@ -354,6 +350,25 @@ impl Runner {
                 }
             }
         }
+    }
+
+    /// Why the term ended, now that the command has: a command that exits
+    /// after leadership was lost (say, because the resource refused its
+    /// token), or that the guard killed at the lease deadline, ends the term
+    /// like a loss: the replica stays in the pool.
+    fn term_end(&self, why: TermEnd, ended: Ended, leadership: &Leadership) -> TermEnd {
+        if !matches!(why, TermEnd::Exited) {
+            return why;
+        }
+        if let Some(reason) = leadership.lost_reason() {
+            return TermEnd::Lost(reason);
+        }
+        if ended.at_deadline {
+            tracing::warn!(election = %self.election, id = %self.elector.candidate(), token = leadership.token().0,
+                "the guard killed the command at the lease deadline: this runner did not confirm a renewal in time");
+            return TermEnd::Lost(LostReason::DeadlineExpired { last_error: None });
+        }
+        why
     }
 }
 

@@ -237,6 +237,22 @@ impl Leadership {
         self.session.deadline()
     }
 
+    /// Resolves with the deadline once it differs from `seen` (a renewal was
+    /// confirmed): for a process that mirrors the deadline elsewhere, such
+    /// as a runner's guard. Never resolves once the session has ended.
+    pub async fn deadline_after(&self, seen: Instant) -> Instant {
+        let mut state = self.session.subscribe();
+        loop {
+            let deadline = state.borrow_and_update().deadline;
+            if deadline != seen {
+                return deadline;
+            }
+            if state.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
+    }
+
     /// The session this leadership is attached to.
     pub fn session(&self) -> &Arc<Session> {
         &self.session

@@ -3,16 +3,17 @@
 
 use leasehold::testing::EtcdCluster;
 
+use super::guard::sigkill_hands_over_at_once;
 use super::harness::Scratch;
 use super::run::{
     exit_status_and_release, free_port, sigterm_handover, unreachable_exits_1, worked_example_1,
 };
 
 #[test]
-fn worked_example_1_on_etcd() {
+fn worked_example_1_and_the_sigkill_fast_path_on_etcd() {
     let cluster = EtcdCluster::start(3);
-    let scratch = Scratch::new();
-    worked_example_1(&cluster.url("/we1"), &scratch);
+    worked_example_1(&cluster.url("/we1"), &Scratch::new());
+    sigkill_hands_over_at_once(&cluster.url("/fast"), &Scratch::new());
 }
 
 #[test]

@@ -10,7 +10,7 @@ use std::time::Duration;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
-use super::harness::{Proc, Scratch, alive, leasehold, read_lines, wait_until};
+use super::harness::{Proc, Scratch, StoppedReplica, alive, leasehold, read_lines, wait_until};
 
 const SECOND: Duration = Duration::from_secs(1);
 
@@ -102,9 +102,10 @@ fn worked_example_2_a_paused_leader_is_fenced_off() {
     let a_child = writer_pid(&a_log).expect("a's writer pid");
     let a_token = writes(&a_log)[0].0;
 
-    // A stop-the-world pause of A: its runner and its command's group.
-    a.signal(Signal::SIGSTOP);
-    killpg(Pid::from_raw(a_child), Signal::SIGSTOP).expect("stop a's command");
+    // A stop-the-world pause of A: its runner, its guard and its command's
+    // group (a paused VM stops them all; were the guard running, it would
+    // kill the command at the lease deadline).
+    let paused = StoppedReplica::stop(a.pid(), a_child);
     assert!(
         wait_until(15 * SECOND, || writes(&b_log)
             .iter()
@@ -122,8 +123,9 @@ fn worked_example_2_a_paused_leader_is_fenced_off() {
         wait_until(5 * SECOND, || writes(&a_log).last().is_some_and(|w| !w.1)),
         "a's next write was not refused"
     );
-    // ...then its runner, whose deadline has long passed: it ends the command.
-    a.signal(Signal::SIGCONT);
+    // ...then its runner and guard, whose deadline has long passed: they
+    // end the command.
+    paused.continue_supervisors();
     assert!(
         wait_until(5 * SECOND, || !alive(a_child)),
         "a's runner left its command running"

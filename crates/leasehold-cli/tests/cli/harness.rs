@@ -165,3 +165,70 @@ pub fn status_json_once_created(store: &str, election: &str) -> Value {
     }
     serde_json::from_slice(&out.stdout).expect("status JSON")
 }
+
+/// The children of process `pid`, read from /proc.
+pub fn children_of(pid: i32) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|entry| {
+            let child: i32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).ok()?;
+            let (_, rest) = stat.rsplit_once(") ")?;
+            let ppid: i32 = rest.split(' ').nth(1)?.parse().ok()?;
+            (ppid == pid).then_some(child)
+        })
+        .collect()
+}
+
+/// A whole replica — `leasehold run`, its guard and its command's process
+/// group — stopped (SIGSTOP) as a paused VM or host would be, and continued
+/// on drop (then a runner already killed leaves nothing behind).
+pub struct StoppedReplica {
+    pub runner: i32,
+    pub guard: i32,
+    pub command: i32,
+}
+
+impl StoppedReplica {
+    /// Stops the replica whose runner is `runner`, leading with `command`.
+    pub fn stop(runner: i32, command: i32) -> Self {
+        use nix::sys::signal::{Signal, kill, killpg};
+        use nix::unistd::Pid;
+        let guards = children_of(runner);
+        assert_eq!(guards.len(), 1, "one guard under the runner: {guards:?}");
+        let guard = guards[0];
+        assert_eq!(
+            children_of(guard),
+            vec![command],
+            "the command is the guard's child"
+        );
+        kill(Pid::from_raw(runner), Signal::SIGSTOP).expect("stop the runner");
+        kill(Pid::from_raw(guard), Signal::SIGSTOP).expect("stop the guard");
+        killpg(Pid::from_raw(command), Signal::SIGSTOP).expect("stop the command");
+        StoppedReplica {
+            runner,
+            guard,
+            command,
+        }
+    }
+
+    /// Continues the runner and the guard (not the command, which they
+    /// find past its deadline and kill).
+    pub fn continue_supervisors(&self) {
+        use nix::sys::signal::{Signal, kill};
+        use nix::unistd::Pid;
+        let _ = kill(Pid::from_raw(self.guard), Signal::SIGCONT);
+        let _ = kill(Pid::from_raw(self.runner), Signal::SIGCONT);
+    }
+}
+
+impl Drop for StoppedReplica {
+    fn drop(&mut self) {
+        use nix::sys::signal::{Signal, killpg};
+        use nix::unistd::Pid;
+        self.continue_supervisors();
+        let _ = killpg(Pid::from_raw(self.command), Signal::SIGCONT);
+    }
+}

@@ -12,7 +12,8 @@ use nix::sys::signal::Signal;
 use serde_json::Value;
 
 use super::harness::{
-    Proc, Scratch, leasehold, status_json, status_json_once_created, stderr, wait_until,
+    Proc, Scratch, StoppedReplica, children_of, leasehold, status_json, status_json_once_created,
+    stderr, wait_until,
 };
 use super::run::free_port;
 
@@ -168,8 +169,13 @@ fn run_logs_waits_once_and_says_when_it_takes_over_an_expired_lease() {
         .contains("waiting; election is led")));
     // A few renewals of a's lease: still one line.
     std::thread::sleep(Duration::from_secs(3));
-    a.signal(Signal::SIGKILL);
+    // Paused as a whole (a SIGKILLed runner's guard would release at once):
+    // its lease expires.
+    let guard = children_of(a.pid())[0];
+    let paused = StoppedReplica::stop(a.pid(), children_of(guard)[0]);
     assert!(b.wait_for_exit(PATIENCE).is_some_and(|s| s.success()));
+    drop(a);
+    drop(paused);
     let b_log = read(&scratch.path("b.err"));
     assert_eq!(
         b_log.matches("waiting; election is led").count(),

@@ -3,15 +3,17 @@
 
 use leasehold::testing::{PostgresServer, ZooKeeperServer};
 
+use super::guard::sigkill_hands_over_at_once;
 use super::harness::Scratch;
 use super::run::{
     exit_status_and_release, free_port, sigterm_handover, unreachable_exits_1, worked_example_1,
 };
 
 #[test]
-fn worked_example_1_on_zookeeper() {
+fn worked_example_1_and_the_sigkill_fast_path_on_zookeeper() {
     let server = ZooKeeperServer::start();
     worked_example_1(&server.url("/we1"), &Scratch::new());
+    sigkill_hands_over_at_once(&server.url("/fast"), &Scratch::new());
 }
 
 #[test]
@@ -36,9 +38,10 @@ fn an_unreachable_zookeeper_exits_1() {
 }
 
 #[test]
-fn worked_example_1_on_postgres() {
+fn worked_example_1_and_the_sigkill_fast_path_on_postgres() {
     let server = PostgresServer::start();
     worked_example_1(&server.url(), &Scratch::new());
+    sigkill_hands_over_at_once(&format!("{}?schema=fast", server.url()), &Scratch::new());
 }
 
 #[test]

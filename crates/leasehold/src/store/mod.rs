@@ -152,6 +152,20 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// election; otherwise fails with [`crate::Error::NotHolder`].
     async fn resign(&self, grant: &Grant) -> Result<()>;
 
+    /// Releases `grant` on behalf of its holder's process, which is known to
+    /// be dead: its host saw it die and confirmed that nothing it started is
+    /// left (a runner's guard does this). Works from any handle on the store,
+    /// not only the one whose session holds the grant, and is guarded by the
+    /// token exactly like [`Store::resign`]: it never removes a successor's
+    /// grant, and fails with [`crate::Error::NotHolder`] when the grant is
+    /// already gone.
+    ///
+    /// The default is [`Store::resign`], for stores whose release does not
+    /// depend on the holder's connection.
+    async fn release_orphaned(&self, grant: &Grant) -> Result<()> {
+        self.resign(grant).await
+    }
+
     /// The current leader of `election`, if any.
     async fn leader(&self, election: &ElectionName) -> Result<Option<Leader>>;
 

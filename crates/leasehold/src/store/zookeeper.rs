@@ -730,6 +730,51 @@ impl Inner {
             .cloned()
     }
 
+    /// Deletes `grant`'s candidate node through `client`, if it is still
+    /// there with the grant's token; [`Error::NotHolder`] otherwise.
+    async fn delete_grant_node(&self, client: &Client, grant: &Grant) -> Result<()> {
+        let dir = self.election_dir(&grant.election);
+        let children = match request("list candidates", client.list_children(&dir)).await? {
+            Ok(children) => children,
+            Err(zookeeper_client::Error::NoNode) => return Err(not_holder(grant)),
+            Err(error) => return Err(unavailable("list candidates", error)),
+        };
+        // The grant's node, if it is still there, is still the current
+        // grant: the nodes ahead of it were gone when it was granted, and
+        // later ones queue behind it.
+        let prefix = session_prefix(grant.session);
+        let Some(mine) = queue(children)
+            .into_iter()
+            .find(|c| c.name.starts_with(&prefix))
+        else {
+            return Err(not_holder(grant));
+        };
+        let path = format!("{dir}/{}", mine.name);
+        let stat = match request("read the candidate node", client.check_stat(&path)).await? {
+            Ok(Some(stat)) => stat,
+            Ok(None) => return Err(not_holder(grant)),
+            Err(error) => return Err(unavailable("read the candidate node", error)),
+        };
+        if token_of(&stat) != grant.token {
+            return Err(not_holder(grant));
+        }
+        // The path names this grant's node alone (sequence numbers are
+        // never reused under a parent), so deleting it cannot touch a
+        // successor's node.
+        match request(
+            "delete the candidate node",
+            client.delete(&path, Some(stat.version)),
+        )
+        .await?
+        {
+            Ok(()) => Ok(()),
+            Err(zookeeper_client::Error::NoNode | zookeeper_client::Error::BadVersion) => {
+                Err(not_holder(grant))
+            }
+            Err(error) => Err(unavailable("delete the candidate node", error)),
+        }
+    }
+
     fn live_session(&self, id: SessionId) -> Result<(Arc<ZkSession>, Client)> {
         let session = self.session(id).ok_or(Error::SessionExpired(id))?;
         let client = session.client().ok_or(Error::SessionExpired(id))?;
@@ -1188,56 +1233,24 @@ impl Store for ZkStore {
     }
 
     async fn resign(&self, grant: &Grant) -> Result<()> {
-        let not_holder = || Error::NotHolder {
-            election: grant.election.to_string(),
-            token: grant.token,
-        };
         let Ok((zk, client)) = self.inner.live_session(grant.session) else {
-            return Err(not_holder());
+            return Err(not_holder(grant));
         };
-        let dir = self.inner.election_dir(&grant.election);
-        let children = match request("list candidates", client.list_children(&dir)).await? {
-            Ok(children) => children,
-            Err(zookeeper_client::Error::NoNode) => return Err(not_holder()),
-            Err(error) => return Err(unavailable("list candidates", error)),
-        };
-        // The grant's node, if it is still there, is still the current
-        // grant: the nodes ahead of it were gone when it was granted, and
-        // later ones queue behind it.
-        let prefix = session_prefix(grant.session);
-        let Some(mine) = queue(children)
-            .into_iter()
-            .find(|c| c.name.starts_with(&prefix))
-        else {
-            return Err(not_holder());
-        };
-        let path = format!("{dir}/{}", mine.name);
-        let stat = match request("read the candidate node", client.check_stat(&path)).await? {
-            Ok(Some(stat)) => stat,
-            Ok(None) => return Err(not_holder()),
-            Err(error) => return Err(unavailable("read the candidate node", error)),
-        };
-        if token_of(&stat) != grant.token {
-            return Err(not_holder());
-        }
-        // The path names this grant's node alone (sequence numbers are
-        // never reused under a parent), so deleting it cannot touch a
-        // successor's node.
-        match request(
-            "delete the candidate node",
-            client.delete(&path, Some(stat.version)),
-        )
-        .await?
-        {
-            Ok(()) => {}
-            Err(zookeeper_client::Error::NoNode) => return Err(not_holder()),
-            Err(error) => return Err(unavailable("delete the candidate node", error)),
-        }
+        self.inner.delete_grant_node(&client, grant).await?;
         zk.held
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&grant.election);
         Ok(())
+    }
+
+    /// The dead holder's session is not ours: the node is deleted through
+    /// the store's own client. ZooKeeper lets any client delete an
+    /// ephemeral node; the version check and the token make it this grant's
+    /// node alone.
+    async fn release_orphaned(&self, grant: &Grant) -> Result<()> {
+        let client = self.inner.reader().await?;
+        self.inner.delete_grant_node(&client, grant).await
     }
 
     async fn leader(&self, election: &ElectionName) -> Result<Option<Leader>> {
@@ -1292,5 +1305,13 @@ impl Store for ZkStore {
         if let Some(zk) = self.inner.session(session) {
             zk.ended.cancelled().await;
         }
+    }
+}
+
+/// The error for a grant that is no longer its election's grant.
+fn not_holder(grant: &Grant) -> Error {
+    Error::NotHolder {
+        election: grant.election.to_string(),
+        token: grant.token,
     }
 }

@@ -220,6 +220,48 @@ pub async fn resign_never_removes_a_successor(harness: &dyn StoreHarness) {
     );
 }
 
+/// A dead holder's grant released from another handle (a runner's guard
+/// after its runner died): the next candidate is granted at once, and the
+/// same release presented again never removes that successor (rule 6).
+pub async fn an_orphaned_grant_is_released_from_another_handle(harness: &dyn StoreHarness) {
+    let election = unique_election("orphaned");
+    let holder = harness.open().await;
+    let first = grant_on(&holder, &election, "a").await;
+    let waiter = harness.open().await;
+    let session = waiter
+        .open_session(Duration::from_secs(30))
+        .await
+        .expect("open");
+    let candidate = CandidateId::new("b").expect("valid id");
+    let campaign = {
+        let (waiter, election) = (Arc::clone(&waiter), election.clone());
+        tokio::spawn(async move { waiter.campaign(session.id, &election, &candidate).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!campaign.is_finished(), "granted while the holder lived");
+    let guard = harness.open().await;
+    guard.release_orphaned(&first).await.expect("release");
+    let second = within("the waiter granted after the release", campaign)
+        .await
+        .expect("campaign task")
+        .expect("granted");
+    assert!(second.token > first.token);
+    match guard.release_orphaned(&first).await {
+        Err(Error::NotHolder { token, .. }) => assert_eq!(token, first.token),
+        other => panic!("rule 6 broken: a stale release returned {other:?}"),
+    }
+    let leader = guard
+        .leader(&election)
+        .await
+        .expect("read")
+        .expect("b leads");
+    assert_eq!(
+        leader.token, second.token,
+        "rule 6 broken: successor removed"
+    );
+    drop(holder);
+}
+
 /// Observe reports leader → no leader → new leader, ending on the final
 /// state.
 pub async fn observe_sees_leader_release_and_successor(harness: &dyn StoreHarness) {

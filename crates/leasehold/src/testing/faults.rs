@@ -120,6 +120,11 @@ impl Store for FaultyStore {
         self.inner.resign(grant).await
     }
 
+    async fn release_orphaned(&self, grant: &Grant) -> Result<()> {
+        self.check()?;
+        self.inner.release_orphaned(grant).await
+    }
+
     async fn leader(&self, election: &ElectionName) -> Result<Option<Leader>> {
         self.check()?;
         self.inner.leader(election).await

@@ -144,6 +144,7 @@ macro_rules! conformance_tests {
             no_takeover_before_expiry,
             renewal_after_expiry_fails,
             resign_never_removes_a_successor,
+            an_orphaned_grant_is_released_from_another_handle,
             observe_sees_leader_release_and_successor,
             watch_ignores_renewals,
             watch_retries_a_failed_read,

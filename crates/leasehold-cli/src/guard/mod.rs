@@ -1,0 +1,295 @@
+//! The guard: a small process between `run` and its command that outlives
+//! `run` for as long as it takes to make `run`'s death safe and fast.
+//!
+//! For every term of leadership `run` starts `leasehold __guard`, which
+//! starts the command (in its own process group) and is a child subreaper:
+//! any process the command starts and leaves behind — even one in a new
+//! session, which escapes the process group — is re-parented to the guard
+//! instead of to PID 1. `run` and the guard talk over a private socket
+//! ([`protocol`]); the kernel closes `run`'s end when `run` exits, however
+//! it exits. The guard
+//!
+//! - kills the command's whole tree whenever the term ends: the command
+//!   exited, `run` stepped down, or `run` died;
+//! - reports the command's exit to `run` only once nothing of the tree is
+//!   left, so that `run` releases the election only then;
+//! - is a dead-man switch: `run` tells it every new lease deadline, and if
+//!   the deadline passes without a newer one (`run` stopped, or stuck) it
+//!   kills the tree at the deadline, so the command never runs past its
+//!   lease even when its supervisor cannot act. It releases nothing then:
+//!   stopped is not dead, and the lease must expire;
+//! - when `run` died without ending the term (SIGKILL, a panic, the OOM
+//!   killer), confirms that no process of the tree and of the command's
+//!   group is left, and then releases the grant on the store, guarded by
+//!   its token: the successor is granted within milliseconds instead of
+//!   after the TTL. It connects to the store only then; if it cannot
+//!   confirm the tree is gone, or cannot reach the store, it releases
+//!   nothing and the lease expires as it would have.
+
+mod process;
+pub mod protocol;
+
+use std::ffi::OsString;
+use std::os::fd::AsRawFd;
+use std::os::unix::process::ExitStatusExt;
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use anyhow::Context;
+use leasehold::{Grant, StoreUrl};
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::net::UnixStream;
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::time::Instant;
+
+pub use process::main;
+use protocol::{Order, Report};
+
+use crate::signals::AnySignal;
+
+/// The argument that makes `leasehold` the guard (`leasehold __guard`).
+pub const ARG: &str = "__guard";
+
+/// The descriptor on which the guard finds its socket to `run`.
+const SOCKET_FD: i32 = 3;
+
+/// The environment variable that passes `run`'s log settings to its guard
+/// (removed from the command's environment).
+const LOG_ENV: &str = "LEASEHOLD_GUARD_LOG";
+
+/// What the guard needs to start a term's command.
+#[derive(Debug)]
+pub struct Launch<'a> {
+    /// Program and arguments.
+    pub command: &'a [OsString],
+    /// Added to the environment.
+    pub env: &'a [(&'a str, String)],
+    /// Where the grant lives.
+    pub store: &'a StoreUrl,
+    /// The grant of this term.
+    pub grant: &'a Grant,
+    /// The lease deadline now.
+    pub deadline: Instant,
+}
+
+/// A term's command, started and watched by a guard.
+#[derive(Debug)]
+pub struct Supervised {
+    /// The command's process id, which is also its process group.
+    pub pgid: i32,
+    guard: tokio::process::Child,
+    control: OwnedWriteHalf,
+    reports: Lines<BufReader<OwnedReadHalf>>,
+    deadline: Instant,
+}
+
+/// How the command ended.
+#[derive(Debug, Clone, Copy)]
+pub struct Ended {
+    pub status: ExitStatus,
+    /// The guard killed it at the lease deadline (the runner did not
+    /// confirm a renewal in time).
+    pub at_deadline: bool,
+}
+
+impl Supervised {
+    /// Starts a guard and, through it, the command. The guard knows the
+    /// grant and the deadline before the command starts.
+    pub async fn start(launch: Launch<'_>) -> anyhow::Result<Supervised> {
+        let (mine, theirs) = std::os::unix::net::UnixStream::pair()
+            .context("cannot create the socket to the guard")?;
+        let guard = spawn_guard(&theirs)?;
+        drop(theirs);
+        mine.set_nonblocking(true)
+            .context("cannot set up the socket to the guard")?;
+        let (reports, control) = UnixStream::from_std(mine)
+            .context("cannot set up the socket to the guard")?
+            .into_split();
+        let mut supervised = Supervised {
+            pgid: 0,
+            guard,
+            control,
+            reports: BufReader::new(reports).lines(),
+            deadline: launch.deadline,
+        };
+        let mut orders = vec![
+            Order::Store(launch.store.clone()),
+            Order::Grant(launch.grant.clone()),
+            Order::Deadline(monotonic_ns(launch.deadline)),
+        ];
+        orders.extend(launch.command.iter().cloned().map(Order::Arg));
+        orders.extend(
+            launch
+                .env
+                .iter()
+                .map(|(k, v)| Order::Env(k.into(), v.into())),
+        );
+        orders.push(Order::Start);
+        for order in &orders {
+            supervised.tell(order).await?;
+        }
+        match supervised.report().await? {
+            Some(Report::Started(pid)) => {
+                supervised.pgid = pid;
+                Ok(supervised)
+            }
+            Some(Report::Failed(message)) => {
+                supervised.finish().await;
+                Err(anyhow::anyhow!(message))
+            }
+            other => anyhow::bail!("the guard process answered {other:?} instead of starting"),
+        }
+    }
+
+    async fn tell(&mut self, order: &Order) -> anyhow::Result<()> {
+        let line = order.line() + "\n";
+        self.control
+            .write_all(line.as_bytes())
+            .await
+            .context("the guard process is gone")
+    }
+
+    async fn report(&mut self) -> anyhow::Result<Option<Report>> {
+        let line = self
+            .reports
+            .next_line()
+            .await
+            .context("cannot read from the guard process")?;
+        Ok(line.and_then(|l| Report::parse(&l)))
+    }
+
+    /// Tells the guard the lease's new deadline, if it moved.
+    pub async fn extend(&mut self, deadline: Instant) {
+        if deadline == self.deadline {
+            return;
+        }
+        self.deadline = deadline;
+        if let Err(error) = self.tell(&Order::Deadline(monotonic_ns(deadline))).await {
+            tracing::warn!(%error, "cannot tell the guard the new lease deadline");
+        }
+    }
+
+    /// Waits until the command and everything it started are gone.
+    /// Cancel-safe: a report half read is kept for the next call.
+    pub async fn wait(&mut self) -> Ended {
+        loop {
+            match self.report().await {
+                Ok(Some(Report::Exited {
+                    status,
+                    at_deadline,
+                })) => {
+                    return Ended {
+                        status: ExitStatus::from_raw(status),
+                        at_deadline,
+                    };
+                }
+                Ok(Some(other)) => {
+                    tracing::warn!(report = ?other, "unexpected report from the guard process");
+                }
+                Ok(None) | Err(_) => {
+                    // The guard was killed: nothing watches the command's
+                    // tree any more, so its group goes now.
+                    tracing::warn!(
+                        pgid = self.pgid,
+                        "the guard process is gone; killing the command's group"
+                    );
+                    self.signal_group(Signal::SIGKILL);
+                    return Ended {
+                        status: ExitStatus::from_raw(Signal::SIGKILL as i32),
+                        at_deadline: false,
+                    };
+                }
+            }
+        }
+    }
+
+    /// Ends the term with the guard: `run` has released the grant (or knows
+    /// it lost it), so the guard releases nothing; it exits once it has
+    /// made sure nothing of the command is left.
+    pub async fn finish(mut self) {
+        let _ = self.tell(&Order::Done).await;
+        let _ = self.control.shutdown().await;
+        if tokio::time::timeout(Duration::from_secs(10), self.guard.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("the guard process did not exit; leaving it");
+        }
+    }
+
+    /// Sends `signal` to the command's whole process group; a group
+    /// already gone is not an error.
+    pub fn signal_group(&self, signal: Signal) {
+        match killpg(Pid::from_raw(self.pgid), signal) {
+            Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
+            Err(error) => {
+                tracing::warn!(pgid = self.pgid, %signal, %error, "cannot signal the command's group")
+            }
+        }
+    }
+
+    /// Sends `signal` — which may be a real-time signal, which [`Signal`]
+    /// cannot name — to the whole process group; a group already gone is
+    /// not an error.
+    #[allow(unsafe_code)]
+    pub fn pass(&self, signal: AnySignal) {
+        // SAFETY: killpg(2) takes two integers and touches no memory.
+        let sent = unsafe { nix::libc::killpg(self.pgid, signal.number()) };
+        match nix::errno::Errno::result(sent) {
+            Ok(_) | Err(nix::errno::Errno::ESRCH) => {}
+            Err(error) => {
+                tracing::warn!(pgid = self.pgid, %signal, %error, "cannot signal the command's group")
+            }
+        }
+    }
+}
+
+/// Starts `leasehold __guard` with `socket` as its descriptor 3, in its own
+/// process group (a terminal's Ctrl-C is for `run`, which forwards it).
+fn spawn_guard(socket: &std::os::unix::net::UnixStream) -> anyhow::Result<tokio::process::Child> {
+    let exe = std::env::current_exe().context("cannot find the leasehold executable")?;
+    let mut cmd = tokio::process::Command::new(exe);
+    cmd.arg(ARG)
+        .env(LOG_ENV, crate::log_settings())
+        .process_group(0)
+        .kill_on_drop(false);
+    let fd = socket.as_raw_fd();
+    place_socket(&mut cmd, fd);
+    cmd.spawn().context("cannot start the guard process")
+}
+
+#[allow(unsafe_code)]
+fn place_socket(cmd: &mut tokio::process::Command, fd: i32) {
+    // SAFETY: `pre_exec` closures run in the forked child before `exec`,
+    // where only async-signal-safe work is allowed. This one calls dup2 or
+    // fcntl (both async-signal-safe) on descriptors it does not own in Rust
+    // terms — `fd` stays owned by the parent's `UnixStream`, and descriptor
+    // 3 of the child is about to be replaced by `exec` anyway — and builds
+    // an `io::Error` from a raw errno, which does not allocate.
+    unsafe {
+        cmd.pre_exec(move || {
+            if fd == SOCKET_FD {
+                // Already in place: only clear close-on-exec.
+                if nix::libc::fcntl(fd, nix::libc::F_SETFD, 0) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            } else if nix::libc::dup2(fd, SOCKET_FD) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// `at` as CLOCK_MONOTONIC nanoseconds, which the guard (on the same host)
+/// reads alike. Rounded down: never later than `at`.
+fn monotonic_ns(at: Instant) -> u64 {
+    let mono = process::monotonic_now_ns();
+    let now = Instant::now();
+    match at.checked_duration_since(now) {
+        Some(ahead) => mono.saturating_add(u64::try_from(ahead.as_nanos()).unwrap_or(u64::MAX)),
+        None => mono.saturating_sub(u64::try_from((now - at).as_nanos()).unwrap_or(u64::MAX)),
+    }
+}

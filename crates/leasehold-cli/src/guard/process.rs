@@ -1,0 +1,373 @@
+//! `leasehold __guard`: the guard's side (see the module above).
+
+use std::ffi::OsString;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use leasehold::{Error, Grant, StoreUrl};
+use nix::errno::Errno;
+use nix::sys::signal::{SigSet, Signal, kill, killpg};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixStream;
+use tokio::net::unix::OwnedWriteHalf;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::time::{Instant, sleep, sleep_until};
+
+use super::protocol::{Order, Report};
+use super::{LOG_ENV, SOCKET_FD};
+
+/// How long the guard tries to see the command's tree gone before it gives
+/// up (and then releases nothing).
+const TREE_PATIENCE: Duration = Duration::from_secs(5);
+/// How long the guard tries to release a dead runner's grant.
+const RELEASE_PATIENCE: Duration = Duration::from_secs(10);
+
+/// CLOCK_MONOTONIC now, in nanoseconds.
+pub fn monotonic_now_ns() -> u64 {
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .unwrap_or(nix::sys::time::TimeSpec::new(0, 0));
+    let ns = i128::from(now.tv_sec()) * 1_000_000_000 + i128::from(now.tv_nsec());
+    u64::try_from(ns).unwrap_or(0)
+}
+
+fn instant_of(monotonic_ns: u64) -> Instant {
+    let now_ns = monotonic_now_ns();
+    let now = Instant::now();
+    now + Duration::from_nanos(monotonic_ns.saturating_sub(now_ns))
+}
+
+pub fn main() -> ExitCode {
+    // Signals meant for `run` (a terminal's Ctrl-C or hangup, a service
+    // manager's SIGTERM or SIGPWR sent to every process of the unit, any
+    // signal `run` passes to its command) must not remove the guard before
+    // its work is done; it exits by itself when it is. So every signal that
+    // can be is blocked (SIGKILL and SIGSTOP cannot), but SIGCHLD, by which
+    // it learns that processes of the command's tree ended. The command
+    // starts with an empty mask (`set_parent_death_signal`).
+    let mut blocked = SigSet::all();
+    blocked.remove(Signal::SIGCHLD);
+    let _ = blocked.thread_block();
+    let logging = std::env::var(LOG_ENV).unwrap_or_default();
+    crate::init_logging_from(&logging);
+    let Some(socket) = take_socket() else {
+        crate::say("leasehold __guard is started by `leasehold run`, not by hand");
+        return ExitCode::from(2);
+    };
+    if let Err(error) = nix::sys::prctl::set_child_subreaper(true) {
+        tracing::warn!(%error, "cannot become a subreaper: a process the command starts in a new session could outlive it");
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            crate::say(&format!("the guard cannot start: {error}"));
+            return ExitCode::from(1);
+        }
+    };
+    runtime.block_on(Guard::default().serve(socket));
+    ExitCode::SUCCESS
+}
+
+/// Descriptor 3, if it is the socket `run` placed there.
+#[allow(unsafe_code)]
+fn take_socket() -> Option<std::os::unix::net::UnixStream> {
+    use std::os::unix::fs::FileTypeExt;
+    // The magic link leads to the descriptor's own inode.
+    let kind = std::fs::metadata(format!("/proc/self/fd/{SOCKET_FD}"))
+        .ok()?
+        .file_type();
+    if !kind.is_socket() {
+        return None;
+    }
+    // SAFETY: descriptor 3 is open (its /proc entry exists) and is a socket that
+    // `run` placed there for this process alone (`place_socket`); nothing
+    // else in this process has taken ownership of it, and this function is
+    // called once, so the `OwnedFd` is its only owner.
+    let fd = unsafe { OwnedFd::from_raw_fd(SOCKET_FD) };
+    let socket = std::os::unix::net::UnixStream::from(fd);
+    // Not inherited by the command.
+    let _ = nix::fcntl::fcntl(
+        &socket,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    );
+    socket.set_nonblocking(true).ok()?;
+    Some(socket)
+}
+
+#[derive(Debug, Default)]
+struct Guard {
+    store: Option<StoreUrl>,
+    grant: Option<Grant>,
+    deadline: Option<Instant>,
+    argv: Vec<OsString>,
+    env: Vec<(OsString, OsString)>,
+    /// The command's pid (and group), once started.
+    leader: Option<i32>,
+    /// The command's wait status, once reaped.
+    status: Option<i32>,
+    /// Whether `run` was told the command ended.
+    reported: bool,
+    /// `run` ended the term itself.
+    done: bool,
+    killed_at_deadline: bool,
+}
+
+impl Guard {
+    async fn serve(mut self, socket: std::os::unix::net::UnixStream) {
+        let Ok(socket) = UnixStream::from_std(socket) else {
+            return;
+        };
+        let (read, mut write) = socket.into_split();
+        let mut lines = BufReader::new(read).lines();
+        let mut children = match signal(SignalKind::child()) {
+            Ok(children) => Some(children),
+            Err(error) => {
+                tracing::warn!(%error, "the guard cannot watch its children; it polls");
+                None
+            }
+        };
+        loop {
+            let deadline = self.deadline.filter(|_| self.running());
+            tokio::select! {
+                line = lines.next_line() => match line {
+                    Ok(Some(line)) => match Order::parse(&line) {
+                        Some(order) => self.obey(order, &mut write).await,
+                        None => tracing::warn!("the guard got an order it does not know; ignored"),
+                    },
+                    // `run` exited, however it exited.
+                    Ok(None) | Err(_) => break,
+                },
+                () = child_exited(&mut children) => self.reap_and_report(&mut write).await,
+                () = sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
+                    tracing::warn!(pgid = self.leader.unwrap_or(0),
+                        "the lease deadline passed and `leasehold run` confirmed no renewal (it is stopped or stuck): killing the command");
+                    self.killed_at_deadline = true;
+                    self.kill_tree().await;
+                    self.reap_and_report(&mut write).await;
+                }
+            }
+        }
+        let gone = self.kill_tree().await;
+        if self.done {
+            return;
+        }
+        if let (Some(store), Some(grant)) = (self.store.take(), self.grant.take()) {
+            if gone {
+                release(&store, &grant).await;
+            } else {
+                tracing::warn!(election = %grant.election, token = grant.token.0,
+                    "leasehold run is gone but its command's processes are not all gone; \
+                     not releasing the election (the store expires it after the TTL)");
+            }
+        }
+    }
+
+    fn running(&self) -> bool {
+        self.leader.is_some() && !self.reported
+    }
+
+    async fn obey(&mut self, order: Order, write: &mut OwnedWriteHalf) {
+        match order {
+            Order::Store(url) => self.store = Some(url),
+            Order::Grant(grant) => self.grant = Some(grant),
+            Order::Deadline(ns) => self.deadline = Some(instant_of(ns)),
+            Order::Arg(arg) => self.argv.push(arg),
+            Order::Env(key, value) => self.env.push((key, value)),
+            Order::Start => {
+                let report = match self.start() {
+                    Ok(pid) => Report::Started(pid),
+                    Err(error) => Report::Failed(error.to_string()),
+                };
+                send(write, &report).await;
+            }
+            Order::Done => self.done = true,
+        }
+    }
+
+    fn start(&mut self) -> std::io::Result<i32> {
+        if self.leader.is_some() {
+            return Err(std::io::Error::other("a command was already started"));
+        }
+        let (program, args) = self
+            .argv
+            .split_first()
+            .ok_or_else(|| std::io::Error::other("no command given"))?;
+        let mut cmd = std::process::Command::new(program);
+        cmd.args(args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .env_remove(LOG_ENV)
+            .process_group(0);
+        set_parent_death_signal(&mut cmd, nix::unistd::getpid());
+        let child = cmd.spawn()?;
+        let pid = i32::try_from(child.id())
+            .map_err(|_| std::io::Error::other("the command's process id is out of range"))?;
+        // Reaped by `reap`, with every orphan of its tree.
+        drop(child);
+        self.leader = Some(pid);
+        Ok(pid)
+    }
+
+    /// Reaps every child that has exited; once the command itself has, kills
+    /// what is left of its tree and tells `run`.
+    async fn reap_and_report(&mut self, write: &mut OwnedWriteHalf) {
+        self.reap();
+        if self.status.is_none() || self.reported {
+            return;
+        }
+        if !self.kill_tree().await {
+            tracing::warn!(
+                "processes the command started are still there after SIGKILL; reporting its end anyway"
+            );
+        }
+        self.reported = true;
+        let status = self.status.unwrap_or(Signal::SIGKILL as i32);
+        send(
+            write,
+            &Report::Exited {
+                status,
+                at_deadline: self.killed_at_deadline,
+            },
+        )
+        .await;
+    }
+
+    /// Reaps exited children; whether the guard has none left.
+    fn reap(&mut self) -> bool {
+        loop {
+            match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(pid, code)) => self.reaped(pid, code << 8),
+                Ok(WaitStatus::Signaled(pid, signal, core)) => {
+                    self.reaped(pid, signal as i32 | if core { 0x80 } else { 0 });
+                }
+                Ok(WaitStatus::StillAlive) => return false,
+                Ok(_) | Err(Errno::EINTR) => {}
+                Err(_) => return true,
+            }
+        }
+    }
+
+    fn reaped(&mut self, pid: Pid, status: i32) {
+        if Some(pid.as_raw()) == self.leader && self.status.is_none() {
+            self.status = Some(status);
+        }
+    }
+
+    /// SIGKILLs the command's group and every process re-parented to the
+    /// guard, until none is left; whether that was seen within
+    /// [`TREE_PATIENCE`]: the guard has no child left (every process of the
+    /// tree is a child of the guard or the descendant of a live one, as the
+    /// guard is a subreaper) and no process is left in the command's group.
+    async fn kill_tree(&mut self) -> bool {
+        let give_up = Instant::now() + TREE_PATIENCE;
+        let group = self.leader.filter(|&pgid| pgid > 1).map(Pid::from_raw);
+        loop {
+            if let Some(group) = group {
+                let _ = killpg(group, Signal::SIGKILL);
+            }
+            for pid in children_of(nix::unistd::getpid()) {
+                let _ = kill(pid, Signal::SIGKILL);
+            }
+            let no_children = self.reap();
+            let group_gone = group.is_none_or(|g| killpg(g, None) == Err(Errno::ESRCH));
+            if no_children && group_gone {
+                return true;
+            }
+            if Instant::now() >= give_up {
+                return false;
+            }
+            sleep(Duration::from_millis(1)).await;
+        }
+    }
+}
+
+async fn child_exited(children: &mut Option<tokio::signal::unix::Signal>) {
+    match children {
+        Some(children) => {
+            children.recv().await;
+        }
+        None => sleep(Duration::from_millis(50)).await,
+    }
+}
+
+async fn send(write: &mut OwnedWriteHalf, report: &Report) {
+    let line = report.line() + "\n";
+    // `run` may be gone; then nobody needs the report.
+    let _ = write.write_all(line.as_bytes()).await;
+}
+
+/// Processes whose parent is `parent`, read from /proc.
+fn children_of(parent: Pid) -> Vec<Pid> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|entry| {
+            let name = entry.ok()?.file_name();
+            let pid: i32 = name.to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // "pid (comm) state ppid …": comm may hold spaces and parens.
+            let after = stat.get(stat.rfind(')')? + 1..)?;
+            let ppid: i32 = after.split_whitespace().nth(1)?.parse().ok()?;
+            (ppid == parent.as_raw()).then_some(Pid::from_raw(pid))
+        })
+        .collect()
+}
+
+#[allow(unsafe_code)]
+fn set_parent_death_signal(cmd: &mut std::process::Command, guard: Pid) {
+    // SAFETY: `pre_exec` closures run in the forked child before `exec`,
+    // where only async-signal-safe work is allowed. This one makes three
+    // system calls (pthread_sigmask, prctl, getppid) and builds an
+    // `io::Error` from a raw errno, which does not allocate; it touches no
+    // locks and no shared state.
+    unsafe {
+        cmd.pre_exec(move || {
+            // The guard blocks almost every signal; the command starts with
+            // none blocked, as it would under `run` alone.
+            SigSet::empty()
+                .thread_set_mask()
+                .map_err(std::io::Error::from)?;
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)?;
+            // If the guard died between fork and prctl, the death signal
+            // was never armed: refuse to start rather than run unwatched.
+            if nix::unistd::getppid() != guard {
+                return Err(std::io::Error::from_raw_os_error(nix::libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Releases the grant of a runner that died, its command's tree confirmed
+/// gone, guarded by the token.
+async fn release(url: &StoreUrl, grant: &Grant) {
+    let (election, token) = (&grant.election, grant.token.0);
+    match url {
+        // Died with `run`.
+        StoreUrl::Memory => return,
+        // Never create a database that is not there any more.
+        StoreUrl::Sqlite(path) if !path.exists() => return,
+        _ => {}
+    }
+    let attempt = async {
+        let store = leasehold::store::open(url).await?;
+        store.release_orphaned(grant).await
+    };
+    match tokio::time::timeout(RELEASE_PATIENCE, attempt).await {
+        Ok(Ok(())) => tracing::info!(%election, id = %grant.candidate, token,
+            "leasehold run died and every process of its command is gone: \
+             released the election for the next candidate"),
+        Ok(Err(Error::NotHolder { .. })) => tracing::info!(%election, token,
+            "leasehold run died; its grant was already released or expired"),
+        Ok(Err(error)) => tracing::warn!(%election, token, %error,
+            "leasehold run died, but its grant could not be released; the store expires it after the TTL"),
+        Err(_) => tracing::warn!(%election, token,
+            "leasehold run died, but the store did not answer the release in time; it expires the grant after the TTL"),
+    }
+}

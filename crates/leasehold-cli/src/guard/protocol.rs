@@ -1,0 +1,283 @@
+//! The lines `run` and its guard exchange over their socket.
+//!
+//! Every value that may hold arbitrary bytes (arguments, environment
+//! values, paths, URLs, names) travels hex-encoded, so that a line is
+//! always one line and a value is never mangled. The socket is private to
+//! the two processes: the store URL and its secrets never appear on a
+//! command line.
+
+use std::ffi::OsString;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::PathBuf;
+
+use leasehold::{CandidateId, ElectionName, FencingToken, Grant, SessionId, StoreUrl};
+
+/// `run` → guard.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Order {
+    /// Where the grant lives, to release it if `run` dies.
+    Store(StoreUrl),
+    /// The grant this term holds.
+    Grant(Grant),
+    /// The lease deadline, as CLOCK_MONOTONIC nanoseconds: the command must
+    /// not run past it unless a later one arrives.
+    Deadline(u64),
+    /// One more argument of the command (the program first).
+    Arg(OsString),
+    /// One more environment variable for the command.
+    Env(OsString, OsString),
+    /// Start the command.
+    Start,
+    /// `run` has ended the term itself (released the grant or knows it
+    /// lost): nothing is to be released on its behalf.
+    Done,
+}
+
+/// Guard → `run`.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Report {
+    /// The command started with this process id, which is also its group.
+    Started(i32),
+    /// The command could not be started.
+    Failed(String),
+    /// The command and everything it started are gone. `status` is the
+    /// command's wait status (as `waitpid` gives it); `at_deadline` when the
+    /// guard killed it because the lease deadline passed without `run`
+    /// confirming a renewal.
+    Exited { status: i32, at_deadline: bool },
+}
+
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(out, "{b:02x}");
+    }
+    out
+}
+
+pub fn unhex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(text.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+fn unhex_string(text: &str) -> Option<String> {
+    String::from_utf8(unhex(text)?).ok()
+}
+
+fn hex_list(items: &[String]) -> String {
+    items
+        .iter()
+        .map(|i| hex(i.as_bytes()))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+impl Order {
+    pub fn line(&self) -> String {
+        match self {
+            Order::Store(url) => format!("store {}", store_line(url)),
+            Order::Grant(g) => format!(
+                "grant {} {} {} {}",
+                hex(g.election.as_str().as_bytes()),
+                hex(g.candidate.as_str().as_bytes()),
+                g.session.0,
+                g.token.0
+            ),
+            Order::Deadline(ns) => format!("deadline {ns}"),
+            Order::Arg(arg) => format!("arg {}", hex(arg.as_bytes())),
+            Order::Env(k, v) => format!("env {} {}", hex(k.as_bytes()), hex(v.as_bytes())),
+            Order::Start => "start".into(),
+            Order::Done => "done".into(),
+        }
+    }
+
+    pub fn parse(line: &str) -> Option<Order> {
+        let mut words = line.split(' ');
+        let order = match words.next()? {
+            "store" => Order::Store(parse_store(&mut words)?),
+            "grant" => Order::Grant(Grant {
+                election: ElectionName::new(unhex_string(words.next()?)?).ok()?,
+                candidate: CandidateId::new(unhex_string(words.next()?)?).ok()?,
+                session: SessionId(words.next()?.parse().ok()?),
+                token: FencingToken(words.next()?.parse().ok()?),
+            }),
+            "deadline" => Order::Deadline(words.next()?.parse().ok()?),
+            "arg" => Order::Arg(OsString::from_vec(unhex(words.next()?)?)),
+            "env" => Order::Env(
+                OsString::from_vec(unhex(words.next()?)?),
+                OsString::from_vec(unhex(words.next()?)?),
+            ),
+            "start" => Order::Start,
+            "done" => Order::Done,
+            _ => return None,
+        };
+        words.next().is_none().then_some(order)
+    }
+}
+
+fn store_line(url: &StoreUrl) -> String {
+    match url {
+        StoreUrl::Memory => "memory".into(),
+        StoreUrl::Sqlite(path) => format!("sqlite {}", hex(path.as_os_str().as_bytes())),
+        StoreUrl::Etcd { endpoints, prefix } => {
+            format!("etcd {} {}", hex(prefix.as_bytes()), hex_list(endpoints))
+        }
+        StoreUrl::ZooKeeper { endpoints, root } => {
+            format!("zk {} {}", hex(root.as_bytes()), hex_list(endpoints))
+        }
+        StoreUrl::Postgres { url, schema } => {
+            format!(
+                "postgres {} {}",
+                hex(schema.as_bytes()),
+                hex(url.as_bytes())
+            )
+        }
+        // A kind of store this guard cannot name: it releases nothing there.
+        _ => "unknown".into(),
+    }
+}
+
+fn parse_store<'a>(words: &mut impl Iterator<Item = &'a str>) -> Option<StoreUrl> {
+    let url = match words.next()? {
+        "memory" => StoreUrl::Memory,
+        "sqlite" => StoreUrl::Sqlite(PathBuf::from(OsString::from_vec(unhex(words.next()?)?))),
+        "etcd" => {
+            let prefix = unhex_string(words.next()?)?;
+            let endpoints = words.map(unhex_string).collect::<Option<Vec<_>>>()?;
+            StoreUrl::Etcd { endpoints, prefix }
+        }
+        "zk" => {
+            let root = unhex_string(words.next()?)?;
+            let endpoints = words.map(unhex_string).collect::<Option<Vec<_>>>()?;
+            StoreUrl::ZooKeeper { endpoints, root }
+        }
+        "postgres" => {
+            let schema = unhex_string(words.next()?)?;
+            let url = unhex_string(words.next()?)?;
+            StoreUrl::Postgres { url, schema }
+        }
+        _ => return None,
+    };
+    Some(url)
+}
+
+impl Report {
+    pub fn line(&self) -> String {
+        match self {
+            Report::Started(pid) => format!("started {pid}"),
+            Report::Failed(message) => format!("failed {}", hex(message.as_bytes())),
+            Report::Exited {
+                status,
+                at_deadline,
+            } => format!(
+                "exited {status}{}",
+                if *at_deadline { " deadline" } else { "" }
+            ),
+        }
+    }
+
+    pub fn parse(line: &str) -> Option<Report> {
+        let mut words = line.split(' ');
+        let report = match words.next()? {
+            "started" => Report::Started(words.next()?.parse().ok()?),
+            "failed" => Report::Failed(unhex_string(words.next()?)?),
+            "exited" => {
+                let status = words.next()?.parse().ok()?;
+                let at_deadline = match words.next() {
+                    None => false,
+                    Some("deadline") => true,
+                    Some(_) => return None,
+                };
+                return words.next().is_none().then_some(Report::Exited {
+                    status,
+                    at_deadline,
+                });
+            }
+            _ => return None,
+        };
+        words.next().is_none().then_some(report)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trip(order: Order) {
+        assert_eq!(Order::parse(&order.line()), Some(order));
+    }
+
+    #[test]
+    fn orders_read_back_as_written() {
+        round_trip(Order::Store(StoreUrl::Memory));
+        round_trip(Order::Store(StoreUrl::Sqlite(PathBuf::from(
+            OsString::from_vec(b"/tmp/a b\n\xff.db".to_vec()),
+        ))));
+        round_trip(Order::Store(StoreUrl::Etcd {
+            endpoints: vec!["127.0.0.1:1".into(), "127.0.0.1:2".into()],
+            prefix: "/p x".into(),
+        }));
+        round_trip(Order::Store(StoreUrl::ZooKeeper {
+            endpoints: vec!["h:1".into()],
+            root: "/leasehold".into(),
+        }));
+        round_trip(Order::Store(StoreUrl::Postgres {
+            url: "postgres://u:secret@h/db?x=1 2".into(),
+            schema: "s".into(),
+        }));
+        round_trip(Order::Grant(Grant {
+            election: ElectionName::new("a/b.c").expect("valid"),
+            candidate: CandidateId::new("host-1 x").expect("valid"),
+            session: SessionId(u64::MAX),
+            token: FencingToken(7),
+        }));
+        round_trip(Order::Deadline(123_456_789));
+        round_trip(Order::Arg(OsString::from_vec(b"sh\n-c \xfe".to_vec())));
+        round_trip(Order::Env("K".into(), "v=1\n2".into()));
+        round_trip(Order::Start);
+        round_trip(Order::Done);
+    }
+
+    #[test]
+    fn reports_read_back_as_written() {
+        for report in [
+            Report::Started(42),
+            Report::Failed("no such file\nor directory".into()),
+            Report::Exited {
+                status: 9,
+                at_deadline: true,
+            },
+            Report::Exited {
+                status: 256,
+                at_deadline: false,
+            },
+        ] {
+            assert_eq!(Report::parse(&report.line()), Some(report));
+        }
+    }
+
+    #[test]
+    fn malformed_lines_are_refused() {
+        for line in [
+            "",
+            "start now",
+            "deadline x",
+            "arg 0",
+            "arg zz",
+            "grant 61",
+            "store nope",
+            "exited 1 later",
+        ] {
+            assert!(
+                Order::parse(line).is_none() && Report::parse(line).is_none(),
+                "{line:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,211 @@
+//! The guard between `run` and its command: a SIGKILLed runner hands over
+//! at once (its host saw it die), a stopped one never early, and a runner
+//! that cannot act still never lets its command outlive the lease.
+
+use std::fs::File;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+
+use super::harness::{Proc, Scratch, StoppedReplica, alive, leasehold, read_lines, wait_until};
+use super::run::{grandchildren, runs};
+
+const SECOND: Duration = Duration::from_secs(1);
+
+/// A command that logs `run TOKEN ID PID`, starts a process in a new
+/// session (which escapes its process group) and logs `grandchild PID`,
+/// then logs `tick ID` every 20 ms until killed. All lines go to one file
+/// opened for appending, so its order is the order of the writes.
+const TICKING: &str = r#"echo "run $LEASEHOLD_TOKEN $LEASEHOLD_ID $$" >> billing.log
+setsid sleep 305 & echo "grandchild $!" >> billing.log
+while :; do echo "tick $LEASEHOLD_ID" >> billing.log; sleep 0.02; done"#;
+
+/// `leasehold run` as replica `id` of election `guarded` on `store`, its
+/// stderr in `ID.err`.
+fn replica(store: &str, scratch: &Scratch, id: &str, ttl: &str) -> Proc {
+    let err = File::create(scratch.path(&format!("{id}.err"))).expect("stderr file");
+    Proc::spawn(
+        leasehold()
+            .args(["run", "--election", "guarded", "--ttl", ttl, "--id", id])
+            .args(["--store", store, "--", "sh", "-c", TICKING])
+            .current_dir(scratch.dir.path())
+            .stdout(Stdio::null())
+            .stderr(err),
+    )
+}
+
+fn log_of(scratch: &Scratch, id: &str) -> String {
+    std::fs::read_to_string(scratch.path(&format!("{id}.err"))).unwrap_or_default()
+}
+
+/// `a` leads (its command has started its escapee), `b` waits.
+fn a_leads_b_waits(store: &str, scratch: &Scratch, ttl: &str) -> (Proc, Proc, i32, i32) {
+    let a = replica(store, scratch, "a", ttl);
+    assert!(
+        wait_until(20 * SECOND, || runs(scratch).len() == 1
+            && grandchildren(scratch).len() == 1),
+        "a never led: {}",
+        log_of(scratch, "a")
+    );
+    let b = replica(store, scratch, "b", ttl);
+    assert!(
+        wait_until(20 * SECOND, || log_of(scratch, "b")
+            .contains("waiting; election is led")),
+        "b never waited: {}",
+        log_of(scratch, "b")
+    );
+    let (_, id, command) = runs(scratch)[0].clone();
+    assert_eq!(id, "a");
+    (a, b, command, grandchildren(scratch)[0])
+}
+
+/// No line of `a`'s command after `b`'s command started: the two never
+/// overlapped.
+fn assert_no_overlap(scratch: &Scratch) {
+    let lines = read_lines(&scratch.path("billing.log"));
+    let b_started = lines
+        .iter()
+        .position(|l| l.starts_with("run ") && l.contains(" b "))
+        .expect("b ran");
+    let late: Vec<_> = lines[b_started..]
+        .iter()
+        .filter(|l| *l == "tick a")
+        .collect();
+    assert!(
+        late.is_empty(),
+        "a's command wrote {} lines after b's started",
+        late.len()
+    );
+}
+
+/// SIGKILL of the leading runner while its host lives: the guard kills the
+/// command's whole tree — the process it started in a new session too —
+/// confirms it gone, and releases the grant, so the successor runs long
+/// before the 60 s lease could have expired, with a higher token, and
+/// never beside the old command.
+pub fn sigkill_hands_over_at_once(store: &str, scratch: &Scratch) {
+    let (a, _b, command, escapee) = a_leads_b_waits(store, scratch, "60s");
+    let killed_at = Instant::now();
+    a.signal(Signal::SIGKILL);
+    assert!(
+        wait_until(30 * SECOND, || runs(scratch).len() == 2),
+        "no successor within 30 s of a 60 s lease: the grant was not released; a: {}",
+        log_of(scratch, "a")
+    );
+    let took = killed_at.elapsed();
+    assert!(!alive(command), "a's command outlived its runner");
+    assert!(
+        !alive(escapee),
+        "a's escaped grandchild outlived its runner"
+    );
+    assert_no_overlap(scratch);
+    let all = runs(scratch);
+    assert_eq!(all[1].1, "b");
+    assert!(all[1].0 > all[0].0, "the successor's token must be higher");
+    assert!(
+        log_of(scratch, "a").contains("released the election for the next candidate"),
+        "the guard did not say it released: {}",
+        log_of(scratch, "a")
+    );
+    eprintln!("successor ran {took:?} after the SIGKILL");
+}
+
+#[test]
+fn sigkill_of_the_runner_hands_over_at_once() {
+    let scratch = Scratch::new();
+    sigkill_hands_over_at_once(&scratch.store_url(), &scratch);
+}
+
+/// The command's whole tree is killed when the command exits by itself:
+/// a process it started in a new session does not outlive the term.
+#[test]
+fn an_escaped_process_dies_when_the_command_exits() {
+    let scratch = Scratch::new();
+    let out = leasehold()
+        .args([
+            "run",
+            "--election",
+            "escape",
+            "--store",
+            &scratch.store_url(),
+        ])
+        .args([
+            "--",
+            "sh",
+            "-c",
+            "setsid sleep 305 & echo \"grandchild $!\" >> billing.log; exit 3",
+        ])
+        .current_dir(scratch.dir.path())
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(3));
+    let escapee = grandchildren(&scratch)[0];
+    assert!(!alive(escapee), "the escaped process outlived the term");
+}
+
+/// SIGSTOP of the leading runner alone: its command runs on, but its guard
+/// kills it at the lease deadline, and the successor — granted only once
+/// the lease expired — never runs beside it. Continued, the runner steps
+/// down and waits again.
+#[test]
+fn a_stopped_runner_s_command_is_killed_at_the_deadline() {
+    let scratch = Scratch::new();
+    let (a, _b, command, _) = a_leads_b_waits(&scratch.store_url(), &scratch, "2s");
+    a.signal(Signal::SIGSTOP);
+    assert!(
+        wait_until(20 * SECOND, || runs(&scratch).len() == 2),
+        "no successor"
+    );
+    assert!(!alive(command), "a's command outlived its lease");
+    assert_no_overlap(&scratch);
+    assert!(
+        log_of(&scratch, "a").contains("the lease deadline passed"),
+        "the guard did not say why it killed the command: {}",
+        log_of(&scratch, "a")
+    );
+    assert!(
+        !log_of(&scratch, "a").contains("released the election"),
+        "a stopped runner's grant was released early"
+    );
+    a.signal(Signal::SIGCONT);
+    assert!(
+        wait_until(20 * SECOND, || log_of(&scratch, "a")
+            .contains("stepped down; campaigning again")),
+        "the continued runner did not step down: {}",
+        log_of(&scratch, "a")
+    );
+    assert_eq!(runs(&scratch).len(), 2, "a led again while b leads");
+}
+
+/// SIGSTOP of the whole replica — runner, guard and command: nobody can
+/// know it is not dead, so nothing is released early; the successor is
+/// granted only when the lease has expired, and the continued replica's
+/// command is killed before it runs again.
+#[test]
+fn a_stopped_replica_is_never_released_early() {
+    let scratch = Scratch::new();
+    let (a, _b, command, _) = a_leads_b_waits(&scratch.store_url(), &scratch, "3s");
+    let stopped = StoppedReplica::stop(a.pid(), command);
+    let stopped_at = Instant::now();
+    assert!(
+        wait_until(20 * SECOND, || runs(&scratch).len() == 2),
+        "no successor"
+    );
+    // The lease (3 s, renewed every second or so) had at least 1 s to run
+    // when the replica stopped: a successor granted sooner was granted on
+    // a release, which a stopped replica must never get.
+    assert!(
+        stopped_at.elapsed() >= SECOND,
+        "b ran {:?} after a stopped: an early release",
+        stopped_at.elapsed()
+    );
+    stopped.continue_supervisors();
+    assert!(
+        wait_until(10 * SECOND, || !alive(command)),
+        "the continued replica's command was not killed"
+    );
+    drop(stopped);
+    assert_no_overlap(&scratch);
+    assert!(!log_of(&scratch, "a").contains("released the election"));
+}

@@ -41,7 +41,27 @@ impl Replica {
 
     /// `leasehold run` of `election` on `store`, running `script` under sh.
     pub fn leasehold(store: &str, election: &str, id: &str, ttl: &str, script: &str) -> Self {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_leasehold"));
+        Replica::leasehold_of(
+            env!("CARGO_BIN_EXE_leasehold"),
+            store,
+            election,
+            id,
+            ttl,
+            script,
+        )
+    }
+
+    /// The same with the `leasehold` executable at `bin` (another build, to
+    /// compare).
+    pub fn leasehold_of(
+        bin: &str,
+        store: &str,
+        election: &str,
+        id: &str,
+        ttl: &str,
+        script: &str,
+    ) -> Self {
+        let mut command = Command::new(bin);
         command
             .args([
                 "run",
@@ -150,4 +170,13 @@ pub fn arg(name: &str, default: usize) -> usize {
         .and_then(|i| args.get(i + 1))
         .and_then(|n| n.parse().ok())
         .unwrap_or(default)
+}
+
+/// The value after `name` on the command line, if any.
+pub fn arg_text(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .cloned()
 }

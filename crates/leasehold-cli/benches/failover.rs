@@ -109,12 +109,13 @@ fn round(tool: &Tool, signal: Signal, name: &str, i: usize, outcome: &mut Outcom
     outcome.rounds += 1;
     if let Some((t1, _)) = next {
         outcome.samples.push(t1 - t0);
-        let left = held.iter().any(|&p| alive(p));
-        if signal == Signal::SIGSTOP && alive(held[0]) {
-            outcome.bad += 1;
-        } else if signal == Signal::SIGKILL && left {
-            outcome.bad += 1;
-        }
+        // SIGKILL: anything of the old command left; SIGSTOP: the old
+        // command still running beside the new one.
+        let bad = match signal {
+            Signal::SIGKILL => held.iter().any(|&p| alive(p)),
+            _ => alive(held[0]),
+        };
+        outcome.bad += usize::from(bad);
     }
     if signal == Signal::SIGSTOP {
         a.signal(Signal::SIGCONT);

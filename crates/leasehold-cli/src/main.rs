@@ -17,6 +17,7 @@ mod generate;
 mod guard;
 mod http;
 mod inspect;
+mod logwriter;
 mod metrics;
 mod run;
 mod signals;
@@ -45,7 +46,7 @@ fn main() -> ExitCode {
         Err(error) => return usage_error(&error),
     };
     init_logging(args.verbose, args.quiet, args.log_format);
-    match run(args) {
+    let code = match run(args) {
         Ok(code) => code,
         Err(error) => {
             let usage = error
@@ -54,8 +55,15 @@ fn main() -> ExitCode {
             say(&one_line(&error));
             ExitCode::from(if usage { EXIT_USAGE } else { EXIT_FAILURE })
         }
-    }
+    };
+    // The last lines (say, "election released") out before exiting, unless
+    // stderr does not take them.
+    logwriter::flush(LAST_LINES);
+    code
 }
+
+/// How long an exiting process waits for its last log lines to be written.
+pub const LAST_LINES: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// `error` as one line: the contexts, then the library's error, whose
 /// message already names its cause — its sources would only repeat it (or
@@ -81,8 +89,7 @@ fn one_line(error: &anyhow::Error) -> String {
 /// `leasehold: {line}` on stderr. A closed or full stderr loses the line
 /// but never panics (as `eprintln!` would).
 pub fn say(line: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr().lock(), "leasehold: {line}");
+    logwriter::write(format!("leasehold: {line}\n").as_bytes());
 }
 
 fn run(args: cli::Args) -> anyhow::Result<ExitCode> {
@@ -194,6 +201,7 @@ fn init_logging(verbose: u8, quiet: bool, format: cli::LogFormat) {
         cli::LogFormat::Json => "json",
         cli::LogFormat::Text => "text",
     };
+    logwriter::start();
     let _ = LOG_SETTINGS.set(format!(
         "{verbose} {} {shown}",
         if quiet { "quiet" } else { "loud" }
@@ -227,12 +235,11 @@ struct QuietStderr;
 
 impl std::io::Write for QuietStderr {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let _ = std::io::stderr().write_all(buf);
+        logwriter::write(buf);
         Ok(buf.len())
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
-        let _ = std::io::stderr().flush();
         Ok(())
     }
 }

@@ -17,6 +17,8 @@ use crate::signals::{IgnoredSignals, PassedSignals, StopSignals, forwarded_as};
 
 /// Exit status when the command could not be started.
 const EXIT_CANNOT_START: u8 = 127;
+/// How often `run` continues its guard, should something have stopped it.
+const GUARD_WAKE: Duration = Duration::from_secs(1);
 /// Pause before campaigning again after a transient store error.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
 
@@ -40,6 +42,11 @@ struct Runner {
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    // Should a guard die, what is left of its command's tree comes to
+    // `run` rather than to PID 1, and `run` kills it (guard.rs).
+    if let Err(error) = nix::sys::prctl::set_child_subreaper(true) {
+        tracing::warn!(%error, "cannot become a subreaper");
+    }
     let store = args.election.store.open().await?;
     let candidate = args.election.candidate();
     let metrics = RunnerMetrics::new(args.election.election.as_str(), candidate.as_str());
@@ -300,6 +307,7 @@ impl Runner {
         let mut why = TermEnd::Exited;
         let mut kill_at: Option<Instant> = None;
         let mut lost = false;
+        let mut wake_guard = tokio::time::interval(GUARD_WAKE);
         loop {
             let deadline = leadership.deadline();
             let at_risk = deadline.checked_sub(lead).unwrap_or(deadline);
@@ -348,6 +356,7 @@ impl Runner {
                 signal = self.ignored.recv() => {
                     tracing::info!(%signal, "signal ignored");
                 }
+                _ = wake_guard.tick() => child.wake_guard(),
             }
         }
     }
@@ -364,9 +373,16 @@ impl Runner {
             return TermEnd::Lost(reason);
         }
         if ended.at_deadline {
+            // Still leader, yet the guard saw the deadline it knew pass:
+            // the renewal was confirmed too late to tell it. Step down all
+            // the same (release, campaign again): the command is gone.
             tracing::warn!(election = %self.election, id = %self.elector.candidate(), token = leadership.token().0,
-                "the guard killed the command at the lease deadline: this runner did not confirm a renewal in time");
-            return TermEnd::Lost(LostReason::DeadlineExpired { last_error: None });
+                "the guard killed the command at the lease deadline: this runner did not tell it of a renewal in time");
+            return TermEnd::AtRisk;
+        }
+        if ended.guard_lost {
+            tracing::warn!(election = %self.election, id = %self.elector.candidate(), token = leadership.token().0,
+                "the guard process was killed; the command's tree was killed with it");
         }
         why
     }

@@ -28,6 +28,7 @@
 
 mod process;
 pub mod protocol;
+mod tree;
 
 use std::ffi::OsString;
 use std::os::fd::AsRawFd;
@@ -37,7 +38,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use leasehold::{Grant, StoreUrl};
-use nix::sys::signal::{Signal, killpg};
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::net::UnixStream;
@@ -51,6 +53,10 @@ use crate::signals::AnySignal;
 
 /// The argument that makes `leasehold` the guard (`leasehold __guard`).
 pub const ARG: &str = "__guard";
+
+/// How long the guard (or `run`, when the guard is gone) tries to see the
+/// command's tree gone.
+const TREE_PATIENCE: Duration = Duration::from_secs(5);
 
 /// The descriptor on which the guard finds its socket to `run`.
 const SOCKET_FD: i32 = 3;
@@ -80,6 +86,8 @@ pub struct Supervised {
     /// The command's process id, which is also its process group.
     pub pgid: i32,
     guard: tokio::process::Child,
+    /// The guard's process id, kept after it was reaped.
+    guard_pid: Option<Pid>,
     control: OwnedWriteHalf,
     reports: Lines<BufReader<OwnedReadHalf>>,
     deadline: Instant,
@@ -92,6 +100,8 @@ pub struct Ended {
     /// The guard killed it at the lease deadline (the runner did not
     /// confirm a renewal in time).
     pub at_deadline: bool,
+    /// The guard was killed; `run` killed the command's tree itself.
+    pub guard_lost: bool,
 }
 
 impl Supervised {
@@ -107,8 +117,13 @@ impl Supervised {
         let (reports, control) = UnixStream::from_std(mine)
             .context("cannot set up the socket to the guard")?
             .into_split();
+        let guard_pid = guard
+            .id()
+            .and_then(|id| i32::try_from(id).ok())
+            .map(Pid::from_raw);
         let mut supervised = Supervised {
             pgid: 0,
+            guard_pid,
             guard,
             control,
             reports: BufReader::new(reports).lines(),
@@ -183,25 +198,60 @@ impl Supervised {
                     return Ended {
                         status: ExitStatus::from_raw(status),
                         at_deadline,
+                        guard_lost: false,
                     };
                 }
                 Ok(Some(other)) => {
                     tracing::warn!(report = ?other, "unexpected report from the guard process");
                 }
-                Ok(None) | Err(_) => {
-                    // The guard was killed: nothing watches the command's
-                    // tree any more, so its group goes now.
-                    tracing::warn!(
-                        pgid = self.pgid,
-                        "the guard process is gone; killing the command's group"
+                Ok(None) | Err(_) => return self.guard_gone().await,
+            }
+        }
+    }
+
+    /// The guard was killed: `run`, a subreaper too, has inherited what was
+    /// left of the command's tree, and kills it (the command's group and
+    /// every child of `run` but the guard) before the term can end.
+    async fn guard_gone(&mut self) -> Ended {
+        tracing::warn!(
+            pgid = self.pgid,
+            "the guard process is gone; killing what is left of the command's tree"
+        );
+        let group = Some(Pid::from_raw(self.pgid)).filter(|p| p.as_raw() > 1);
+        let give_up = Instant::now() + TREE_PATIENCE;
+        loop {
+            tree::kill_round(group, |pid| Some(pid) == self.guard_pid);
+            let mut left = false;
+            for pid in tree::children_of(nix::unistd::getpid()) {
+                if Some(pid) != self.guard_pid {
+                    left |= !matches!(
+                        waitpid(pid, Some(WaitPidFlag::WNOHANG)),
+                        Ok(WaitStatus::Exited(..) | WaitStatus::Signaled(..)) | Err(_)
                     );
-                    self.signal_group(Signal::SIGKILL);
-                    return Ended {
-                        status: ExitStatus::from_raw(Signal::SIGKILL as i32),
-                        at_deadline: false,
-                    };
                 }
             }
+            if !left && tree::group_gone(group) {
+                break;
+            }
+            if Instant::now() >= give_up {
+                tracing::warn!("processes of the command's tree are still there after SIGKILL");
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        Ended {
+            status: ExitStatus::from_raw(Signal::SIGKILL as i32),
+            at_deadline: false,
+            guard_lost: true,
+        }
+    }
+
+    /// Continues the guard if something stopped it (the guard alone: a
+    /// stopped guard would neither report the command's exit nor kill it at
+    /// the deadline). A running process ignores SIGCONT.
+    pub fn wake_guard(&self) {
+        if let Some(pid) = self.guard_pid {
+            let _ = kill(pid, Signal::SIGCONT);
         }
     }
 
@@ -209,6 +259,7 @@ impl Supervised {
     /// it lost it), so the guard releases nothing; it exits once it has
     /// made sure nothing of the command is left.
     pub async fn finish(mut self) {
+        self.wake_guard();
         let _ = self.tell(&Order::Done).await;
         let _ = self.control.shutdown().await;
         if tokio::time::timeout(Duration::from_secs(10), self.guard.wait())
@@ -219,9 +270,25 @@ impl Supervised {
         }
     }
 
+    /// Whether the process group is still the command's: its leader is the
+    /// guard's child (or, the guard gone, `run`'s), alive or a zombie, or is
+    /// gone while other members keep the group id in use (no process can
+    /// get that id then). Once the guard has reaped the command and its
+    /// group is empty, the id may go to an unrelated process: never signal
+    /// it then.
+    fn group_is_ours(&self) -> bool {
+        match tree::parent_of(Pid::from_raw(self.pgid)) {
+            Some(parent) => Some(parent) == self.guard_pid || parent == nix::unistd::getpid(),
+            None => true,
+        }
+    }
+
     /// Sends `signal` to the command's whole process group; a group
     /// already gone is not an error.
     pub fn signal_group(&self, signal: Signal) {
+        if !self.group_is_ours() {
+            return;
+        }
         match killpg(Pid::from_raw(self.pgid), signal) {
             Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
             Err(error) => {
@@ -235,6 +302,9 @@ impl Supervised {
     /// not an error.
     #[allow(unsafe_code)]
     pub fn pass(&self, signal: AnySignal) {
+        if !self.group_is_ours() {
+            return;
+        }
         // SAFETY: killpg(2) takes two integers and touches no memory.
         let sent = unsafe { nix::libc::killpg(self.pgid, signal.number()) };
         match nix::errno::Errno::result(sent) {

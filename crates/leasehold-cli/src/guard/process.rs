@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use leasehold::{Error, Grant, StoreUrl};
 use nix::errno::Errno;
-use nix::sys::signal::{SigSet, Signal, kill, killpg};
+use nix::sys::signal::{SigSet, Signal};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -18,11 +18,12 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::{Instant, sleep, sleep_until};
 
 use super::protocol::{Order, Report};
-use super::{LOG_ENV, SOCKET_FD};
+use super::tree;
+use super::{LOG_ENV, SOCKET_FD, TREE_PATIENCE};
 
-/// How long the guard tries to see the command's tree gone before it gives
-/// up (and then releases nothing).
-const TREE_PATIENCE: Duration = Duration::from_secs(5);
+/// How long the guard waits for orders already on their way before it acts
+/// on a deadline: a deadline kill comes at most this late.
+const ORDERS_SETTLE: Duration = Duration::from_millis(2);
 /// How long the guard tries to release a dead runner's grant.
 const RELEASE_PATIENCE: Duration = Duration::from_secs(10);
 
@@ -71,6 +72,7 @@ pub fn main() -> ExitCode {
         }
     };
     runtime.block_on(Guard::default().serve(socket));
+    crate::logwriter::flush(crate::LAST_LINES);
     ExitCode::SUCCESS
 }
 
@@ -135,6 +137,9 @@ impl Guard {
         loop {
             let deadline = self.deadline.filter(|_| self.running());
             tokio::select! {
+                // Orders first: after the guard was stopped, the deadlines
+                // `run` sent meanwhile count before the timer does.
+                biased;
                 line = lines.next_line() => match line {
                     Ok(Some(line)) => match Order::parse(&line) {
                         Some(order) => self.obey(order, &mut write).await,
@@ -145,11 +150,16 @@ impl Guard {
                 },
                 () = child_exited(&mut children) => self.reap_and_report(&mut write).await,
                 () = sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
-                    tracing::warn!(pgid = self.leader.unwrap_or(0),
-                        "the lease deadline passed and `leasehold run` confirmed no renewal (it is stopped or stuck): killing the command");
-                    self.killed_at_deadline = true;
-                    self.kill_tree().await;
-                    self.reap_and_report(&mut write).await;
+                    // After the guard was stopped, tokio may see the timer
+                    // before the socket: read the orders that wait first.
+                    while let Ok(Ok(Some(line))) = tokio::time::timeout(ORDERS_SETTLE, lines.next_line()).await {
+                        if let Some(order) = Order::parse(&line) {
+                            self.obey(order, &mut write).await;
+                        }
+                    }
+                    if self.running() && self.deadline.is_some_and(|d| d <= Instant::now()) {
+                        self.kill_at_deadline(&mut write).await;
+                    }
                 }
             }
         }
@@ -166,6 +176,18 @@ impl Guard {
                      not releasing the election (the store expires it after the TTL)");
             }
         }
+    }
+
+    async fn kill_at_deadline(&mut self, write: &mut OwnedWriteHalf) {
+        let (election, id, token) = self.grant.as_ref().map_or_else(
+            || (String::new(), String::new(), 0),
+            |g| (g.election.to_string(), g.candidate.to_string(), g.token.0),
+        );
+        tracing::warn!(%election, %id, token, pgid = self.leader.unwrap_or(0),
+            "the lease deadline passed and `leasehold run` confirmed no renewal (it is stopped or stuck): killing the command");
+        self.killed_at_deadline = true;
+        self.kill_tree().await;
+        self.reap_and_report(write).await;
     }
 
     fn running(&self) -> bool {
@@ -267,15 +289,9 @@ impl Guard {
         let give_up = Instant::now() + TREE_PATIENCE;
         let group = self.leader.filter(|&pgid| pgid > 1).map(Pid::from_raw);
         loop {
-            if let Some(group) = group {
-                let _ = killpg(group, Signal::SIGKILL);
-            }
-            for pid in children_of(nix::unistd::getpid()) {
-                let _ = kill(pid, Signal::SIGKILL);
-            }
+            tree::kill_round(group, |_| false);
             let no_children = self.reap();
-            let group_gone = group.is_none_or(|g| killpg(g, None) == Err(Errno::ESRCH));
-            if no_children && group_gone {
+            if no_children && tree::group_gone(group) {
                 return true;
             }
             if Instant::now() >= give_up {
@@ -299,24 +315,6 @@ async fn send(write: &mut OwnedWriteHalf, report: &Report) {
     let line = report.line() + "\n";
     // `run` may be gone; then nobody needs the report.
     let _ = write.write_all(line.as_bytes()).await;
-}
-
-/// Processes whose parent is `parent`, read from /proc.
-fn children_of(parent: Pid) -> Vec<Pid> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(|entry| {
-            let name = entry.ok()?.file_name();
-            let pid: i32 = name.to_str()?.parse().ok()?;
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            // "pid (comm) state ppid …": comm may hold spaces and parens.
-            let after = stat.get(stat.rfind(')')? + 1..)?;
-            let ppid: i32 = after.split_whitespace().nth(1)?.parse().ok()?;
-            (ppid == parent.as_raw()).then_some(Pid::from_raw(pid))
-        })
-        .collect()
 }
 
 #[allow(unsafe_code)]

@@ -209,3 +209,142 @@ fn a_stopped_replica_is_never_released_early() {
     assert_no_overlap(&scratch);
     assert!(!log_of(&scratch, "a").contains("released the election"));
 }
+
+/// The guard itself SIGKILLed (here by its own command): `run`, a
+/// subreaper too, inherits what is left of the command's tree — a process
+/// in a new session included — and kills it before it releases, so the
+/// next leader never runs beside it.
+#[test]
+fn a_killed_guard_leaves_nothing_behind() {
+    let scratch = Scratch::new();
+    let script = r#"echo "run $LEASEHOLD_TOKEN $LEASEHOLD_ID $$" >> billing.log
+setsid sh -c 'while :; do echo "tick $LEASEHOLD_ID" >> billing.log; sleep 0.02; done' &
+echo "grandchild $!" >> billing.log
+sleep 0.3; kill -9 $PPID; wait"#;
+    let run = |id: &str| {
+        let err = File::create(scratch.path(&format!("{id}.err"))).expect("stderr file");
+        Proc::spawn(
+            leasehold()
+                .args(["run", "--election", "guardless", "--ttl", "60s", "--id", id])
+                .args(["--store", &scratch.store_url(), "--", "sh", "-c", script])
+                .current_dir(scratch.dir.path())
+                .stdout(Stdio::null())
+                .stderr(err),
+        )
+    };
+    let mut a = run("a");
+    assert!(wait_until(20 * SECOND, || grandchildren(&scratch).len() == 1));
+    let escapee = grandchildren(&scratch)[0];
+    assert!(
+        a.wait_for_exit(20 * SECOND).is_some(),
+        "a did not end its term"
+    );
+    assert!(!alive(escapee), "the escapee outlived the killed guard");
+    assert!(
+        log_of(&scratch, "a").contains("the guard process was killed"),
+        "{}",
+        log_of(&scratch, "a")
+    );
+    let _b = run("b");
+    assert!(wait_until(20 * SECOND, || runs(&scratch).len() == 2));
+    assert_no_overlap(&scratch);
+}
+
+/// A stderr nobody reads (a full pipe) never blocks `run` or its guard:
+/// SIGTERM still reaches the command, the election is released and `run`
+/// exits, long before the 60 s lease could expire.
+#[test]
+fn a_full_stderr_pipe_blocks_nothing() {
+    let scratch = Scratch::new();
+    let (unread, full) = nix::unistd::pipe().expect("pipe");
+    let script = r#"head -c 200000 /dev/zero >&2 &
+echo "run $LEASEHOLD_TOKEN $LEASEHOLD_ID $$" >> billing.log
+trap 'exit 0' TERM; while :; do sleep 0.02; done"#;
+    let mut a = Proc::spawn(
+        leasehold()
+            .args([
+                "-v",
+                "run",
+                "--election",
+                "full",
+                "--ttl",
+                "60s",
+                "--id",
+                "a",
+            ])
+            .args([
+                "--grace",
+                "1s",
+                "--store",
+                &scratch.store_url(),
+                "--",
+                "sh",
+                "-c",
+                script,
+            ])
+            .current_dir(scratch.dir.path())
+            .stdout(Stdio::null())
+            .stderr(std::process::Stdio::from(full)),
+    );
+    assert!(wait_until(20 * SECOND, || runs(&scratch).len() == 1));
+    // Let the pipe fill up (64 KiB), then some.
+    std::thread::sleep(SECOND);
+    a.signal(Signal::SIGTERM);
+    assert!(
+        a.wait_for_exit(20 * SECOND).is_some(),
+        "run blocked on its stderr"
+    );
+    let status = super::harness::status_json(&scratch.store_url(), "full");
+    assert!(status["leader"].is_null(), "not released: {status}");
+    drop(unread);
+}
+
+/// A guard stopped by someone and continued (`run` continues it within a
+/// second) acts on the deadlines `run` sent meanwhile, not on the one it
+/// knew when it stopped: a healthy leader's command is never killed.
+#[test]
+fn a_stopped_guard_never_kills_a_healthy_leader() {
+    let scratch = Scratch::new();
+    let a = replica(&scratch.store_url(), &scratch, "a", "1s");
+    assert!(wait_until(20 * SECOND, || runs(&scratch).len() == 1));
+    let command = runs(&scratch)[0].2;
+    let guard = super::harness::children_of(a.pid())[0];
+    for _ in 0..3 {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(guard), Signal::SIGSTOP)
+            .expect("stop the guard");
+        std::thread::sleep(1500 * Duration::from_millis(1));
+    }
+    assert!(alive(command), "a healthy leader's command was killed");
+    assert!(
+        !log_of(&scratch, "a").contains("lease deadline passed"),
+        "{}",
+        log_of(&scratch, "a")
+    );
+    assert_eq!(runs(&scratch).len(), 1);
+}
+
+/// A command that stops its guard and exits: `run` continues the guard,
+/// learns of the exit, releases and exits with the command's status.
+#[test]
+fn a_command_that_stops_its_guard_still_ends_the_term() {
+    let scratch = Scratch::new();
+    let mut a = Proc::spawn(
+        leasehold()
+            .args(["run", "--election", "stopper", "--ttl", "60s"])
+            .args([
+                "--store",
+                &scratch.store_url(),
+                "--",
+                "sh",
+                "-c",
+                "kill -STOP $PPID; exit 4",
+            ])
+            .current_dir(scratch.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    let status = a.wait_for_exit(20 * SECOND).expect("run never ended");
+    assert_eq!(status.code(), Some(4));
+    let status = super::harness::status_json(&scratch.store_url(), "stopper");
+    assert!(status["leader"].is_null(), "not released: {status}");
+}

@@ -118,6 +118,8 @@ struct Guard {
     /// `run` ended the term itself.
     done: bool,
     killed_at_deadline: bool,
+    /// The command was reaped and no process was left in its group.
+    group_gone: bool,
 }
 
 impl Guard {
@@ -287,11 +289,17 @@ impl Guard {
     /// guard is a subreaper) and no process is left in the command's group.
     async fn kill_tree(&mut self) -> bool {
         let give_up = Instant::now() + TREE_PATIENCE;
-        let group = self.leader.filter(|&pgid| pgid > 1).map(Pid::from_raw);
         loop {
+            // Once the command was reaped and its group seen empty, the
+            // group's id may go to an unrelated process: never again.
+            let group = self
+                .leader
+                .filter(|&pgid| pgid > 1 && !self.group_gone)
+                .map(Pid::from_raw);
             tree::kill_round(group, |_| false);
             let no_children = self.reap();
             if no_children && tree::group_gone(group) {
+                self.group_gone = self.status.is_some();
                 return true;
             }
             if Instant::now() >= give_up {

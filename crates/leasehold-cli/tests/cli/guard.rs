@@ -3,6 +3,7 @@
 //! that cannot act still never lets its command outlive the lease.
 
 use std::fs::File;
+use std::os::unix::process::CommandExt;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -347,4 +348,56 @@ fn a_command_that_stops_its_guard_still_ends_the_term() {
     assert_eq!(status.code(), Some(4));
     let status = super::harness::status_json(&scratch.store_url(), "stopper");
     assert!(status["leader"].is_null(), "not released: {status}");
+}
+
+/// The guard killed and reaped a stopped runner's command at the deadline;
+/// while `run` was stopped, its command's pid went to an unrelated process
+/// (forced here through `ns_last_pid`, as root). Continued, `run` must not
+/// signal that process as if it were its command's group.
+#[test]
+fn a_continued_runner_never_signals_a_reused_pid() {
+    let scratch = Scratch::new();
+    let a = replica(&scratch.store_url(), &scratch, "a", "2s");
+    assert!(wait_until(20 * SECOND, || runs(&scratch).len() == 1));
+    let command = runs(&scratch)[0].2;
+    a.signal(Signal::SIGSTOP);
+    assert!(
+        wait_until(20 * SECOND, || !std::path::Path::new(&format!(
+            "/proc/{command}"
+        ))
+        .exists()),
+        "the guard did not kill and reap the command at the deadline"
+    );
+    let victim = (0..50)
+        .find_map(|_| {
+            std::fs::write("/proc/sys/kernel/ns_last_pid", (command - 1).to_string())
+                .expect("write ns_last_pid (the test runs as root)");
+            let mut child = std::process::Command::new("sleep")
+                .arg("200")
+                .process_group(0)
+                .spawn()
+                .expect("spawn");
+            if i32::try_from(child.id()) == Ok(command) {
+                return Some(child);
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            None
+        })
+        .expect("could not place a process at the freed pid");
+    a.signal(Signal::SIGCONT);
+    assert!(
+        wait_until(20 * SECOND, || log_of(&scratch, "a")
+            .contains("stepped down; campaigning again")),
+        "{}",
+        log_of(&scratch, "a")
+    );
+    std::thread::sleep(SECOND);
+    let mut victim = victim;
+    assert!(
+        victim.try_wait().expect("try_wait").is_none(),
+        "run signalled an unrelated process that got its command's pid"
+    );
+    let _ = victim.kill();
+    let _ = victim.wait();
 }

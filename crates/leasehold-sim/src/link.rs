@@ -1,6 +1,10 @@
 //! The simulated network between one candidate and the store: every call
 //! crosses it with a delay each way, and can be lost, refused (partition),
-//! held (the candidate is paused) or swallowed (the candidate crashed).
+//! held (the candidate is paused) or swallowed (the candidate crashed). A
+//! paused candidate also hears nothing of its watches until it resumes.
+//! The host's witness of the candidate's death calls the store over the
+//! same network (the host's partitions, losses and delays), but it is
+//! another process: neither paused nor dead with the candidate.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -31,13 +35,26 @@ struct Faults {
     loss: f64,
 }
 
+fn lock_faults(faults: &Mutex<Faults>) -> std::sync::MutexGuard<'_, Faults> {
+    faults.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// One candidate's link to the store.
 #[derive(Debug)]
 pub struct Link {
     store: Arc<dyn Store>,
     rng: Mutex<Rng>,
     max_delay: Duration,
-    faults: Mutex<Faults>,
+    faults: Arc<Mutex<Faults>>,
+}
+
+/// Who calls the store over a link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Caller {
+    /// The candidate itself: paused and crashed with it.
+    Candidate,
+    /// The host's witness of the candidate's death (another process).
+    Witness,
 }
 
 impl Link {
@@ -46,12 +63,12 @@ impl Link {
             store,
             rng: Mutex::new(Rng::new(seed)),
             max_delay,
-            faults: Mutex::new(Faults::default()),
+            faults: Arc::new(Mutex::new(Faults::default())),
         }
     }
 
     fn faults(&self) -> std::sync::MutexGuard<'_, Faults> {
-        self.faults.lock().unwrap_or_else(|p| p.into_inner())
+        lock_faults(&self.faults)
     }
 
     pub fn set_partitioned(&self, on: bool) {
@@ -110,15 +127,41 @@ impl Link {
         tokio::time::sleep(self.delay()).await;
     }
 
+    /// A hop of `caller`: the witness is never paused.
+    async fn hop_of(&self, caller: Caller) {
+        match caller {
+            Caller::Candidate => self.hop().await,
+            Caller::Witness => tokio::time::sleep(self.delay()).await,
+        }
+    }
+
+    /// Whether `caller` is dead: only the candidate dies in a crash.
+    fn dead(&self, caller: Caller) -> bool {
+        caller == Caller::Candidate && self.faults().crashed
+    }
+
+    /// The host's witness releases `grant` after the candidate's death
+    /// (guarded by the token, like every release): over this link's
+    /// network, but neither paused nor crashed with the candidate.
+    pub async fn witness_resign(&self, grant: &Grant) -> Result<()> {
+        self.call_as(Caller::Witness, self.store.resign(grant))
+            .await
+    }
+
+    /// A call of the candidate.
+    async fn call<T>(&self, op: impl Future<Output = Result<T>>) -> Result<T> {
+        self.call_as(Caller::Candidate, op).await
+    }
+
     /// A call: request hop, the store's work, reply hop. A lost request or
     /// reply surfaces as a timeout error (the store may or may not have
     /// acted: an ambiguous failure); a crashed candidate hears nothing.
-    async fn call<T>(&self, op: impl Future<Output = Result<T>>) -> Result<T> {
-        if self.faults().crashed {
+    async fn call_as<T>(&self, caller: Caller, op: impl Future<Output = Result<T>>) -> Result<T> {
+        if self.dead(caller) {
             return std::future::pending().await;
         }
-        self.hop().await;
-        if self.faults().crashed {
+        self.hop_of(caller).await;
+        if self.dead(caller) {
             return std::future::pending().await;
         }
         if self.faults().partitions > 0 {
@@ -129,8 +172,8 @@ impl Link {
             return Err(unavailable("simulated loss of the request"));
         }
         let outcome = op.await;
-        self.hop().await;
-        if self.faults().crashed {
+        self.hop_of(caller).await;
+        if self.dead(caller) {
             return std::future::pending().await;
         }
         if self.lost() {
@@ -173,8 +216,39 @@ impl Store for Link {
         self.call(self.store.leader(election)).await
     }
 
+    /// The store's watch, seen through this candidate: while it is paused
+    /// it handles nothing, so a change reaches it only when it resumes (the
+    /// latest value then); once it crashed, nothing more.
     async fn watch(&self, election: &ElectionName) -> Result<LeaderWatch> {
-        self.call(self.store.watch(election)).await
+        let mut store_side = self.call(self.store.watch(election)).await?;
+        let (tx, rx) = leasehold::watch::channel(store_side.borrow_and_update().clone());
+        let faults = Arc::clone(&self.faults);
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    biased;
+                    () = tx.closed() => return,
+                    changed = store_side.changed() => if changed.is_err() { return },
+                }
+                loop {
+                    let paused = lock_faults(&faults).paused_until;
+                    match paused {
+                        Some(until) if until > Instant::now() => {
+                            tokio::time::sleep_until(until).await
+                        }
+                        _ => break,
+                    }
+                }
+                if lock_faults(&faults).crashed {
+                    return;
+                }
+                let latest = store_side.borrow_and_update().clone();
+                if tx.send(latest).is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(rx)
     }
 
     async fn elections(&self) -> Result<Vec<ElectionState>> {

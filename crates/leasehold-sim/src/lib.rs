@@ -51,8 +51,9 @@ pub struct Scenario {
     /// Liveness bound after a witnessed crash: the witness releases the
     /// grant at once, so a few network round trips, far below the TTL.
     pub witnessed_failover: Duration,
-    /// Largest forward step of the store's clock (the configured skew bound
-    /// is 100 ms; beyond it safety is not promised).
+    /// Largest forward step of the store's clock, and of the sum of its
+    /// steps within one TTL (the configured skew bound is 100 ms; beyond
+    /// it safety is not promised).
     pub store_clock_step: Duration,
     /// Test only: the holder's deadline from the reply, without margins.
     pub unsafe_deadline: bool,
@@ -517,6 +518,10 @@ async fn fault_phase(
     let scenario = &world.scenario;
     let mut restarts: Vec<(Instant, usize)> = Vec::new();
     let mut faults = 0;
+    // The store clock's forward steps, to keep their sum over any TTL
+    // within the bound: the skew bound is how far the store's clock may
+    // run ahead during one lease, not at each step.
+    let mut steps: Vec<(Instant, Duration)> = Vec::new();
 
     let fault_end = world.t0 + scenario.fault_phase;
     loop {
@@ -574,7 +579,13 @@ async fn fault_phase(
             }
             4 => {
                 let step = u64::try_from(scenario.store_clock_step.as_millis()).unwrap_or(0);
-                store_clock.jump(rng.millis(0, step + 1));
+                let drawn = rng.millis(0, step + 1);
+                let now = Instant::now();
+                steps.retain(|&(at, _)| now - at < scenario.ttl);
+                let recent: Duration = steps.iter().map(|&(_, d)| d).sum();
+                let jump = drawn.min(scenario.store_clock_step.saturating_sub(recent));
+                steps.push((now, jump));
+                store_clock.jump(jump);
             }
             _ => slots[i].link.set_loss(0.1),
         }

@@ -1,7 +1,8 @@
 //! The simulated network between one candidate and the store: every call
 //! crosses it with a delay each way, and can be lost, refused (partition),
 //! held (the candidate is paused) or swallowed (the candidate crashed). A
-//! paused candidate also hears nothing of its watches until it resumes.
+//! paused or cut-off candidate also hears nothing of its watches until it
+//! resumes or the partition heals.
 //! The host's witness of the candidate's death calls the store over the
 //! same network (the host's partitions, losses and delays), but it is
 //! another process: neither paused nor dead with the candidate.
@@ -15,6 +16,9 @@ use leasehold::store::{ElectionState, Grant, Leader, LeaderWatch, SessionId, Ses
 use leasehold::{CandidateId, ElectionName, Error, Result};
 
 use leasehold::testing::Rng;
+
+/// How often a watch held by a partition looks whether it has healed.
+const PARTITION_POLL: Duration = Duration::from_millis(10);
 
 /// How long a client waits for a lost message before giving up.
 const LOSS_TIMEOUT: Duration = Duration::from_millis(300);
@@ -217,8 +221,11 @@ impl Store for Link {
     }
 
     /// The store's watch, seen through this candidate: while it is paused
-    /// it handles nothing, so a change reaches it only when it resumes (the
-    /// latest value then); once it crashed, nothing more.
+    /// it handles nothing, and while it is cut off nothing reaches it, so a
+    /// change reaches it only when it resumes and the partition heals (the
+    /// latest value then); once it crashed, nothing more. (Were it to hear
+    /// of a lost grant at once, a holder would step down at once, and a
+    /// grant wrongly released under it would go unnoticed.)
     async fn watch(&self, election: &ElectionName) -> Result<LeaderWatch> {
         let mut store_side = self.call(self.store.watch(election)).await?;
         let (tx, rx) = leasehold::watch::channel(store_side.borrow_and_update().clone());
@@ -231,11 +238,15 @@ impl Store for Link {
                     changed = store_side.changed() => if changed.is_err() { return },
                 }
                 loop {
-                    let paused = lock_faults(&faults).paused_until;
+                    let (paused, cut_off) = {
+                        let faults = lock_faults(&faults);
+                        (faults.paused_until, faults.partitions > 0)
+                    };
                     match paused {
                         Some(until) if until > Instant::now() => {
                             tokio::time::sleep_until(until).await
                         }
+                        _ if cut_off => tokio::time::sleep(PARTITION_POLL).await,
                         _ => break,
                     }
                 }

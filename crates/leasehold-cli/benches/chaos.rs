@@ -1,12 +1,19 @@
 //! Chaos with real processes: a 3-member etcd cluster, three `leasehold run`
 //! replicas whose commands write through the fenced object store, and a
 //! nemesis that, for a bounded time, pauses runners and their command
-//! groups (SIGSTOP/SIGCONT), SIGKILLs runners (and restarts them), SIGKILLs
-//! and restarts etcd members, and cuts runners off from etcd through a TCP
-//! proxy. Afterwards a checker reads the history and prints a report as a
-//! table and as JSON; it exits non-zero if a must-be-zero count is not.
+//! groups (SIGSTOP/SIGCONT), stops a runner alone while its command runs
+//! on, SIGKILLs runners (and restarts them: the host saw the death, so
+//! the guard may hand over at once), SIGKILLs and restarts etcd members,
+//! and cuts runners off from etcd through a TCP proxy. The runner faults
+//! hit the leader's runner three times in four. Afterwards a checker reads
+//! the history and prints a report as a table and as JSON; it exits
+//! non-zero if a must-be-zero count is not.
 //!
-//! `cargo bench -p leasehold-cli --bench chaos [-- --seconds 60 --seed S]`
+//! `cargo bench -p leasehold-cli --bench chaos [-- --seconds 60 --seed S] [--dead-man]`
+//!
+//! `--dead-man` also counts a command that outlived its lease while only
+//! its runner was stopped as a violation: the guard's dead-man switch
+//! (issue 15) must end it at the deadline even then.
 //!
 //! Everything runs on 127.0.0.1; every process it starts is stopped at the
 //! end (and by process id on drop).
@@ -127,6 +134,47 @@ struct Replica {
     log: PathBuf,
     /// Intervals during which this runner (and its group) was stopped.
     paused: Vec<(Instant, Instant)>,
+    /// Intervals during which this runner alone was stopped, its command
+    /// running on.
+    stopped_alone: Vec<(Instant, Instant)>,
+}
+
+/// The nemesis's faults, by kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    PauseRunnerAndCommand,
+    StopRunnerAlone,
+    KillRunner,
+    KillEtcdMember,
+    CutRunnerOff,
+}
+
+impl Fault {
+    const ALL: [Fault; 5] = [
+        Fault::PauseRunnerAndCommand,
+        Fault::StopRunnerAlone,
+        Fault::KillRunner,
+        Fault::KillEtcdMember,
+        Fault::CutRunnerOff,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Fault::PauseRunnerAndCommand => "faults_sigstop_runner_and_command",
+            Fault::StopRunnerAlone => "faults_sigstop_runner_alone",
+            Fault::KillRunner => "faults_sigkill_runner",
+            Fault::KillEtcdMember => "faults_sigkill_etcd_member",
+            Fault::CutRunnerOff => "faults_cut_runner_from_etcd",
+        }
+    }
+}
+
+/// A runner fault that hit the leader's runner: when, for the time to the
+/// next leader's command.
+#[derive(Debug, Clone, Copy)]
+struct LeaderHit {
+    fault: Fault,
+    at: Instant,
 }
 
 /// A command (writer) seen alive: from first sight to first absence.
@@ -217,6 +265,7 @@ fn main() {
             proxies: ports.iter().map(|&p| Proxy::start(p)).collect(),
             log: dir.path().join(format!("writer-r{i}.log")),
             paused: Vec::new(),
+            stopped_alone: Vec::new(),
         })
         .collect();
     for r in &mut replicas {
@@ -224,7 +273,8 @@ fn main() {
     }
 
     let mut lives: Vec<Life> = Vec::new();
-    let mut faults: Vec<String> = Vec::new();
+    let mut faults: Vec<(Fault, String)> = Vec::new();
+    let mut leader_hits: Vec<LeaderHit> = Vec::new();
     let mut orphans = 0;
     let observe = |lives: &mut Vec<Life>, replicas: &[Replica]| {
         let now = Instant::now();
@@ -258,7 +308,18 @@ fn main() {
     let end = Instant::now() + Duration::from_secs(seconds);
     while Instant::now() < end {
         let i = usize::try_from(rng.below(3)).expect("index");
-        match rng.below(4) {
+        // The leader's runner, for the faults that aim at it: the replica
+        // whose command started last and still runs.
+        let leader = lives
+            .iter()
+            .filter(|l| l.end.is_none())
+            .max_by_key(|l| l.start)
+            .map(|l| l.replica);
+        let aim = |rng: &mut Rng| match leader {
+            Some(l) if rng.chance(0.75) => l,
+            _ => i,
+        };
+        match rng.below(5) {
             0 => {
                 // A stop-the-world pause of runner i and its command group.
                 let d = rng.millis(1000, 4000);
@@ -288,10 +349,47 @@ fn main() {
                     let _ = kill(Pid::from_raw(pid), Signal::SIGCONT);
                 }
                 replicas[i].paused.push((started, Instant::now()));
-                faults.push(format!("pause r{i} {d:?}"));
+                faults.push((Fault::PauseRunnerAndCommand, format!("pause r{i} {d:?}")));
             }
             1 => {
-                // SIGKILL runner i: its command must die with it.
+                // SIGSTOP of runner i alone: its command runs on. Nobody can
+                // know a stopped runner is dead, so nothing may hand over
+                // before its lease expires; its command must not work past
+                // the lease (the guard's dead-man switch), and what it writes
+                // after a successor has is refused by the store.
+                let i = aim(&mut rng);
+                let d = rng.millis(1000, 5000);
+                let started = Instant::now();
+                if leader == Some(i) {
+                    leader_hits.push(LeaderHit {
+                        fault: Fault::StopRunnerAlone,
+                        at: started,
+                    });
+                }
+                let runner_pid = replicas[i].runner.as_ref().map(|c| c.id() as i32);
+                if let Some(pid) = runner_pid {
+                    let _ = kill(Pid::from_raw(pid), Signal::SIGSTOP);
+                }
+                wait(d, &mut lives, &replicas);
+                if let Some(pid) = runner_pid {
+                    let _ = kill(Pid::from_raw(pid), Signal::SIGCONT);
+                }
+                replicas[i].stopped_alone.push((started, Instant::now()));
+                faults.push((
+                    Fault::StopRunnerAlone,
+                    format!("stop runner r{i} alone {d:?}"),
+                ));
+            }
+            2 => {
+                // SIGKILL runner i: its command must die with it; the host
+                // saw the death, so the guard may release the grant at once.
+                let i = aim(&mut rng);
+                if leader == Some(i) {
+                    leader_hits.push(LeaderHit {
+                        fault: Fault::KillRunner,
+                        at: Instant::now(),
+                    });
+                }
                 let group: Vec<i32> = lives
                     .iter()
                     .filter(|l| l.replica == i && l.end.is_none())
@@ -304,21 +402,21 @@ fn main() {
                 wait(Duration::from_secs(1), &mut lives, &replicas);
                 orphans += group.iter().filter(|&&p| alive(p)).count();
                 replicas[i].runner = Some(spawn_runner(&replicas[i], &store_addr, dir.path()));
-                faults.push(format!("sigkill runner r{i}"));
+                faults.push((Fault::KillRunner, format!("sigkill runner r{i}")));
             }
-            2 => {
+            3 => {
                 let m = usize::try_from(rng.below(3)).expect("member");
                 cluster.kill(m);
                 wait(rng.millis(1000, 3000), &mut lives, &replicas);
                 cluster.restart(m);
-                faults.push(format!("sigkill+restart etcd m{m}"));
+                faults.push((Fault::KillEtcdMember, format!("sigkill+restart etcd m{m}")));
             }
             _ => {
                 let d = rng.millis(1000, 5000);
                 replicas[i].proxies.iter().for_each(|p| p.set_cut(true));
                 wait(d, &mut lives, &replicas);
                 replicas[i].proxies.iter().for_each(|p| p.set_cut(false));
-                faults.push(format!("cut r{i} from etcd {d:?}"));
+                faults.push((Fault::CutRunnerOff, format!("cut r{i} from etcd {d:?}")));
             }
         }
         wait(rng.millis(500, 2000), &mut lives, &replicas);
@@ -368,15 +466,15 @@ fn main() {
                 .count()
         })
         .sum();
-    let paused_during = |l: &Life| {
+    let during = |l: &Life, intervals: &[(Instant, Instant)]| {
         let end = l.end.unwrap_or_else(Instant::now);
-        replicas[l.replica]
-            .paused
-            .iter()
-            .any(|&(a, b)| a < end && l.start < b)
+        intervals.iter().any(|&(a, b)| a < end && l.start < b)
     };
+    let paused_during = |l: &Life| during(l, &replicas[l.replica].paused);
+    let stopped_during = |l: &Life| during(l, &replicas[l.replica].stopped_alone);
     let mut overlaps = 0;
     let mut overlaps_with_pause = 0;
+    let mut overlaps_with_stopped_runner = 0;
     for (i, a) in lives.iter().enumerate() {
         for b in &lives[i + 1..] {
             if a.replica == b.replica {
@@ -389,15 +487,63 @@ fn main() {
             if a.start < b_end && b.start < a_end {
                 if paused_during(a) || paused_during(b) {
                     overlaps_with_pause += 1;
+                } else if stopped_during(a) || stopped_during(b) {
+                    overlaps_with_stopped_runner += 1;
                 } else {
                     overlaps += 1;
                 }
             }
         }
     }
-    let report = [
+    // After a fault on the leader's runner: how long until a command
+    // started again (the next leader's, or the restarted runner's).
+    let failovers = |fault: Fault| -> Vec<Duration> {
+        leader_hits
+            .iter()
+            .filter(|h| h.fault == fault)
+            .filter_map(|h| {
+                lives
+                    .iter()
+                    .filter(|l| l.start > h.at)
+                    .map(|l| l.start - h.at)
+                    .min()
+            })
+            .collect()
+    };
+    let after_kill = failovers(Fault::KillRunner);
+    let after_stop = failovers(Fault::StopRunnerAlone);
+    let ms = |d: Option<Duration>| d.map_or(0, |d| d.as_millis() as usize);
+    let hits = |fault: Fault| leader_hits.iter().filter(|h| h.fault == fault).count();
+    let kinds: Vec<(&str, usize)> = Fault::ALL
+        .iter()
+        .map(|&k| (k.name(), faults.iter().filter(|(f, _)| *f == k).count()))
+        .collect();
+    let dead_man = std::env::args().any(|a| a == "--dead-man");
+    let mut report = vec![
         ("seconds", seconds as usize),
         ("faults_injected", faults.len()),
+    ];
+    report.extend(kinds);
+    report.extend([
+        ("sigkills_of_the_leaders_runner", hits(Fault::KillRunner)),
+        (
+            "ms_to_next_leader_after_sigkill_min",
+            ms(after_kill.iter().min().copied()),
+        ),
+        (
+            "ms_to_next_leader_after_sigkill_max",
+            ms(after_kill.iter().max().copied()),
+        ),
+        (
+            "sigstops_of_the_leaders_runner_alone",
+            hits(Fault::StopRunnerAlone),
+        ),
+        (
+            "ms_to_next_leader_after_sigstop_min",
+            ms(after_stop.iter().min().copied()),
+        ),
+    ]);
+    report.extend([
         ("leadership_changes", changes),
         ("writes_accepted", accepted.len()),
         ("stale_writes_rejected", rejected),
@@ -406,18 +552,31 @@ fn main() {
             "overlapping_leaderships_with_a_paused_runner",
             overlaps_with_pause,
         ),
+        (
+            "overlapping_leaderships_with_a_stopped_runner_alone",
+            overlaps_with_stopped_runner,
+        ),
         ("overlapping_unfenced_leaderships", overlaps),
         ("accepted_writes_out_of_token_order", out_of_order),
         ("orphaned_children", orphans),
-    ];
+    ]);
     println!("chaos run, seed {seed} (rerun with --seed {seed})");
     for (name, value) in &report {
-        println!("{name:<48} {value:>8}");
+        println!("{name:<52} {value:>8}");
     }
     let json: Vec<String> = report.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
     println!("{{\"seed\":{seed},{}}}", json.join(","));
     drop(cluster);
-    if overlaps + out_of_order + orphans > 0 {
+    let must_be_zero = overlaps
+        + out_of_order
+        + orphans
+        + if dead_man {
+            overlaps_with_stopped_runner
+        } else {
+            0
+        };
+    if must_be_zero > 0 {
+        let faults: Vec<&str> = faults.iter().map(|(_, f)| f.as_str()).collect();
         eprintln!("faults: {faults:?}");
         std::process::exit(1);
     }

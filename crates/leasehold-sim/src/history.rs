@@ -24,7 +24,8 @@ pub struct Write {
     pub accepted: bool,
 }
 
-/// A leader crash whose aftermath is checked for liveness.
+/// A leader crash (witnessed or not) whose aftermath is checked for
+/// liveness.
 #[derive(Debug, Clone)]
 pub struct Crash {
     pub candidate: usize,
@@ -40,5 +41,9 @@ pub struct History {
     /// Grants in the order the store made them (candidate, token).
     pub grants: Vec<(usize, u64)>,
     pub liveness_crash: Option<Crash>,
+    /// The leader's witnessed crash after the healed network settled.
+    pub witnessed_crash: Option<Crash>,
     pub faults: usize,
+    /// Grants a witness released after its candidate's death.
+    pub witness_releases: usize,
 }

@@ -7,6 +7,11 @@
 //! simulated link with delays, losses, partitions and pauses; candidates'
 //! clocks drift within the configured bound; the store's clock can be
 //! stepped forward within the skew bound; candidates crash and restart.
+//! A crash is either unwitnessed (the host died, or nobody can tell: the
+//! lease expires) or witnessed (the process died on a live host: the host
+//! knows for certain, its witness kills the candidate's work and then
+//! releases the dead holder's grant at once, guarded by the token). A pause
+//! or a partition is never witnessed: nobody can know the candidate is dead.
 //! Afterwards the history is checked against the invariants in
 //! [`invariants`], one file each. A failure names the seed and the command
 //! that replays it.
@@ -24,7 +29,7 @@ use leasehold::clock::Instant;
 use leasehold::fence::MemoryFence;
 use leasehold::store::memory::MemoryStore;
 use leasehold::store::{ElectionState, Grant, Leader, LeaderWatch, SessionId, SessionLease, Store};
-use leasehold::{CandidateId, ElectionName, Elector, LeaseConfig, Result, Session};
+use leasehold::{CandidateId, ElectionName, Elector, Error, LeaseConfig, Result, Session};
 
 use crate::clock::{DriftingClock, StoreClock};
 use crate::history::{Crash, History, Term, Write};
@@ -43,13 +48,20 @@ pub struct Scenario {
     pub max_delay: Duration,
     /// Liveness bound beyond the TTL after a crash.
     pub failover_slack: Duration,
-    /// Largest forward step of the store's clock (the configured skew bound
-    /// is 100 ms; beyond it safety is not promised).
+    /// Liveness bound after a witnessed crash: the witness releases the
+    /// grant at once, so a few network round trips, far below the TTL.
+    pub witnessed_failover: Duration,
+    /// Largest forward step of the store's clock, and of the sum of its
+    /// steps within one TTL (the configured skew bound is 100 ms; beyond
+    /// it safety is not promised).
     pub store_clock_step: Duration,
     /// Test only: the holder's deadline from the reply, without margins.
     pub unsafe_deadline: bool,
     /// Test only: the resource accepts every write (no fencing).
     pub unfenced_resource: bool,
+    /// Test only: the witness also releases the grant of a *paused*
+    /// candidate, as if a stop were a death.
+    pub witness_on_pause: bool,
     pub write_every: Duration,
 }
 
@@ -61,9 +73,11 @@ impl Default for Scenario {
             fault_phase: Duration::from_secs(40),
             max_delay: Duration::from_millis(40),
             failover_slack: Duration::from_millis(1500),
+            witnessed_failover: Duration::from_millis(300),
             store_clock_step: leasehold::DEFAULT_SKEW,
             unsafe_deadline: false,
             unfenced_resource: false,
+            witness_on_pause: false,
             write_every: Duration::from_millis(100),
         }
     }
@@ -78,6 +92,9 @@ impl Scenario {
         }
         if self.unfenced_resource {
             cmd.push_str(" --unfenced");
+        }
+        if self.witness_on_pause {
+            cmd.push_str(" --witness-on-pause");
         }
         if self.store_clock_step > leasehold::DEFAULT_SKEW {
             cmd.push_str(&format!(
@@ -184,12 +201,17 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// A term in progress, so that a crash can close it.
+/// A term in progress, so that a crash can close it and a witness can
+/// release its grant.
 struct OpenTerm {
     token: u64,
     start: Duration,
     session: Arc<Session>,
+    grant: Grant,
 }
+
+/// The writes a candidate has issued that have not reached the resource.
+type InFlight = Arc<Mutex<Vec<tokio::task::AbortHandle>>>;
 
 struct Slot {
     index: usize,
@@ -197,6 +219,7 @@ struct Slot {
     clock: Arc<DriftingClock>,
     task: tokio::task::JoinHandle<()>,
     open: Arc<Mutex<Option<OpenTerm>>>,
+    writes: InFlight,
     crashed: bool,
 }
 
@@ -226,6 +249,7 @@ impl World {
         let rate = rng.float(1.0 - 0.99 * leasehold::DEFAULT_DRIFT, 1.05);
         let clock = Arc::new(DriftingClock::new(rate));
         let open = Arc::new(Mutex::new(None));
+        let writes = InFlight::default();
         let task = tokio::spawn(candidate(Candidate {
             index: i,
             seed: rng.next_u64() ^ incarnation,
@@ -239,6 +263,7 @@ impl World {
             fence: Arc::clone(&self.fence),
             history: Arc::clone(&self.history),
             open: Arc::clone(&open),
+            writes: Arc::clone(&writes),
             handovers: Arc::clone(&self.handovers),
             t0: self.t0,
         }));
@@ -248,7 +273,58 @@ impl World {
             clock,
             task,
             open,
+            writes,
             crashed: false,
+        }
+    }
+
+    /// A witnessed crash: the candidate's process dies on a live host. Its
+    /// work stops at that instant (the host's witness kills the command
+    /// first: writes not yet at the resource never get there), then, with
+    /// nothing of the candidate left to act, the witness releases the grant
+    /// it held, if it knew it held one.
+    fn crash_witnessed(&self, slot: &mut Slot) {
+        let grant = lock(&slot.open).as_ref().map(|t| t.grant.clone());
+        for write in lock(&slot.writes).drain(..) {
+            write.abort();
+        }
+        self.crash(slot);
+        if let Some(grant) = grant {
+            self.witness_release(slot, grant);
+        }
+    }
+
+    /// The witness releases `grant` (guarded by its token, so it can never
+    /// remove a successor's grant), over the host's network: it retries
+    /// while the host is cut off, and stops when the store no longer shows
+    /// the grant (`NotHolder`: expired, or released already).
+    fn witness_release(&self, slot: &Slot, grant: Grant) {
+        let (link, history) = (Arc::clone(&slot.link), Arc::clone(&self.history));
+        let give_up = Instant::now() + self.scenario.ttl * 2;
+        tokio::spawn(async move {
+            loop {
+                match link.witness_resign(&grant).await {
+                    Ok(()) => {
+                        lock(&history).witness_releases += 1;
+                        return;
+                    }
+                    Err(Error::NotHolder { .. }) => return,
+                    Err(_) if Instant::now() < give_up => {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    Err(_) => return,
+                }
+            }
+        });
+    }
+
+    /// The mistake the checkers must catch (`witness_on_pause`): the
+    /// witness takes a stopped candidate for dead and releases its grant,
+    /// while the candidate, paused, still believes it leads.
+    fn release_paused(&self, slot: &Slot) {
+        let grant = lock(&slot.open).as_ref().map(|t| t.grant.clone());
+        if let Some(grant) = grant {
+            self.witness_release(slot, grant);
         }
     }
 
@@ -284,6 +360,7 @@ struct Candidate {
     fence: Arc<MemoryFence>,
     history: Arc<Mutex<History>>,
     open: Arc<Mutex<Option<OpenTerm>>>,
+    writes: InFlight,
     handovers: Arc<std::sync::atomic::AtomicBool>,
     t0: Instant,
 }
@@ -319,6 +396,7 @@ async fn candidate(c: Candidate) {
             token,
             start,
             session: Arc::clone(leadership.session()),
+            grant: leadership.grant().clone(),
         });
         let resign = loop {
             tokio::select! {
@@ -332,12 +410,16 @@ async fn candidate(c: Candidate) {
                         (Arc::clone(&c.link), Arc::clone(&c.fence), Arc::clone(&c.history), c.t0);
                     let issued = since(t0);
                     let (index, unfenced) = (c.index, c.unfenced);
-                    tokio::spawn(async move {
+                    let write = tokio::spawn(async move {
                         link.hop().await;
                         let accepted = unfenced
                             || fence.fenced("object", leasehold::FencingToken(token), || ()).is_ok();
                         lock(&history).writes.push(Write { candidate: index, token, issued, decided: since(t0), accepted });
                     });
+                    let mut writes = lock(&c.writes);
+                    writes.retain(|w| !w.is_finished());
+                    writes.push(write.abort_handle());
+                    drop(writes);
                     if c.handovers.load(std::sync::atomic::Ordering::Relaxed) && rng.chance(0.01) {
                         break true;
                     }
@@ -378,15 +460,31 @@ async fn simulate(seed: u64, scenario: &Scenario) -> History {
         history: Arc::clone(&history),
         handovers: Arc::new(std::sync::atomic::AtomicBool::new(true)),
     };
+    // Which crashes the host witnesses comes from a second stream: `rng`
+    // draws what it drew before witnessed crashes existed, so a seed
+    // injects the same faults, at the same times, on the same candidates.
+    let mut witness_rng = Rng::new(seed ^ WITNESS_STREAM);
     let mut slots: Vec<Slot> = (0..scenario.candidates)
         .map(|i| world.spawn(i, 0, &mut rng))
         .collect();
-    let faults = fault_phase(&world, &mut slots, &store_clock, &mut rng).await;
+    let faults = fault_phase(&world, &mut slots, &store_clock, &mut rng, &mut witness_rng).await;
     settle(&world, &mut slots, &mut rng).await;
-    let crash = liveness(&world, &mut slots).await;
+    let (crash, witnessed) = liveness(&world, &mut slots).await;
     let mut history = lock(&history).clone();
     history.faults = faults;
-    history.liveness_crash = Some(match crash {
+    let end = world.since_start();
+    history.liveness_crash = Some(aftermath(&history, crash, end));
+    history.witnessed_crash = Some(aftermath(&history, witnessed, end));
+    history
+}
+
+/// Mixed into the seed for the stream of witnessed-crash choices.
+const WITNESS_STREAM: u64 = 0x5749_544e_4553_5321;
+
+/// When a live candidate next led after `crash` (no crash: no leader to
+/// crash, which the liveness check reports).
+fn aftermath(history: &History, crash: Option<(usize, Duration)>, end: Duration) -> Crash {
+    match crash {
         Some((candidate, at)) => Crash {
             candidate,
             at,
@@ -399,26 +497,31 @@ async fn simulate(seed: u64, scenario: &Scenario) -> History {
         },
         None => Crash {
             candidate: usize::MAX,
-            at: world.since_start(),
+            at: end,
             next_leader_at: None,
         },
-    });
-    history
+    }
 }
 
 /// The fault phase: until `scenario.fault_phase` has passed, a random
 /// fault every 0.3–2.5 s (partitions of one candidate or of all, pauses,
-/// crashes with restarts, store clock jumps, message loss). Returns how
-/// many faults it injected.
+/// crashes with restarts, store clock jumps, message loss). Half the
+/// crashes, drawn from `witness_rng`, are witnessed. Returns how many
+/// faults it injected.
 async fn fault_phase(
     world: &World,
     slots: &mut [Slot],
     store_clock: &StoreClock,
     rng: &mut Rng,
+    witness_rng: &mut Rng,
 ) -> usize {
     let scenario = &world.scenario;
     let mut restarts: Vec<(Instant, usize)> = Vec::new();
     let mut faults = 0;
+    // The store clock's forward steps, to keep their sum over any TTL
+    // within the bound: the skew bound is how far the store's clock may
+    // run ahead during one lease, not at each step.
+    let mut steps: Vec<(Instant, Duration)> = Vec::new();
 
     let fault_end = world.t0 + scenario.fault_phase;
     loop {
@@ -449,11 +552,20 @@ async fn fault_phase(
                     link.set_partitioned(false);
                 });
             }
-            1 => slots[i]
-                .link
-                .pause_until(Instant::now() + rng.millis(500, 7000)),
+            1 => {
+                slots[i]
+                    .link
+                    .pause_until(Instant::now() + rng.millis(500, 7000));
+                if scenario.witness_on_pause {
+                    world.release_paused(&slots[i]);
+                }
+            }
             2 if !slots[i].crashed => {
-                world.crash(&mut slots[i]);
+                if witness_rng.chance(0.5) {
+                    world.crash_witnessed(&mut slots[i]);
+                } else {
+                    world.crash(&mut slots[i]);
+                }
                 restarts.push((Instant::now() + rng.millis(500, 4000), i));
             }
             3 => {
@@ -467,7 +579,13 @@ async fn fault_phase(
             }
             4 => {
                 let step = u64::try_from(scenario.store_clock_step.as_millis()).unwrap_or(0);
-                store_clock.jump(rng.millis(0, step + 1));
+                let drawn = rng.millis(0, step + 1);
+                let now = Instant::now();
+                steps.retain(|&(at, _)| now - at < scenario.ttl);
+                let recent: Duration = steps.iter().map(|&(_, d)| d).sum();
+                let jump = drawn.min(scenario.store_clock_step.saturating_sub(recent));
+                steps.push((now, jump));
+                store_clock.jump(jump);
             }
             _ => slots[i].link.set_loss(0.1),
         }
@@ -492,24 +610,38 @@ async fn settle(world: &World, slots: &mut [Slot], rng: &mut Rng) {
     tokio::time::sleep(scenario.ttl * 3).await;
 }
 
-/// Liveness: crashes the leader (if any); someone else must lead within
-/// the bound. Then crashes everyone. Returns the crashed leader and when.
-async fn liveness(world: &World, slots: &mut [Slot]) -> Option<(usize, Duration)> {
+/// A crash of the leader, and when, for the liveness check.
+type LeaderCrash = Option<(usize, Duration)>;
+
+/// Liveness: crashes the leader (if any) without a witness; someone else
+/// must lead within the TTL and a bound. Then a witnessed crash of the
+/// next leader; someone else must lead within a few round trips. Then
+/// crashes everyone. Returns the crashed leaders and when.
+async fn liveness(world: &World, slots: &mut [Slot]) -> (LeaderCrash, LeaderCrash) {
     let scenario = &world.scenario;
-    let leader = world.store.leader(&world.election).await.ok().flatten();
-    let crash = leader.map(|l| {
-        let i = candidate_index(&l.candidate);
-        let at = world.since_start();
-        if let Some(slot) = slots.get_mut(i) {
-            world.crash(slot);
-        }
-        (i, at)
-    });
+    let crash = crash_leader(world, slots, false).await;
     tokio::time::sleep(scenario.ttl + scenario.failover_slack * 2).await;
+    let witnessed = crash_leader(world, slots, true).await;
+    tokio::time::sleep(scenario.witnessed_failover * 2).await;
     for slot in slots.iter_mut() {
         if !slot.crashed {
             world.crash(slot);
         }
     }
-    crash
+    (crash, witnessed)
+}
+
+/// Crashes the store's current leader, witnessed or not.
+async fn crash_leader(world: &World, slots: &mut [Slot], witnessed: bool) -> LeaderCrash {
+    let leader = world.store.leader(&world.election).await.ok().flatten()?;
+    let i = candidate_index(&leader.candidate);
+    let at = world.since_start();
+    if let Some(slot) = slots.get_mut(i) {
+        if witnessed {
+            world.crash_witnessed(slot);
+        } else {
+            world.crash(slot);
+        }
+    }
+    Some((i, at))
 }

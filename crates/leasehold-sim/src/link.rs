@@ -1,6 +1,11 @@
 //! The simulated network between one candidate and the store: every call
 //! crosses it with a delay each way, and can be lost, refused (partition),
-//! held (the candidate is paused) or swallowed (the candidate crashed).
+//! held (the candidate is paused) or swallowed (the candidate crashed). A
+//! paused or cut-off candidate also hears nothing of its watches until it
+//! resumes or the partition heals.
+//! The host's witness of the candidate's death calls the store over the
+//! same network (the host's partitions, losses and delays), but it is
+//! another process: neither paused nor dead with the candidate.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -11,6 +16,9 @@ use leasehold::store::{ElectionState, Grant, Leader, LeaderWatch, SessionId, Ses
 use leasehold::{CandidateId, ElectionName, Error, Result};
 
 use leasehold::testing::Rng;
+
+/// How often a watch held by a partition looks whether it has healed.
+const PARTITION_POLL: Duration = Duration::from_millis(10);
 
 /// How long a client waits for a lost message before giving up.
 const LOSS_TIMEOUT: Duration = Duration::from_millis(300);
@@ -31,13 +39,26 @@ struct Faults {
     loss: f64,
 }
 
+fn lock_faults(faults: &Mutex<Faults>) -> std::sync::MutexGuard<'_, Faults> {
+    faults.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// One candidate's link to the store.
 #[derive(Debug)]
 pub struct Link {
     store: Arc<dyn Store>,
     rng: Mutex<Rng>,
     max_delay: Duration,
-    faults: Mutex<Faults>,
+    faults: Arc<Mutex<Faults>>,
+}
+
+/// Who calls the store over a link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Caller {
+    /// The candidate itself: paused and crashed with it.
+    Candidate,
+    /// The host's witness of the candidate's death (another process).
+    Witness,
 }
 
 impl Link {
@@ -46,12 +67,12 @@ impl Link {
             store,
             rng: Mutex::new(Rng::new(seed)),
             max_delay,
-            faults: Mutex::new(Faults::default()),
+            faults: Arc::new(Mutex::new(Faults::default())),
         }
     }
 
     fn faults(&self) -> std::sync::MutexGuard<'_, Faults> {
-        self.faults.lock().unwrap_or_else(|p| p.into_inner())
+        lock_faults(&self.faults)
     }
 
     pub fn set_partitioned(&self, on: bool) {
@@ -110,15 +131,41 @@ impl Link {
         tokio::time::sleep(self.delay()).await;
     }
 
+    /// A hop of `caller`: the witness is never paused.
+    async fn hop_of(&self, caller: Caller) {
+        match caller {
+            Caller::Candidate => self.hop().await,
+            Caller::Witness => tokio::time::sleep(self.delay()).await,
+        }
+    }
+
+    /// Whether `caller` is dead: only the candidate dies in a crash.
+    fn dead(&self, caller: Caller) -> bool {
+        caller == Caller::Candidate && self.faults().crashed
+    }
+
+    /// The host's witness releases `grant` after the candidate's death
+    /// (guarded by the token, like every release): over this link's
+    /// network, but neither paused nor crashed with the candidate.
+    pub async fn witness_resign(&self, grant: &Grant) -> Result<()> {
+        self.call_as(Caller::Witness, self.store.resign(grant))
+            .await
+    }
+
+    /// A call of the candidate.
+    async fn call<T>(&self, op: impl Future<Output = Result<T>>) -> Result<T> {
+        self.call_as(Caller::Candidate, op).await
+    }
+
     /// A call: request hop, the store's work, reply hop. A lost request or
     /// reply surfaces as a timeout error (the store may or may not have
     /// acted: an ambiguous failure); a crashed candidate hears nothing.
-    async fn call<T>(&self, op: impl Future<Output = Result<T>>) -> Result<T> {
-        if self.faults().crashed {
+    async fn call_as<T>(&self, caller: Caller, op: impl Future<Output = Result<T>>) -> Result<T> {
+        if self.dead(caller) {
             return std::future::pending().await;
         }
-        self.hop().await;
-        if self.faults().crashed {
+        self.hop_of(caller).await;
+        if self.dead(caller) {
             return std::future::pending().await;
         }
         if self.faults().partitions > 0 {
@@ -129,8 +176,8 @@ impl Link {
             return Err(unavailable("simulated loss of the request"));
         }
         let outcome = op.await;
-        self.hop().await;
-        if self.faults().crashed {
+        self.hop_of(caller).await;
+        if self.dead(caller) {
             return std::future::pending().await;
         }
         if self.lost() {
@@ -173,8 +220,46 @@ impl Store for Link {
         self.call(self.store.leader(election)).await
     }
 
+    /// The store's watch, seen through this candidate: while it is paused
+    /// it handles nothing, and while it is cut off nothing reaches it, so a
+    /// change reaches it only when it resumes and the partition heals (the
+    /// latest value then); once it crashed, nothing more. (Were it to hear
+    /// of a lost grant at once, a holder would step down at once, and a
+    /// grant wrongly released under it would go unnoticed.)
     async fn watch(&self, election: &ElectionName) -> Result<LeaderWatch> {
-        self.call(self.store.watch(election)).await
+        let mut store_side = self.call(self.store.watch(election)).await?;
+        let (tx, rx) = leasehold::watch::channel(store_side.borrow_and_update().clone());
+        let faults = Arc::clone(&self.faults);
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    biased;
+                    () = tx.closed() => return,
+                    changed = store_side.changed() => if changed.is_err() { return },
+                }
+                loop {
+                    let (paused, cut_off) = {
+                        let faults = lock_faults(&faults);
+                        (faults.paused_until, faults.partitions > 0)
+                    };
+                    match paused {
+                        Some(until) if until > Instant::now() => {
+                            tokio::time::sleep_until(until).await
+                        }
+                        _ if cut_off => tokio::time::sleep(PARTITION_POLL).await,
+                        _ => break,
+                    }
+                }
+                if lock_faults(&faults).crashed {
+                    return;
+                }
+                let latest = store_side.borrow_and_update().clone();
+                if tx.send(latest).is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(rx)
     }
 
     async fn elections(&self) -> Result<Vec<ElectionState>> {

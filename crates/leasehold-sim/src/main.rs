@@ -37,6 +37,11 @@ struct Args {
     /// Test the checkers: the resource accepts every write (no fencing).
     #[arg(long)]
     unfenced: bool,
+    /// Test the checkers: the host's witness also releases the grant of a
+    /// paused candidate, as if a stop were a death (breaks "one leader at a
+    /// time").
+    #[arg(long)]
+    witness_on_pause: bool,
     /// Largest forward step of the store's clock, in milliseconds; beyond
     /// the 100 ms skew bound safety is not promised. [default: 100]
     #[arg(long, value_name = "MS")]
@@ -55,6 +60,7 @@ fn main() -> ExitCode {
     let mut scenario = Scenario {
         unsafe_deadline: args.unsafe_deadline,
         unfenced_resource: args.unfenced,
+        witness_on_pause: args.witness_on_pause,
         ..Scenario::default()
     };
     if let Some(ms) = args.store_clock_step_ms {
@@ -77,12 +83,14 @@ fn main() -> ExitCode {
     let mut faults = 0;
     let mut terms = 0;
     let mut writes = 0;
+    let mut released = 0;
     for seed in start..end {
         match run(seed, &scenario) {
             Ok(history) => {
                 faults += history.faults;
                 terms += history.terms.len();
                 writes += history.writes.len();
+                released += history.witness_releases;
             }
             Err(failure) if keep_going => {
                 if failed == 0 {
@@ -110,7 +118,7 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     println!(
-        "{count} seeds passed ({start}..{end}) in {:.1?}: {faults} faults injected, {terms} terms of leadership, {writes} fenced writes",
+        "{count} seeds passed ({start}..{end}) in {:.1?}: {faults} faults injected, {released} grants released by a witness, {terms} terms of leadership, {writes} fenced writes",
         began.elapsed()
     );
     ExitCode::SUCCESS

@@ -21,14 +21,24 @@ const PARTS: u64 = 8;
 
 fn all_hold(part: u64) {
     let scenario = Scenario::default();
-    let mut faults = 0;
-    for seed in seeds(part, PARTS) {
+    let (mut faults, mut released) = (0, 0);
+    let seeds = seeds(part, PARTS);
+    for seed in seeds.clone() {
         match run(seed, &scenario) {
-            Ok(history) => faults += history.faults,
+            Ok(history) => {
+                faults += history.faults;
+                released += history.witness_releases;
+            }
             Err(failure) => panic!("{failure}"),
         }
     }
     assert!(faults > 0, "no faults were injected");
+    // One release per seed is the liveness phase's witnessed crash; the
+    // rest are witnessed crashes of leaders among the faults.
+    assert!(
+        released as u64 > seeds.end - seeds.start,
+        "no witnessed crash released a leader's grant during the faults"
+    );
 }
 
 #[test]
@@ -89,9 +99,12 @@ fn a_seed_replays_exactly() {
 
 /// Runs up to 1,000 seeds of `scenario` and returns the first failure.
 fn first_failure(scenario: &Scenario) -> String {
+    first_failing_run(scenario).to_string()
+}
+
+fn first_failing_run(scenario: &Scenario) -> Box<leasehold_sim::Failure> {
     (0..1_000)
         .find_map(|seed| run(seed, scenario).err())
-        .map(|f| f.to_string())
         .unwrap_or_else(|| {
             panic!("1,000 seeds of a broken setup found nothing: the checkers are blind")
         })
@@ -123,4 +136,27 @@ fn the_checkers_catch_an_unfenced_resource() {
         ..Scenario::default()
     });
     assert!(failure.contains("fenced writes never go back"), "{failure}");
+}
+
+#[test]
+fn the_checkers_catch_a_witness_that_takes_a_pause_for_a_death() {
+    // The witness may release a grant only after a death it saw; releasing
+    // a paused holder's grant hands the election over while the holder
+    // still believes it leads.
+    let failure = first_failing_run(&Scenario {
+        witness_on_pause: true,
+        ..Scenario::default()
+    });
+    let text = failure.to_string();
+    assert!(
+        text.contains("one leader at a time") || text.contains("fenced writes never go back"),
+        "{text}"
+    );
+    assert!(text.contains("--witness-on-pause"), "{text}");
+    // The same seeds, with a witness that acts on deaths alone, hold.
+    for seed in 0..=failure.seed {
+        if let Err(failure) = run(seed, &Scenario::default()) {
+            panic!("{failure}");
+        }
+    }
 }

@@ -9,11 +9,11 @@
 //! the history and prints a report as a table and as JSON; it exits
 //! non-zero if a must-be-zero count is not.
 //!
-//! `cargo bench -p leasehold-cli --bench chaos [-- --seconds 60 --seed S] [--dead-man]`
+//! `cargo bench -p leasehold-cli --bench chaos [-- --seconds 60 --seed S]`
 //!
-//! `--dead-man` also counts a command that outlived its lease while only
-//! its runner was stopped as a violation: the guard's dead-man switch
-//! (issue 15) must end it at the deadline even then.
+//! A command that outlived its lease while only its runner was stopped is
+//! a violation too: the guard's dead-man switch must end it at the
+//! deadline even then.
 //!
 //! Everything runs on 127.0.0.1; every process it starts is stopped at the
 //! end (and by process id on drop).
@@ -518,7 +518,6 @@ fn main() {
         .iter()
         .map(|&k| (k.name(), faults.iter().filter(|(f, _)| *f == k).count()))
         .collect();
-    let dead_man = std::env::args().any(|a| a == "--dead-man");
     let mut report = vec![
         ("seconds", seconds as usize),
         ("faults_injected", faults.len()),
@@ -567,14 +566,7 @@ fn main() {
     let json: Vec<String> = report.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
     println!("{{\"seed\":{seed},{}}}", json.join(","));
     drop(cluster);
-    let must_be_zero = overlaps
-        + out_of_order
-        + orphans
-        + if dead_man {
-            overlaps_with_stopped_runner
-        } else {
-            0
-        };
+    let must_be_zero = overlaps + out_of_order + orphans + overlaps_with_stopped_runner;
     if must_be_zero > 0 {
         let faults: Vec<&str> = faults.iter().map(|(_, f)| f.as_str()).collect();
         eprintln!("faults: {faults:?}");

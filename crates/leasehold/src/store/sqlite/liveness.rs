@@ -1,0 +1,344 @@
+//! The kernel's test of whether a session's process is still there.
+//!
+//! Every session a process opens holds an open file description (OFD) lock
+//! — a write lock on one byte of `<db>-notify`, the byte of its session id
+//! — taken inside the transaction that inserts the session's row, before
+//! that transaction commits, and recorded in the `session_locks` table with
+//! the notify file's device and inode. The kernel holds such a lock for as
+//! long as the open file description exists, and ends it when the last
+//! descriptor of it is closed: when the process dies (even by SIGKILL, or
+//! by `exec`, as the descriptors are close-on-exec). A stopped, paused,
+//! slow or swapped-out process keeps its descriptors and so its locks, and
+//! a lock belongs to no pid, so pid reuse cannot fake it.
+//!
+//! The locks belong to the process, not to the store handle that opened the
+//! session (the Store contract lets a session outlive its handle): they are
+//! kept in one table per process, and a live process lets one go only once
+//! the session's row can never be live again — after closing it (the row
+//! deleted and committed), once a renewal found it expired or gone, or once
+//! the expiry of its last renewal by this process has passed on the host's
+//! monotonic clock (which no one can take back: expired is for ever). A
+//! session is renewed only by the process that opened it.
+//!
+//! A contender that finds an election held by a live session with such a
+//! record asks the kernel whether a write lock is held on that byte
+//! (`F_OFD_GETLK` for a read lock, so that other contenders' read locks
+//! never look like a holder). It asks inside its `BEGIN IMMEDIATE`
+//! transaction, after reading the row: the holder cannot close or commit
+//! meanwhile, and since the lock was taken before the row committed, "no
+//! write lock" can only mean that the lock was let go since, which a live
+//! process does only for rows that are gone or expired: the process is
+//! gone. Then the contender deletes the session and is granted in the same
+//! transaction.
+//!
+//! Waiters learn of the death without polling: a thread per watched holder
+//! session (one per process, per notify file and session) blocks in
+//! `F_OFD_SETLKW` for a read lock on the holder's byte, which the kernel
+//! grants the moment the holder's write lock goes; the thread then lets go
+//! and wakes the waiters of every store handle that asked, which attempt
+//! again. The thread ends then: when the holder's process dies or its
+//! session ends.
+//!
+//! A child made by `fork` (without `exec`) shares its parent's open file
+//! descriptions, and with them the locks: a session then counts as alive
+//! while its process or such a child lives. Slower, never unsafe.
+//!
+//! Sessions without a record — written by an earlier leasehold, or when the
+//! notify file cannot carry locks (not writable by this user, or on a
+//! filesystem not known to be local) — and records naming another notify
+//! file (it was deleted and created anew) are never tested: they end at
+//! their TTL, as before.
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, Weak};
+
+use nix::errno::Errno;
+use nix::fcntl::{FcntlArg, OFlag};
+use nix::libc;
+
+use crate::watch;
+
+/// Where session locks start in the notify file: far past its content
+/// (locks past the end of a file are legal and write nothing; locks are
+/// advisory and never touch the bytes).
+const FIRST_SESSION_BYTE: i64 = 1 << 32;
+
+/// Filesystems whose locks the local kernel keeps itself (`statfs` magic
+/// numbers). On a network filesystem a lock can be lost while its process
+/// lives (an NFS client's lease lapses), so the test is not used there, nor
+/// on FUSE, whose locks are whatever the daemon makes of them.
+const LOCAL_FILESYSTEMS: &[u64] = &[
+    0xEF53,      // ext2, ext3, ext4
+    0x5846_5342, // xfs
+    0x9123_683E, // btrfs
+    0x0102_1994, // tmpfs
+    0xF2F5_2010, // f2fs
+    0x794C_7630, // overlayfs
+    0x2FC1_2FC1, // zfs
+    0xCA45_1A4E, // bcachefs
+    0x5265_4973, // reiserfs
+];
+
+/// The notify file's identity: device and inode.
+type FileKey = (u64, u64);
+
+/// What the kernel says of a session's process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Process {
+    /// Its lock is gone: the process died (or let go of the session's
+    /// store handle). The session may be expired at once.
+    Gone,
+    /// Its lock is held: the process is there, whatever state it is in.
+    Alive,
+    /// The session carries no lock this handle can test: it ends at its
+    /// TTL.
+    Untested,
+}
+
+/// The kernel test on one database's notify file, for one store handle.
+#[derive(Debug)]
+pub(super) struct Liveness {
+    path: PathBuf,
+    key: FileKey,
+    /// An open file description of the notify file of its own, which never
+    /// holds an `fcntl` lock: probes from it see every session's lock,
+    /// this process's included.
+    probe: File,
+}
+
+/// A session lock this process holds.
+#[derive(Debug)]
+struct Held {
+    /// The open file description holding it, of its own (one per session,
+    /// so that one is let go without the others). Never unlocked
+    /// explicitly, only closed: a child made by `fork` shares it, and
+    /// closing its copy does not end its parent's lock.
+    _lock: File,
+    /// When the session expires unless renewed, on the host's monotonic
+    /// clock, as of its last renewal by this process.
+    expires_at_ns: i64,
+}
+
+/// The session locks this process holds, per notify file and session.
+static HELD: Mutex<BTreeMap<(FileKey, i64), Held>> = Mutex::new(BTreeMap::new());
+
+fn held() -> std::sync::MutexGuard<'static, BTreeMap<(FileKey, i64), Held>> {
+    HELD.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The holder sessions whose locks a thread waits on, per notify file and
+/// session, with the store handles to wake and the process that started
+/// the thread (a child made by `fork` has no such thread).
+type Watches = BTreeMap<(FileKey, i64), (u32, Vec<Weak<watch::Sender<u64>>>)>;
+static WATCHES: Mutex<Watches> = Mutex::new(BTreeMap::new());
+
+/// A new open file description of the notify file at `path` (for writing
+/// too if `write`), if the path still names the file `key`.
+fn reopen(path: &Path, key: FileKey, write: bool) -> Option<File> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(write)
+        .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK).bits())
+        .open(path)
+        .ok()?;
+    let meta = file.metadata().ok()?;
+    ((meta.dev(), meta.ino()) == key).then_some(file)
+}
+
+/// The byte that stands for `session`.
+fn byte_of(session: i64) -> Option<i64> {
+    (session > 0)
+        .then(|| FIRST_SESSION_BYTE.checked_add(session))
+        .flatten()
+        .filter(|byte| byte.checked_add(1).is_some())
+}
+
+fn lock_arg(kind: libc::c_int, byte: i64) -> libc::flock {
+    libc::flock {
+        l_type: kind as libc::c_short,
+        l_whence: libc::SEEK_SET as libc::c_short,
+        l_start: byte,
+        l_len: 1,
+        // Must be 0 for OFD locks.
+        l_pid: 0,
+    }
+}
+
+impl Liveness {
+    /// The test on the notify file at `path`, opened as `file`: `None` when
+    /// it cannot be used (its filesystem is not known to be local, or it
+    /// cannot be opened again).
+    pub(super) fn new(path: PathBuf, file: &File) -> Option<Self> {
+        let shown = path.display();
+        let meta = file.metadata().ok()?;
+        let key = (meta.dev(), meta.ino());
+        let kind = match nix::sys::statfs::fstatfs(file) {
+            // The magic numbers are 32 bits; the field is wider (and
+            // signed on some targets).
+            Ok(fs) => (fs.filesystem_type().0 as u64) & 0xFFFF_FFFF,
+            Err(error) => {
+                tracing::debug!(path = %shown, %error, "cannot tell the notify file's filesystem; crash detection by the kernel is off");
+                return None;
+            }
+        };
+        if !LOCAL_FILESYSTEMS.contains(&kind) {
+            tracing::info!(path = %shown, filesystem = format_args!("{kind:#x}"),
+                "the notify file is not on a filesystem known to be local: a crashed holder's election is taken over at its TTL, not at once");
+            return None;
+        }
+        let probe = reopen(&path, key, false)?;
+        Some(Liveness { path, key, probe })
+    }
+
+    fn reopen(&self, write: bool) -> Option<File> {
+        reopen(&self.path, self.key, write)
+    }
+
+    /// The notify file's device and inode as stored in `session_locks`
+    /// (SQLite integers are `i64`; the bits are kept).
+    pub(super) fn stored_key(&self) -> (i64, i64) {
+        (self.key.0 as i64, self.key.1 as i64)
+    }
+
+    /// Takes `session`'s lock, on an open file description of its own:
+    /// `None` if it cannot (the session then ends at its TTL only). To be
+    /// called before the session's row commits; dropping the result lets
+    /// the lock go.
+    pub(super) fn lock(&self, session: i64) -> Option<File> {
+        let byte = byte_of(session)?;
+        let file = self.reopen(true)?;
+        match nix::fcntl::fcntl(&file, FcntlArg::F_OFD_SETLK(&lock_arg(libc::F_WRLCK, byte))) {
+            Ok(_) => Some(file),
+            Err(error) => {
+                tracing::debug!(path = %self.path.display(), session, %error,
+                    "cannot lock the session's byte of the notify file; it ends at its TTL only");
+                None
+            }
+        }
+    }
+
+    /// Keeps a lock taken by [`Liveness::lock`] for the process's life,
+    /// once the session's row, expiring at `expires_at_ns`, is committed.
+    pub(super) fn keep(&self, session: i64, lock: File, expires_at_ns: i64) {
+        held().insert(
+            (self.key, session),
+            Held {
+                _lock: lock,
+                expires_at_ns,
+            },
+        );
+    }
+
+    /// Records that `session` now expires at `expires_at_ns`: to be called
+    /// before the renewal commits, so that the lock is never let go while
+    /// the row is live (a renewal that then fails to commit only keeps it
+    /// longer). By every handle, even one without the test (its notify
+    /// file does not tell which database it is, so the sessions of that
+    /// id in every database are kept: longer, never shorter).
+    pub(super) fn renewed(session: i64, expires_at_ns: i64) {
+        for (_, held) in held().iter_mut().filter(|((_, s), _)| *s == session) {
+            held.expires_at_ns = held.expires_at_ns.max(expires_at_ns);
+        }
+    }
+
+    /// Lets go of `session`'s lock, whichever handle of this process opened
+    /// it: only once its row is deleted or can never be live again.
+    pub(super) fn release(&self, session: i64) {
+        let lock = held().remove(&(self.key, session));
+        drop(lock);
+    }
+
+    /// Lets go of the locks of sessions, of any database, whose last
+    /// renewal by this process expired before `now_ns`: their rows can
+    /// never be live again, whether or not a handle is left to close them.
+    pub(super) fn let_expired_go(now_ns: i64) {
+        held().retain(|_, h| h.expires_at_ns > now_ns);
+    }
+
+    /// Whether `session`'s process is there, for a session whose lock was
+    /// recorded on the notify file `stored` (see [`Liveness::stored_key`]).
+    pub(super) fn probe(&self, session: i64, stored: (i64, i64)) -> Process {
+        if stored != self.stored_key() {
+            return Process::Untested;
+        }
+        let Some(byte) = byte_of(session) else {
+            return Process::Untested;
+        };
+        let mut arg = lock_arg(libc::F_RDLCK, byte);
+        match nix::fcntl::fcntl(&self.probe, FcntlArg::F_OFD_GETLK(&mut arg)) {
+            Ok(_) if libc::c_int::from(arg.l_type) == libc::F_UNLCK => Process::Gone,
+            Ok(_) => Process::Alive,
+            Err(error) => {
+                tracing::debug!(path = %self.path.display(), session, %error,
+                    "cannot test the holder session's lock; it ends at its TTL");
+                Process::Untested
+            }
+        }
+    }
+
+    /// Wakes `wake` (bumps it) as soon as `session`'s lock goes, from a
+    /// thread that waits for it; one thread per notify file and session in
+    /// this process, however many handles and attempts ask.
+    pub(super) fn watch(&self, session: i64, wake: Weak<watch::Sender<u64>>) {
+        let Some(byte) = byte_of(session) else {
+            return;
+        };
+        let key = (self.key, session);
+        let me = std::process::id();
+        let mut watches = WATCHES.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((pid, wakers)) = watches.get_mut(&key)
+            && *pid == me
+        {
+            wakers.retain(|w| w.strong_count() > 0);
+            if !wakers.iter().any(|w| w.ptr_eq(&wake)) {
+                wakers.push(wake);
+            }
+            return;
+        }
+        let Some(file) = self.reopen(false) else {
+            return;
+        };
+        watches.insert(key, (me, vec![wake]));
+        let spawned = std::thread::Builder::new()
+            .name("leasehold-holder-watch".into())
+            .stack_size(256 * 1024)
+            .spawn(move || wait_for_release(&file, byte, key));
+        if let Err(error) = spawned {
+            watches.remove(&key);
+            tracing::debug!(%error, "cannot start a thread to watch the holder's process; waiting for its TTL");
+        }
+    }
+}
+
+/// Blocks until no write lock is held on `byte` of `file`, then wakes the
+/// handles that asked.
+fn wait_for_release(file: &File, byte: i64, key: (FileKey, i64)) {
+    let waited = loop {
+        match nix::fcntl::fcntl(file, FcntlArg::F_OFD_SETLKW(&lock_arg(libc::F_RDLCK, byte))) {
+            Err(Errno::EINTR) => continue,
+            other => break other,
+        }
+    };
+    // Let go of the read lock at once (no one else needs it, but nothing
+    // should hold the byte longer than necessary).
+    let _ = nix::fcntl::fcntl(file, FcntlArg::F_OFD_SETLK(&lock_arg(libc::F_UNLCK, byte)));
+    let wakers = WATCHES
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&key)
+        .map(|(_, wakers)| wakers)
+        .unwrap_or_default();
+    match waited {
+        Ok(_) => {
+            for waker in wakers.iter().filter_map(Weak::upgrade) {
+                waker.send_modify(|v| *v = v.wrapping_add(1));
+            }
+        }
+        // Not woken: the waiters wake at the holder's expiry, and a failure
+        // that repeats does not turn into a loop.
+        Err(error) => tracing::debug!(%error, "waiting for the holder session's lock failed"),
+    }
+}

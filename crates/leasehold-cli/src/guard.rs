@@ -7,6 +7,12 @@
 //! process group, and tells it over a pipe which group to protect. When the
 //! pipe reaches end-of-file — the kernel closes it when `run` exits, however
 //! it exits — the guard kills the group it was last told about, if any.
+//!
+//! On SQLite the guard also holds, as its stdout, the descriptor that
+//! carries `run`'s session locks ([`leasehold::store::Store::session_lock_file`]):
+//! the kernel ends them, and so lets another replica find `run`'s sessions
+//! dead and take over at once, only when the guard has exited too — after
+//! it killed the group. Nothing is ever written to it.
 
 use std::io::{BufRead, Write};
 use std::os::unix::process::CommandExt;
@@ -27,12 +33,14 @@ pub struct Guard {
 }
 
 impl Guard {
-    pub fn start() -> anyhow::Result<Self> {
+    /// Starts the guard, holding `session_locks` (see the module's
+    /// documentation) until it exits.
+    pub fn start(session_locks: Option<std::fs::File>) -> anyhow::Result<Self> {
         let exe = std::env::current_exe().context("cannot find the leasehold executable")?;
         let mut process = Command::new(exe)
             .arg(ARG)
             .stdin(Stdio::piped())
-            .stdout(Stdio::null())
+            .stdout(session_locks.map_or_else(Stdio::null, Stdio::from))
             .process_group(0)
             .spawn()
             .context("cannot start the process-group guard")?;

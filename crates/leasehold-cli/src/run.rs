@@ -62,6 +62,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         let shown: Vec<String> = bound.iter().map(ToString::to_string).collect();
         tracing::info!(addr = %shown.join(", "), "serving /status, /healthz and /metrics");
     }
+    // Taken after the session was opened (`check_margin`), so that the
+    // guard holds the descriptor its locks are on.
+    let session_locks = elector.store().session_lock_file();
     let mut runner = Runner {
         elector,
         election: args.election.election.clone(),
@@ -70,7 +73,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         signals: StopSignals::install()?,
         passed: PassedSignals::install()?,
         ignored: IgnoredSignals::install()?,
-        guard: Guard::start()?,
+        guard: Guard::start(session_locks)?,
         metrics,
     };
     let code = runner.serve().await;

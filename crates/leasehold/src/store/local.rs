@@ -91,7 +91,7 @@ pub(crate) async fn campaign<B: LocalBackend + ?Sized>(
                         dead_pid: Some(pid),
                     }) => {
                         tracing::info!(%election, id = %candidate, expired_leader = %leader, expired_token = token.0, expired_pid = pid,
-                            "the previous leader's process is gone (the kernel let go of its session's lock on this host: the process died, or dropped its store); taking over without waiting for its lease");
+                            "the previous leader's process is gone (the kernel released its session's lock on this host); taking over without waiting for its lease");
                     }
                     Some(Expired {
                         candidate: leader,

@@ -1059,8 +1059,8 @@ impl Db {
         }
         self.usable(&tx)?;
         tx.commit().map_err(self.err())?;
-        if let Some((liveness, file)) = lock {
-            liveness.keep(id, file, expires_at_ns);
+        if let Some((liveness, taken)) = lock {
+            liveness.keep(taken, expires_at_ns);
         }
         Ok(SessionLease {
             id: SessionId::from_stored(id),
@@ -1670,6 +1670,15 @@ impl Store for SqliteStore {
 
     async fn elections(&self) -> Result<Vec<ElectionState>> {
         self.inner.blocking(Db::elections).await
+    }
+
+    /// A descriptor of the open file description that carries this
+    /// process's session locks on the database's notify file (see the
+    /// module's documentation); `None` when the kernel's test is not in use
+    /// (read-only, no usable notify file, a filesystem not known to be
+    /// local).
+    fn session_lock_file(&self) -> Option<File> {
+        self.inner.db.liveness.as_ref()?.lock_file()
     }
 
     /// Resolves as soon as the database file is deleted, moved or replaced

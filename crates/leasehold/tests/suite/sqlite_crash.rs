@@ -27,7 +27,9 @@ const HOLDER_DB: &str = "LEASEHOLD_TEST_HOLDER_DB";
 const HOLDER_ELECTION: &str = "LEASEHOLD_TEST_HOLDER_ELECTION";
 const HOLDER_TTL_MS: &str = "LEASEHOLD_TEST_HOLDER_TTL_MS";
 /// `one`: one session, holding the election. `two`: two sessions, the
-/// first closed once the second holds the election.
+/// first closed once the second holds the election. `helper`: one session,
+/// and a helper process (`sleep`) holding its lock file as stdout, as
+/// `leasehold run`'s guard does.
 const HOLDER_MODE: &str = "LEASEHOLD_TEST_HOLDER_MODE";
 /// What the holder process prints once it holds the election, with the
 /// token and the session id.
@@ -84,8 +86,23 @@ fn holder_process() {
         if two {
             store.close_session(first.id).await.expect("close");
         }
+        let helper = (var(HOLDER_MODE) == "helper").then(|| {
+            let locks = store.session_lock_file().expect("the session lock file");
+            Command::new("sleep")
+                .arg("600")
+                .stdin(Stdio::null())
+                .stdout(Stdio::from(locks))
+                .spawn()
+                .expect("start the helper")
+                .id()
+        });
         // On a line of its own: the harness has written "test … " before.
-        println!("\n{HELD} {} {}", grant.token, lease.id);
+        println!(
+            "\n{HELD} {} {} {}",
+            grant.token,
+            lease.id,
+            helper.unwrap_or(0)
+        );
         loop {
             tokio::time::sleep(ttl / 3).await;
             if store.keep_alive(lease.id).await.is_err() {
@@ -102,6 +119,8 @@ struct Holder {
     _stdin: ChildStdin,
     token: u64,
     session: i64,
+    /// The helper process's pid, in mode `helper`.
+    helper: Option<Pid>,
 }
 
 impl Holder {
@@ -136,11 +155,17 @@ impl Holder {
         let mut words = held.split(' ').skip(1);
         let token = words.next().and_then(|w| w.parse().ok()).expect("token");
         let session = words.next().and_then(|w| w.parse().ok()).expect("session");
+        let helper = words
+            .next()
+            .and_then(|w| w.parse().ok())
+            .filter(|&pid| pid > 0)
+            .map(Pid::from_raw);
         Holder {
             child,
             _stdin: stdin,
             token,
             session,
+            helper,
         }
     }
 
@@ -167,6 +192,9 @@ impl Drop for Holder {
 
 impl Holder {
     fn signal_if_running(&mut self) -> std::io::Result<()> {
+        if let Some(helper) = self.helper {
+            let _ = kill(helper, Signal::SIGKILL);
+        }
         if self.child.try_wait()?.is_none() {
             let _ = kill(self.pid(), Signal::SIGCONT);
             self.child.kill()?;
@@ -437,6 +465,25 @@ async fn of_two_sessions_in_one_process_the_live_one_is_not_taken_over() {
     other.close_session(live.id).await.expect("close");
     granted_within(&mut waiter, FAST, "after the close").await;
     assert!(!session_lock_held(&db, live_key), "let go by the close");
+}
+
+/// A helper process holding the session lock file (as `leasehold run`'s
+/// guard does) keeps the sessions alive after their process died, until it
+/// exits too; then the election is taken over at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_helper_holding_the_lock_file_keeps_the_session_alive() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = db_in(&dir);
+    let election = unique_election("helper");
+    let mut holder = Holder::start(&db, &election, LONG_TTL, "helper");
+    let helper = holder.helper.expect("a helper process");
+    let mut waiter = start_waiter(&db, &election);
+    not_granted_for(&mut waiter, Duration::from_millis(300), "before the kill").await;
+    holder.kill();
+    not_granted_for(&mut waiter, Duration::from_millis(1500), "the helper lives").await;
+    assert!(session_lock_held(&db, holder.session));
+    kill(helper, Signal::SIGKILL).expect("kill the helper");
+    granted_within(&mut waiter, FAST, "after the helper was killed").await;
 }
 
 /// A session without a lock record — as every session an earlier

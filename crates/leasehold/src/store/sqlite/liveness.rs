@@ -7,18 +7,23 @@
 //! the notify file's device and inode. The kernel holds such a lock for as
 //! long as the open file description exists, and ends it when the last
 //! descriptor of it is closed: when the process dies (even by SIGKILL, or
-//! by `exec`, as the descriptors are close-on-exec). A stopped, paused,
-//! slow or swapped-out process keeps its descriptors and so its locks, and
-//! a lock belongs to no pid, so pid reuse cannot fake it.
+//! by `exec`, as the descriptor is close-on-exec). A stopped, paused, slow
+//! or swapped-out process keeps its descriptors and so its locks, and a
+//! lock belongs to no pid, so pid reuse cannot fake it.
 //!
-//! The locks belong to the process, not to the store handle that opened the
-//! session (the Store contract lets a session outlive its handle): they are
-//! kept in one table per process, and a live process lets one go only once
-//! the session's row can never be live again — after closing it (the row
-//! deleted and committed), once a renewal found it expired or gone, or once
-//! the expiry of its last renewal by this process has passed on the host's
-//! monotonic clock (which no one can take back: expired is for ever). A
-//! session is renewed only by the process that opened it.
+//! One open file description per process and notify file carries all the
+//! process's session locks there: the locks belong to the process, not to
+//! the store handle that opened the session (the Store contract lets a
+//! session outlive its handle). A live process lets go of one (unlocks its
+//! byte) only once the session's row can never be live again — after
+//! closing it (the row deleted and committed), once a renewal found it
+//! expired or gone, or once the expiry of its last renewal by this process
+//! has passed on the host's monotonic clock (which no one can take back:
+//! expired is for ever). A session is renewed only by the process that
+//! opened it. A helper process given a descriptor of it
+//! ([`crate::store::Store::session_lock_file`]) keeps every such lock until
+//! it exits too: `leasehold run`'s guard holds it, so that a runner's
+//! sessions end only once the guard has killed the command's group.
 //!
 //! A contender that finds an election held by a live session with such a
 //! record asks the kernel whether a write lock is held on that byte
@@ -41,7 +46,9 @@
 //!
 //! A child made by `fork` (without `exec`) shares its parent's open file
 //! descriptions, and with them the locks: a session then counts as alive
-//! while its process or such a child lives. Slower, never unsafe.
+//! while its process or such a child lives (until the child opens a
+//! session of its own, which gives it an open file description of its
+//! own). Slower, never unsafe.
 //!
 //! Sessions without a record — written by an earlier leasehold, or when the
 //! notify file cannot carry locks (not writable by this user, or on a
@@ -88,8 +95,8 @@ type FileKey = (u64, u64);
 /// What the kernel says of a session's process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Process {
-    /// Its lock is gone: the process died (or let go of the session's
-    /// store handle). The session may be expired at once.
+    /// Its lock is gone: the process died. The session may be expired at
+    /// once.
     Gone,
     /// Its lock is held: the process is there, whatever state it is in.
     Alive,
@@ -109,24 +116,58 @@ pub(super) struct Liveness {
     probe: File,
 }
 
-/// A session lock this process holds.
+/// The session locks this process holds on one notify file.
 #[derive(Debug)]
 struct Held {
-    /// The open file description holding it, of its own (one per session,
-    /// so that one is let go without the others). Never unlocked
-    /// explicitly, only closed: a child made by `fork` shares it, and
-    /// closing its copy does not end its parent's lock.
-    _lock: File,
-    /// When the session expires unless renewed, on the host's monotonic
-    /// clock, as of its last renewal by this process.
-    expires_at_ns: i64,
+    /// The open file description that holds them (opened for appending,
+    /// so that a stray write through a copy given to a helper process can
+    /// only add to the notify file, never change its marker).
+    file: File,
+    /// The process that opened it: a child made by `fork` opens its own.
+    pid: u32,
+    /// Each session's expiry unless renewed, on the host's monotonic clock,
+    /// as of its last renewal by this process.
+    sessions: BTreeMap<i64, i64>,
 }
 
-/// The session locks this process holds, per notify file and session.
-static HELD: Mutex<BTreeMap<(FileKey, i64), Held>> = Mutex::new(BTreeMap::new());
+/// The session locks this process holds, per notify file.
+static HELD: Mutex<BTreeMap<FileKey, Held>> = Mutex::new(BTreeMap::new());
 
-fn held() -> std::sync::MutexGuard<'static, BTreeMap<(FileKey, i64), Held>> {
+fn held() -> std::sync::MutexGuard<'static, BTreeMap<FileKey, Held>> {
     HELD.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Unlocks `byte` of `file`. A failure (the kernel may need memory to split
+/// a range) leaves the lock held: the session then counts as alive until
+/// the process ends, which is slower, never unsafe.
+fn unlock(file: &File, byte: i64) {
+    if let Err(error) =
+        nix::fcntl::fcntl(file, FcntlArg::F_OFD_SETLK(&lock_arg(libc::F_UNLCK, byte)))
+    {
+        tracing::debug!(%error, "cannot unlock a session's byte of the notify file; it stays locked");
+    }
+}
+
+/// A session's lock taken before its row commits: let go when dropped,
+/// unless kept ([`Liveness::keep`]).
+#[derive(Debug)]
+pub(super) struct Taken {
+    key: FileKey,
+    session: i64,
+    kept: bool,
+}
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        if self.kept {
+            return;
+        }
+        let mut held = held();
+        if let (Some(h), Some(byte)) = (held.get_mut(&self.key), byte_of(self.session)) {
+            unlock(&h.file, byte);
+            h.sessions.remove(&self.session);
+        }
+    }
 }
 
 /// The holder sessions whose locks a thread waits on, per notify file and
@@ -135,12 +176,13 @@ fn held() -> std::sync::MutexGuard<'static, BTreeMap<(FileKey, i64), Held>> {
 type Watches = BTreeMap<(FileKey, i64), (u32, Vec<Weak<watch::Sender<u64>>>)>;
 static WATCHES: Mutex<Watches> = Mutex::new(BTreeMap::new());
 
-/// A new open file description of the notify file at `path` (for writing
-/// too if `write`), if the path still names the file `key`.
-fn reopen(path: &Path, key: FileKey, write: bool) -> Option<File> {
+/// A new open file description of the notify file at `path`, for reading,
+/// or for appending too if `append`, if the path still names the file
+/// `key`.
+fn reopen(path: &Path, key: FileKey, append: bool) -> Option<File> {
     let file = OpenOptions::new()
         .read(true)
-        .write(write)
+        .append(append)
         .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK).bits())
         .open(path)
         .ok()?;
@@ -193,8 +235,8 @@ impl Liveness {
         Some(Liveness { path, key, probe })
     }
 
-    fn reopen(&self, write: bool) -> Option<File> {
-        reopen(&self.path, self.key, write)
+    fn reopen(&self, append: bool) -> Option<File> {
+        reopen(&self.path, self.key, append)
     }
 
     /// The notify file's device and inode as stored in `session_locks`
@@ -203,15 +245,50 @@ impl Liveness {
         (self.key.0 as i64, self.key.1 as i64)
     }
 
-    /// Takes `session`'s lock, on an open file description of its own:
-    /// `None` if it cannot (the session then ends at its TTL only). To be
-    /// called before the session's row commits; dropping the result lets
-    /// the lock go.
-    pub(super) fn lock(&self, session: i64) -> Option<File> {
+    /// This process's open file description for session locks on this
+    /// notify file, opened if there is none yet (or the one there was
+    /// inherited through `fork`).
+    fn shared<'a>(&self, held: &'a mut BTreeMap<FileKey, Held>) -> Option<&'a mut Held> {
+        let me = std::process::id();
+        if held.get(&self.key).is_none_or(|h| h.pid != me) {
+            let file = self.reopen(true)?;
+            // An inherited one is dropped: closing this process's copy does
+            // not end the parent's locks.
+            held.insert(
+                self.key,
+                Held {
+                    file,
+                    pid: me,
+                    sessions: BTreeMap::new(),
+                },
+            );
+        }
+        held.get_mut(&self.key)
+    }
+
+    /// A copy of the descriptor that carries this process's session locks
+    /// on this notify file (see the module's documentation).
+    pub(super) fn lock_file(&self) -> Option<File> {
+        let mut held = held();
+        self.shared(&mut held)?.file.try_clone().ok()
+    }
+
+    /// Takes `session`'s lock: `None` if it cannot (the session then ends
+    /// at its TTL only). To be called before the session's row commits;
+    /// dropping the result lets the lock go.
+    pub(super) fn lock(&self, session: i64) -> Option<Taken> {
         let byte = byte_of(session)?;
-        let file = self.reopen(true)?;
-        match nix::fcntl::fcntl(&file, FcntlArg::F_OFD_SETLK(&lock_arg(libc::F_WRLCK, byte))) {
-            Ok(_) => Some(file),
+        let mut held = held();
+        let shared = self.shared(&mut held)?;
+        match nix::fcntl::fcntl(
+            &shared.file,
+            FcntlArg::F_OFD_SETLK(&lock_arg(libc::F_WRLCK, byte)),
+        ) {
+            Ok(_) => Some(Taken {
+                key: self.key,
+                session,
+                kept: false,
+            }),
             Err(error) => {
                 tracing::debug!(path = %self.path.display(), session, %error,
                     "cannot lock the session's byte of the notify file; it ends at its TTL only");
@@ -222,14 +299,12 @@ impl Liveness {
 
     /// Keeps a lock taken by [`Liveness::lock`] for the process's life,
     /// once the session's row, expiring at `expires_at_ns`, is committed.
-    pub(super) fn keep(&self, session: i64, lock: File, expires_at_ns: i64) {
-        held().insert(
-            (self.key, session),
-            Held {
-                _lock: lock,
-                expires_at_ns,
-            },
-        );
+    pub(super) fn keep(&self, mut taken: Taken, expires_at_ns: i64) {
+        let mut held = held();
+        if let Some(h) = held.get_mut(&taken.key) {
+            h.sessions.insert(taken.session, expires_at_ns);
+            taken.kept = true;
+        }
     }
 
     /// Records that `session` now expires at `expires_at_ns`: to be called
@@ -239,23 +314,38 @@ impl Liveness {
     /// file does not tell which database it is, so the sessions of that
     /// id in every database are kept: longer, never shorter).
     pub(super) fn renewed(session: i64, expires_at_ns: i64) {
-        for (_, held) in held().iter_mut().filter(|((_, s), _)| *s == session) {
-            held.expires_at_ns = held.expires_at_ns.max(expires_at_ns);
+        for h in held().values_mut() {
+            if let Some(expiry) = h.sessions.get_mut(&session) {
+                *expiry = (*expiry).max(expires_at_ns);
+            }
         }
     }
 
     /// Lets go of `session`'s lock, whichever handle of this process opened
     /// it: only once its row is deleted or can never be live again.
     pub(super) fn release(&self, session: i64) {
-        let lock = held().remove(&(self.key, session));
-        drop(lock);
+        let mut held = held();
+        if let (Some(h), Some(byte)) = (held.get_mut(&self.key), byte_of(session))
+            && h.sessions.remove(&session).is_some()
+        {
+            unlock(&h.file, byte);
+        }
     }
 
     /// Lets go of the locks of sessions, of any database, whose last
     /// renewal by this process expired before `now_ns`: their rows can
     /// never be live again, whether or not a handle is left to close them.
     pub(super) fn let_expired_go(now_ns: i64) {
-        held().retain(|_, h| h.expires_at_ns > now_ns);
+        for h in held().values_mut() {
+            let Held { file, sessions, .. } = h;
+            sessions.retain(|&session, &mut expiry| {
+                let live = expiry > now_ns;
+                if let (false, Some(byte)) = (live, byte_of(session)) {
+                    unlock(file, byte);
+                }
+                live
+            });
+        }
     }
 
     /// Whether `session`'s process is there, for a session whose lock was

@@ -222,6 +222,10 @@ impl Runner {
             store: &self.store,
             grant: leadership.grant(),
             deadline: leadership.deadline(),
+            // On SQLite, the descriptor this process's session locks are
+            // on: held by the guard too, a SIGKILLed `run`'s session is
+            // found dead only once the guard has killed the command's tree.
+            session_locks: self.elector.store().session_lock_file(),
         };
         let mut child = match Supervised::start(launch).await {
             Ok(child) => child,

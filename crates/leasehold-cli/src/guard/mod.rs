@@ -58,8 +58,11 @@ pub const ARG: &str = "__guard";
 /// command's tree gone.
 const TREE_PATIENCE: Duration = Duration::from_secs(5);
 
-/// The descriptor on which the guard finds its socket to `run`.
-const SOCKET_FD: i32 = 3;
+/// The environment variable that names the guard's descriptors: its
+/// socket to `run`, then what it must hold until it exits
+/// (`Launch::session_locks`), if anything (removed from the command's
+/// environment).
+const FDS_ENV: &str = "LEASEHOLD_GUARD_FDS";
 
 /// The environment variable that passes `run`'s log settings to its guard
 /// (removed from the command's environment).
@@ -78,6 +81,9 @@ pub struct Launch<'a> {
     pub grant: &'a Grant,
     /// The lease deadline now.
     pub deadline: Instant,
+    /// A descriptor the guard holds until it exits
+    /// ([`leasehold::Store::session_lock_file`]).
+    pub session_locks: Option<std::fs::File>,
 }
 
 /// A term's command, started and watched by a guard.
@@ -110,8 +116,9 @@ impl Supervised {
     pub async fn start(launch: Launch<'_>) -> anyhow::Result<Supervised> {
         let (mine, theirs) = std::os::unix::net::UnixStream::pair()
             .context("cannot create the socket to the guard")?;
-        let guard = spawn_guard(&theirs)?;
+        let guard = spawn_guard(&theirs, launch.session_locks.as_ref())?;
         drop(theirs);
+        drop(launch.session_locks);
         mine.set_nonblocking(true)
             .context("cannot set up the socket to the guard")?;
         let (reports, control) = UnixStream::from_std(mine)
@@ -316,37 +323,47 @@ impl Supervised {
     }
 }
 
-/// Starts `leasehold __guard` with `socket` as its descriptor 3, in its own
+/// Starts `leasehold __guard` with `socket` (and `held`) open, in its own
 /// process group (a terminal's Ctrl-C is for `run`, which forwards it).
-fn spawn_guard(socket: &std::os::unix::net::UnixStream) -> anyhow::Result<tokio::process::Child> {
+fn spawn_guard(
+    socket: &std::os::unix::net::UnixStream,
+    held: Option<&std::fs::File>,
+) -> anyhow::Result<tokio::process::Child> {
     let exe = std::env::current_exe().context("cannot find the leasehold executable")?;
     let mut cmd = tokio::process::Command::new(exe);
     cmd.arg(ARG)
         .env(LOG_ENV, crate::log_settings())
         .process_group(0)
         .kill_on_drop(false);
-    let fd = socket.as_raw_fd();
-    place_socket(&mut cmd, fd);
+    let (socket, held) = (socket.as_raw_fd(), held.map(AsRawFd::as_raw_fd));
+    cmd.env(
+        FDS_ENV,
+        match held {
+            Some(held) => format!("{socket} {held}"),
+            None => socket.to_string(),
+        },
+    );
+    keep_descriptors(&mut cmd, socket, held);
     cmd.spawn().context("cannot start the guard process")
 }
 
+/// `socket` and `held` (if any) stay open in the guard, at the same
+/// numbers (named in [`FDS_ENV`]). Every other descriptor `run` inherited
+/// reaches the command as before — a socket-activated service's listening
+/// sockets at 3 and up included.
 #[allow(unsafe_code)]
-fn place_socket(cmd: &mut tokio::process::Command, fd: i32) {
+fn keep_descriptors(cmd: &mut tokio::process::Command, socket: i32, held: Option<i32>) {
     // SAFETY: `pre_exec` closures run in the forked child before `exec`,
-    // where only async-signal-safe work is allowed. This one calls dup2 or
-    // fcntl (both async-signal-safe) on descriptors it does not own in Rust
-    // terms — `fd` stays owned by the parent's `UnixStream`, and descriptor
-    // 3 of the child is about to be replaced by `exec` anyway — and builds
-    // an `io::Error` from a raw errno, which does not allocate.
+    // where only async-signal-safe work is allowed. This one calls fcntl
+    // (async-signal-safe) to clear close-on-exec on two descriptors the
+    // parent keeps open and owns, and builds an `io::Error` from a raw
+    // errno, which does not allocate.
     unsafe {
         cmd.pre_exec(move || {
-            if fd == SOCKET_FD {
-                // Already in place: only clear close-on-exec.
+            for fd in std::iter::once(socket).chain(held) {
                 if nix::libc::fcntl(fd, nix::libc::F_SETFD, 0) == -1 {
                     return Err(std::io::Error::last_os_error());
                 }
-            } else if nix::libc::dup2(fd, SOCKET_FD) == -1 {
-                return Err(std::io::Error::last_os_error());
             }
             Ok(())
         });

@@ -19,7 +19,7 @@ use tokio::time::{Instant, sleep, sleep_until};
 
 use super::protocol::{Order, Report};
 use super::tree;
-use super::{LOG_ENV, SOCKET_FD, TREE_PATIENCE};
+use super::{FDS_ENV, LOG_ENV, TREE_PATIENCE};
 
 /// How long the guard waits for orders already on their way before it acts
 /// on a deadline: a deadline kill comes at most this late.
@@ -54,10 +54,19 @@ pub fn main() -> ExitCode {
     let _ = blocked.thread_block();
     let logging = std::env::var(LOG_ENV).unwrap_or_default();
     crate::init_logging_from(&logging);
-    let Some(socket) = take_socket() else {
+    let fds = std::env::var(FDS_ENV).unwrap_or_default();
+    let mut fds = fds.split(' ').map(|n| n.parse::<i32>().ok());
+    let socket_fd = fds.next().flatten();
+    let Some(socket) = socket_fd.and_then(take_socket) else {
         crate::say("leasehold __guard is started by `leasehold run`, not by hand");
         return ExitCode::from(2);
     };
+    // Held, never used, until the guard exits; not inherited by the command.
+    let _held = fds
+        .next()
+        .flatten()
+        .filter(|&fd| Some(fd) != socket_fd)
+        .and_then(take_held);
     if let Err(error) = nix::sys::prctl::set_child_subreaper(true) {
         tracing::warn!(%error, "cannot become a subreaper: a process the command starts in a new session could outlive it");
     }
@@ -76,22 +85,26 @@ pub fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// Descriptor 3, if it is the socket `run` placed there.
+/// Descriptor `fd`, if it is the socket `run` left open for the guard.
 #[allow(unsafe_code)]
-fn take_socket() -> Option<std::os::unix::net::UnixStream> {
+fn take_socket(fd: i32) -> Option<std::os::unix::net::UnixStream> {
     use std::os::unix::fs::FileTypeExt;
     // The magic link leads to the descriptor's own inode.
-    let kind = std::fs::metadata(format!("/proc/self/fd/{SOCKET_FD}"))
+    if fd < 3 {
+        return None;
+    }
+    let kind = std::fs::metadata(format!("/proc/self/fd/{fd}"))
         .ok()?
         .file_type();
     if !kind.is_socket() {
         return None;
     }
-    // SAFETY: descriptor 3 is open (its /proc entry exists) and is a socket that
-    // `run` placed there for this process alone (`place_socket`); nothing
-    // else in this process has taken ownership of it, and this function is
-    // called once, so the `OwnedFd` is its only owner.
-    let fd = unsafe { OwnedFd::from_raw_fd(SOCKET_FD) };
+    // SAFETY: descriptor `fd` is open (its /proc entry exists) and is a
+    // socket that `run` left open for this process alone
+    // (`keep_descriptors`); nothing else in this process has taken
+    // ownership of it, and this function is called once, so the `OwnedFd`
+    // is its only owner.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     let socket = std::os::unix::net::UnixStream::from(fd);
     // Not inherited by the command.
     let _ = nix::fcntl::fcntl(
@@ -100,6 +113,26 @@ fn take_socket() -> Option<std::os::unix::net::UnixStream> {
     );
     socket.set_nonblocking(true).ok()?;
     Some(socket)
+}
+
+/// Descriptor `fd`, which `run` left open for the guard to hold
+/// (`Launch::session_locks`).
+#[allow(unsafe_code)]
+fn take_held(fd: i32) -> Option<OwnedFd> {
+    if fd < 3 || !std::path::Path::new(&format!("/proc/self/fd/{fd}")).exists() {
+        return None;
+    }
+    // SAFETY: descriptor `fd` is open (its /proc entry exists); `run` left
+    // it open for this process alone (`keep_descriptors`), it is not the
+    // socket (the caller checks),
+    // nothing else in this process has taken ownership of it, and this
+    // function is called once, so the `OwnedFd` is its only owner.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let _ = nix::fcntl::fcntl(
+        &fd,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    );
+    Some(fd)
 }
 
 #[derive(Debug, Default)]
@@ -226,6 +259,7 @@ impl Guard {
         cmd.args(args)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .env_remove(LOG_ENV)
+            .env_remove(FDS_ENV)
             .process_group(0);
         set_parent_death_signal(&mut cmd, nix::unistd::getpid());
         let child = cmd.spawn()?;

@@ -33,6 +33,10 @@ pub(crate) enum Attempt {
 pub(crate) struct Expired {
     pub(crate) candidate: String,
     pub(crate) token: FencingToken,
+    /// Set, to the pid it recorded, when the holder's process was found
+    /// gone by the kernel's test on this host (SQLite), and its session
+    /// expired at once rather than at its TTL.
+    pub(crate) dead_pid: Option<i64>,
 }
 
 /// Slack added to a known expiry so the waiter wakes just after it.
@@ -80,9 +84,24 @@ pub(crate) async fn campaign<B: LocalBackend + ?Sized>(
         changes.borrow_and_update();
         match backend.try_acquire(session, election, candidate).await? {
             Attempt::Granted(grant, expired) => {
-                if let Some(expired) = expired {
-                    tracing::info!(%election, id = %candidate, expired_leader = %expired.candidate, expired_token = expired.token.0,
-                        "the previous leader's lease expired; taking over");
+                match expired {
+                    Some(Expired {
+                        candidate: leader,
+                        token,
+                        dead_pid: Some(pid),
+                    }) => {
+                        tracing::info!(%election, id = %candidate, expired_leader = %leader, expired_token = token.0, expired_pid = pid,
+                            "the previous leader's process is gone (the kernel released its session's lock on this host); taking over without waiting for its lease");
+                    }
+                    Some(Expired {
+                        candidate: leader,
+                        token,
+                        dead_pid: None,
+                    }) => {
+                        tracing::info!(%election, id = %candidate, expired_leader = %leader, expired_token = token.0,
+                            "the previous leader's lease expired; taking over");
+                    }
+                    None => {}
                 }
                 return Ok(grant);
             }

@@ -153,6 +153,7 @@ impl LocalBackend for Inner {
         let expired = entry.holder.take().map(|g| Expired {
             candidate: g.candidate.to_string(),
             token: g.token,
+            dead_pid: None,
         });
         entry.last_token += 1;
         let grant = Grant {

@@ -197,4 +197,15 @@ pub trait Store: Send + Sync + fmt::Debug {
         let _ = session;
         std::future::pending::<()>().await;
     }
+
+    /// For a store that tells a dead holder process by something the
+    /// kernel ends with the process (SQLite on one host: a lock on its
+    /// notify file), a descriptor that carries this process's sessions
+    /// there: a helper process that holds it keeps them alive for that
+    /// test until it has exited too (`leasehold run` gives it to its guard,
+    /// which exits only after killing the command's group). Never written
+    /// to. `None` for the other stores, the default.
+    fn session_lock_file(&self) -> Option<std::fs::File> {
+        None
+    }
 }

@@ -15,6 +15,13 @@
 //! - Waiters learn of grants and releases by other processes from inotify
 //!   on the database's folder (see `notify`), and of expiries by sleeping
 //!   until the holder's known expiry time: no polling period.
+//! - A holder whose process died is found by the kernel, not by its TTL:
+//!   each session holds a lock on one byte of `<db>-notify` that the kernel
+//!   ends with its process, taken before the session's row commits. A
+//!   contender that finds the holder's lock gone expires its session at
+//!   once, in the transaction that grants; waiters learn of the death from
+//!   a thread blocked on that lock. A stopped or slow process keeps its
+//!   lock, and a pid plays no part (see `liveness`).
 //!
 //! leasehold writes only files it created (DESIGN rule 7):
 //!
@@ -69,7 +76,9 @@ use crate::store::{
     ElectionState, FencingToken, Grant, Leader, LeaderWatch, SessionId, SessionLease, StatusWatch,
     Store, known_only, session_key,
 };
+use liveness::Process;
 
+mod liveness;
 mod notify;
 
 /// How SQLite keeps a TTL: as milliseconds, and expiry times as
@@ -112,6 +121,20 @@ CREATE TABLE elections (
 ) WITHOUT ROWID;
 ";
 
+/// The sessions whose process holds a lock on the notify file (device
+/// `dev`, inode `ino`) that the kernel ends with the process (see
+/// `liveness`). Added to schema version 1 without changing its number:
+/// earlier versions never read it, and their sessions, having no row here,
+/// end at their TTL as before; rows whose session is gone are deleted with
+/// the expired sessions.
+const SESSION_LOCKS: &str = "
+CREATE TABLE IF NOT EXISTS session_locks (
+    session INTEGER PRIMARY KEY,
+    dev     INTEGER NOT NULL,
+    ino     INTEGER NOT NULL
+);
+";
+
 /// The live holder of `?1`, at monotonic time `?2` under boot `?3`.
 const LIVE_HOLDER: &str = "
 SELECT e.holder_candidate, e.holder_token, s.expires_at_ns - ?2, e.holder_session
@@ -128,7 +151,9 @@ pub struct SqliteStore {
 #[derive(Debug)]
 struct Inner {
     db: Arc<Db>,
-    changes: watch::Sender<u64>,
+    /// In an `Arc` so that the threads watching holders' processes can hold
+    /// it weakly (see `liveness`).
+    changes: Arc<watch::Sender<u64>>,
     notifier: OnceLock<()>,
     stop_notifier: CancellationToken,
     _stop_on_drop: DropGuard,
@@ -146,6 +171,9 @@ struct Db {
     owners: [u32; 2],
     /// `None` when read-only, or when the notify file cannot be created.
     notify: Option<notify::NotifyFile>,
+    /// The kernel's test of sessions' processes, on the notify file; `None`
+    /// when read-only or when the notify file cannot carry it.
+    liveness: Option<liveness::Liveness>,
     /// The database file as opened; the path must keep naming it.
     file: File,
     id: FileId,
@@ -221,6 +249,26 @@ impl Drop for Db {
     }
 }
 
+/// One acquisition attempt's outcome, as [`Db::try_acquire`] gives it.
+struct Tried {
+    attempt: Attempt,
+    /// Whether the attempt made the grant.
+    fresh: bool,
+    /// The holder session, when the kernel says its process is there: wait
+    /// for its lock to go (see `liveness`).
+    watch: Option<i64>,
+}
+
+impl Tried {
+    fn existing(attempt: Attempt) -> Self {
+        Tried {
+            attempt,
+            fresh: false,
+            watch: None,
+        }
+    }
+}
+
 /// A live holder as read from the database.
 struct Holder {
     candidate: String,
@@ -259,7 +307,7 @@ impl SqliteStore {
         Ok(SqliteStore {
             inner: Arc::new(Inner {
                 db,
-                changes: watch::channel(0).0,
+                changes: Arc::new(watch::channel(0).0),
                 notifier: OnceLock::new(),
                 _stop_on_drop: stop_notifier.clone().drop_guard(),
                 stop_notifier,
@@ -597,6 +645,7 @@ impl Db {
             read_only,
             owners,
             notify,
+            liveness: None,
             id: FileId::of(&meta),
             file,
             replaced: CancellationToken::new(),
@@ -615,6 +664,10 @@ impl Db {
                 .set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, false)
                 .map_err(db.err())?;
             db.verified = true;
+            db.liveness = db
+                .notify
+                .as_ref()
+                .and_then(|n| liveness::Liveness::new(n.path().to_owned(), n.file()));
         }
         Ok(db)
     }
@@ -767,7 +820,7 @@ impl Db {
             .map_err(&err)?;
         conn.pragma_update(None, "synchronous", "FULL")
             .map_err(&err)?;
-        if identity.version == SCHEMA_VERSION {
+        if identity.version == SCHEMA_VERSION && has_session_locks(&conn).map_err(&err)? {
             return Ok(());
         }
         let tx = conn
@@ -783,6 +836,8 @@ impl Db {
             tx.pragma_update(None, "user_version", SCHEMA_VERSION)
                 .map_err(&err)?;
         }
+        // A database an earlier version created gets the table too.
+        tx.execute_batch(SESSION_LOCKS).map_err(&err)?;
         self.check_file()?;
         tx.commit().map_err(&err)
     }
@@ -967,6 +1022,7 @@ impl Db {
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(self.err())?;
         let now = monotonic_ns();
+        liveness::Liveness::let_expired_go(now);
         // Sessions of an earlier boot or past their expiry can never come
         // back; dropping them keeps the table small. Their grants are dead
         // already (the holder query joins on live sessions).
@@ -975,21 +1031,37 @@ impl Db {
             params![self.boot_id, now],
         )
         .map_err(self.err())?;
+        tx.execute(
+            "DELETE FROM session_locks WHERE session NOT IN (SELECT id FROM sessions)",
+            [],
+        )
+        .map_err(self.err())?;
+        let expires_at_ns = now.saturating_add(nanos(granted));
         let id: i64 = tx
             .query_row(
                 "INSERT INTO sessions (boot_id, expires_at_ns, ttl_ms, pid) VALUES (?1, ?2, ?3, ?4)
                  RETURNING id",
-                params![
-                    self.boot_id,
-                    now.saturating_add(nanos(granted)),
-                    ttl_ms,
-                    std::process::id()
-                ],
+                params![self.boot_id, expires_at_ns, ttl_ms, std::process::id()],
                 |r| r.get(0),
             )
             .map_err(self.err())?;
+        // The lock is taken before the row commits, so that whoever reads
+        // the row knows the lock was held; dropped (let go) if the commit
+        // does not happen.
+        let lock = self.liveness.as_ref().and_then(|l| Some((l, l.lock(id)?)));
+        if let Some((liveness, _)) = &lock {
+            let (dev, ino) = liveness.stored_key();
+            tx.execute(
+                "INSERT INTO session_locks (session, dev, ino) VALUES (?1, ?2, ?3)",
+                params![id, dev, ino],
+            )
+            .map_err(self.err())?;
+        }
         self.usable(&tx)?;
         tx.commit().map_err(self.err())?;
+        if let Some((liveness, taken)) = lock {
+            liveness.keep(taken, expires_at_ns);
+        }
         Ok(SessionLease {
             id: SessionId::from_stored(id),
             ttl: granted,
@@ -1010,21 +1082,30 @@ impl Db {
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(self.err())?;
         let now = monotonic_ns();
-        let ttl_ms: Option<i64> = tx
+        let renewed: Option<(i64, i64)> = tx
             .query_row(
                 "UPDATE sessions SET expires_at_ns = ?3 + ttl_ms * 1000000
                  WHERE id = ?1 AND boot_id = ?2 AND expires_at_ns > ?3
-                 RETURNING ttl_ms",
+                 RETURNING ttl_ms, expires_at_ns",
                 params![session_key(session)?, self.boot_id, now],
-                |r| r.get(0),
+                |r| Ok((r.get(0)?, r.get(1)?)),
             )
             .optional()
             .map_err(self.err())?;
         self.usable(&tx).map_err(expired)?;
+        // Before the commit: the lock must outlast the row's new expiry.
+        if let (Some((_, expires_at_ns)), Ok(key)) = (renewed, session_key(session)) {
+            liveness::Liveness::renewed(key, expires_at_ns);
+        }
         tx.commit().map_err(self.err())?;
-        match ttl_ms {
-            Some(ms) => Ok(Duration::from_millis(ms.unsigned_abs())),
-            None => Err(Error::SessionExpired(session)),
+        match renewed {
+            Some((ms, _)) => Ok(Duration::from_millis(ms.unsigned_abs())),
+            None => {
+                // Gone or past its expiry, which the shared monotonic clock
+                // never takes back: no one will test its lock again.
+                self.release_lock(session);
+                Err(Error::SessionExpired(session))
+            }
         }
     }
 
@@ -1051,10 +1132,15 @@ impl Db {
         .map_err(self.err())?;
         tx.execute("DELETE FROM sessions WHERE id = ?1", params![key])
             .map_err(self.err())?;
+        tx.execute("DELETE FROM session_locks WHERE session = ?1", params![key])
+            .map_err(self.err())?;
         if let Err(Error::Replaced(_)) = self.usable(&tx) {
             return Ok(());
         }
         tx.commit().map_err(self.err())?;
+        // Only now that no one can read the row: a lock let go while the
+        // row is there means the process is gone.
+        self.release_lock(session);
         self.announce();
         Ok(())
     }
@@ -1065,7 +1151,7 @@ impl Db {
         session: SessionId,
         election: &ElectionName,
         candidate: &CandidateId,
-    ) -> Result<(Attempt, bool)> {
+    ) -> Result<Tried> {
         self.writable()?;
         let mut conn = self.conn();
         self.usable(&conn)?;
@@ -1074,16 +1160,44 @@ impl Db {
             .map_err(self.err())?;
         let now = monotonic_ns();
         self.session_alive(&tx, session, now)?;
+        let mut dead_pid = None;
         if let Some(holder) = self
             .live_holder(&tx, election.as_str(), now)
             .map_err(self.err())?
         {
             if SessionId::from_stored(holder.session) == session {
                 let grant = holder.into_grant(&self.path, election, session)?;
-                return Ok((Attempt::Granted(grant, None), false));
+                return Ok(Tried::existing(Attempt::Granted(grant, None)));
             }
-            let expires_in = duration_ns(holder.expires_in_ns);
-            return Ok((Attempt::Held { expires_in }, false));
+            let held = Attempt::Held {
+                expires_in: duration_ns(holder.expires_in_ns),
+            };
+            match self.holder_process(&tx, holder.session)? {
+                (Process::Untested, _) => return Ok(Tried::existing(held)),
+                (Process::Alive, _) => {
+                    return Ok(Tried {
+                        watch: Some(holder.session),
+                        ..Tried::existing(held)
+                    });
+                }
+                // Its lock was taken before its row committed and is gone
+                // now, while this transaction keeps the row from changing:
+                // the process that held the session is gone. Expire the
+                // session; its grants are no longer live.
+                (Process::Gone, pid) => {
+                    tx.execute(
+                        "DELETE FROM sessions WHERE id = ?1",
+                        params![holder.session],
+                    )
+                    .map_err(self.err())?;
+                    tx.execute(
+                        "DELETE FROM session_locks WHERE session = ?1",
+                        params![holder.session],
+                    )
+                    .map_err(self.err())?;
+                    dead_pid = Some(pid);
+                }
+            }
         }
         // A holder still recorded but not live was never released: its
         // session expired.
@@ -1096,6 +1210,7 @@ impl Db {
                     Ok(Expired {
                         candidate: r.get::<_, Option<String>>(0)?.unwrap_or_default(),
                         token: FencingToken::from_stored(r.get::<_, Option<i64>>(1)?.unwrap_or(0)),
+                        dead_pid,
                     })
                 },
             )
@@ -1124,7 +1239,39 @@ impl Db {
             session,
             token: FencingToken::from_stored(token),
         };
-        Ok((Attempt::Granted(grant, expired), true))
+        Ok(Tried {
+            attempt: Attempt::Granted(grant, expired),
+            fresh: true,
+            watch: None,
+        })
+    }
+
+    /// What the kernel says of the process of the holder `session`, and
+    /// the pid it recorded (see `liveness`).
+    fn holder_process(&self, conn: &Connection, session: i64) -> Result<(Process, i64)> {
+        let Some(liveness) = &self.liveness else {
+            return Ok((Process::Untested, 0));
+        };
+        let recorded = conn
+            .query_row(
+                "SELECT l.dev, l.ino, s.pid FROM session_locks l JOIN sessions s ON s.id = l.session
+                 WHERE l.session = ?1",
+                params![session],
+                |r| Ok(((r.get(0)?, r.get(1)?), r.get(2)?)),
+            )
+            .optional()
+            .map_err(self.err())?;
+        Ok(match recorded {
+            Some((file, pid)) => (liveness.probe(session, file), pid),
+            None => (Process::Untested, 0),
+        })
+    }
+
+    /// Lets go of `session`'s lock, if this handle holds it.
+    fn release_lock(&self, session: SessionId) {
+        if let (Some(liveness), Ok(key)) = (&self.liveness, session_key(session)) {
+            liveness.release(key);
+        }
     }
 
     fn resign(&self, grant: &Grant) -> Result<()> {
@@ -1199,6 +1346,17 @@ impl Db {
             })
             .collect()
     }
+}
+
+/// Whether the `session_locks` table exists (a database an earlier
+/// version created has none until a writer of this version opens it).
+fn has_session_locks(conn: &Connection) -> rusqlite::Result<bool> {
+    conn.query_row(
+        "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'session_locks'",
+        [],
+        |r| r.get::<_, i64>(0),
+    )
+    .map(|n| n > 0)
 }
 
 fn is_busy(error: &Error) -> bool {
@@ -1365,7 +1523,7 @@ impl Inner {
             };
             notify::spawn(
                 &self.db.path,
-                self.changes.clone(),
+                (*self.changes).clone(),
                 self.stop_notifier.clone(),
                 file_event,
             );
@@ -1396,17 +1554,30 @@ impl LocalBackend for Inner {
         // cancellation obligation).
         let db = Arc::clone(&self.db);
         let mut guard = OnDrop::new(pending, |pending| async move {
-            if let Ok(Ok((Attempt::Granted(grant, _), true))) = pending.await {
+            if let Ok(Ok(Tried {
+                attempt: Attempt::Granted(grant, _),
+                fresh: true,
+                ..
+            })) = pending.await
+            {
                 let released = tokio::task::spawn_blocking(move || db.resign(&grant)).await;
                 tracing::debug!(?released, "released the grant of a cancelled campaign");
             }
         });
         let outcome = guard.get_mut().await;
         guard.disarm();
-        let (attempt, fresh) =
-            outcome.map_err(|e| Error::unavailable("sqlite worker failed", e))??;
+        let Tried {
+            attempt,
+            fresh,
+            watch,
+        } = outcome.map_err(|e| Error::unavailable("sqlite worker failed", e))??;
         if fresh {
             self.written();
+        }
+        // The campaign marked `changes` seen before this attempt: if the
+        // holder's process dies from here on, the bump wakes it.
+        if let (Some(holder), Some(liveness)) = (watch, &self.db.liveness) {
+            liveness.watch(holder, Arc::downgrade(&self.changes));
         }
         Ok(attempt)
     }
@@ -1499,6 +1670,15 @@ impl Store for SqliteStore {
 
     async fn elections(&self) -> Result<Vec<ElectionState>> {
         self.inner.blocking(Db::elections).await
+    }
+
+    /// A descriptor of the open file description that carries this
+    /// process's session locks on the database's notify file (see the
+    /// module's documentation); `None` when the kernel's test is not in use
+    /// (read-only, no usable notify file, a filesystem not known to be
+    /// local).
+    fn session_lock_file(&self) -> Option<File> {
+        self.inner.db.liveness.as_ref()?.lock_file()
     }
 
     /// Resolves as soon as the database file is deleted, moved or replaced

@@ -148,4 +148,8 @@ impl Store for FaultyStore {
     async fn session_ended(&self, session: SessionId) {
         self.inner.session_ended(session).await;
     }
+
+    fn session_lock_file(&self) -> Option<std::fs::File> {
+        self.inner.session_lock_file()
+    }
 }

@@ -6,4 +6,5 @@ mod fence;
 mod memory;
 mod postgres;
 mod sqlite;
+mod sqlite_crash;
 mod zookeeper;

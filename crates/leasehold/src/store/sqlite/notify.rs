@@ -25,7 +25,10 @@
 //! process using the database holds it shared; creating a new database at
 //! the path takes it exclusive. A process that still uses an earlier
 //! database at this path (deleted or replaced under it) thus keeps a new
-//! one from being created, and granted, until it has stopped.
+//! one from being created, and granted, until it has stopped. And each
+//! session holds a byte-range lock on it, past its end, that tells other
+//! processes whether the session's process is still there (see
+//! `liveness`).
 
 use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
@@ -58,8 +61,9 @@ const CONTENT: &[u8] = b"\x01leasehold notify file\n\
 leasehold writes the byte 0x01 over the first byte of this file after every\n\
 grant or release in the database next to it, so that waiting processes on\n\
 this host wake up; the content never changes. Processes using the database\n\
-hold a shared lock on this file. It may be removed while no leasehold\n\
-process uses the database.\n";
+hold a shared lock on this file, and each of their sessions a lock on one\n\
+byte past its end (the kernel ends it when the process dies). It may be\n\
+removed while no leasehold process uses the database.\n";
 
 /// What earlier versions of leasehold left in the file.
 const LEGACY: &[u8] = &[1];
@@ -307,6 +311,16 @@ pub(super) fn create(db_path: &Path, owners: &[u32]) -> Result<Option<NotifyFile
 }
 
 impl NotifyFile {
+    /// Where the file is.
+    pub(super) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The file as opened (and checked).
+    pub(super) fn file(&self) -> &File {
+        &self.file
+    }
+
     /// Tells waiters in every process that an election changed: writes the
     /// byte that is already there, which raises an inotify event in every
     /// watcher. Called only after the change is committed, so a woken

@@ -224,9 +224,13 @@ impl Supervised {
             pgid = self.pgid,
             "the guard process is gone; killing what is left of the command's tree"
         );
-        let group = Some(Pid::from_raw(self.pgid)).filter(|p| p.as_raw() > 1);
         let give_up = Instant::now() + TREE_PATIENCE;
         loop {
+            // The group only while its leader is `run`'s (re-parented,
+            // unreaped): its id is certainly the command's then.
+            let leader = Pid::from_raw(self.pgid);
+            let group = (self.pgid > 1 && tree::parent_of(leader) == Some(nix::unistd::getpid()))
+                .then_some(leader);
             tree::kill_round(group, |pid| Some(pid) == self.guard_pid);
             let mut left = false;
             for pid in tree::children_of(nix::unistd::getpid()) {
@@ -237,7 +241,7 @@ impl Supervised {
                     );
                 }
             }
-            if !left && tree::group_gone(group) {
+            if !left {
                 break;
             }
             if Instant::now() >= give_up {

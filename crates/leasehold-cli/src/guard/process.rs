@@ -151,8 +151,6 @@ struct Guard {
     /// `run` ended the term itself.
     done: bool,
     killed_at_deadline: bool,
-    /// The command was reaped and no process was left in its group.
-    group_gone: bool,
 }
 
 impl Guard {
@@ -324,16 +322,19 @@ impl Guard {
     async fn kill_tree(&mut self) -> bool {
         let give_up = Instant::now() + TREE_PATIENCE;
         loop {
-            // Once the command was reaped and its group seen empty, the
-            // group's id may go to an unrelated process: never again.
+            // The group is signalled only while the command is not reaped:
+            // its id is certainly the command's then. Once reaped, the id
+            // may go to an unrelated process as soon as the group empties;
+            // what is left of the group is the guard's descendants, which
+            // the children scan reaches.
             let group = self
                 .leader
-                .filter(|&pgid| pgid > 1 && !self.group_gone)
+                .filter(|&pgid| pgid > 1 && self.status.is_none())
                 .map(Pid::from_raw);
             tree::kill_round(group, |_| false);
-            let no_children = self.reap();
-            if no_children && tree::group_gone(group) {
-                self.group_gone = self.status.is_some();
+            // No child left: the command (reaped) and every process of its
+            // tree are gone.
+            if self.reap() {
                 return true;
             }
             if Instant::now() >= give_up {

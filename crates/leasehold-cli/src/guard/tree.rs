@@ -1,7 +1,6 @@
 //! Processes by parent, read from /proc: what the guard (and `run`, when
 //! the guard is gone) kills to end a command's whole tree.
 
-use nix::errno::Errno;
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 
@@ -38,9 +37,4 @@ pub fn kill_round(group: Option<Pid>, spare: impl Fn(Pid) -> bool) {
             let _ = kill(pid, Signal::SIGKILL);
         }
     }
-}
-
-/// Whether no process is left in `group`.
-pub fn group_gone(group: Option<Pid>) -> bool {
-    group.is_none_or(|g| killpg(g, None) == Err(Errno::ESRCH))
 }

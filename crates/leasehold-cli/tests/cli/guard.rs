@@ -394,10 +394,40 @@ fn a_continued_runner_never_signals_a_reused_pid() {
     );
     std::thread::sleep(SECOND);
     let mut victim = victim;
+    let ended = victim.try_wait().expect("try_wait");
     assert!(
-        victim.try_wait().expect("try_wait").is_none(),
-        "run signalled an unrelated process that got its command's pid"
+        ended.is_none(),
+        "run signalled an unrelated process that got its command's pid ({ended:?}): {}",
+        log_of(&scratch, "a")
     );
     let _ = victim.kill();
     let _ = victim.wait();
+}
+
+/// Descriptors `run` inherited reach the command through the guard, at the
+/// same numbers — as a socket-activated service's listeners at 3 and up
+/// must — and the guard's own descriptors do not.
+#[test]
+fn inherited_descriptors_reach_the_command_and_the_guards_do_not() {
+    let scratch = Scratch::new();
+    std::fs::write(scratch.path("three"), "3").expect("write");
+    std::fs::write(scratch.path("four"), "4").expect("write");
+    let out = std::process::Command::new("sh")
+        .args([
+            "-c",
+            r#"exec 3<three 4<four; exec "$0" run --election fds --store "$1" -- sh -c 'cat 0<&3; cat 0<&4; echo; ls -l /proc/$$/fd; env | grep LEASEHOLD_GUARD'"#,
+            env!("CARGO_BIN_EXE_leasehold"),
+            &scratch.store_url(),
+        ])
+        .current_dir(scratch.dir.path())
+        .stdin(Stdio::null())
+        .output()
+        .expect("run");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(stdout.lines().next(), Some("34"), "{stdout}");
+    // Nothing of the guard's: its socket to `run`, the store's files, its
+    // variables.
+    for guards in ["-notify", "socket:", "leasehold.db", "LEASEHOLD_GUARD"] {
+        assert!(!stdout.contains(guards), "{guards}: {stdout}");
+    }
 }

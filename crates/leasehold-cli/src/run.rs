@@ -11,14 +11,12 @@ use tokio::time::{Instant, sleep_until};
 
 use crate::child;
 use crate::cli::RunArgs;
-use crate::guard::{Ended, Launch, Supervised};
+use crate::guard::{Ended, GUARD_WAKE, Launch, Supervised};
 use crate::metrics::{RunnerMetrics, StepDown};
 use crate::signals::{IgnoredSignals, PassedSignals, StopSignals, forwarded_as};
 
 /// Exit status when the command could not be started.
 const EXIT_CANNOT_START: u8 = 127;
-/// How often `run` continues its guard, should something have stopped it.
-const GUARD_WAKE: Duration = Duration::from_secs(1);
 /// Pause before campaigning again after a transient store error.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
 
@@ -326,22 +324,22 @@ impl Runner {
                 reason = leadership.lost(), if !lost => {
                     lost = true;
                     tracing::warn!(election = %self.election, id = %self.elector.candidate(), token = leadership.token().0, %reason, "leadership lost; killing the command");
-                    child.signal_group(Signal::SIGTERM);
-                    child.signal_group(Signal::SIGKILL);
+                    child.signal_group(Signal::SIGTERM).await;
+                    child.signal_group(Signal::SIGKILL).await;
                     why = TermEnd::Lost(reason);
                 }
                 () = sleep_until(at_risk), if !stopping => {
                     if leadership.deadline() <= deadline {
                         tracing::warn!(election = %self.election, id = %self.elector.candidate(), token = leadership.token().0,
                             "no renewal confirmed; asking the command to stop before the lease deadline");
-                        child.signal_group(Signal::SIGTERM);
+                        child.signal_group(Signal::SIGTERM).await;
                         kill_at = Some(deadline);
                         why = TermEnd::AtRisk;
                     }
                 }
                 () = sleep_until(kill_at.unwrap_or(deadline)), if kill_at.is_some() => {
                     tracing::warn!(pgid = child.pgid, "the command did not exit in time; SIGKILL");
-                    child.signal_group(Signal::SIGKILL);
+                    child.signal_group(Signal::SIGKILL).await;
                     kill_at = None;
                 }
                 signal = self.signals.recv(), if !stopping => {
@@ -349,13 +347,13 @@ impl Runner {
                     // (`forwarded_as`).
                     let sent = forwarded_as(signal);
                     tracing::info!(%signal, forwarded = %sent, grace = ?self.grace, "forwarding to the command");
-                    child.signal_group(sent);
+                    child.signal_group(sent).await;
                     kill_at = Some((Instant::now() + self.grace).min(leadership.deadline()));
                     why = TermEnd::Stopped(signal);
                 }
                 signal = self.passed.recv() => {
                     tracing::info!(%signal, pgid = child.pgid, "passing to the command");
-                    child.pass(signal);
+                    child.pass(signal).await;
                 }
                 signal = self.ignored.recv() => {
                     tracing::info!(%signal, "signal ignored");

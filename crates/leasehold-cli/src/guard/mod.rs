@@ -38,7 +38,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use leasehold::{Grant, StoreUrl};
-use nix::sys::signal::{Signal, kill, killpg};
+use nix::sys::signal::{Signal, kill};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
@@ -57,6 +57,9 @@ pub const ARG: &str = "__guard";
 /// How long the guard (or `run`, when the guard is gone) tries to see the
 /// command's tree gone.
 const TREE_PATIENCE: Duration = Duration::from_secs(5);
+
+/// How often `run` continues its guard, should something have stopped it.
+pub const GUARD_WAKE: Duration = Duration::from_secs(1);
 
 /// The environment variable that names the guard's descriptors: its
 /// socket to `run`, then what it must hold until it exits
@@ -94,6 +97,8 @@ pub struct Supervised {
     guard: tokio::process::Child,
     /// The guard's process id, kept after it was reaped.
     guard_pid: Option<Pid>,
+    /// Until its socket closed.
+    guard_alive: bool,
     control: OwnedWriteHalf,
     reports: Lines<BufReader<OwnedReadHalf>>,
     deadline: Instant,
@@ -131,6 +136,7 @@ impl Supervised {
         let mut supervised = Supervised {
             pgid: 0,
             guard_pid,
+            guard_alive: true,
             guard,
             control,
             reports: BufReader::new(reports).lines(),
@@ -152,7 +158,15 @@ impl Supervised {
         for order in &orders {
             supervised.tell(order).await?;
         }
-        match supervised.report().await? {
+        // The command may stop its guard before the guard reports it
+        // started: continue it meanwhile, as `run` does while it leads.
+        let report = loop {
+            match tokio::time::timeout(GUARD_WAKE, supervised.report()).await {
+                Ok(report) => break report?,
+                Err(_) => supervised.wake_guard(),
+            }
+        };
+        match report {
             Some(Report::Started(pid)) => {
                 supervised.pgid = pid;
                 Ok(supervised)
@@ -220,6 +234,7 @@ impl Supervised {
     /// left of the command's tree, and kills it (the command's group and
     /// every child of `run` but the guard) before the term can end.
     async fn guard_gone(&mut self) -> Ended {
+        self.guard_alive = false;
         tracing::warn!(
             pgid = self.pgid,
             "the guard process is gone; killing what is left of the command's tree"
@@ -281,48 +296,36 @@ impl Supervised {
         }
     }
 
-    /// Whether the process group is still the command's: its leader is the
-    /// guard's child (or, the guard gone, `run`'s), alive or a zombie, or is
-    /// gone while other members keep the group id in use (no process can
-    /// get that id then). Once the guard has reaped the command and its
-    /// group is empty, the id may go to an unrelated process: never signal
-    /// it then.
-    fn group_is_ours(&self) -> bool {
-        match tree::parent_of(Pid::from_raw(self.pgid)) {
-            Some(parent) => Some(parent) == self.guard_pid || parent == nix::unistd::getpid(),
-            None => true,
-        }
+    /// Sends `signal` to the command's whole process group, through the
+    /// guard: the command's parent knows whether it has reaped the command,
+    /// after which the group's id may belong to another process. With the
+    /// guard gone, `run` signals the group itself only while the command
+    /// is its own unreaped child (re-parented to it, a subreaper).
+    pub async fn signal_group(&mut self, signal: Signal) {
+        self.send_signal(signal as i32).await;
     }
 
-    /// Sends `signal` to the command's whole process group; a group
-    /// already gone is not an error.
-    pub fn signal_group(&self, signal: Signal) {
-        if !self.group_is_ours() {
+    /// The same for any signal, real-time ones included.
+    pub async fn pass(&mut self, signal: AnySignal) {
+        self.send_signal(signal.number()).await;
+    }
+
+    #[allow(unsafe_code)]
+    async fn send_signal(&mut self, number: i32) {
+        if self.guard_alive && self.tell(&Order::Signal(number)).await.is_ok() {
             return;
         }
-        match killpg(Pid::from_raw(self.pgid), signal) {
-            Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
-            Err(error) => {
-                tracing::warn!(pgid = self.pgid, %signal, %error, "cannot signal the command's group")
-            }
-        }
-    }
-
-    /// Sends `signal` — which may be a real-time signal, which [`Signal`]
-    /// cannot name — to the whole process group; a group already gone is
-    /// not an error.
-    #[allow(unsafe_code)]
-    pub fn pass(&self, signal: AnySignal) {
-        if !self.group_is_ours() {
+        self.guard_alive = false;
+        let leader = Pid::from_raw(self.pgid);
+        if self.pgid <= 1 || tree::parent_of(leader) != Some(nix::unistd::getpid()) {
             return;
         }
         // SAFETY: killpg(2) takes two integers and touches no memory.
-        let sent = unsafe { nix::libc::killpg(self.pgid, signal.number()) };
-        match nix::errno::Errno::result(sent) {
-            Ok(_) | Err(nix::errno::Errno::ESRCH) => {}
-            Err(error) => {
-                tracing::warn!(pgid = self.pgid, %signal, %error, "cannot signal the command's group")
-            }
+        let sent = unsafe { nix::libc::killpg(self.pgid, number) };
+        if let Err(error) = nix::errno::Errno::result(sent)
+            && error != nix::errno::Errno::ESRCH
+        {
+            tracing::warn!(pgid = self.pgid, signal = number, %error, "cannot signal the command's group");
         }
     }
 }

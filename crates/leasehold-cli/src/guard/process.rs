@@ -61,7 +61,8 @@ pub fn main() -> ExitCode {
         crate::say("leasehold __guard is started by `leasehold run`, not by hand");
         return ExitCode::from(2);
     };
-    // Held, never used, until the guard exits; not inherited by the command.
+    // Held, never used, until the guard exits, and inherited by the command
+    // and its tree (see `take_held`).
     let _held = fds
         .next()
         .flatten()
@@ -128,10 +129,10 @@ fn take_held(fd: i32) -> Option<OwnedFd> {
     // nothing else in this process has taken ownership of it, and this
     // function is called once, so the `OwnedFd` is its only owner.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let _ = nix::fcntl::fcntl(
-        &fd,
-        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
-    );
+    // Left open across `exec`: the command's whole tree holds the session
+    // locks too, so that on SQLite a session is found dead only when `run`,
+    // its guard and every process of the command are gone — even if `run`
+    // and the guard are both killed and the tree escapes.
     Some(fd)
 }
 
@@ -196,10 +197,12 @@ impl Guard {
                 }
             }
         }
+        let eof = std::time::Instant::now();
         let gone = self.kill_tree().await;
         if self.done {
             return;
         }
+        tracing::debug!(took = ?eof.elapsed(), gone, "leasehold run is gone; the command's tree was killed");
         if let (Some(store), Some(grant)) = (self.store.take(), self.grant.take()) {
             if gone {
                 release(&store, &grant).await;
@@ -242,6 +245,26 @@ impl Guard {
                 send(write, &report).await;
             }
             Order::Done => self.done = true,
+            Order::Signal(number) => self.signal_group(number),
+        }
+    }
+
+    /// Sends signal `number` to the command's group, only while the
+    /// command is not reaped: its group's id is certainly the command's
+    /// then (a group that outlived its reaped leader may have emptied and
+    /// its id gone to another process). A group already gone is not an
+    /// error.
+    #[allow(unsafe_code)]
+    fn signal_group(&self, number: i32) {
+        let Some(group) = self.leader.filter(|&p| p > 1 && self.status.is_none()) else {
+            return;
+        };
+        // SAFETY: killpg(2) takes two integers and touches no memory.
+        let sent = unsafe { nix::libc::killpg(group, number) };
+        if let Err(error) = Errno::result(sent)
+            && error != Errno::ESRCH
+        {
+            tracing::warn!(pgid = group, signal = number, %error, "cannot signal the command's group");
         }
     }
 
@@ -321,6 +344,7 @@ impl Guard {
     /// guard is a subreaper) and no process is left in the command's group.
     async fn kill_tree(&mut self) -> bool {
         let give_up = Instant::now() + TREE_PATIENCE;
+        let mut round = 0u32;
         loop {
             // The group is signalled only while the command is not reaped:
             // its id is certainly the command's then. Once reaped, the id
@@ -331,7 +355,17 @@ impl Guard {
                 .leader
                 .filter(|&pgid| pgid > 1 && self.status.is_none())
                 .map(Pid::from_raw);
-            tree::kill_round(group, |_| false);
+            // The group first, and /proc scanned for children outside it
+            // (escapees) only from the second round: a tree that stayed in
+            // its group is gone without a scan.
+            if round == 0 {
+                if let Some(group) = group {
+                    let _ = nix::sys::signal::killpg(group, Signal::SIGKILL);
+                }
+            } else {
+                tree::kill_round(group, |_| false);
+            }
+            round += 1;
             // No child left: the command (reaped) and every process of its
             // tree are gone.
             if self.reap() {
@@ -340,7 +374,10 @@ impl Guard {
             if Instant::now() >= give_up {
                 return false;
             }
-            sleep(Duration::from_millis(1)).await;
+            sleep(Duration::from_micros(500)).await;
+            if self.reap() {
+                return true;
+            }
         }
     }
 }
@@ -397,8 +434,10 @@ async fn release(url: &StoreUrl, grant: &Grant) {
         _ => {}
     }
     let attempt = async {
-        let store = leasehold::store::open(url).await?;
-        store.release_orphaned(grant).await
+        let started = std::time::Instant::now();
+        let released = leasehold::store::release_orphaned(url, grant).await;
+        tracing::debug!(took = ?started.elapsed(), "the guard's release answered");
+        released
     };
     match tokio::time::timeout(RELEASE_PATIENCE, attempt).await {
         Ok(Ok(())) => tracing::info!(%election, id = %grant.candidate, token,

@@ -28,6 +28,10 @@ pub enum Order {
     Env(OsString, OsString),
     /// Start the command.
     Start,
+    /// Send this signal to the command's process group — while the guard
+    /// has not reaped the command, so that the group's id is certainly the
+    /// command's.
+    Signal(i32),
     /// `run` has ended the term itself (released the grant or knows it
     /// lost): nothing is to be released on its behalf.
     Done,
@@ -93,6 +97,7 @@ impl Order {
             Order::Arg(arg) => format!("arg {}", hex(arg.as_bytes())),
             Order::Env(k, v) => format!("env {} {}", hex(k.as_bytes()), hex(v.as_bytes())),
             Order::Start => "start".into(),
+            Order::Signal(number) => format!("signal {number}"),
             Order::Done => "done".into(),
         }
     }
@@ -114,6 +119,7 @@ impl Order {
                 OsString::from_vec(unhex(words.next()?)?),
             ),
             "start" => Order::Start,
+            "signal" => Order::Signal(words.next()?.parse().ok()?),
             "done" => Order::Done,
             _ => return None,
         };
@@ -241,6 +247,7 @@ mod tests {
         round_trip(Order::Arg(OsString::from_vec(b"sh\n-c \xfe".to_vec())));
         round_trip(Order::Env("K".into(), "v=1\n2".into()));
         round_trip(Order::Start);
+        round_trip(Order::Signal(34));
         round_trip(Order::Done);
     }
 

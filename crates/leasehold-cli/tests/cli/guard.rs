@@ -312,7 +312,7 @@ fn a_stopped_guard_never_kills_a_healthy_leader() {
     let guard = super::harness::children_of(a.pid())[0];
     for _ in 0..3 {
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(guard), Signal::SIGSTOP)
-            .expect("stop the guard");
+            .unwrap_or_else(|e| panic!("stop the guard: {e}: {}", log_of(&scratch, "a")));
         std::thread::sleep(1500 * Duration::from_millis(1));
     }
     assert!(alive(command), "a healthy leader's command was killed");
@@ -425,9 +425,40 @@ fn inherited_descriptors_reach_the_command_and_the_guards_do_not() {
         .expect("run");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(stdout.lines().next(), Some("34"), "{stdout}");
-    // Nothing of the guard's: its socket to `run`, the store's files, its
-    // variables.
-    for guards in ["-notify", "socket:", "leasehold.db", "LEASEHOLD_GUARD"] {
+    // Nothing of the guard's — its socket to `run`, the database, its
+    // variables — but, on purpose, the descriptor of `run`'s session locks
+    // (the SQLite notify file): the command's tree keeps the session alive
+    // for the kernel's test.
+    for guards in ["socket:", ".db\n", "LEASEHOLD_GUARD"] {
         assert!(!stdout.contains(guards), "{guards}: {stdout}");
     }
+    assert!(stdout.contains("-notify"), "{stdout}");
+}
+
+/// `run` and its guard SIGKILLed together: what is left of the command's
+/// tree escapes (nothing is left to kill it), but on SQLite it still holds
+/// `run`'s session locks, so the kernel's test does not hand the election
+/// over while it runs; once it is gone, the next replica takes over at
+/// once, long before the 60 s lease expires.
+#[test]
+fn on_sqlite_a_surviving_tree_keeps_the_session_alive() {
+    let scratch = Scratch::new();
+    let (a, _b, command, escapee) = a_leads_b_waits(&scratch.store_url(), &scratch, "60s");
+    let guard = super::harness::children_of(a.pid())[0];
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(guard), Signal::SIGKILL).expect("kill");
+    a.signal(Signal::SIGKILL);
+    std::thread::sleep(2 * SECOND);
+    assert_eq!(
+        runs(&scratch).len(),
+        1,
+        "the election passed on while the old tree still ran"
+    );
+    // The escapee (a new session) and the command's background job outlive
+    // both; end them.
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(escapee), Signal::SIGKILL).expect("kill");
+    let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(command), Signal::SIGKILL);
+    assert!(
+        wait_until(30 * SECOND, || runs(&scratch).len() == 2),
+        "no takeover once the old tree was gone"
+    );
 }

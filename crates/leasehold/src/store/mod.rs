@@ -30,7 +30,7 @@ pub(crate) mod watch_driver;
 pub mod zookeeper;
 
 pub use crate::grant::{FencingToken, Grant, Leader, SessionId, SessionLease};
-pub use url::{StoreUrl, open, open_read_only};
+pub use url::{StoreUrl, open, open_read_only, release_orphaned};
 pub(crate) use watch_driver::{known_only, status_of};
 
 /// `session`'s key in a store that keeps session ids as signed 64-bit

@@ -187,7 +187,17 @@ impl PostgresStore {
         Self::open(url, schema, true).await
     }
 
-    async fn open(url: &str, schema: &str, read_only: bool) -> Result<Self> {
+    /// Connects only to release a dead holder's grant
+    /// ([`crate::store::release_orphaned`]): no schema check (the holder's
+    /// process made it) and no listener, so the release goes out after one
+    /// connection. The release is a call of leasehold's own function in the
+    /// schema, which fails where the schema is not leasehold's.
+    pub(crate) async fn connect_to_release(url: &str, schema: &str) -> Result<Self> {
+        let (inner, _stop) = Self::inner(url, schema, false)?;
+        Ok(PostgresStore { inner })
+    }
+
+    fn inner(url: &str, schema: &str, read_only: bool) -> Result<(Arc<Inner>, CancellationToken)> {
         check_schema_name(schema)?;
         let config: tokio_postgres::Config = url.parse().map_err(|e: tokio_postgres::Error| {
             Error::invalid("store URL", format!("not a PostgreSQL URL: {e}"))
@@ -209,6 +219,11 @@ impl PostgresStore {
             notices,
             _stop_listener: stop.clone().drop_guard(),
         });
+        Ok((inner, stop))
+    }
+
+    async fn open(url: &str, schema: &str, read_only: bool) -> Result<Self> {
+        let (inner, stop) = Self::inner(url, schema, read_only)?;
         let client = inner.client().await?;
         inner.migrate(&client).await?;
         tokio::spawn(listen(Arc::downgrade(&inner), stop));

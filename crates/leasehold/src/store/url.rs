@@ -985,6 +985,34 @@ pub async fn open(url: &StoreUrl) -> Result<Arc<dyn Store>> {
     }
 }
 
+/// Releases `grant`, whose holder's process is known to be dead (a
+/// runner's guard does this after its runner died), through a connection
+/// opened for this alone: guarded by the token as [`Store::resign`] is, it
+/// never removes a successor's grant. PostgreSQL and ZooKeeper skip the
+/// checks of a first use (the holder's process made them when it opened
+/// the store) and start no watch, so the release goes out after one
+/// connection; SQLite and etcd open as [`open`] does.
+pub async fn release_orphaned(url: &StoreUrl, grant: &crate::store::Grant) -> Result<()> {
+    url.validate()?;
+    match url {
+        #[cfg(feature = "zookeeper")]
+        StoreUrl::ZooKeeper { endpoints, root } => {
+            resolve_any("ZooKeeper", endpoints).await?;
+            crate::store::zookeeper::ZkStore::to_release(endpoints, root)?
+                .release_orphaned(grant)
+                .await
+        }
+        #[cfg(feature = "postgres")]
+        StoreUrl::Postgres { url, schema } => {
+            crate::store::postgres::PostgresStore::connect_to_release(url, schema)
+                .await?
+                .release_orphaned(grant)
+                .await
+        }
+        _ => open(url).await?.release_orphaned(grant).await,
+    }
+}
+
 /// Opens the store a URL names for reading only — what `status`, `list`
 /// and `observe` need — as [`open`] does, but creating nothing and writing
 /// nothing: no file, folder, schema, node, key or marker. A store that does

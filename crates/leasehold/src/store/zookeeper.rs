@@ -343,6 +343,24 @@ impl ZkStore {
         Self::open(endpoints, root, true).await
     }
 
+    /// Connects only to release a dead holder's grant
+    /// ([`crate::store::release_orphaned`]): no check of the root (the
+    /// holder's process made it); the release deletes only a candidate
+    /// node named for the holder's session and carrying its token.
+    pub(crate) fn to_release(endpoints: &[String], root: &str) -> Result<Self> {
+        let root = root.trim_end_matches('/');
+        check_root(root)?;
+        Ok(ZkStore {
+            inner: Arc::new(Inner {
+                cluster: endpoints.join(","),
+                root: root.to_owned(),
+                read_only: false,
+                reader: tokio::sync::Mutex::new(None),
+                sessions: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
     async fn open(endpoints: &[String], root: &str, read_only: bool) -> Result<Self> {
         let root = root.trim_end_matches('/');
         check_root(root)?;

@@ -49,6 +49,14 @@ pub enum Error {
         source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
 
+    /// The store refused this client: a certificate that does not verify
+    /// (either side's), a wrong user name or password, or a permission
+    /// the user lacks. Retrying will not help until an operator changes
+    /// the credentials, files or grants. The text names the cause in one
+    /// line and never holds a password or key.
+    #[error("store refused access: {0}")]
+    Denied(String),
+
     /// The store holds data leasehold cannot read: not a leasehold store, or
     /// damaged. Nothing was written.
     #[error("store corrupt or not a leasehold store: {0}")]

@@ -22,6 +22,7 @@ mod local;
 pub mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+pub mod security;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 mod url;
@@ -30,7 +31,10 @@ pub(crate) mod watch_driver;
 pub mod zookeeper;
 
 pub use crate::grant::{FencingToken, Grant, Leader, SessionId, SessionLease};
-pub use url::{StoreUrl, open, open_read_only, release_orphaned};
+pub use security::{Password, Secret, Security};
+#[cfg(feature = "postgres")]
+pub(crate) use url::postgres_connect;
+pub use url::{PgSslMode, StoreUrl, open, open_read_only, release_orphaned};
 pub(crate) use watch_driver::{known_only, status_of};
 
 /// `session`'s key in a store that keeps session ids as signed 64-bit

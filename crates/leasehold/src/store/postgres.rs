@@ -24,13 +24,32 @@
 //!   expiry as the server reported it; there is no polling period. Waiters
 //!   queue: a release notifies with the first waiter in line, and only it
 //!   tries, so a handover costs O(1) statements however many wait.
+//! - TLS follows libpq's `sslmode` (module `tls`), on rustls; the TLS files
+//!   and `password_file` are read at each (re)connection, so a rotated
+//!   certificate takes effect without a restart. A refusal — a certificate
+//!   either side rejects, a wrong password, `pg_hba.conf`, a missing
+//!   privilege — is one line of [`Error::Denied`] without secrets.
+//! - Least privilege: the role needs `CONNECT` and `CREATE` on the
+//!   database for the first use (it creates its schema, and so owns it);
+//!   afterwards owning the schema is enough (`CREATE` may be revoked):
+//!
+//!   ```sql
+//!   CREATE ROLE app LOGIN PASSWORD '…';
+//!   REVOKE ALL ON DATABASE db FROM PUBLIC;
+//!   GRANT CONNECT, CREATE ON DATABASE db TO app;
+//!   ```
+//!
+//!   A role that only reads ([`PostgresStore::connect_read_only`]: status,
+//!   list, observe) needs `CONNECT`, `USAGE` on the schema and `SELECT` on
+//!   its tables. Releasing a dead holder's grant runs leasehold's functions
+//!   as the caller, so it needs the holder's role (the owner).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::broadcast;
-use tokio_postgres::{AsyncMessage, Client, NoTls};
+use tokio_postgres::{AsyncMessage, Client};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::config::StoreTtl;
@@ -42,6 +61,8 @@ use crate::store::{
     ElectionState, FencingToken, Grant, Leader, LeaderWatch, SessionId, SessionLease, StatusWatch,
     Store, known_only, session_key,
 };
+
+mod tls;
 
 /// How PostgreSQL keeps a TTL: as milliseconds in a `bigint`, turned into
 /// an `interval` (at most about 178,000,000 years) added to the server's
@@ -76,7 +97,8 @@ pub struct PostgresStore {
 
 #[derive(Debug)]
 struct Inner {
-    config: tokio_postgres::Config,
+    /// Opens connections: the URL, `sslmode` and the files read at each.
+    connector: tls::Connector,
     /// For messages: the URL without its password.
     display: String,
     schema: String,
@@ -107,6 +129,13 @@ fn unavailable(what: &str, error: tokio_postgres::Error) -> Error {
         SqlState::WRONG_OBJECT_TYPE,
         SqlState::DATATYPE_MISMATCH,
     ];
+    if error.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) {
+        return Error::Denied(format!(
+            "postgres {what}: {detail}: leasehold's role needs CREATE on the database for its \
+             first use (it creates its schema) and afterwards owns that schema; a role that only \
+             reads (status, list, observe) needs USAGE on the schema and SELECT on its tables"
+        ));
+    }
     if error.code().is_some_and(|code| foreign.contains(code)) {
         return Error::Corrupt(format!(
             "postgres {what}: {detail}: the schema's tables and functions are not the ones \
@@ -199,18 +228,27 @@ impl PostgresStore {
 
     fn inner(url: &str, schema: &str, read_only: bool) -> Result<(Arc<Inner>, CancellationToken)> {
         check_schema_name(schema)?;
-        let config: tokio_postgres::Config = url.parse().map_err(|e: tokio_postgres::Error| {
-            Error::invalid("store URL", format!("not a PostgreSQL URL: {e}"))
-        })?;
-        let display = crate::store::StoreUrl::Postgres {
-            url: url.to_owned(),
-            schema: schema.to_owned(),
-        }
-        .to_string();
+        let connect = crate::store::postgres_connect(url)?;
+        let config: tokio_postgres::Config =
+            connect
+                .tokio_postgres_url
+                .expose()
+                .parse()
+                .map_err(|e: tokio_postgres::Error| {
+                    Error::invalid("store URL", format!("not a PostgreSQL URL: {e}"))
+                })?;
+        // The server alone: messages quote the store's URL around this
+        // already, and a password added from the environment would show
+        // there as a ?password= parameter.
+        let display = server_of(&config);
         let (notices, _) = broadcast::channel(1024);
         let stop = CancellationToken::new();
         let inner = Arc::new(Inner {
-            config,
+            connector: tls::Connector {
+                config,
+                sslmode: connect.sslmode,
+                files: connect.tls,
+            },
             display,
             schema: schema.to_owned(),
             read_only,
@@ -231,13 +269,39 @@ impl PostgresStore {
     }
 }
 
+/// `HOST:PORT[,…]/DB` of a configuration, for messages: no user, no
+/// password, no parameter.
+fn server_of(config: &tokio_postgres::Config) -> String {
+    use tokio_postgres::config::Host;
+    let ports = config.get_ports();
+    let port = |i: usize| ports.get(i).or(ports.first()).copied().unwrap_or(5432);
+    let mut hosts: Vec<String> = config
+        .get_hosts()
+        .iter()
+        .enumerate()
+        .map(|(i, host)| match host {
+            Host::Tcp(name) => format!("{name}:{}", port(i)),
+            Host::Unix(dir) => format!("{}:{}", dir.display(), port(i)),
+        })
+        .collect();
+    if hosts.is_empty() {
+        hosts = config
+            .get_hostaddrs()
+            .iter()
+            .enumerate()
+            .map(|(i, addr)| format!("{addr}:{}", port(i)))
+            .collect();
+    }
+    let database = config.get_dbname().or(config.get_user()).unwrap_or("");
+    format!("{}/{database}", hosts.join(","))
+}
+
 impl Inner {
     async fn connect(&self) -> Result<Client> {
-        let (client, connection) = timed(
-            &format!("connect to {}", self.display),
-            self.config.connect(NoTls),
-        )
-        .await?;
+        let (client, connection) = self
+            .connector
+            .connect(&format!("connect to {}", self.display))
+            .await?;
         tokio::spawn(async move {
             if let Err(error) = connection.await {
                 tracing::debug!(%error, "postgres connection ended");
@@ -542,14 +606,18 @@ fn fill_schema_placeholders(sql: &str, schema: &str) -> String {
 async fn listen(inner: std::sync::Weak<Inner>, stop: CancellationToken) {
     loop {
         let Some(store) = inner.upgrade() else { return };
-        let (config, channel, notices) = (
-            store.config.clone(),
+        let (connector, what, channel, notices) = (
+            store.connector.clone(),
+            format!("listen on {}", store.display),
             store.channel.clone(),
             store.notices.clone(),
         );
         drop(store);
-        let connected = tokio::time::timeout(REQUEST_TIMEOUT, config.connect(NoTls)).await;
-        if let Ok(Ok((client, mut connection))) = connected {
+        let connected = connector.connect(&what).await;
+        if let Err(error) = &connected {
+            tracing::debug!(%error, "the postgres listener could not connect; retrying");
+        }
+        if let Ok((client, mut connection)) = connected {
             let forward = {
                 let notices = notices.clone();
                 async move {

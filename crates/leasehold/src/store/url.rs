@@ -26,6 +26,7 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::store::Store;
 use crate::store::memory::MemoryStore;
+use crate::store::security::{Password, Secret, Security};
 
 /// A parsed store URL.
 ///
@@ -37,19 +38,25 @@ pub enum StoreUrl {
     Memory,
     /// `sqlite:PATH` — the embedded store in the file at `PATH`.
     Sqlite(PathBuf),
-    /// `etcd://host:port[,host:port…][/prefix]` — an etcd v3 cluster.
+    /// `etcd://[user[:password]@]host:port[,host:port…][/prefix][?options]`
+    /// — an etcd v3 cluster.
     Etcd {
         /// `host:port` of each member to try.
         endpoints: Vec<String>,
         /// Where leasehold's keys live (default `/leasehold`).
         prefix: String,
+        /// User, password and TLS files.
+        security: Security,
     },
-    /// `zk://host:port[,host:port…][/chroot]` — a ZooKeeper ensemble.
+    /// `zk://[user[:password]@]host:port[,host:port…][/chroot][?password_file=PATH]`
+    /// — a ZooKeeper ensemble.
     ZooKeeper {
         /// `host:port` of each server to try.
         endpoints: Vec<String>,
         /// The node under which leasehold's nodes live (default `/leasehold`).
         root: String,
+        /// User and password (digest authentication).
+        security: Security,
     },
     /// `postgres://…` or `postgresql://…` — a PostgreSQL database.
     Postgres {
@@ -246,9 +253,13 @@ impl Cluster {
 
     fn grammar(self) -> String {
         format!(
-            "{}://HOST:PORT[,HOST:PORT…][/{}]",
+            "{}://[USER[:PASSWORD]@]HOST:PORT[,HOST:PORT…][/{}][?{}]",
             self.scheme(),
-            self.path_name().to_uppercase()
+            self.path_name().to_uppercase(),
+            match self {
+                Cluster::Etcd => "cacert=PATH&cert=PATH&key=PATH&password_file=PATH",
+                Cluster::ZooKeeper => "password_file=PATH",
+            }
         )
     }
 }
@@ -294,27 +305,166 @@ fn check_path(cluster: Cluster, path: &str) -> Result<String, String> {
     Ok(path.to_owned())
 }
 
-/// `//HOST:PORT[,HOST:PORT…][/PATH]` after `scheme:`: the endpoints and the
-/// path (the default if none).
-fn parse_cluster(cluster: Cluster, rest: &str) -> Result<(Vec<String>, String), String> {
+/// The `?KEY=VALUE` options of an etcd or ZooKeeper URL.
+const CLUSTER_OPTIONS: &[&str] = &["cacert", "cert", "key", "password_file"];
+
+/// A percent-decoded part of a URL that must be UTF-8 text.
+fn decoded(what: &str, s: &str) -> Result<String, String> {
+    String::from_utf8(percent_decode(s))
+        .map_err(|_| format!("the {what} is not UTF-8 once percent-decoded"))
+}
+
+/// `s` percent-encoded but for unreserved characters and the ones in
+/// `keep`: what reads back through [`percent_decode`] as `s`.
+fn percent_encode(s: &str, keep: &[u8]) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) || keep.contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// `USER[:PASSWORD]` before the `@` of an etcd or ZooKeeper URL; errors
+/// never quote either.
+fn parse_credentials(credentials: &str) -> Result<(String, Option<Password>), String> {
+    if credentials.contains(['/', '?', '#']) {
+        return Err(
+            "the user name or password holds '/', '?' or '#': write them \
+             percent-encoded (%2F, %3F, %23)"
+                .into(),
+        );
+    }
+    let (user, password) = match credentials.split_once(':') {
+        Some((user, password)) => (user, Some(password)),
+        None => (credentials, None),
+    };
+    // Strict where tokio-postgres is lenient: a '%' not followed by two
+    // hex digits is refused rather than taken literally, since a password
+    // that happens to contain "%2F" would otherwise be silently changed.
+    for (what, part) in [("user name", Some(user)), ("password", password)] {
+        if let Some(part) = part
+            && part.split('%').skip(1).any(|after| {
+                after.len() < 2 || !after.as_bytes()[..2].iter().all(u8::is_ascii_hexdigit)
+            })
+        {
+            return Err(format!(
+                "the {what} holds a '%' not followed by two hex digits: write a '%' as %25"
+            ));
+        }
+    }
+    if password == Some("") {
+        return Err(
+            "the password after ':' is empty; leave out the ':' (and give the \
+             password by LEASEHOLD_STORE_PASSWORD or ?password_file=PATH), or give one"
+                .into(),
+        );
+    }
+    let user = decoded("user name", user)?;
+    let password = password
+        .map(|p| decoded("password", p).map(|p| Password::Given(Secret::new(p))))
+        .transpose()?;
+    Ok((user, password))
+}
+
+/// The `?cacert=…&cert=…&key=…&password_file=…` of an etcd or ZooKeeper
+/// URL, into `security`.
+fn parse_cluster_options(
+    cluster: Cluster,
+    query: &str,
+    security: &mut Security,
+) -> Result<(), String> {
+    let known: &[&str] = match cluster {
+        Cluster::Etcd => CLUSTER_OPTIONS,
+        Cluster::ZooKeeper => &["password_file"],
+    };
+    let mut seen: Vec<&str> = Vec::new();
+    for pair in query.split('&') {
+        let Some((key, value)) = pair.split_once('=') else {
+            return Err(if pair.is_empty() {
+                "an option is empty (&& or & at an end, or ? with nothing after)".into()
+            } else {
+                format!("option {} has no =VALUE", quote(pair))
+            });
+        };
+        if cluster == Cluster::ZooKeeper && CLUSTER_OPTIONS.contains(&key) && key != "password_file"
+        {
+            return Err(format!(
+                "zk:// URLs take no ?{key}=: leasehold's ZooKeeper store does not speak TLS"
+            ));
+        }
+        if !known.contains(&key) {
+            return Err(format!(
+                "unknown option {}; known are {}",
+                quote(key),
+                known.join(", ")
+            ));
+        }
+        if seen.contains(&key) {
+            return Err(format!("option {key:?} is given twice"));
+        }
+        seen.push(key);
+        if value.is_empty() {
+            return Err(format!("option {key:?} names no file"));
+        }
+        let path = PathBuf::from(decoded(&format!("{key} path"), value)?);
+        match key {
+            "cacert" => security.cacert = Some(path),
+            "cert" => security.cert = Some(path),
+            "key" => security.key = Some(path),
+            _ => {
+                if security.password.is_some() {
+                    return Err(
+                        "the password is given twice: in the URL and as ?password_file=".into(),
+                    );
+                }
+                security.password = Some(Password::File(path));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `//[USER[:PASSWORD]@]HOST:PORT[,HOST:PORT…][/PATH][?OPTIONS]` after
+/// `scheme:`: the endpoints, the path (the default if none) and the
+/// security settings.
+fn parse_cluster(cluster: Cluster, rest: &str) -> Result<(Vec<String>, String, Security), String> {
     let scheme = cluster.scheme();
     let Some(rest) = rest.strip_prefix("//") else {
         return Err(format!("expected {}", cluster.grammar()));
     };
-    // Before anything is quoted: a user name or password may be anywhere
-    // up to its '@'.
-    if rest.contains('@') {
-        return Err(format!(
-            "{scheme}:// URLs with a user name or password (USER:PASSWORD@) are not supported yet"
-        ));
-    }
-    if rest.contains('?') {
-        return Err(format!(
-            "{scheme}:// URLs take no ?options: TLS and authentication are not supported yet"
-        ));
-    }
     if rest.contains('#') {
-        return Err(format!("{scheme}:// URLs take no #fragment"));
+        return Err(format!(
+            "{scheme}:// URLs take no #fragment (write a '#' in a password as %23)"
+        ));
+    }
+    let mut security = Security::none();
+    // Before anything is quoted: a password may be anywhere up to its '@'.
+    let rest = match rest.split_once('@') {
+        Some((credentials, rest)) => {
+            if rest.contains('@') {
+                return Err(
+                    "the URL holds more than one '@': write an '@' in the user name \
+                     or password as %40"
+                        .into(),
+                );
+            }
+            let (user, password) = parse_credentials(credentials)?;
+            security.user = Some(user);
+            security.password = password;
+            rest
+        }
+        None => rest,
+    };
+    let (rest, query) = match rest.split_once('?') {
+        Some((rest, query)) => (rest, Some(query)),
+        None => (rest, None),
+    };
+    if let Some(query) = query {
+        parse_cluster_options(cluster, query, &mut security)?;
     }
     let (hosts, path) = match rest.find('/') {
         Some(i) => rest.split_at(i),
@@ -331,10 +481,112 @@ fn parse_cluster(cluster: Cluster, rest: &str) -> Result<(Vec<String>, String), 
         check_endpoint(endpoint)?;
         endpoints.push(endpoint.to_owned());
     }
-    Ok((endpoints, check_path(cluster, path)?))
+    let path = check_path(cluster, path)?;
+    check_security(cluster, &security)?;
+    Ok((endpoints, path, security))
 }
 
-fn check_cluster(cluster: Cluster, endpoints: &[String], path: &str) -> Result<(), String> {
+/// The rules on a URL's security settings that hold for every kind of
+/// store addressed by `scheme://HOST:PORT`.
+fn check_security(cluster: Cluster, security: &Security) -> Result<(), String> {
+    let scheme = cluster.scheme();
+    if let Some(user) = &security.user {
+        if user.is_empty() {
+            return Err("the user name before '@' is empty".into());
+        }
+        if cluster == Cluster::ZooKeeper && user.contains(':') {
+            return Err(
+                "a ZooKeeper digest user name cannot hold ':' (it separates the password)".into(),
+            );
+        }
+    } else if security.password.is_some() {
+        return Err(format!(
+            "a password needs a user name: {scheme}://USER@HOST:PORT…"
+        ));
+    }
+    let files = [
+        ("cacert", &security.cacert),
+        ("cert", &security.cert),
+        ("key", &security.key),
+    ];
+    if let Some(Password::File(path)) = &security.password
+        && path.as_os_str().is_empty()
+    {
+        return Err("option \"password_file\" names no file".into());
+    }
+    for (key, path) in files {
+        if path.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
+            return Err(format!("option {key:?} names no file"));
+        }
+    }
+    match cluster {
+        Cluster::ZooKeeper => {
+            if security.cacert.is_some() || security.cert.is_some() || security.key.is_some() {
+                return Err("zk:// URLs take no ?cacert=, ?cert= or ?key=: leasehold's \
+                     ZooKeeper store does not speak TLS"
+                    .into());
+            }
+        }
+        Cluster::Etcd => {
+            if security.cert.is_some() != security.key.is_some() {
+                return Err("?cert= and ?key= go together: give both, or neither".into());
+            }
+            if security.cert.is_some() && security.cacert.is_none() {
+                return Err(
+                    "?cert= and ?key= need ?cacert=PATH, the CA certificate that \
+                     signed the server's (TLS is on when ?cacert= is given)"
+                        .into(),
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `?cacert=…&cert=…&key=…&password_file=…` as parsed back by
+/// [`parse_cluster_options`], or nothing.
+fn render_cluster_options(security: &Security) -> String {
+    let password_file = match &security.password {
+        Some(Password::File(path)) => Some(path),
+        _ => None,
+    };
+    let mut out = String::new();
+    for (key, path) in [
+        ("cacert", security.cacert.as_ref()),
+        ("cert", security.cert.as_ref()),
+        ("key", security.key.as_ref()),
+        ("password_file", password_file),
+    ] {
+        if let Some(path) = path {
+            out.push(if out.is_empty() { '?' } else { '&' });
+            out.push_str(key);
+            out.push('=');
+            out.push_str(&percent_encode(&path.to_string_lossy(), b"/"));
+        }
+    }
+    out
+}
+
+/// `USER:***@`, `USER@` or nothing.
+fn render_credentials(security: &Security) -> String {
+    match &security.user {
+        Some(user) => {
+            let user = percent_encode(user, b"");
+            match security.password {
+                Some(Password::Given(_)) => format!("{user}:***@"),
+                _ => format!("{user}@"),
+            }
+        }
+        None => String::new(),
+    }
+}
+
+fn check_cluster(
+    cluster: Cluster,
+    endpoints: &[String],
+    path: &str,
+    security: &Security,
+) -> Result<(), String> {
     if endpoints.is_empty() {
         return Err(format!(
             "names no HOST:PORT; expected {}",
@@ -356,7 +608,8 @@ fn check_cluster(cluster: Cluster, endpoints: &[String], path: &str) -> Result<(
             cluster.path_name()
         ));
     }
-    check_path(cluster, path).map(drop)
+    check_path(cluster, path)?;
+    check_security(cluster, security)
 }
 
 /// A SQLite path: a plain file name, taken literally.
@@ -478,6 +731,14 @@ impl<'a> PgUrl<'a> {
                     Some((user, password)) => (user, Some(password)),
                     None => (credentials, None),
                 };
+                if password == Some("") {
+                    return Err(
+                        "the password after ':' is empty; leave out the ':' (and give \
+                         the password by LEASEHOLD_STORE_PASSWORD or password_file=PATH), or \
+                         give one"
+                            .into(),
+                    );
+                }
                 if user.is_empty() {
                     return Err("the user name before '@' is empty".into());
                 }
@@ -515,10 +776,12 @@ impl<'a> PgUrl<'a> {
                         format!("parameter {} has no =VALUE", quote(pair))
                     });
                 };
-                if !(key == "schema" || POSTGRES_PARAMETERS.contains(&key)) {
+                if !(LEASEHOLD_POSTGRES_PARAMETERS.contains(&key)
+                    || POSTGRES_PARAMETERS.contains(&key))
+                {
                     return Err(format!(
-                        "unknown parameter {} in the PostgreSQL URL; known are schema \
-                         (leasehold's) and {}",
+                        "unknown parameter {} in the PostgreSQL URL; known are schema, \
+                         sslrootcert, sslcert, sslkey, password_file and {}",
                         quote(key),
                         POSTGRES_PARAMETERS.join(", ")
                     ));
@@ -555,7 +818,7 @@ impl<'a> PgUrl<'a> {
             }
         }
         self.check_host_params()?;
-        self.refuse_tls()?;
+        self.check_tls()?;
         if let Some(schema) = self.param("schema") {
             check_schema(schema)?;
         }
@@ -616,22 +879,78 @@ impl<'a> PgUrl<'a> {
         Ok(())
     }
 
-    /// Refuses the settings that need TLS, which the store does not support.
-    fn refuse_tls(&self) -> Result<(), String> {
+    /// The TLS and password-file settings: `sslmode` among libpq's five,
+    /// `sslrootcert` for the verifying modes, `sslcert` with `sslkey`.
+    fn check_tls(&self) -> Result<(), String> {
+        let mode = match self.param("sslmode") {
+            None => PgSslMode::Prefer,
+            Some(value) => PgSslMode::parse(value).ok_or_else(|| {
+                "invalid value for option `sslmode`: expected disable, prefer, require, \
+                 verify-ca or verify-full"
+                    .to_owned()
+            })?,
+        };
+        for key in ["sslrootcert", "sslcert", "sslkey", "password_file"] {
+            if self.param(key).is_some_and(str::is_empty) {
+                return Err(format!("parameter {key:?} names no file"));
+            }
+        }
+        if self.param("sslcert").is_some() != self.param("sslkey").is_some() {
+            return Err("sslcert= and sslkey= go together: give both, or neither".into());
+        }
+        if matches!(mode, PgSslMode::VerifyCa | PgSslMode::VerifyFull)
+            && self.param("sslrootcert").is_none()
+        {
+            return Err(format!(
+                "sslmode={} needs sslrootcert=PATH, the CA certificate that signed the \
+                 server's",
+                mode.as_str()
+            ));
+        }
+        if mode == PgSslMode::Disable
+            && ["sslrootcert", "sslcert", "sslkey"]
+                .iter()
+                .any(|key| self.param(key).is_some())
+        {
+            return Err(
+                "sslmode=disable turns TLS off, but sslrootcert=, sslcert= or \
+                 sslkey= is given"
+                    .into(),
+            );
+        }
+        if self.param("password_file").is_some()
+            && (self.password.is_some() || self.param("password").is_some())
+        {
+            return Err("the password is given twice: in the URL and as password_file=".into());
+        }
         for (key, value) in &self.params {
-            let tls = match (*key, *value) {
-                ("sslmode", "require") => Some("sslmode=require"),
-                ("sslnegotiation", "direct") => Some("sslnegotiation=direct"),
-                ("channel_binding", "require") => Some("channel_binding=require"),
-                _ => None,
-            };
-            if let Some(setting) = tls {
-                return Err(format!(
-                    "{setting} needs TLS, which leasehold's PostgreSQL store does not support yet"
-                ));
+            if ["sslrootcert", "sslcert", "sslkey", "password_file"].contains(key) {
+                decoded(&format!("{key} path"), value)?;
             }
         }
         Ok(())
+    }
+
+    /// What tokio-postgres is given: the URL without leasehold's own
+    /// parameters, `sslmode` mapped onto its three (the verifying modes
+    /// are `require` plus the connector's checks).
+    fn tokio_postgres_url(&self) -> String {
+        let mut pg = PgUrl {
+            params: Vec::new(),
+            ..*self
+        };
+        for &(key, value) in &self.params {
+            if LEASEHOLD_POSTGRES_PARAMETERS.contains(&key) {
+                continue;
+            }
+            if key == "sslmode" {
+                let mode = PgSslMode::parse(value).unwrap_or(PgSslMode::Prefer);
+                pg.params.push((key, mode.tokio_postgres()));
+            } else {
+                pg.params.push((key, value));
+            }
+        }
+        pg.render(false, false)
     }
 
     /// The URL again; with `redact`, every password is `***`; without
@@ -709,6 +1028,108 @@ fn check_pg_host(host: &str, chunk: &str) -> Result<(), String> {
     }
 }
 
+/// The parameters of a PostgreSQL URL that leasehold reads itself and
+/// does not pass on to tokio-postgres.
+const LEASEHOLD_POSTGRES_PARAMETERS: &[&str] = &[
+    "schema",
+    "sslrootcert",
+    "sslcert",
+    "sslkey",
+    "password_file",
+];
+
+/// libpq's `sslmode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PgSslMode {
+    /// No TLS.
+    Disable,
+    /// TLS if the server offers it, without verifying its certificate;
+    /// plaintext otherwise (libpq's default).
+    Prefer,
+    /// TLS or no connection; the certificate is verified against
+    /// `sslrootcert` if given (as libpq does), not otherwise.
+    Require,
+    /// TLS; the certificate must chain to `sslrootcert`.
+    VerifyCa,
+    /// TLS; the certificate must chain to `sslrootcert` and name the host.
+    VerifyFull,
+}
+
+impl PgSslMode {
+    fn parse(value: &str) -> Option<Self> {
+        Some(match value {
+            "disable" => PgSslMode::Disable,
+            "prefer" => PgSslMode::Prefer,
+            "require" => PgSslMode::Require,
+            "verify-ca" => PgSslMode::VerifyCa,
+            "verify-full" => PgSslMode::VerifyFull,
+            _ => return None,
+        })
+    }
+
+    /// The value as written in a URL.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PgSslMode::Disable => "disable",
+            PgSslMode::Prefer => "prefer",
+            PgSslMode::Require => "require",
+            PgSslMode::VerifyCa => "verify-ca",
+            PgSslMode::VerifyFull => "verify-full",
+        }
+    }
+
+    fn tokio_postgres(self) -> &'static str {
+        match self {
+            PgSslMode::Disable => "disable",
+            PgSslMode::Prefer => "prefer",
+            _ => "require",
+        }
+    }
+}
+
+/// A PostgreSQL URL as the store connects with it: the URL tokio-postgres
+/// parses, and the settings leasehold applies itself.
+#[derive(Clone, PartialEq, Eq, Debug)]
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) struct PgConnect {
+    /// For tokio-postgres: without leasehold's parameters, `sslmode`
+    /// mapped onto disable, prefer and require. May hold a password:
+    /// never show it.
+    pub tokio_postgres_url: Secret,
+    /// libpq's `sslmode` as written (default `prefer`).
+    pub sslmode: PgSslMode,
+    /// `sslrootcert`, `sslcert`, `sslkey`: TLS files, read at each
+    /// connection.
+    pub tls: Security,
+}
+
+/// Splits a PostgreSQL store URL (as [`StoreUrl::Postgres`] holds it)
+/// into what tokio-postgres gets and what leasehold applies.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+pub(crate) fn postgres_connect(url: &str) -> Result<PgConnect> {
+    let pg = PgUrl::parse(url).map_err(invalid)?;
+    let path = |key: &str| {
+        pg.param(key)
+            .map(|value| PathBuf::from(String::from_utf8_lossy(&percent_decode(value)).as_ref()))
+    };
+    let tls = Security {
+        user: None,
+        password: path("password_file").map(Password::File),
+        cacert: path("sslrootcert"),
+        cert: path("sslcert"),
+        key: path("sslkey"),
+    };
+    Ok(PgConnect {
+        tokio_postgres_url: Secret::new(pg.tokio_postgres_url()),
+        sslmode: pg
+            .param("sslmode")
+            .and_then(PgSslMode::parse)
+            .unwrap_or(PgSslMode::Prefer),
+        tls,
+    })
+}
+
 /// What tokio-postgres itself makes of the URL: its errors name the
 /// option, never a value.
 #[cfg(feature = "postgres")]
@@ -749,7 +1170,7 @@ fn parse_postgres(url: &str) -> Result<StoreUrl, String> {
         .unwrap_or(DEFAULT_POSTGRES_SCHEMA)
         .to_owned();
     let url = pg.render(false, false);
-    check_with_tokio_postgres(&url)?;
+    check_with_tokio_postgres(&pg.tokio_postgres_url())?;
     Ok(StoreUrl::Postgres { url, schema })
 }
 
@@ -787,22 +1208,111 @@ impl StoreUrl {
         ))
     }
 
+    /// The URL with `password` as its password, as `LEASEHOLD_STORE_PASSWORD`
+    /// gives it: refused if the URL already has one (in the URL or as a
+    /// password file), names no user (etcd, ZooKeeper), or is a store that
+    /// takes no password.
+    pub fn with_password(self, password: Secret) -> Result<StoreUrl> {
+        let refuse = |reason: &str| Err(Error::invalid("store password", reason.to_owned()));
+        match self {
+            StoreUrl::Etcd {
+                endpoints,
+                prefix,
+                mut security,
+            } => {
+                Self::add_password(&mut security, password).map_err(invalid)?;
+                Ok(StoreUrl::Etcd {
+                    endpoints,
+                    prefix,
+                    security,
+                })
+            }
+            StoreUrl::ZooKeeper {
+                endpoints,
+                root,
+                mut security,
+            } => {
+                Self::add_password(&mut security, password).map_err(invalid)?;
+                Ok(StoreUrl::ZooKeeper {
+                    endpoints,
+                    root,
+                    security,
+                })
+            }
+            StoreUrl::Postgres { url, schema } => {
+                let pg = PgUrl::parse(&url).map_err(invalid)?;
+                if pg.param("password_file").is_some() {
+                    return refuse(
+                        "a password is given twice: by password_file= and by \
+                         LEASEHOLD_STORE_PASSWORD",
+                    );
+                }
+                if pg.password.is_some() || pg.param("password").is_some() {
+                    return refuse(
+                        "a password is given twice: in the store URL and by \
+                         LEASEHOLD_STORE_PASSWORD",
+                    );
+                }
+                let separator = if pg.params.is_empty() { '?' } else { '&' };
+                let url = format!(
+                    "{url}{separator}password={}",
+                    percent_encode(password.expose(), b"")
+                );
+                Ok(StoreUrl::Postgres { url, schema })
+            }
+            StoreUrl::Memory | StoreUrl::Sqlite(_) => refuse(
+                "LEASEHOLD_STORE_PASSWORD is set, but memory: and sqlite: stores take no password",
+            ),
+        }
+    }
+
+    fn add_password(security: &mut Security, password: Secret) -> Result<(), String> {
+        match security.password {
+            Some(Password::File(_)) => {
+                return Err("a password is given twice: by ?password_file= and by \
+                     LEASEHOLD_STORE_PASSWORD"
+                    .into());
+            }
+            Some(Password::Given(_)) => {
+                return Err("a password is given twice: in the store URL and by \
+                     LEASEHOLD_STORE_PASSWORD"
+                    .into());
+            }
+            None => {}
+        }
+        if security.user.is_none() {
+            return Err(
+                "LEASEHOLD_STORE_PASSWORD is set, but the store URL names no user \
+                 (USER@HOST:PORT)"
+                    .into(),
+            );
+        }
+        security.password = Some(Password::Given(password));
+        Ok(())
+    }
+
     /// Checks a URL built in code (rather than parsed) against the same
     /// grammar; [`open`] calls it before connecting.
     pub fn validate(&self) -> Result<()> {
         let checked = match self {
             StoreUrl::Memory => Ok(()),
             StoreUrl::Sqlite(path) => check_sqlite_path(path.as_os_str().as_encoded_bytes()),
-            StoreUrl::Etcd { endpoints, prefix } => check_cluster(Cluster::Etcd, endpoints, prefix),
-            StoreUrl::ZooKeeper { endpoints, root } => {
-                check_cluster(Cluster::ZooKeeper, endpoints, root)
-            }
+            StoreUrl::Etcd {
+                endpoints,
+                prefix,
+                security,
+            } => check_cluster(Cluster::Etcd, endpoints, prefix, security),
+            StoreUrl::ZooKeeper {
+                endpoints,
+                root,
+                security,
+            } => check_cluster(Cluster::ZooKeeper, endpoints, root, security),
             StoreUrl::Postgres { url, schema } => PgUrl::parse(url).and_then(|pg| {
                 if pg.param("schema").is_some() {
                     return Err("the schema belongs in the schema field, not in the URL".into());
                 }
                 check_schema(schema)?;
-                check_with_tokio_postgres(url)
+                check_with_tokio_postgres(&pg.tokio_postgres_url())
             }),
         };
         checked.map_err(invalid)
@@ -825,10 +1335,20 @@ impl FromStr for StoreUrl {
             "memory" if rest.is_empty() => Ok(StoreUrl::Memory),
             "memory" => Err("memory: takes nothing after the colon".to_owned()),
             "sqlite" => parse_sqlite(rest),
-            "etcd" => parse_cluster(Cluster::Etcd, rest)
-                .map(|(endpoints, prefix)| StoreUrl::Etcd { endpoints, prefix }),
-            "zk" => parse_cluster(Cluster::ZooKeeper, rest)
-                .map(|(endpoints, root)| StoreUrl::ZooKeeper { endpoints, root }),
+            "etcd" => parse_cluster(Cluster::Etcd, rest).map(|(endpoints, prefix, security)| {
+                StoreUrl::Etcd {
+                    endpoints,
+                    prefix,
+                    security,
+                }
+            }),
+            "zk" => parse_cluster(Cluster::ZooKeeper, rest).map(|(endpoints, root, security)| {
+                StoreUrl::ZooKeeper {
+                    endpoints,
+                    root,
+                    security,
+                }
+            }),
             "postgres" | "postgresql" => parse_postgres(url),
             other => Err(match shown_scheme(other) {
                 Some(scheme) => format!("unknown scheme {scheme:?}; expected {SCHEMES}"),
@@ -851,12 +1371,28 @@ impl fmt::Display for StoreUrl {
                 let slashes = if path.starts_with("//") { "//" } else { "" };
                 write!(f, "sqlite:{slashes}{path}")
             }
-            StoreUrl::Etcd { endpoints, prefix } => {
-                write!(f, "etcd://{}{prefix}", shown_endpoints(endpoints).join(","))
-            }
-            StoreUrl::ZooKeeper { endpoints, root } => {
-                write!(f, "zk://{}{root}", shown_endpoints(endpoints).join(","))
-            }
+            StoreUrl::Etcd {
+                endpoints,
+                prefix,
+                security,
+            } => write!(
+                f,
+                "etcd://{}{}{prefix}{}",
+                render_credentials(security),
+                shown_endpoints(endpoints).join(","),
+                render_cluster_options(security)
+            ),
+            StoreUrl::ZooKeeper {
+                endpoints,
+                root,
+                security,
+            } => write!(
+                f,
+                "zk://{}{}{root}{}",
+                render_credentials(security),
+                shown_endpoints(endpoints).join(","),
+                render_cluster_options(security)
+            ),
             // Without the password, if the URL has one.
             StoreUrl::Postgres { url, schema } => {
                 let Ok(pg) = PgUrl::parse(url) else {
@@ -892,15 +1428,25 @@ impl fmt::Debug for StoreUrl {
         match self {
             StoreUrl::Memory => f.write_str("Memory"),
             StoreUrl::Sqlite(path) => f.debug_tuple("Sqlite").field(path).finish(),
-            StoreUrl::Etcd { endpoints, prefix } => f
+            StoreUrl::Etcd {
+                endpoints,
+                prefix,
+                security,
+            } => f
                 .debug_struct("Etcd")
                 .field("endpoints", &shown_endpoints(endpoints))
                 .field("prefix", prefix)
+                .field("security", security)
                 .finish(),
-            StoreUrl::ZooKeeper { endpoints, root } => f
+            StoreUrl::ZooKeeper {
+                endpoints,
+                root,
+                security,
+            } => f
                 .debug_struct("ZooKeeper")
                 .field("endpoints", &shown_endpoints(endpoints))
                 .field("root", root)
+                .field("security", security)
                 .finish(),
             StoreUrl::Postgres { schema, .. } => f
                 .debug_struct("Postgres")
@@ -950,10 +1496,14 @@ pub async fn open(url: &StoreUrl) -> Result<Arc<dyn Store>> {
             "this build of leasehold has no sqlite support (cargo feature \"sqlite\")",
         )),
         #[cfg(feature = "etcd")]
-        StoreUrl::Etcd { endpoints, prefix } => {
+        StoreUrl::Etcd {
+            endpoints,
+            prefix,
+            security,
+        } => {
             resolve_any("etcd", endpoints).await?;
             Ok(Arc::new(
-                crate::store::etcd::EtcdStore::connect(endpoints, prefix).await?,
+                crate::store::etcd::EtcdStore::connect(endpoints, prefix, security).await?,
             ))
         }
         #[cfg(not(feature = "etcd"))]
@@ -962,10 +1512,14 @@ pub async fn open(url: &StoreUrl) -> Result<Arc<dyn Store>> {
             "this build of leasehold has no etcd support (cargo feature \"etcd\")",
         )),
         #[cfg(feature = "zookeeper")]
-        StoreUrl::ZooKeeper { endpoints, root } => {
+        StoreUrl::ZooKeeper {
+            endpoints,
+            root,
+            security,
+        } => {
             resolve_any("ZooKeeper", endpoints).await?;
             Ok(Arc::new(
-                crate::store::zookeeper::ZkStore::connect(endpoints, root).await?,
+                crate::store::zookeeper::ZkStore::connect(endpoints, root, security).await?,
             ))
         }
         #[cfg(not(feature = "zookeeper"))]
@@ -996,9 +1550,13 @@ pub async fn release_orphaned(url: &StoreUrl, grant: &crate::store::Grant) -> Re
     url.validate()?;
     match url {
         #[cfg(feature = "zookeeper")]
-        StoreUrl::ZooKeeper { endpoints, root } => {
+        StoreUrl::ZooKeeper {
+            endpoints,
+            root,
+            security,
+        } => {
             resolve_any("ZooKeeper", endpoints).await?;
-            crate::store::zookeeper::ZkStore::to_release(endpoints, root)?
+            crate::store::zookeeper::ZkStore::to_release(endpoints, root, security)?
                 .release_orphaned(grant)
                 .await
         }
@@ -1033,17 +1591,27 @@ pub async fn open_read_only(url: &StoreUrl) -> Result<Arc<dyn Store>> {
         )?));
     }
     #[cfg(feature = "etcd")]
-    if let StoreUrl::Etcd { endpoints, prefix } = url {
+    if let StoreUrl::Etcd {
+        endpoints,
+        prefix,
+        security,
+    } = url
+    {
         resolve_any("etcd", endpoints).await?;
         return Ok(Arc::new(
-            crate::store::etcd::EtcdStore::connect_read_only(endpoints, prefix).await?,
+            crate::store::etcd::EtcdStore::connect_read_only(endpoints, prefix, security).await?,
         ));
     }
     #[cfg(feature = "zookeeper")]
-    if let StoreUrl::ZooKeeper { endpoints, root } = url {
+    if let StoreUrl::ZooKeeper {
+        endpoints,
+        root,
+        security,
+    } = url
+    {
         resolve_any("ZooKeeper", endpoints).await?;
         return Ok(Arc::new(
-            crate::store::zookeeper::ZkStore::connect_read_only(endpoints, root).await?,
+            crate::store::zookeeper::ZkStore::connect_read_only(endpoints, root, security).await?,
         ));
     }
     #[cfg(feature = "postgres")]
@@ -1091,14 +1659,16 @@ mod tests {
                 .ok(),
             Some(StoreUrl::Etcd {
                 endpoints: vec!["10.0.0.1:2379".into(), "10.0.0.2:2379".into()],
-                prefix: "/team/jobs".into()
+                prefix: "/team/jobs".into(),
+                security: Security::none(),
             })
         );
         assert_eq!(
             "etcd://localhost:2379".parse::<StoreUrl>().ok(),
             Some(StoreUrl::Etcd {
                 endpoints: vec!["localhost:2379".into()],
-                prefix: "/leasehold".into()
+                prefix: "/leasehold".into(),
+                security: Security::none(),
             })
         );
         assert_eq!(
@@ -1107,7 +1677,8 @@ mod tests {
                 .ok(),
             Some(StoreUrl::Etcd {
                 endpoints: vec!["[::1]:2379".into(), "db-1.example_x.org:65535".into()],
-                prefix: "/leasehold".into()
+                prefix: "/leasehold".into(),
+                security: Security::none(),
             })
         );
     }
@@ -1118,7 +1689,8 @@ mod tests {
             "zk://a:2181,b:2181".parse::<StoreUrl>().ok(),
             Some(StoreUrl::ZooKeeper {
                 endpoints: vec!["a:2181".into(), "b:2181".into()],
-                root: "/leasehold".into()
+                root: "/leasehold".into(),
+                security: Security::none(),
             })
         );
         assert_eq!(
@@ -1170,7 +1742,28 @@ mod tests {
                 "postgres://h/db?sslmode=bogus",
                 "invalid value for option `sslmode`",
             ),
-            ("postgres://h/db?sslmode=require", "needs TLS"),
+            (
+                "postgres://h/db?sslmode=verify-full",
+                "needs sslrootcert=PATH",
+            ),
+            (
+                "postgres://h/db?sslmode=verify-ca",
+                "needs sslrootcert=PATH",
+            ),
+            ("postgres://h/db?sslcert=/c.pem", "go together"),
+            (
+                "postgres://h/db?sslmode=disable&sslrootcert=/ca",
+                "turns TLS off",
+            ),
+            ("postgres://h/db?sslrootcert=", "names no file"),
+            (
+                "postgres://u:pw@h/db?password_file=/pw",
+                "password is given twice",
+            ),
+            (
+                "postgres://h/db?password=pw&password_file=/pw",
+                "password is given twice",
+            ),
             ("postgres://u@h/db?user=v", "user name is given twice"),
             ("postgres://h/db?port=5433", "hosts are given twice"),
             (
@@ -1215,12 +1808,36 @@ mod tests {
             ("sqlite:/tmp/q.db?mode=ro", "SQLite parameters"),
             ("sqlite://tmp/q.db", "absolute path"),
             ("sqlite:/tmp/dir/", "names a directory"),
+            ("etcd://127.0.0.1:2379/p?x=1", "unknown option \"x\""),
+            ("etcd://h:1?cert=/c.pem&key=/k.pem", "need ?cacert=PATH"),
+            ("etcd://h:1?cacert=/ca&cert=/c.pem", "go together"),
+            ("etcd://h:1?cacert=", "names no file"),
+            ("etcd://h:1?cacert=/a&cacert=/b", "given twice"),
+            ("etcd://h:1?cacert", "has no =VALUE"),
+            ("etcd://h:1?", "an option is empty"),
+            ("etcd://:Sup3rSecret@h:1", "user name before '@' is empty"),
+            ("etcd://u:Sup3r/Secret@h:1", "percent-encoded"),
+            ("etcd://u:Sup3r@Secret@h:1", "more than one '@'"),
+            ("etcd://u:Sup3r#Secret@h:1", "no #fragment"),
+            ("etcd://u:Sup3rSecret@h:1?password_file=/p", "given twice"),
+            ("etcd://h:1?password_file=/p", "needs a user name"),
+            ("etcd://u:%FFSup3rSecret@h:1", "not UTF-8"),
             (
-                "etcd://user:Sup3rSecret@127.0.0.1:2379",
-                "not supported yet",
+                "zk://u:Sup3rSecret@h:2181/x?cacert=/ca.pem",
+                "does not speak TLS",
             ),
-            ("etcd://127.0.0.1:2379/p?x=1", "take no ?options"),
-            ("zk://u:Sup3rSecret@h:2181/x", "not supported yet"),
+            ("zk://h:2181/x?bogus=1", "known are password_file"),
+            ("zk://a%3Ab:Sup3rSecret@h:2181", "cannot hold ':'"),
+            ("etcd://app:@h:1", "the password after ':' is empty"),
+            ("postgres://app:@h/db", "the password after ':' is empty"),
+            (
+                "etcd://app:Sup3r%zzSecret@h:1",
+                "not followed by two hex digits",
+            ),
+            (
+                "zk://app:Sup3rSecret%2@h:1",
+                "not followed by two hex digits",
+            ),
             ("etcd://127.0.0.1:0", "port \"0\""),
             ("etcd://127.0.0.1:65536", "port \"65536\""),
             (
@@ -1272,6 +1889,108 @@ mod tests {
     }
 
     #[test]
+    fn parses_credentials_and_tls_options() {
+        let parsed: StoreUrl =
+            "etcd://ro%40ot:p%3Aw%2Fd@h:1/jobs?cacert=/etc/ca%20x.pem&cert=/c.pem&key=/k.pem"
+                .parse()
+                .expect("valid");
+        let StoreUrl::Etcd {
+            endpoints,
+            prefix,
+            security,
+        } = &parsed
+        else {
+            panic!("{parsed:?}");
+        };
+        assert_eq!(
+            (endpoints.as_slice(), prefix.as_str()),
+            (&["h:1".to_owned()][..], "/jobs")
+        );
+        assert_eq!(security.user.as_deref(), Some("ro@ot"));
+        assert_eq!(
+            security.password,
+            Some(Password::Given(Secret::new("p:w/d")))
+        );
+        assert_eq!(security.cacert, Some(PathBuf::from("/etc/ca x.pem")));
+        assert!(security.tls());
+        assert_eq!(
+            parsed.to_string(),
+            "etcd://ro%40ot:***@h:1/jobs?cacert=/etc/ca%20x.pem&cert=/c.pem&key=/k.pem"
+        );
+        let from_file: StoreUrl = "zk://app@h:2181/x?password_file=/run/secrets/zk"
+            .parse()
+            .expect("valid");
+        let StoreUrl::ZooKeeper { security, .. } = &from_file else {
+            panic!("{from_file:?}");
+        };
+        assert_eq!(
+            security.password,
+            Some(Password::File("/run/secrets/zk".into()))
+        );
+        // A user alone is valid (a certificate may authenticate, or the
+        // password may come from LEASEHOLD_STORE_PASSWORD).
+        assert!("etcd://app@h:1".parse::<StoreUrl>().is_ok());
+        let pg: StoreUrl = "postgres://u@h/db?sslmode=verify-full&sslrootcert=/ca.pem&sslcert=/c.pem&sslkey=/k.pem&password_file=/pw"
+            .parse()
+            .expect("valid");
+        let StoreUrl::Postgres { url, .. } = &pg else {
+            panic!("{pg:?}");
+        };
+        let connect = postgres_connect(url).expect("splits");
+        assert_eq!(connect.sslmode, PgSslMode::VerifyFull);
+        assert_eq!(
+            connect.tokio_postgres_url.expose(),
+            "postgres://u@h/db?sslmode=require"
+        );
+        assert_eq!(connect.tls.cacert, Some(PathBuf::from("/ca.pem")));
+        assert_eq!(connect.tls.password, Some(Password::File("/pw".into())));
+    }
+
+    #[test]
+    fn a_password_from_the_environment_joins_the_url_unseen() {
+        let secret = || Secret::new("Sup3r&Secret");
+        let etcd: StoreUrl = "etcd://app@h:1".parse().expect("valid");
+        let with = etcd.with_password(secret()).expect("takes it");
+        assert!(!format!("{with} {with:?}").contains("Sup3r"), "{with}");
+        assert_eq!(with.to_string(), "etcd://app:***@h:1/leasehold");
+        let pg: StoreUrl = "postgres://app@h/db?sslmode=disable"
+            .parse()
+            .expect("valid");
+        let with = pg.with_password(secret()).expect("takes it");
+        let StoreUrl::Postgres { url, .. } = &with else {
+            panic!("{with:?}");
+        };
+        let config: tokio_postgres::Config = postgres_connect(url)
+            .expect("splits")
+            .tokio_postgres_url
+            .expose()
+            .parse()
+            .expect("tokio-postgres reads it");
+        assert_eq!(config.get_password(), Some(&b"Sup3r&Secret"[..]));
+        assert!(!format!("{with} {with:?}").contains("Sup3r"));
+        for (url, needle) in [
+            ("etcd://h:1", "names no user"),
+            ("etcd://app:other@h:1", "given twice"),
+            (
+                "zk://app@h:1?password_file=/pw",
+                "by ?password_file= and by",
+            ),
+            ("postgres://app:other@h/db", "given twice"),
+            (
+                "postgres://app@h/db?password_file=/pw",
+                "by password_file= and by",
+            ),
+            ("sqlite:/x.db", "take no password"),
+            ("memory:", "take no password"),
+        ] {
+            let parsed: StoreUrl = url.parse().expect("valid");
+            let error = parsed.with_password(secret()).expect_err(url).to_string();
+            assert!(error.contains(needle), "{url}: {error}");
+            assert!(!error.contains("Sup3r"), "{error}");
+        }
+    }
+
+    #[test]
     fn display_round_trips() {
         for url in [
             "memory:",
@@ -1280,6 +1999,10 @@ mod tests {
             "sqlite:////twice/b.db",
             "etcd://h:1,k:2/p",
             "etcd://[::1]:2379/leasehold",
+            "etcd://app@h:1/p?cacert=/ca.pem&cert=/c.pem&key=/k.pem&password_file=/run/pw",
+            "etcd://h:1/leasehold?cacert=/a%26b.pem",
+            "zk://app@h:1/jobs?password_file=/pw",
+            "postgres://u@h/db?sslmode=verify-full&sslrootcert=/ca.pem&sslcert=/c&sslkey=/k",
             "zk://h:1,k:2/jobs",
             "postgres://u@h:5432/db",
             "postgresql://u@h/db?sslmode=disable&schema=jobs",
@@ -1303,18 +2026,22 @@ mod tests {
             StoreUrl::Etcd {
                 endpoints: vec!["127.0.0.1:0".into()],
                 prefix: "/p".into(),
+                security: Security::none(),
             },
             StoreUrl::Etcd {
                 endpoints: vec!["u:Sup3rSecret@h:1".into()],
                 prefix: "/p".into(),
+                security: Security::none(),
             },
             StoreUrl::Etcd {
                 endpoints: vec![],
                 prefix: "/p".into(),
+                security: Security::none(),
             },
             StoreUrl::ZooKeeper {
                 endpoints: vec!["h:1".into()],
                 root: "/a/../b".into(),
+                security: Security::none(),
             },
             StoreUrl::Postgres {
                 url: "postgres://u:Sup3rSecret@h/db?foo=bar".into(),

@@ -245,11 +245,25 @@ async fn read_until_ok<S: Source>(
     tx: &watch::Sender<LeaderStatus>,
     election: &ElectionName,
 ) -> Option<Option<Leader>> {
+    let mut warned = false;
     loop {
         match watch_read(election, source.read()).await {
             Ok(leader) => return Some(leader),
             Err(error) => {
-                tracing::debug!(%election, %error, "re-reading the leader failed; retrying");
+                // A refusal, or a password file gone bad, will not pass by
+                // itself (changed credentials, grants or files): say so
+                // once at warn, as a leader may keep its lease meanwhile
+                // (etcd's keep-alives need no token).
+                if matches!(
+                    error,
+                    crate::Error::Denied(_) | crate::Error::InvalidInput { .. }
+                ) && !warned
+                {
+                    warned = true;
+                    tracing::warn!(%election, %error, "the store refuses to let this process read the election; retrying");
+                } else {
+                    tracing::debug!(%election, %error, "re-reading the leader failed; retrying");
+                }
                 publish_failure(tx, &error);
                 let pause = source.sleep(S::RETRY);
                 tokio::select! {

@@ -36,6 +36,33 @@
 //! `c-{session}-{sequence}` that is ephemeral to that very session; other
 //! nodes among an election's candidates are skipped, with a warning. A
 //! store opened read-only ([`ZkStore::connect_read_only`]) writes nothing.
+//!
+//! Authentication and ACLs (`zk://USER[:PASSWORD]@…`):
+//! - Every client the store opens (its reader, each session's, the one
+//!   that releases a dead holder's grant) adds the digest `USER:PASSWORD`
+//!   at connect, the password read anew (from its file, if it comes from
+//!   one) at each connection. A user without a password is bad input.
+//! - With credentials, every node leasehold creates (the root's missing
+//!   parents, the root with its marker, `elections`, election nodes,
+//!   candidates) gets the ACL `auth` ALL (only the creating identity may
+//!   write, create, delete or change the ACL) plus `world:anyone` READ,
+//!   so that `status`, `list` and `observe` read without credentials (see
+//!   [`GUARDED`] for why). ZooKeeper checks CREATE and DELETE against the
+//!   parent, so another identity can neither add a candidate nor delete a
+//!   leader's node: every replica of one store must use the same
+//!   ZooKeeper user and password. Without credentials, nodes are open to
+//!   anyone (ZooKeeper's default), who can then delete a leader's node.
+//! - Stock ZooKeeper accepts any digest: a wrong password is another
+//!   identity, refused ([`Error::Denied`]) on the first write, which every
+//!   opening for writing makes (the `elections` node's create); the node's
+//!   ACL then tells whether it names the same user (a wrong password) or
+//!   another. A store opened read-only cannot tell.
+//! - A root made without credentials (an earlier leasehold, a run without
+//!   them) still works with credentials, with a warning at each opening
+//!   that its nodes are open: leasehold never changes the ACL of a node it
+//!   did not create so. To protect such a store, stop its replicas and
+//!   delete the root (or choose a new one) so an authenticated run creates
+//!   it again.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -46,13 +73,14 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use zookeeper_client::{
-    Acls, AddWatchMode, Client, CreateMode, CreateOptions, EventType, SessionState,
+    Acl, Acls, AddWatchMode, Client, CreateMode, CreateOptions, EventType, Permission, SessionState,
 };
 
 use crate::config::StoreTtl;
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
 use crate::store::cleanup::OnDrop;
+use crate::store::security::Security;
 use crate::store::watch_driver::{self as leader_watch, Event, Source};
 use crate::store::{
     ElectionState, FencingToken, Grant, Leader, LeaderWatch, SessionId, SessionLease, StatusWatch,
@@ -101,6 +129,13 @@ struct Inner {
     /// Opened by [`ZkStore::connect_read_only`]: writes nothing and opens
     /// no session.
     read_only: bool,
+    /// The credentials every client adds at connect (the password is read
+    /// anew each time).
+    security: Security,
+    /// The digest user, if any (for messages).
+    user: Option<String>,
+    /// The ACL of every node the store creates ([`node_acls`]).
+    acls: Acls<'static>,
     reader: tokio::sync::Mutex<Option<Client>>,
     sessions: Mutex<HashMap<SessionId, Arc<ZkSession>>>,
 }
@@ -108,6 +143,8 @@ struct Inner {
 #[derive(Debug)]
 struct ZkSession {
     id: SessionId,
+    /// The digest user the session's client authenticated as, if any.
+    user: Option<String>,
     /// `None` once the session is being closed: dropping the last client
     /// closes the ZooKeeper session.
     client: Mutex<Option<Client>>,
@@ -152,11 +189,12 @@ impl ZkSession {
         self.unless_ended(request(what, fut)).await?
     }
 
-    /// The error for the request `what` that ZooKeeper refused with `error`.
-    fn refused(&self, what: &str, error: zookeeper_client::Error) -> Error {
+    /// The error for the request `what` on the node `path` that ZooKeeper
+    /// refused with `error`.
+    fn refused(&self, what: &str, path: &str, error: zookeeper_client::Error) -> Error {
         match error {
             zookeeper_client::Error::SessionExpired => Error::SessionExpired(self.id),
-            error => unavailable(what, error),
+            error => failed(self.user.as_deref(), what, path, error),
         }
     }
 
@@ -188,8 +226,71 @@ async fn request<T>(
         .map_err(|_| Error::no_answer(&format!("zookeeper {what}"), REQUEST_TIMEOUT))
 }
 
-fn persistent() -> CreateOptions<'static> {
-    CreateMode::Persistent.with_acls(Acls::anyone_all())
+/// The error for the request `what` on the node `path` that ZooKeeper
+/// refused with `error`, the store's clients authenticating as `user`:
+/// [`Error::Denied`] for a refused authentication or permission, one line
+/// that never holds a password; [`unavailable`] otherwise.
+///
+/// Stock ZooKeeper accepts any digest `user:password` (the digest is only
+/// the identity the connection then has), so a wrong password shows up as
+/// a permission refused on nodes the right identity created, never as a
+/// failed authentication; which of the two it is, only the node's ACL can
+/// tell ([`Inner::explain_denial`]).
+fn failed(user: Option<&str>, what: &str, path: &str, error: zookeeper_client::Error) -> Error {
+    match (error, user) {
+        (zookeeper_client::Error::NoAuth, Some(user)) => Error::Denied(format!(
+            "permission denied on zookeeper node {path} to user {user:?} ({what}): \
+             wrong password, or another user created it"
+        )),
+        (zookeeper_client::Error::NoAuth, None) => Error::Denied(format!(
+            "permission denied on zookeeper node {path} ({what}): its ACL admits only \
+             the user that created it, and the store URL names no user (zk://USER@…)"
+        )),
+        (zookeeper_client::Error::AuthFailed, user) => auth_failed(user),
+        (error, _) => unavailable(what, error),
+    }
+}
+
+/// ZooKeeper refused the authentication (an authentication provider other
+/// than stock ZooKeeper's digest one, or `zookeeper.enforce.auth.enabled`).
+fn auth_failed(user: Option<&str>) -> Error {
+    Error::Denied(match user {
+        Some(user) => format!("authentication failed for zookeeper user {user:?}"),
+        None => "zookeeper requires authentication and the store URL names no user \
+                 (zk://USER@…)"
+            .to_owned(),
+    })
+}
+
+/// The ACL of every node leasehold creates when it has credentials: the
+/// creating identity (ZooKeeper's `auth` scheme: the digest
+/// `user:password` the connection added) may do everything, and anyone may
+/// read.
+///
+/// World-readable on purpose: observers (`status`, `list`, `observe`) and
+/// monitoring read the leader without being given the store's password,
+/// as with Curator's leader-latch nodes, whose default ACL is open. What
+/// they can read is the candidate ids, TTLs and the layout marker — no
+/// secret (a candidate id names a replica, as its logs and `status` do;
+/// one who wants it private gives ids that reveal nothing, such as a
+/// random one). What they cannot do is
+/// what would depose a leader or forge one: create, change or delete any
+/// node (ZooKeeper checks DELETE and CREATE on the parent, which is
+/// leasehold's too), or change an ACL.
+static GUARDED: [Acl; 2] = [
+    Acl::new_const(Permission::ALL, "auth", ""),
+    Acl::new_const(Permission::READ, "world", "anyone"),
+];
+
+/// The ACL of the nodes leasehold creates: [`GUARDED`] with credentials;
+/// open to anyone without (as ZooKeeper's default: any client can then
+/// delete a leader's node and depose it).
+fn node_acls(authenticated: bool) -> Acls<'static> {
+    if authenticated {
+        Acls::new(&GUARDED)
+    } else {
+        Acls::anyone_all()
+    }
 }
 
 fn encode(election: &ElectionName) -> String {
@@ -332,46 +433,43 @@ impl ZkStore {
     /// [`Error::Corrupt`], one written by a newer leasehold with
     /// [`Error::IncompatibleSchema`], `/zookeeper` and malformed paths
     /// with [`Error::InvalidInput`]; nothing is written then.
-    pub async fn connect(endpoints: &[String], root: &str) -> Result<Self> {
-        Self::open(endpoints, root, false).await
+    pub async fn connect(endpoints: &[String], root: &str, security: &Security) -> Result<Self> {
+        Self::open(endpoints, root, security, false).await
     }
 
     /// Connects as [`ZkStore::connect`] does, for reading only: writes
     /// nothing and opens no session. A root that does not exist is
     /// [`Error::NotFound`].
-    pub async fn connect_read_only(endpoints: &[String], root: &str) -> Result<Self> {
-        Self::open(endpoints, root, true).await
+    pub async fn connect_read_only(
+        endpoints: &[String],
+        root: &str,
+        security: &Security,
+    ) -> Result<Self> {
+        Self::open(endpoints, root, security, true).await
     }
 
     /// Connects only to release a dead holder's grant
     /// ([`crate::store::release_orphaned`]): no check of the root (the
     /// holder's process made it); the release deletes only a candidate
     /// node named for the holder's session and carrying its token.
-    pub(crate) fn to_release(endpoints: &[String], root: &str) -> Result<Self> {
-        let root = root.trim_end_matches('/');
-        check_root(root)?;
+    pub(crate) fn to_release(
+        endpoints: &[String],
+        root: &str,
+        security: &Security,
+    ) -> Result<Self> {
         Ok(ZkStore {
-            inner: Arc::new(Inner {
-                cluster: endpoints.join(","),
-                root: root.to_owned(),
-                read_only: false,
-                reader: tokio::sync::Mutex::new(None),
-                sessions: Mutex::new(HashMap::new()),
-            }),
+            inner: Arc::new(Inner::new(endpoints, root, security, false)?),
         })
     }
 
-    async fn open(endpoints: &[String], root: &str, read_only: bool) -> Result<Self> {
-        let root = root.trim_end_matches('/');
-        check_root(root)?;
+    async fn open(
+        endpoints: &[String],
+        root: &str,
+        security: &Security,
+        read_only: bool,
+    ) -> Result<Self> {
         let store = ZkStore {
-            inner: Arc::new(Inner {
-                cluster: endpoints.join(","),
-                root: root.to_owned(),
-                read_only,
-                reader: tokio::sync::Mutex::new(None),
-                sessions: Mutex::new(HashMap::new()),
-            }),
+            inner: Arc::new(Inner::new(endpoints, root, security, read_only)?),
         };
         let reader = store.inner.reader().await?;
         store.inner.open_root(&reader).await?;
@@ -401,13 +499,15 @@ impl ZkStore {
             .session()
             .clone();
         let (cluster, ttl) = (self.inner.cluster.clone(), zk.ttl);
+        // With the store's credentials, as every client the store opens.
+        let connector = connector(&self.inner.security)?;
         let intruder = std::thread::spawn(move || -> std::result::Result<(), String> {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .map_err(|e| e.to_string())?;
             runtime.block_on(async move {
-                let client = Client::connector()
+                let client = connector
                     .with_session(info)
                     .with_session_timeout(ttl)
                     .connect(&cluster)
@@ -452,14 +552,83 @@ impl ZkStore {
         {
             Ok(children) => children,
             Err(zookeeper_client::Error::NoNode) => Vec::new(),
-            Err(error) => return Err(unavailable("list candidates", error)),
+            Err(error) => {
+                let dir = self.inner.election_dir(election);
+                return Err(self.inner.failed("list candidates", &dir, error));
+            }
         };
         let prefix = session_prefix(session);
         Ok(children.iter().filter(|c| c.starts_with(&prefix)).count())
     }
 }
 
+/// A connector for `cluster` that adds `security`'s digest credentials, the
+/// password read now (from its file, if it comes from one).
+fn connector(security: &Security) -> Result<zookeeper_client::Connector> {
+    let connector = Client::connector();
+    Ok(match security.credentials()? {
+        Some((user, password)) => {
+            let auth = format!("{user}:{}", password.expose());
+            connector.with_auth("digest", auth.as_bytes())
+        }
+        None => connector,
+    })
+}
+
 impl Inner {
+    /// The store's state before any connection: refuses a malformed root,
+    /// TLS settings and a user without a password (or a password without a
+    /// user).
+    fn new(endpoints: &[String], root: &str, security: &Security, read_only: bool) -> Result<Self> {
+        if security.tls() || security.cert.is_some() || security.key.is_some() {
+            return Err(Error::invalid(
+                "ZooKeeper store URL",
+                "leasehold's ZooKeeper store does not speak TLS",
+            ));
+        }
+        let authenticated = match (&security.user, &security.password) {
+            (Some(_), Some(_)) => true,
+            (None, None) => false,
+            (Some(user), None) => {
+                return Err(Error::invalid(
+                    "ZooKeeper store URL",
+                    format!(
+                        "user {user:?} has no password: give it in the URL, by \
+                         ?password_file=PATH or by LEASEHOLD_STORE_PASSWORD"
+                    ),
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(Error::invalid(
+                    "ZooKeeper store URL",
+                    "a password without a user (zk://USER@…)",
+                ));
+            }
+        };
+        let root = root.trim_end_matches('/');
+        check_root(root)?;
+        Ok(Inner {
+            cluster: endpoints.join(","),
+            root: root.to_owned(),
+            read_only,
+            security: security.clone(),
+            user: security.user.clone(),
+            acls: node_acls(authenticated),
+            reader: tokio::sync::Mutex::new(None),
+            sessions: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// How leasehold creates a persistent node: with [`Inner::acls`].
+    fn persistent(&self) -> CreateOptions<'static> {
+        CreateMode::Persistent.with_acls(self.acls)
+    }
+
+    /// The error for the request `what` on the node `path` ([`failed`]).
+    fn failed(&self, what: &str, path: &str, error: zookeeper_client::Error) -> Error {
+        failed(self.user.as_deref(), what, path, error)
+    }
+
     fn elections_dir(&self) -> String {
         format!("{}/elections", self.root)
     }
@@ -485,7 +654,7 @@ impl Inner {
                     // Created meanwhile by someone else: read it again.
                     continue;
                 }
-                Err(error) => return Err(unavailable("read the root node", error)),
+                Err(error) => return Err(self.failed("read the root node", root, error)),
             };
             match marker_version(&data) {
                 Some(found) if found > LAYOUT_VERSION => {
@@ -495,11 +664,19 @@ impl Inner {
                     });
                 }
                 Some(_) if self.read_only => return Ok(()),
-                Some(_) => return self.restore_elections_node(client).await,
+                Some(_) => {
+                    self.restore_elections_node(client).await?;
+                    self.warn_if_open(client).await;
+                    return Ok(());
+                }
                 None => {}
             }
             self.refuse_unmarked_foreign(client, &data).await?;
-            if self.read_only || self.mark_root(client, stat.version).await? {
+            if self.read_only {
+                return Ok(());
+            }
+            if self.mark_root(client, stat.version).await? {
+                self.warn_if_open(client).await;
                 return Ok(());
             }
         }
@@ -522,9 +699,11 @@ impl Inner {
                          use a root of its own"
                     )));
                 }
-                Ok(_) => {}
+                // A node this client may not read is not a leasehold
+                // store's root: those are readable by anyone.
+                Ok(_) | Err(zookeeper_client::Error::NoAuth) => {}
                 Err(zookeeper_client::Error::NoNode) => break,
-                Err(error) => return Err(unavailable("read the root node", error)),
+                Err(error) => return Err(self.failed("read the root node", outer, error)),
             }
         }
         Ok(())
@@ -532,16 +711,103 @@ impl Inner {
 
     /// The root is leasehold's: puts back its elections node should someone
     /// have deleted it.
+    ///
+    /// Every opening for writing sends this create, so it is also where an
+    /// identity that may not write the store (a wrong password, another
+    /// user, no credentials on a store made with them) is refused: ZooKeeper
+    /// checks the CREATE permission on the root before whether the node
+    /// exists.
     async fn restore_elections_node(&self, client: &Client) -> Result<()> {
+        const WHAT: &str = "create the elections node";
         let elections = self.elections_dir();
-        match request(
-            "create the elections node",
-            client.create(&elections, &[], &persistent()),
-        )
-        .await?
-        {
+        match request(WHAT, client.create(&elections, &[], &self.persistent())).await? {
             Ok(_) | Err(zookeeper_client::Error::NodeExists) => Ok(()),
-            Err(error) => Err(unavailable("create the elections node", error)),
+            Err(zookeeper_client::Error::NoAuth) => Err(self
+                .explain_denial(client, WHAT, &self.root, Permission::CREATE)
+                .await),
+            Err(error) => Err(self.failed(WHAT, &self.root, error)),
+        }
+    }
+
+    /// Why ZooKeeper refused this store's identity the `needed` permission
+    /// on `path` for the request `what`, from the node's ACL when it can be
+    /// read: the digest users it admits with that permission name the
+    /// store's user (so the password differs: a digest is made of both),
+    /// or others. Never the digests themselves.
+    async fn explain_denial(
+        &self,
+        client: &Client,
+        what: &str,
+        path: &str,
+        needed: Permission,
+    ) -> Error {
+        let generic = self.failed(what, path, zookeeper_client::Error::NoAuth);
+        let Ok(Ok((acls, _))) = request("read an ACL", client.get_acl(path)).await else {
+            return generic;
+        };
+        let mut owners: Vec<&str> = acls
+            .iter()
+            .filter(|acl| acl.scheme() == "digest" && acl.permission().has(needed))
+            .filter_map(|acl| acl.id().split_once(':').map(|(user, _)| user))
+            .collect();
+        owners.dedup();
+        if owners.is_empty() {
+            return generic;
+        }
+        let shown = owners
+            .iter()
+            .map(|owner| format!("{owner:?}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        Error::Denied(match self.user.as_deref() {
+            Some(user) if owners.contains(&user) => format!(
+                "wrong password for zookeeper user {user:?}: permission denied on zookeeper \
+                 node {path} ({what}), whose ACL admits {user:?} with another password"
+            ),
+            Some(user) => format!(
+                "permission denied on zookeeper node {path} to user {user:?} ({what}): it \
+                 belongs to zookeeper user {shown}; every replica of a store must use the \
+                 same user"
+            ),
+            None => format!(
+                "permission denied on zookeeper node {path} ({what}): it belongs to \
+                 zookeeper user {shown}; give that user and its password (zk://USER@…, \
+                 ?password_file=PATH or LEASEHOLD_STORE_PASSWORD)"
+            ),
+        })
+    }
+
+    /// With credentials, warns if the root or its elections node lets
+    /// anyone change it (made without credentials, by an earlier leasehold
+    /// or an unauthenticated run): anyone can then delete leasehold's nodes
+    /// and depose a leader. Leasehold never changes the ACL of a node it
+    /// did not create with the ACL it wants; new nodes under these get the
+    /// guarded ACL, but ZooKeeper checks a delete against the parent.
+    async fn warn_if_open(&self, client: &Client) {
+        if self.user.is_none() {
+            return;
+        }
+        let mut open = Vec::new();
+        for path in [self.root.clone(), self.elections_dir()] {
+            if let Ok(Ok((acls, _))) = request("read an ACL", client.get_acl(&path)).await
+                && acls.iter().any(|acl| {
+                    acl.scheme() == "world"
+                        && acl.id() == "anyone"
+                        && acl.permission() != Permission::READ
+                        && acl.permission() != Permission::NONE
+                })
+            {
+                open.push(path);
+            }
+        }
+        if !open.is_empty() {
+            tracing::warn!(
+                nodes = open.join(" "),
+                "zookeeper: these nodes were made without credentials and anyone may change or \
+                 delete them, and so depose a leader; leasehold leaves their ACL as it is. To \
+                 protect the store, stop every replica and delete the root (or use a new one) \
+                 so that an authenticated run creates it again"
+            );
         }
     }
 
@@ -583,7 +849,10 @@ impl Inner {
                 Ok(true)
             }
             Err(zookeeper_client::Error::BadVersion | zookeeper_client::Error::NoNode) => Ok(false),
-            Err(error) => Err(unavailable("mark the root node", error)),
+            Err(zookeeper_client::Error::NoAuth) => Err(self
+                .explain_denial(client, "mark the root node", root, Permission::WRITE)
+                .await),
+            Err(error) => Err(self.failed("mark the root node", root, error)),
         }
     }
 
@@ -591,30 +860,36 @@ impl Inner {
     /// transaction (after any missing parent, empty); `false` if the root
     /// appeared meanwhile.
     async fn create_root(&self, client: &Client) -> Result<bool> {
+        const WHAT: &str = "create the root node";
         let root = self.root.as_str();
-        if let Some((parent, _)) = root.rsplit_once('/')
-            && !parent.is_empty()
-        {
-            request("create the root node", client.mkdir(parent, &persistent()))
+        let parent = match root.rsplit_once('/') {
+            Some((parent, _)) if !parent.is_empty() => parent,
+            _ => "/",
+        };
+        if parent != "/" {
+            request(WHAT, client.mkdir(parent, &self.persistent()))
                 .await?
-                .map_err(|e| unavailable("create the root node", e))?;
+                .map_err(|e| self.failed(WHAT, parent, e))?;
         }
         let mut multi = client.new_multi_writer();
         let (elections, marker) = (self.elections_dir(), marker(LAYOUT_VERSION));
-        let options = persistent();
+        let options = self.persistent();
         multi
             .add_create(root, &marker, &options)
             .and_then(|()| multi.add_create(&elections, &[], &options))
-            .map_err(|e| unavailable("create the root node", e))?;
+            .map_err(|e| self.failed(WHAT, root, e))?;
         let commit = multi.commit();
-        let committed = request("create the root node", async {
+        let committed = request(WHAT, async {
             commit.await.map_err(zookeeper_client::Error::from)
         })
         .await?;
         match committed {
             Ok(_) => Ok(true),
             Err(zookeeper_client::Error::NodeExists) => Ok(false),
-            Err(error) => Err(unavailable("create the root node", error)),
+            Err(zookeeper_client::Error::NoAuth) => Err(self
+                .explain_denial(client, WHAT, parent, Permission::CREATE)
+                .await),
+            Err(error) => Err(self.failed(WHAT, parent, error)),
         }
     }
 
@@ -629,7 +904,7 @@ impl Inner {
         let root = self.root.as_str();
         let children = request("read the root node", client.list_children(root))
             .await?
-            .map_err(|e| unavailable("read the root node", e))?;
+            .map_err(|e| self.failed("read the root node", root, e))?;
         if children != ["elections"] {
             let other = children.iter().find(|c| *c != "elections");
             return Ok(Some(match other {
@@ -644,14 +919,14 @@ impl Inner {
             match request("read the store", client.get_data(&path)).await? {
                 Ok(found) => Ok(Some(found)),
                 Err(zookeeper_client::Error::NoNode) => Ok(None),
-                Err(error) => Err(unavailable("read the store", error)),
+                Err(error) => Err(self.failed("read the store", &path, error)),
             }
         };
         let list = |path: String| async move {
             match request("read the store", client.list_children(&path)).await? {
                 Ok(found) => Ok(Some(found)),
                 Err(zookeeper_client::Error::NoNode) => Ok(None),
-                Err(error) => Err(unavailable("read the store", error)),
+                Err(error) => Err(self.failed("read the store", &path, error)),
             }
         };
         let plain = |data: &[u8], stat: &zookeeper_client::Stat| {
@@ -703,12 +978,13 @@ impl Inner {
     }
 
     async fn connect(&self, timeout: Duration) -> Result<Client> {
-        let connecting = Client::connector()
+        let connecting = connector(&self.security)?
             .with_session_timeout(timeout)
             .with_fail_eagerly()
             .connect(&self.cluster);
         match tokio::time::timeout(CONNECT_TIMEOUT, connecting).await {
             Ok(Ok(client)) => Ok(client),
+            Ok(Err(zookeeper_client::Error::AuthFailed)) => Err(auth_failed(self.user.as_deref())),
             Ok(Err(error)) => Err(Error::Unavailable {
                 reason: format!(
                     "cannot connect to zookeeper at {}: {}",
@@ -755,7 +1031,7 @@ impl Inner {
         let children = match request("list candidates", client.list_children(&dir)).await? {
             Ok(children) => children,
             Err(zookeeper_client::Error::NoNode) => return Err(not_holder(grant)),
-            Err(error) => return Err(unavailable("list candidates", error)),
+            Err(error) => return Err(self.failed("list candidates", &dir, error)),
         };
         // The grant's node, if it is still there, is still the current
         // grant: the nodes ahead of it were gone when it was granted, and
@@ -771,7 +1047,7 @@ impl Inner {
         let stat = match request("read the candidate node", client.check_stat(&path)).await? {
             Ok(Some(stat)) => stat,
             Ok(None) => return Err(not_holder(grant)),
-            Err(error) => return Err(unavailable("read the candidate node", error)),
+            Err(error) => return Err(self.failed("read the candidate node", &path, error)),
         };
         if token_of(&stat) != grant.token {
             return Err(not_holder(grant));
@@ -789,7 +1065,7 @@ impl Inner {
             Err(zookeeper_client::Error::NoNode | zookeeper_client::Error::BadVersion) => {
                 Err(not_holder(grant))
             }
-            Err(error) => Err(unavailable("delete the candidate node", error)),
+            Err(error) => Err(self.failed("delete the candidate node", &dir, error)),
         }
     }
 
@@ -826,7 +1102,7 @@ impl Inner {
             client.watch(&self.election_dir(election), AddWatchMode::Persistent),
         )
         .await?
-        .map_err(|e| unavailable("watch the election", e))
+        .map_err(|e| self.failed("watch the election", &self.election_dir(election), e))
     }
 
     /// The leader of `election` as `client` reads it: the lowest candidate
@@ -837,7 +1113,7 @@ impl Inner {
             let children = match request("list candidates", client.list_children(&dir)).await? {
                 Ok(children) => children,
                 Err(zookeeper_client::Error::NoNode) => return Ok(None),
-                Err(error) => return Err(unavailable("list candidates", error)),
+                Err(error) => return Err(self.failed("list candidates", &dir, error)),
             };
             for first in queue(children) {
                 let path = format!("{dir}/{}", first.name);
@@ -855,7 +1131,7 @@ impl Inner {
                     }
                     // Gone between the list and the read: list again.
                     Err(zookeeper_client::Error::NoNode) => continue 'list,
-                    Err(error) => return Err(unavailable("read the leader", error)),
+                    Err(error) => return Err(self.failed("read the leader", &path, error)),
                 }
             }
             return Ok(None);
@@ -1005,23 +1281,29 @@ struct Line<'a> {
     dir: &'a str,
     /// How the session's candidate nodes are named ([`session_prefix`]).
     prefix: String,
+    /// The ACL of the nodes it creates ([`node_acls`]).
+    acls: Acls<'static>,
 }
 
 impl Line<'_> {
+    fn persistent(&self) -> CreateOptions<'static> {
+        CreateMode::Persistent.with_acls(self.acls)
+    }
+
     /// Creates the election's node if it does not exist. Not `mkdir`: if
     /// leasehold's nodes were deleted (`elections_dir` among them), nothing
     /// is created in their place.
     async fn create_election_node(&self, elections_dir: &str) -> Result<()> {
         const WHAT: &str = "create the election node";
         let made = (self.zk)
-            .ask(WHAT, self.client.create(self.dir, &[], &persistent()))
+            .ask(WHAT, self.client.create(self.dir, &[], &self.persistent()))
             .await?;
         match made {
             Ok(_) | Err(zookeeper_client::Error::NodeExists) => Ok(()),
             Err(zookeeper_client::Error::NoNode) => Err(Error::Corrupt(format!(
                 "zookeeper node {elections_dir} is gone: leasehold's nodes were deleted; nothing was written"
             ))),
-            Err(error) => Err(self.zk.refused(WHAT, error)),
+            Err(error) => Err(self.zk.refused(WHAT, elections_dir, error)),
         }
     }
 
@@ -1031,7 +1313,7 @@ impl Line<'_> {
         let children = (self.zk)
             .ask(WHAT, self.client.list_children(self.dir))
             .await?
-            .map_err(|error| self.zk.refused(WHAT, error))?;
+            .map_err(|error| self.zk.refused(WHAT, self.dir, error))?;
         let mut queue = queue(children);
         queue.retain(|c| !foreign.contains(&c.name));
         Ok(queue)
@@ -1060,7 +1342,7 @@ impl Line<'_> {
     /// Joins the line: creates the session's candidate node.
     async fn join(&self, candidate: &CandidateId) -> Result<()> {
         const WHAT: &str = "create a candidate node";
-        let ephemeral = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+        let ephemeral = CreateMode::EphemeralSequential.with_acls(self.acls);
         let (data, path) = (
             node_data(self.zk.ttl, candidate),
             format!("{}/{}", self.dir, self.prefix),
@@ -1068,7 +1350,7 @@ impl Line<'_> {
         (self.zk)
             .ask(WHAT, self.client.create(&path, &data, &ephemeral))
             .await?
-            .map_err(|error| self.zk.refused(WHAT, error))?;
+            .map_err(|error| self.zk.refused(WHAT, self.dir, error))?;
         Ok(())
     }
 
@@ -1080,7 +1362,7 @@ impl Line<'_> {
         match self.zk.ask(WHAT, self.client.get_data(&path)).await? {
             Ok((_, stat)) => Ok(Some(stat)),
             Err(zookeeper_client::Error::NoNode) => Ok(None),
-            Err(error) => Err(self.zk.refused(WHAT, error)),
+            Err(error) => Err(self.zk.refused(WHAT, &path, error)),
         }
     }
 
@@ -1106,7 +1388,7 @@ impl Line<'_> {
             Ok((Some(_), watcher)) => {
                 self.zk.unless_ended(watcher.changed()).await?;
             }
-            Err(error) => return Err(self.zk.refused(WHAT, error)),
+            Err(error) => return Err(self.zk.refused(WHAT, &predecessor, error)),
         }
         Ok(())
     }
@@ -1135,6 +1417,7 @@ impl Store for ZkStore {
         let (renewed, _) = watch::channel(sent);
         let session = Arc::new(ZkSession {
             id,
+            user: self.inner.user.clone(),
             client: Mutex::new(Some(client.clone())),
             ttl: granted,
             renewed,
@@ -1170,7 +1453,7 @@ impl Store for ZkStore {
                 zk.end();
                 Err(Error::SessionExpired(session))
             }
-            Err(error) => Err(unavailable("renew the session", error)),
+            Err(error) => Err(failed(zk.user.as_deref(), "renew the session", "/", error)),
         }
     }
 
@@ -1211,6 +1494,7 @@ impl Store for ZkStore {
             client: &client,
             dir: &dir,
             prefix: session_prefix(session),
+            acls: self.inner.acls,
         };
         line.create_election_node(&self.inner.elections_dir())
             .await?;
@@ -1263,9 +1547,10 @@ impl Store for ZkStore {
     }
 
     /// The dead holder's session is not ours: the node is deleted through
-    /// the store's own client. ZooKeeper lets any client delete an
-    /// ephemeral node; the version check and the token make it this grant's
-    /// node alone.
+    /// the store's own client. ZooKeeper lets any client that may delete
+    /// children of the election's node delete an ephemeral node in it (with
+    /// credentials, the same identity: every replica of a store uses one);
+    /// the version check and the token make it this grant's node alone.
     async fn release_orphaned(&self, grant: &Grant) -> Result<()> {
         let client = self.inner.reader().await?;
         self.inner.delete_grant_node(&client, grant).await
@@ -1304,7 +1589,10 @@ impl Store for ZkStore {
         {
             Ok(nodes) => nodes,
             Err(zookeeper_client::Error::NoNode) => Vec::new(),
-            Err(error) => return Err(unavailable("list elections", error)),
+            Err(error) => {
+                let dir = self.inner.elections_dir();
+                return Err(self.inner.failed("list elections", &dir, error));
+            }
         };
         let mut out = Vec::new();
         for node in nodes {

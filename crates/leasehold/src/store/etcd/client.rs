@@ -5,16 +5,20 @@
 //! The messages and client stubs are generated from `proto/etcd.proto` and
 //! checked in (see that file), so building needs no protobuf compiler.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::AsciiMetadataValue;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status, Streaming};
 
+use super::connect::{ConnectFailure, Connector, explain, refused_alert, rustls_error_in};
 use super::pb;
 use crate::error::{Error, Result};
+use crate::store::security::Security;
 
 /// How long one request may take, over every endpoint tried, before the
 /// store counts as unavailable.
@@ -42,6 +46,17 @@ pub(super) enum EtcdError {
         /// How the last endpoint tried failed.
         last: String,
     },
+    /// etcd or its TLS refused this client: [`Error::Denied`], one line.
+    Denied(String),
+    /// etcd answered `permission denied`: [`Error::Denied`], one line.
+    PermissionDenied(String),
+    /// A TLS file is missing or unusable: [`Error::InvalidInput`].
+    Invalid {
+        /// What was invalid.
+        what: &'static str,
+        /// Why, naming the option and the file.
+        reason: String,
+    },
 }
 
 impl EtcdError {
@@ -61,6 +76,10 @@ impl From<EtcdError> for Error {
             EtcdError::Unreachable { what, last } => {
                 format!("etcd {what} failed on every endpoint (last: {last})")
             }
+            EtcdError::Denied(line) | EtcdError::PermissionDenied(line) => {
+                return Error::Denied(line);
+            }
+            EtcdError::Invalid { what, reason } => return Error::InvalidInput { what, reason },
         };
         Error::Unavailable {
             reason,
@@ -81,26 +100,118 @@ pub(super) struct Members {
     endpoints: Vec<String>,
     channels: Vec<Channel>,
     active: AtomicUsize,
+    security: Arc<Security>,
+    /// `{prefix}/`, for messages.
+    scope: String,
+    /// With a user name and password: the token etcd gave for them.
+    auth: Option<Auth>,
 }
 
-/// Wraps a message in a request that a member without a raft leader
-/// refuses (etcd's `hasleader` metadata), so that a partitioned member
-/// cannot serve stale reads or keep a watch open that will never fire.
-pub(super) fn request<T>(message: T) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request.metadata_mut().insert(
-        "hasleader",
-        tonic::metadata::MetadataValue::from_static("true"),
-    );
-    request
+/// etcd's password authentication: `Auth/Authenticate` gives a token that
+/// every request then carries (metadata `token`). etcd forgets a token it
+/// has not seen for `--auth-token-ttl` (300 s by default) and answers
+/// `invalid auth token`; the store then authenticates again, reading a
+/// `password_file` anew. Without a password (a client certificate only),
+/// nothing is sent: etcd takes the certificate's common name as the user
+/// (`--client-cert-auth`).
+struct Auth {
+    user: String,
+    /// `None`: not authenticated yet (or the token was refused);
+    /// `Some(None)`: etcd has authentication off, requests go without.
+    token: std::sync::Mutex<Option<Option<AsciiMetadataValue>>>,
+    /// One authentication at a time.
+    authenticating: tokio::sync::Mutex<()>,
+    /// How many tokens etcd gave, for tests and diagnostics.
+    count: AtomicU64,
+}
+
+impl Auth {
+    fn current(&self) -> Option<Option<AsciiMetadataValue>> {
+        self.token
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set(&self, token: Option<Option<AsciiMetadataValue>>) {
+        *self
+            .token
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = token;
+    }
+
+    /// Forgets `used` if it is still the current token (another request
+    /// may have replaced it already).
+    fn refused(&self, used: Option<&AsciiMetadataValue>) {
+        let mut token = self
+            .token
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if token.as_ref().is_some_and(|t| t.as_ref() == used) {
+            *token = None;
+        }
+    }
+}
+
+/// A member's connection and the token to send on it.
+#[derive(Clone)]
+pub(super) struct Link {
+    channel: Channel,
+    token: Option<AsciiMetadataValue>,
+}
+
+impl Link {
+    pub(super) fn channel(&self) -> Channel {
+        self.channel.clone()
+    }
+
+    /// Wraps a message in a request that carries the token, and that a
+    /// member without a raft leader refuses (etcd's `hasleader`
+    /// metadata), so that a partitioned member cannot serve stale reads or
+    /// keep a watch open that will never fire.
+    pub(super) fn request<T>(&self, message: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        let metadata = request.metadata_mut();
+        metadata.insert(
+            "hasleader",
+            tonic::metadata::MetadataValue::from_static("true"),
+        );
+        if let Some(token) = &self.token {
+            metadata.insert("token", token.clone());
+        }
+        request
+    }
+}
+
+/// What a failed request says about what to do next.
+enum Verdict {
+    /// Worth another endpoint (down, partitioned, no leader); described.
+    Transient(String),
+    /// The TLS handshake with this member failed: another may still take
+    /// this client (a rotation in progress); one line.
+    TlsDenied(String),
+    /// etcd (the cluster, not one member) refused this client.
+    Denied(String),
+    /// etcd answered `permission denied`.
+    PermissionDenied(String),
+    /// A TLS file is unusable.
+    Invalid(&'static str, String),
+    /// etcd did not take the token: authenticate again.
+    Reauthenticate,
+    /// Any other answer of etcd's.
+    Refused(Status),
 }
 
 impl Members {
     /// Prepares a connection to each `host:port`; connecting is lazy, so a
-    /// member that is down now does not stop the store from opening.
-    pub(super) fn new(endpoints: &[String]) -> Result<Self> {
+    /// member that is down now does not stop the store from opening. Every
+    /// connection and reconnection goes through a [`Connector`], which
+    /// reads the TLS files anew. `scope` is `{prefix}/`, for messages.
+    pub(super) fn new(endpoints: &[String], security: &Security, scope: &str) -> Result<Self> {
+        let security = Arc::new(security.clone());
         let mut channels = Vec::with_capacity(endpoints.len());
         for endpoint in endpoints {
+            let connector = Connector::new(Arc::clone(&security));
             let channel = Endpoint::from_shared(format!("http://{endpoint}"))
                 .map_err(|_| {
                     Error::invalid("etcd endpoint", format!("{endpoint:?} is not host:port"))
@@ -109,14 +220,35 @@ impl Members {
                 .http2_keep_alive_interval(Duration::from_secs(1))
                 .keep_alive_timeout(Duration::from_secs(1))
                 .keep_alive_while_idle(true)
-                .connect_lazy();
+                .connect_with_connector_lazy(tower::service_fn(move |uri| {
+                    connector.clone().connect(uri)
+                }));
             channels.push(channel);
         }
+        let auth = match (&security.user, &security.password) {
+            (Some(user), Some(_)) => Some(Auth {
+                user: user.clone(),
+                token: std::sync::Mutex::new(None),
+                authenticating: tokio::sync::Mutex::new(()),
+                count: AtomicU64::new(0),
+            }),
+            _ => None,
+        };
         Ok(Members {
             endpoints: endpoints.to_vec(),
             channels,
             active: AtomicUsize::new(0),
+            security,
+            scope: scope.to_owned(),
+            auth,
         })
+    }
+
+    /// How many tokens etcd gave this store's connections.
+    pub(super) fn authentications(&self) -> u64 {
+        self.auth
+            .as_ref()
+            .map_or(0, |auth| auth.count.load(Ordering::Relaxed))
     }
 
     /// `host:port` of every member, for messages.
@@ -138,27 +270,207 @@ impl Members {
             .store((self.active() + 1) % self.channels.len(), Ordering::Relaxed);
     }
 
-    /// The connection `offset` members after the pinned one.
-    pub(super) fn channel(&self, offset: usize) -> Channel {
-        self.channels[(self.active() + offset) % self.channels.len()].clone()
+    /// The connection `offset` members after the pinned one, with a token
+    /// (authenticating first if there is none).
+    pub(super) async fn link(&self, offset: usize) -> Result<Link, EtcdError> {
+        self.link_to((self.active() + offset) % self.channels.len())
+            .await
+            .map_err(|verdict| verdict.into_error("authenticate"))
+    }
+
+    /// Member `i`'s connection, with a token (authenticating on that
+    /// member first if there is none).
+    async fn link_to(&self, i: usize) -> Result<Link, Verdict> {
+        let channel = self.channels[i].clone();
+        let Some(auth) = &self.auth else {
+            return Ok(Link {
+                channel,
+                token: None,
+            });
+        };
+        if let Some(token) = auth.current() {
+            return Ok(Link { channel, token });
+        }
+        let _one = auth.authenticating.lock().await;
+        if let Some(token) = auth.current() {
+            return Ok(Link { channel, token });
+        }
+        let token = self.authenticate(auth, i).await?;
+        auth.set(Some(token.clone()));
+        Ok(Link { channel, token })
+    }
+
+    /// `Auth/Authenticate` on member `i`, the password read now. `None`
+    /// when etcd has authentication off.
+    async fn authenticate(
+        &self,
+        auth: &Auth,
+        i: usize,
+    ) -> Result<Option<AsciiMetadataValue>, Verdict> {
+        let Some((name, password)) = self.security.credentials().map_err(|e| match e {
+            Error::InvalidInput { what, reason } => Verdict::Invalid(what, reason),
+            other => Verdict::Invalid("password", other.to_string()),
+        })?
+        else {
+            return Ok(None);
+        };
+        let request = pb::AuthenticateRequest {
+            name,
+            password: password.expose().to_owned(),
+        };
+        let answer = tokio::time::timeout(
+            ATTEMPT_TIMEOUT,
+            pb::auth_client::AuthClient::new(self.channels[i].clone())
+                .authenticate(tonic::Request::new(request)),
+        )
+        .await;
+        let status = match answer {
+            Err(_) => {
+                return Err(Verdict::Transient(format!(
+                    "{}: no answer within {}",
+                    self.endpoints[i],
+                    humanize(ATTEMPT_TIMEOUT)
+                )));
+            }
+            Ok(Ok(reply)) => {
+                let token = reply.into_inner().token;
+                auth.count.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(user = %auth.user, endpoint = %self.endpoints[i], "authenticated to etcd");
+                return AsciiMetadataValue::try_from(token.as_str())
+                    .map(Some)
+                    .map_err(|_| Verdict::Denied("etcd gave a token that is not text".into()));
+            }
+            Ok(Err(status)) => status,
+        };
+        if status.code() == Code::FailedPrecondition
+            && status.message().contains("authentication is not enabled")
+        {
+            tracing::warn!(user = %auth.user, "etcd has authentication off; the password is not used");
+            return Ok(None);
+        }
+        if status.message().contains("authentication failed") {
+            return Err(Verdict::Denied(format!(
+                "authentication failed for user {:?}",
+                auth.user
+            )));
+        }
+        Err(match self.judge(&status, i) {
+            // Authenticate carries no token: a refusal is not about one.
+            Verdict::Reauthenticate => Verdict::Refused(status),
+            verdict => verdict,
+        })
+    }
+
+    /// Forgets the token `link` carried, which etcd refused.
+    pub(super) fn token_refused(&self, link: &Link) {
+        if let Some(auth) = &self.auth {
+            auth.refused(link.token.as_ref());
+        }
+    }
+
+    /// What `status`, an answer of member `i`, says about what to do.
+    fn judge(&self, status: &Status, i: usize) -> Verdict {
+        let host = self.endpoints[i]
+            .rsplit_once(':')
+            .map_or(self.endpoints[i].as_str(), |(host, _)| host);
+        let mut cause: Option<&(dyn std::error::Error + 'static)> =
+            std::error::Error::source(status);
+        while let Some(error) = cause {
+            if let Some(failure) = error.downcast_ref::<ConnectFailure>() {
+                match failure {
+                    ConnectFailure::Files { what, reason } => {
+                        return Verdict::Invalid(what, reason.clone());
+                    }
+                    ConnectFailure::Tls(line) => return Verdict::TlsDenied(line.clone()),
+                    ConnectFailure::Io(_) => {}
+                }
+            }
+            let tls = error
+                .downcast_ref::<std::io::Error>()
+                .and_then(rustls_error_in)
+                .or_else(|| error.downcast_ref::<rustls::Error>());
+            if let Some(tls) = tls {
+                return Verdict::TlsDenied(explain(tls, &self.security, host));
+            }
+            // After a TLS 1.3 handshake, the server's refusal of this
+            // client's certificate arrives with the first read, and HTTP/2
+            // keeps only the text of the I/O error.
+            let text = error.to_string();
+            if let Some((_, alert)) = text.split_once("received fatal alert: ") {
+                let alert = alert
+                    .split(|c: char| !c.is_alphanumeric())
+                    .next()
+                    .unwrap_or("");
+                return Verdict::TlsDenied(refused_alert(alert, &self.security, host));
+            }
+            cause = error.source();
+        }
+        let message = status.message();
+        match status.code() {
+            Code::Unauthenticated => return self.reauthenticate_or(message),
+            Code::InvalidArgument
+                if message.contains("user name is empty")
+                    || message.contains("revision of auth store is old") =>
+            {
+                return self.reauthenticate_or(message);
+            }
+            Code::InvalidArgument if message.contains("authentication failed") => {
+                return Verdict::Denied(match &self.security.user {
+                    Some(user) => format!("authentication failed for user {user:?}"),
+                    None => "authentication failed".to_owned(),
+                });
+            }
+            Code::PermissionDenied => {
+                return Verdict::PermissionDenied(match &self.security.user {
+                    Some(user) => format!("permission denied on {} for user {user:?}", self.scope),
+                    None => format!("permission denied on {}", self.scope),
+                });
+            }
+            _ => {}
+        }
+        if is_transient(status) {
+            Verdict::Transient(format!("{}: {}", self.endpoints[i], describe(status)))
+        } else {
+            Verdict::Refused(status.clone())
+        }
+    }
+
+    /// etcd wants a (new) token: authenticate again if there is a
+    /// password; otherwise the client is not known to etcd.
+    fn reauthenticate_or(&self, message: &str) -> Verdict {
+        if self.auth.is_some() {
+            return Verdict::Reauthenticate;
+        }
+        let why = message.trim_start_matches("etcdserver: ");
+        Verdict::Denied(format!(
+            "etcd requires authentication ({why}): give USER:PASSWORD@ in the URL, \
+             or a client certificate (cert=, key=) whose common name is an etcd user"
+        ))
     }
 
     /// Runs `op` on the pinned member, failing over to the next ones on
-    /// transient errors and timeouts, within [`REQUEST_TIMEOUT`].
+    /// transient errors and timeouts, within [`REQUEST_TIMEOUT`]. A token
+    /// etcd refuses is replaced (authenticating again) and the request
+    /// sent again. A TLS handshake that fails on every member ends the
+    /// request at once, as does a refusal by etcd itself.
     pub(super) async fn call<T, F, Fut>(&self, what: &str, op: F) -> Result<T, EtcdError>
     where
-        F: Fn(Channel) -> Fut,
+        F: Fn(Link) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
     {
         let started = tokio::time::Instant::now();
+        let n = self.channels.len();
         let first = self.active();
         let mut last = String::new();
+        let mut denied: Vec<Option<String>> = vec![None; n];
+        let mut reauthentications = 0;
         // Until the request's time is up: every endpoint in turn, pausing
         // after each full round (a cluster electing a new leader answers
         // "no leader" at once for about an election timeout).
         let mut pause = Duration::from_millis(25);
-        for attempt in 0.. {
-            let i = (first + attempt) % self.channels.len();
+        let mut attempt = 0;
+        loop {
+            let i = (first + attempt) % n;
             if attempt > 0 && i == first {
                 tokio::time::sleep(pause.min(REQUEST_TIMEOUT.saturating_sub(started.elapsed())))
                     .await;
@@ -168,34 +480,75 @@ impl Members {
             if left.is_zero() {
                 break;
             }
-            match tokio::time::timeout(ATTEMPT_TIMEOUT.min(left), op(self.channels[i].clone()))
-                .await
-            {
-                Ok(Ok(reply)) => {
+            let outcome = tokio::time::timeout(ATTEMPT_TIMEOUT.min(left), async {
+                let link = self.link_to(i).await?;
+                Ok((op(link.clone()).await, link))
+            })
+            .await;
+            let verdict = match outcome {
+                Ok(Ok((Ok(reply), _))) => {
                     self.active.store(i, Ordering::Relaxed);
                     return Ok(reply.into_inner());
                 }
-                Ok(Err(status)) if !is_transient(&status) => {
-                    return Err(EtcdError::Refused {
-                        what: what.to_owned(),
-                        status,
-                    });
+                Ok(Ok((Err(status), link))) => match self.judge(&status, i) {
+                    Verdict::Reauthenticate if reauthentications < 2 => {
+                        tracing::debug!(what, "etcd refused the token; authenticating again");
+                        self.token_refused(&link);
+                        reauthentications += 1;
+                        // The same endpoint again.
+                        continue;
+                    }
+                    verdict => verdict,
+                },
+                Ok(Err(verdict)) => verdict,
+                Err(_) => Verdict::Transient(format!(
+                    "{}: no answer within {}",
+                    self.endpoints[i],
+                    humanize(ATTEMPT_TIMEOUT.min(left))
+                )),
+            };
+            match verdict {
+                Verdict::Transient(line) => {
+                    denied[i] = None;
+                    last = line;
                 }
-                Ok(Err(status)) => last = format!("{}: {}", self.endpoints[i], describe(&status)),
-                Err(_) => {
-                    last = format!(
-                        "{}: no answer within {}",
-                        self.endpoints[i],
-                        humanize(ATTEMPT_TIMEOUT.min(left))
-                    );
+                Verdict::TlsDenied(line) => {
+                    denied[i] = Some(line.clone());
+                    if denied.iter().all(Option::is_some) {
+                        return Err(EtcdError::Denied(line));
+                    }
+                    last = line;
                 }
+                other => return Err(other.into_error(what)),
             }
             tracing::debug!(what, endpoint = %self.endpoints[i], %last, "etcd request failed; trying the next endpoint");
+            attempt += 1;
         }
         Err(EtcdError::Unreachable {
             what: what.to_owned(),
             last,
         })
+    }
+}
+
+impl Verdict {
+    fn into_error(self, what: &str) -> EtcdError {
+        match self {
+            Verdict::Transient(last) => EtcdError::Unreachable {
+                what: what.to_owned(),
+                last,
+            },
+            Verdict::TlsDenied(line) | Verdict::Denied(line) => EtcdError::Denied(line),
+            Verdict::PermissionDenied(line) => EtcdError::PermissionDenied(line),
+            Verdict::Invalid(what, reason) => EtcdError::Invalid { what, reason },
+            Verdict::Reauthenticate => EtcdError::Denied(format!(
+                "etcd keeps refusing the token it gives (during {what})"
+            )),
+            Verdict::Refused(status) => EtcdError::Refused {
+                what: what.to_owned(),
+                status,
+            },
+        }
     }
 }
 
@@ -265,12 +618,12 @@ pub(super) struct KeepAlive {
 impl KeepAlive {
     /// Opens the stream for lease `id`. The first request goes out with the
     /// opening: etcd answers the call only once it has one to answer.
-    pub(super) async fn open(channel: Channel, id: i64) -> Result<Self, Status> {
+    pub(super) async fn open(link: Link, id: i64) -> Result<Self, Status> {
         let (requests, outgoing) = mpsc::channel(1);
         // The channel has room for this one request and its receiver is alive.
         let _ = requests.try_send(pb::LeaseKeepAliveRequest { id });
-        let replies = pb::lease_client::LeaseClient::new(channel)
-            .lease_keep_alive(request(ReceiverStream::new(outgoing)))
+        let replies = pb::lease_client::LeaseClient::new(link.channel())
+            .lease_keep_alive(link.request(ReceiverStream::new(outgoing)))
             .await?
             .into_inner();
         Ok(KeepAlive {
@@ -306,7 +659,7 @@ pub(super) struct Watch {
 
 impl Watch {
     pub(super) async fn open(
-        channel: Channel,
+        link: Link,
         key: Vec<u8>,
         range_end: Vec<u8>,
         start_revision: i64,
@@ -324,8 +677,8 @@ impl Watch {
         };
         // The channel has room for the one request; it cannot be closed yet.
         let _ = requests.try_send(create);
-        let events = pb::watch_client::WatchClient::new(channel)
-            .watch(request(ReceiverStream::new(outgoing)))
+        let events = pb::watch_client::WatchClient::new(link.channel())
+            .watch(link.request(ReceiverStream::new(outgoing)))
             .await?
             .into_inner();
         Ok(Watch {

@@ -50,6 +50,7 @@ use crate::config::StoreTtl;
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
 use crate::store::cleanup::OnDrop;
+use crate::store::security::Security;
 use crate::store::watch_driver::{self as leader_watch, Event, Source};
 use crate::store::{
     ElectionState, FencingToken, Grant, Leader, LeaderWatch, SessionId, SessionLease, StatusWatch,
@@ -57,9 +58,10 @@ use crate::store::{
 };
 
 mod client;
+mod connect;
 
 pub use client::ATTEMPT_TIMEOUT;
-use client::{EtcdError, KeepAlive, Members, Watch, describe, prefix_end, request};
+use client::{EtcdError, KeepAlive, Members, Watch, describe, prefix_end};
 
 /// The messages and client stubs generated from `proto/etcd.proto`.
 #[allow(
@@ -239,6 +241,9 @@ struct Survey {
     keys: i64,
     /// An enclosing prefix that holds a leasehold store.
     enclosing: Option<String>,
+    /// The enclosing prefixes' marker keys this client may read (all of
+    /// them, unless etcd's permissions confine it to its prefix).
+    readable: Vec<String>,
 }
 
 impl EtcdStore {
@@ -249,8 +254,8 @@ impl EtcdStore {
     /// leasehold store, is refused with [`Error::Corrupt`] and left as it
     /// is, and one written by a newer leasehold with
     /// [`Error::IncompatibleSchema`].
-    pub async fn connect(endpoints: &[String], prefix: &str) -> Result<Self> {
-        let store = Self::reach(endpoints, prefix, false).await?;
+    pub async fn connect(endpoints: &[String], prefix: &str, security: &Security) -> Result<Self> {
+        let store = Self::reach(endpoints, prefix, security, false).await?;
         store.open_space().await?;
         Ok(store)
     }
@@ -258,19 +263,41 @@ impl EtcdStore {
     /// Connects as [`EtcdStore::connect`] does, for reading only: writes
     /// nothing, not even the marker, and opens no session. A prefix where
     /// no leasehold store was ever created is [`Error::NotFound`].
-    pub async fn connect_read_only(endpoints: &[String], prefix: &str) -> Result<Self> {
-        let store = Self::reach(endpoints, prefix, true).await?;
+    pub async fn connect_read_only(
+        endpoints: &[String],
+        prefix: &str,
+        security: &Security,
+    ) -> Result<Self> {
+        let store = Self::reach(endpoints, prefix, security, true).await?;
         store.open_space().await?;
         Ok(store)
     }
 
-    async fn reach(endpoints: &[String], prefix: &str, read_only: bool) -> Result<Self> {
+    async fn reach(
+        endpoints: &[String],
+        prefix: &str,
+        security: &Security,
+        read_only: bool,
+    ) -> Result<Self> {
         if endpoints.is_empty() {
             return Err(Error::invalid("etcd endpoints", "none given"));
         }
+        if let (Some(user), None) = (&security.user, &security.password) {
+            // Not silently dropped: etcd would then take the client
+            // certificate's common name, or no user at all.
+            return Err(Error::invalid(
+                "store URL",
+                format!(
+                    "etcd user {user:?} has no password: give it by LEASEHOLD_STORE_PASSWORD, \
+                     ?password_file=PATH or USER:PASSWORD@ (with a client certificate alone, \
+                     leave the user out: etcd takes it from the certificate's common name)"
+                ),
+            ));
+        }
+        let prefix = prefix.trim_end_matches('/').to_owned();
         Ok(EtcdStore {
-            members: Arc::new(Members::new(endpoints)?),
-            prefix: prefix.trim_end_matches('/').to_owned(),
+            members: Arc::new(Members::new(endpoints, security, &format!("{prefix}/"))?),
+            prefix,
             keepers: Default::default(),
             read_only,
         })
@@ -296,8 +323,56 @@ impl EtcdStore {
 
     /// Reads the marker, how many keys the prefix holds and the markers of
     /// enclosing prefixes, in one transaction.
+    ///
+    /// With etcd's authentication on, a user may be granted its prefix
+    /// only (`readwrite --prefix=true /PREFIX/`), and then reading an
+    /// enclosing prefix's marker is `permission denied`. Such a marker is
+    /// then taken as absent, and left out of the guards of the marker's
+    /// creation: a store inside another is refused to keep leasehold's keys
+    /// apart, and a user who cannot read the enclosing prefix cannot read
+    /// or write that store's keys either, so its grants keep the two apart
+    /// (an operator granted this prefix alone). The markers it may read are
+    /// still checked.
     async fn survey(&self) -> Result<Survey> {
         let enclosing = self.enclosing_markers();
+        match self.survey_with(&enclosing).await {
+            Err(EtcdError::PermissionDenied(_)) if !enclosing.is_empty() => {}
+            other => return other.map_err(Error::from),
+        }
+        let mut survey = self.survey_with(&[]).await?;
+        for key in enclosing {
+            let read = RangeRequest {
+                key: key.clone().into_bytes(),
+                ..Default::default()
+            };
+            match self.range("read the store", read).await {
+                Ok(found) => {
+                    if survey.enclosing.is_none()
+                        && found
+                            .kvs
+                            .first()
+                            .is_some_and(|kv| marker_version(kv).is_ok())
+                    {
+                        survey.enclosing =
+                            key.strip_suffix(&format!("/{MARKER}")).map(str::to_owned);
+                    }
+                    survey.readable.push(key);
+                }
+                Err(EtcdError::PermissionDenied(_)) => {
+                    tracing::debug!(
+                        key,
+                        "etcd: no permission to read an enclosing prefix's marker; taken as absent"
+                    );
+                }
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Ok(survey)
+    }
+
+    /// The marker, the count of keys under the prefix and the `enclosing`
+    /// markers, read in one transaction.
+    async fn survey_with(&self, enclosing: &[String]) -> Result<Survey, EtcdError> {
         let mut reads = vec![
             get(self.marker_key()),
             RequestOp {
@@ -320,15 +395,16 @@ impl EtcdStore {
         });
         let marker = ranges.next().and_then(|r| r.kvs.into_iter().next());
         let keys = ranges.next().map_or(0, |r| r.count);
-        let enclosing = ranges
-            .zip(&enclosing)
+        let found = ranges
+            .zip(enclosing)
             .find(|(r, _)| r.kvs.first().is_some_and(|kv| marker_version(kv).is_ok()))
             .and_then(|(_, key)| key.strip_suffix(&format!("/{MARKER}")).map(str::to_owned));
         Ok(Survey {
             revision: revision_of(read.header.as_ref()),
             marker,
             keys,
-            enclosing,
+            enclosing: found,
+            readable: enclosing.to_vec(),
         })
     }
 
@@ -368,6 +444,8 @@ impl EtcdStore {
         self.survey().await.map_err(|e| {
             let cause = match e {
                 Error::Unavailable { reason, .. } => reason,
+                // A refusal or a bad TLS file says why in one line already.
+                other @ (Error::Denied(_) | Error::InvalidInput { .. }) => return other,
                 other => other.to_string(),
             };
             Error::Unavailable {
@@ -408,10 +486,12 @@ impl EtcdStore {
     /// unchanged; `None` when read-only and there is nothing to refuse.
     async fn marking_guards(&self, survey: &Survey) -> Result<Option<Vec<pb::Compare>>> {
         let space = range_of_prefix(&self.space());
-        // No enclosing prefix became a store meanwhile.
-        let mut guards: Vec<pb::Compare> = self
-            .enclosing_markers()
-            .into_iter()
+        // No enclosing prefix (that this client may read) became a store
+        // meanwhile.
+        let mut guards: Vec<pb::Compare> = survey
+            .readable
+            .iter()
+            .cloned()
             .map(|key| {
                 let key = RangeRequest {
                     key: key.into_bytes(),
@@ -527,11 +607,11 @@ impl EtcdStore {
 
     async fn range(&self, what: &str, range: RangeRequest) -> Result<pb::RangeResponse, EtcdError> {
         self.members
-            .call(what, |channel| {
+            .call(what, |link| {
                 let range = range.clone();
                 async move {
-                    pb::kv_client::KvClient::new(channel)
-                        .range(request(range))
+                    pb::kv_client::KvClient::new(link.channel())
+                        .range(link.request(range))
                         .await
                 }
             })
@@ -540,11 +620,11 @@ impl EtcdStore {
 
     async fn txn(&self, what: &str, txn: TxnRequest) -> Result<TxnResponse, EtcdError> {
         self.members
-            .call(what, |channel| {
+            .call(what, |link| {
                 let txn = txn.clone();
                 async move {
-                    pb::kv_client::KvClient::new(channel)
-                        .txn(request(txn))
+                    pb::kv_client::KvClient::new(link.channel())
+                        .txn(link.request(txn))
                         .await
                 }
             })
@@ -649,9 +729,11 @@ impl EtcdStore {
         let id = kv.lease;
         let ttl = self
             .members
-            .call("lease time-to-live", |channel| async move {
-                pb::lease_client::LeaseClient::new(channel)
-                    .lease_time_to_live(request(pb::LeaseTimeToLiveRequest { id, keys: false }))
+            .call("lease time-to-live", |link| async move {
+                pb::lease_client::LeaseClient::new(link.channel())
+                    .lease_time_to_live(
+                        link.request(pb::LeaseTimeToLiveRequest { id, keys: false }),
+                    )
                     .await
             })
             .await?;
@@ -760,17 +842,16 @@ impl EtcdStore {
     /// Waits until `key` is deleted, watching from `from_revision`. Returns
     /// early (to re-read) if the watch breaks or was compacted away.
     async fn wait_deleted(&self, key: &str, from_revision: i64) {
-        let opened = Watch::open(
-            self.members.channel(0),
-            key.as_bytes().to_vec(),
-            Vec::new(),
-            from_revision,
-        )
-        .await;
+        let opened = match self.members.link(0).await {
+            Ok(link) => Watch::open(link, key.as_bytes().to_vec(), Vec::new(), from_revision)
+                .await
+                .map_err(|status| describe(&status)),
+            Err(error) => Err(Error::from(error).to_string()),
+        };
         let mut watch = match opened {
             Ok(watch) => watch,
-            Err(status) => {
-                tracing::debug!(error = %describe(&status), key, "watch failed; re-reading");
+            Err(error) => {
+                tracing::debug!(%error, key, "watch failed; re-reading");
                 tokio::time::sleep(WATCH_RETRY).await;
                 return;
             }
@@ -797,16 +878,32 @@ impl EtcdStore {
     /// stream on the next endpoint when the last one failed.
     async fn keep_alive_once(&self, session: SessionId, id: i64) -> Result<Duration> {
         let mut keepers = self.keepers.lock().await;
+        let mut denied = None;
         for attempt in 0..self.members.len() {
             let keeper = match keepers.entry(id) {
                 std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
                 std::collections::hash_map::Entry::Vacant(vacant) => {
-                    let channel = self.members.channel(attempt);
-                    match tokio::time::timeout(ATTEMPT_TIMEOUT, KeepAlive::open(channel, id)).await
-                    {
-                        Ok(Ok(keeper)) => vacant.insert(keeper),
-                        Ok(Err(status)) if client::lease_not_found(&status) => {
+                    let opened = tokio::time::timeout(ATTEMPT_TIMEOUT, async {
+                        let link = self.members.link(attempt).await?;
+                        let opened = KeepAlive::open(link.clone(), id).await;
+                        Ok::<_, EtcdError>((opened, link))
+                    })
+                    .await;
+                    match opened {
+                        Ok(Ok((Ok(keeper), _))) => vacant.insert(keeper),
+                        Ok(Ok((Err(status), _))) if client::lease_not_found(&status) => {
                             return Err(Error::SessionExpired(session));
+                        }
+                        Ok(Ok((Err(status), link))) => {
+                            if status.code() == tonic::Code::Unauthenticated {
+                                // The next opening authenticates again.
+                                self.members.token_refused(&link);
+                            }
+                            continue;
+                        }
+                        Ok(Err(error @ (EtcdError::Denied(_) | EtcdError::Invalid { .. }))) => {
+                            denied = Some(error);
+                            continue;
                         }
                         Ok(Err(_)) | Err(_) => continue,
                     }
@@ -823,6 +920,9 @@ impl EtcdStore {
                     self.members.skip_active();
                 }
             }
+        }
+        if let Some(error) = denied {
+            return Err(error.into());
         }
         Err(Error::Unavailable {
             reason: "etcd keep-alive failed on every endpoint".into(),
@@ -854,14 +954,18 @@ impl Source for EtcdWatch {
 
     async fn changed(&mut self) -> Event {
         let prefix = self.store.election_prefix(&self.election);
-        let opened = Watch::open(
-            self.store.members.channel(0),
-            prefix.as_bytes().to_vec(),
-            prefix_end(prefix.as_bytes()),
-            self.from,
-        )
-        .await;
-        if let Ok(mut watch) = opened {
+        let opened = match self.store.members.link(0).await {
+            Ok(link) => Watch::open(
+                link,
+                prefix.as_bytes().to_vec(),
+                prefix_end(prefix.as_bytes()),
+                self.from,
+            )
+            .await
+            .ok(),
+            Err(_) => None,
+        };
+        if let Some(mut watch) = opened {
             // Events, or a broken watch: either way, re-read.
             let _ = watch.changed().await;
         }
@@ -894,6 +998,13 @@ async fn withdraw(store: EtcdStore, key: String, revision: i64) {
 }
 
 impl EtcdStore {
+    /// How many times this store's connections authenticated to etcd
+    /// (user and password); for tests and diagnostics.
+    #[doc(hidden)]
+    pub fn authentications(&self) -> u64 {
+        self.members.authentications()
+    }
+
     /// Writes `value` at `key` only while `grant` still leads its election:
     /// one transaction that requires the leader key to carry the grant's
     /// create revision (its token). Once leadership has moved, the write
@@ -941,9 +1052,9 @@ impl Store for EtcdStore {
         let seconds = TTL.check(ttl)?.units;
         let lease = self
             .members
-            .call("lease grant", |channel| async move {
-                pb::lease_client::LeaseClient::new(channel)
-                    .lease_grant(request(pb::LeaseGrantRequest {
+            .call("lease grant", |link| async move {
+                pb::lease_client::LeaseClient::new(link.channel())
+                    .lease_grant(link.request(pb::LeaseGrantRequest {
                         ttl: seconds,
                         id: 0,
                     }))
@@ -972,9 +1083,9 @@ impl Store for EtcdStore {
         self.keepers.lock().await.remove(&id);
         let revoked = self
             .members
-            .call("lease revoke", |channel| async move {
-                pb::lease_client::LeaseClient::new(channel)
-                    .lease_revoke(request(pb::LeaseRevokeRequest { id }))
+            .call("lease revoke", |link| async move {
+                pb::lease_client::LeaseClient::new(link.channel())
+                    .lease_revoke(link.request(pb::LeaseRevokeRequest { id }))
                     .await
             })
             .await;

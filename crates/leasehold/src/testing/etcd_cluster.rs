@@ -1,11 +1,15 @@
 //! A real etcd cluster for tests and benchmarks: Debian's `etcd` binary,
 //! members on free loopback ports in a temporary folder, stopped by process
-//! id when dropped (also when a test panics).
+//! id when dropped (also when a test panics). [`EtcdCluster::start_secured`]
+//! starts one member serving TLS, requiring client certificates, with
+//! etcd's authentication (RBAC) on.
 
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use super::certs::{CertFiles, TestCa, Usage};
 
 /// One member's process and addresses.
 #[derive(Debug)]
@@ -13,7 +17,22 @@ struct Member {
     name: String,
     client_port: u16,
     peer_port: u16,
+    /// Plain HTTP `/health` and `/metrics`, whatever the client URLs are.
+    metrics_port: u16,
     process: Option<Child>,
+}
+
+/// The TLS files and settings of a secured cluster.
+#[derive(Debug)]
+struct Secured {
+    /// The CA the member trusts for client certificates (a copy, so that
+    /// a rotation can replace it).
+    trusted_ca: PathBuf,
+    /// The member's certificate and key.
+    server: CertFiles,
+    /// `root`'s client certificate (common name `root`), for `etcdctl`.
+    admin: CertFiles,
+    token_ttl: Option<Duration>,
 }
 
 /// A running etcd cluster on 127.0.0.1.
@@ -22,6 +41,7 @@ pub struct EtcdCluster {
     dir: PathBuf,
     members: Vec<Member>,
     token: String,
+    secured: Option<Secured>,
 }
 
 fn free_port() -> std::io::Result<u16> {
@@ -33,6 +53,15 @@ impl EtcdCluster {
     /// Panics with a clear message if `etcd` is not installed or does not
     /// come up (this is test support).
     pub fn start(size: usize) -> Self {
+        let mut cluster = Self::unstarted(size, None);
+        for i in 0..size {
+            cluster.spawn(i, "new");
+        }
+        cluster.wait_ready(Duration::from_secs(30));
+        cluster
+    }
+
+    fn unstarted(size: usize, secured: Option<Secured>) -> Self {
         let dir = std::env::temp_dir().join(format!(
             "leasehold-etcd-{}-{}",
             std::process::id(),
@@ -44,19 +73,122 @@ impl EtcdCluster {
                 name: format!("m{i}"),
                 client_port: free_port().expect("free port"),
                 peer_port: free_port().expect("free port"),
+                metrics_port: free_port().expect("free port"),
                 process: None,
             })
             .collect();
-        let mut cluster = EtcdCluster {
+        EtcdCluster {
             token: format!("leasehold-{}", crate::clock::host_monotonic_ns()),
             dir,
             members,
-        };
-        for i in 0..size {
-            cluster.spawn(i, "new");
+            secured,
         }
+    }
+
+    /// Starts one member that serves TLS with a certificate of `ca`
+    /// (issued into `dir`), requires a client certificate signed by `ca`
+    /// (`--client-cert-auth`), and has authentication on: the user `root`
+    /// (role `root`) exists, and `etcdctl` ([`EtcdCluster::etcdctl`]) acts
+    /// as root by its certificate's common name. `token_ttl`: etcd's
+    /// `--auth-token-ttl` (300 s when `None`).
+    pub fn start_secured(dir: &Path, ca: &TestCa, token_ttl: Option<Duration>) -> Self {
+        let trusted_ca = dir.join("etcd-trusted-ca.pem");
+        std::fs::copy(ca.ca_path(), &trusted_ca).expect("copy the CA");
+        let secured = Secured {
+            trusted_ca,
+            server: ca.issue("etcd-server", "etcd", Usage::Server, false),
+            admin: ca.issue("etcd-root", "root", Usage::Client, false),
+            token_ttl,
+        };
+        let mut cluster = Self::unstarted(1, Some(secured));
+        cluster.spawn(0, "new");
         cluster.wait_ready(Duration::from_secs(30));
+        let password = format!("root-{}", crate::clock::host_monotonic_ns());
+        cluster.etcdctl(&[
+            "user",
+            "add",
+            &format!("root:{password}"),
+            "--interactive=false",
+        ]);
+        cluster.etcdctl(&["auth", "enable"]);
         cluster
+    }
+
+    /// Adds the user `user` with `password` and a role of the same name
+    /// granted `readwrite` on the keys starting with `prefix` (none if
+    /// `None`): `etcdctl role grant-permission ROLE readwrite
+    /// --prefix=true PREFIX`.
+    pub fn add_user(&self, user: &str, password: &str, prefix: Option<&str>) {
+        self.etcdctl(&["role", "add", user]);
+        if let Some(prefix) = prefix {
+            self.etcdctl(&[
+                "role",
+                "grant-permission",
+                user,
+                "readwrite",
+                "--prefix=true",
+                prefix,
+            ]);
+        }
+        self.etcdctl(&[
+            "user",
+            "add",
+            &format!("{user}:{password}"),
+            "--interactive=false",
+        ]);
+        self.etcdctl(&["user", "grant-role", user, user]);
+    }
+
+    /// Runs Debian's `etcdctl` (API 3) against the cluster, as `root` on a
+    /// secured one; its standard output. Panics if it fails.
+    pub fn etcdctl(&self, args: &[&str]) -> String {
+        let mut command = Command::new("etcdctl");
+        command
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={}", self.client_urls().join(",")));
+        if let Some(secured) = &self.secured {
+            command
+                .arg(format!("--cacert={}", secured.trusted_ca.display()))
+                .arg(format!("--cert={}", secured.admin.cert.display()))
+                .arg(format!("--key={}", secured.admin.key.display()));
+        }
+        let out = command
+            .args(args)
+            .output()
+            .expect("etcdctl (Debian's etcd-client) runs");
+        assert!(out.status.success(), "etcdctl {args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// A rotation on a secured cluster: stops the member, gives it a new
+    /// certificate of `ca` and trusts `ca` alone (the old CA no more), and
+    /// starts it again; `root`'s certificate is reissued too.
+    pub fn rotate(&mut self, ca: &TestCa) {
+        let Some(secured) = &self.secured else {
+            panic!("rotate: the cluster is not secured");
+        };
+        let trusted_ca = secured.trusted_ca.clone();
+        self.kill(0);
+        let _ = ca.issue("etcd-server", "etcd", Usage::Server, false);
+        let _ = ca.issue("etcd-root", "root", Usage::Client, false);
+        std::fs::copy(ca.ca_path(), &trusted_ca).expect("copy the CA");
+        self.restart(0);
+        self.wait_ready(Duration::from_secs(30));
+    }
+
+    fn scheme(&self) -> &'static str {
+        if self.secured.is_some() {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
+    fn client_urls(&self) -> Vec<String> {
+        self.endpoints()
+            .iter()
+            .map(|e| format!("{}://{e}", self.scheme()))
+            .collect()
     }
 
     fn spawn(&mut self, i: usize, state: &str) {
@@ -66,20 +198,42 @@ impl EtcdCluster {
             .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
             .collect();
         let member = &self.members[i];
-        let log = std::fs::File::create(self.dir.join(format!("{}.log", member.name)))
+        let scheme = self.scheme();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("{}.log", member.name)))
             .expect("member log file");
-        let child = Command::new("etcd")
+        let mut command = Command::new("etcd");
+        if let Some(secured) = &self.secured {
+            command
+                .arg("--client-cert-auth")
+                .arg(format!(
+                    "--trusted-ca-file={}",
+                    secured.trusted_ca.display()
+                ))
+                .arg(format!("--cert-file={}", secured.server.cert.display()))
+                .arg(format!("--key-file={}", secured.server.key.display()));
+            if let Some(ttl) = secured.token_ttl {
+                command.arg(format!("--auth-token-ttl={}", ttl.as_secs().max(1)));
+            }
+        }
+        let child = command
             .arg("--name")
             .arg(&member.name)
             .arg("--data-dir")
             .arg(self.dir.join(&member.name))
             .arg(format!(
-                "--listen-client-urls=http://127.0.0.1:{}",
+                "--listen-client-urls={scheme}://127.0.0.1:{}",
                 member.client_port
             ))
             .arg(format!(
-                "--advertise-client-urls=http://127.0.0.1:{}",
+                "--advertise-client-urls={scheme}://127.0.0.1:{}",
                 member.client_port
+            ))
+            .arg(format!(
+                "--listen-metrics-urls=http://127.0.0.1:{}",
+                member.metrics_port
             ))
             .arg(format!(
                 "--listen-peer-urls=http://127.0.0.1:{}",
@@ -105,7 +259,7 @@ impl EtcdCluster {
     pub fn wait_ready(&self, limit: Duration) {
         let until = Instant::now() + limit;
         for member in self.members.iter().filter(|m| m.process.is_some()) {
-            while !http_get(member.client_port, "/health").is_some_and(|b| b.contains("true")) {
+            while !http_get(member.metrics_port, "/health").is_some_and(|b| b.contains("true")) {
                 assert!(
                     Instant::now() < until,
                     "etcd member {} did not become healthy; see {}",
@@ -123,6 +277,11 @@ impl EtcdCluster {
             .iter()
             .map(|m| format!("127.0.0.1:{}", m.client_port))
             .collect()
+    }
+
+    /// The folder holding the members' data and logs.
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// A store URL for the whole cluster with `prefix`.
@@ -168,7 +327,7 @@ impl EtcdCluster {
         self.members
             .iter()
             .filter(|m| m.process.is_some())
-            .filter_map(|m| http_get(m.client_port, "/metrics"))
+            .filter_map(|m| http_get(m.metrics_port, "/metrics"))
             .flat_map(|body| {
                 body.lines()
                     .filter(|l| l.starts_with(series))

@@ -1,6 +1,7 @@
 //! For backend implementers and tests: the shared conformance suite every
 //! store runs, and fault-injecting wrappers (cargo feature `testing`).
 
+mod certs;
 pub mod conformance;
 #[cfg(feature = "etcd")]
 mod etcd_cluster;
@@ -17,11 +18,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use async_trait::async_trait;
 
 pub use crate::store::watch_driver::{fail_watch_reads, failed_watch_reads, heal_watch_reads};
+pub use certs::{CertFiles, TestCa, Usage};
 #[cfg(feature = "etcd")]
 pub use etcd_cluster::EtcdCluster;
 pub use faults::FaultyStore;
 #[cfg(feature = "postgres")]
-pub use postgres_server::PostgresServer;
+pub use postgres_server::{PostgresServer, SECURED_HBA};
 pub use rng::Rng;
 #[cfg(feature = "zookeeper")]
 pub use zookeeper_server::ZooKeeperServer;

@@ -2,6 +2,11 @@
 //! temporary folder, the server on a free loopback port, stopped by process
 //! id when dropped. As root (CI), the server runs as the `postgres` user,
 //! since PostgreSQL refuses to run as root.
+//!
+//! [`PostgresServer::start_secured`] starts one that takes TCP connections
+//! over TLS only, with scram-sha-256 passwords or client certificates
+//! ([`SECURED_HBA`]); its superuser connects over the Unix socket
+//! ([`PostgresServer::psql`]).
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -14,7 +19,21 @@ pub struct PostgresServer {
     dir: PathBuf,
     port: u16,
     process: Option<Child>,
+    /// `-c NAME=VALUE` settings beyond the defaults (TLS, pg_hba).
+    settings: Vec<String>,
 }
+
+/// The `pg_hba.conf` of [`PostgresServer::start_secured`]: the superuser
+/// over the Unix socket only; over TCP, TLS only (`hostssl`, no `host`
+/// line): the user `mtls` with a password *and* a client certificate the
+/// server's CA signed, the user `certuser` by its certificate alone (its
+/// common name), everyone else by scram-sha-256 password.
+pub const SECURED_HBA: &str = "\
+local   all  postgres                 trust
+hostssl all  mtls      127.0.0.1/32   scram-sha-256 clientcert=verify-full
+hostssl all  certuser  127.0.0.1/32   cert
+hostssl all  all       127.0.0.1/32   scram-sha-256
+";
 
 /// The folder with `initdb` and `postgres`: Debian's newest
 /// `/usr/lib/postgresql/N/bin`, or `PATH`.
@@ -32,23 +51,156 @@ fn program(name: &str) -> PathBuf {
     bin_dir().map_or_else(|| PathBuf::from(name), |dir| dir.join(name))
 }
 
-/// Runs `cmd` as the `postgres` user when this process is root.
-fn as_server_user(cmd: &mut Command, dir: &Path) {
+/// The `postgres` user, when this process is root (PostgreSQL refuses to
+/// run as root).
+fn server_user() -> Option<nix::unistd::User> {
     if !nix::unistd::Uid::effective().is_root() {
-        return;
+        return None;
     }
     let user = nix::unistd::User::from_name("postgres")
         .ok()
         .flatten()
         .expect("running as root needs the `postgres` user (Debian's postgresql package)");
-    nix::unistd::chown(dir, Some(user.uid), Some(user.gid)).expect("chown the data folder");
-    cmd.uid(user.uid.as_raw()).gid(user.gid.as_raw());
+    Some(user)
+}
+
+/// Runs `cmd` as the `postgres` user when this process is root.
+fn as_server_user(cmd: &mut Command, dir: &Path) {
+    if let Some(user) = server_user() {
+        nix::unistd::chown(dir, Some(user.uid), Some(user.gid)).expect("chown the data folder");
+        cmd.uid(user.uid.as_raw()).gid(user.gid.as_raw());
+    }
+}
+
+/// Copies `from` to `to` for the server to read: mode 0600, owned by the
+/// server's user (PostgreSQL refuses a key others can read).
+fn server_file(from: &Path, to: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let contents = std::fs::read(from).unwrap_or_else(|e| panic!("read {}: {e}", from.display()));
+    // Written anew (not over the old file): the server may be reading it.
+    let fresh = to.with_extension("new");
+    std::fs::write(&fresh, contents).unwrap_or_else(|e| panic!("write {}: {e}", to.display()));
+    std::fs::set_permissions(&fresh, std::fs::Permissions::from_mode(0o600))
+        .expect("chmod a server TLS file");
+    if let Some(user) = server_user() {
+        nix::unistd::chown(&fresh, Some(user.uid), Some(user.gid)).expect("chown a TLS file");
+    }
+    std::fs::rename(&fresh, to).expect("move a server TLS file into place");
 }
 
 impl PostgresServer {
     /// Initializes a cluster and starts the server; panics with a clear
     /// message if PostgreSQL is not installed (this is test support).
     pub fn start() -> Self {
+        let mut pg = Self::init();
+        pg.spawn();
+        pg
+    }
+
+    /// Starts a server that takes TCP connections over TLS only: its
+    /// certificate and key `server` (copied into its folder, mode 0600),
+    /// client certificates checked against `ca`, passwords kept as
+    /// scram-sha-256, and [`SECURED_HBA`]. Create users with
+    /// [`PostgresServer::psql`].
+    pub fn start_secured(ca: &Path, server: &crate::testing::CertFiles) -> Self {
+        let mut pg = Self::init();
+        let tls = pg.dir.join("tls");
+        std::fs::create_dir_all(&tls).expect("create the TLS folder");
+        if let Some(user) = server_user() {
+            nix::unistd::chown(&tls, Some(user.uid), Some(user.gid)).expect("chown TLS folder");
+        }
+        server_file(&server.cert, &tls.join("server.pem"));
+        server_file(&server.key, &tls.join("server-key.pem"));
+        server_file(ca, &tls.join("ca.pem"));
+        let hba = tls.join("pg_hba.conf");
+        std::fs::write(&hba, SECURED_HBA).expect("write pg_hba.conf");
+        server_file(&hba, &hba);
+        pg.settings = vec![
+            "ssl=on".into(),
+            format!("ssl_cert_file={}", tls.join("server.pem").display()),
+            format!("ssl_key_file={}", tls.join("server-key.pem").display()),
+            format!("ssl_ca_file={}", tls.join("ca.pem").display()),
+            "password_encryption=scram-sha-256".into(),
+            format!("hba_file={}", hba.display()),
+        ];
+        pg.spawn();
+        pg
+    }
+
+    /// Has a secured server trust `ca` (PEM, one or more CA certificates)
+    /// for client certificates from now on: the file is replaced and the
+    /// server reloads its configuration (SIGHUP, as `pg_ctl reload`).
+    /// Connections already open are kept.
+    pub fn trust_ca(&self, ca: &Path) {
+        server_file(ca, &self.dir.join("tls").join("ca.pem"));
+        self.reload();
+    }
+
+    /// Reloads the configuration files (SIGHUP to the server, as
+    /// `pg_ctl reload`), and waits until the server has.
+    pub fn reload(&self) {
+        let Some(pid) = self.pid() else { return };
+        let before = self.log().matches("reloading configuration files").count();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGHUP,
+        )
+        .expect("signal the server to reload");
+        let until = Instant::now() + Duration::from_secs(10);
+        while self.log().matches("reloading configuration files").count() == before {
+            assert!(Instant::now() < until, "postgres did not reload");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The postmaster logs before it has read the files; a moment more.
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    /// Runs SQL as the superuser over the Unix socket (`psql -c`, one
+    /// transaction per statement given), panicking with psql's message if
+    /// one fails.
+    pub fn psql(&self, statements: &[&str]) {
+        let mut cmd = Command::new(program("psql"));
+        cmd.args([
+            "-X",
+            "-q",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-U",
+            "postgres",
+            "-d",
+            "postgres",
+        ])
+        .arg("-h")
+        .arg(&self.dir)
+        .arg("-p")
+        .arg(self.port.to_string());
+        for statement in statements {
+            cmd.arg("-c").arg(statement);
+        }
+        let out = cmd.output().expect("run psql");
+        assert!(
+            out.status.success(),
+            "psql {statements:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// A connection string for the superuser over the Unix socket (which
+    /// a secured server trusts; it has no plaintext TCP).
+    pub fn admin_url(&self) -> String {
+        format!(
+            "postgresql://postgres@/postgres?host={}&port={}",
+            self.dir.display(),
+            self.port
+        )
+    }
+
+    /// The port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    fn init() -> Self {
         let dir = std::env::temp_dir().join(format!(
             "leasehold-pg-{}-{}",
             std::process::id(),
@@ -74,13 +226,12 @@ impl PostgresServer {
             .and_then(|l| l.local_addr())
             .expect("free port")
             .port();
-        let mut pg = PostgresServer {
+        PostgresServer {
             dir,
             port,
             process: None,
-        };
-        pg.spawn();
-        pg
+            settings: Vec::new(),
+        }
     }
 
     fn spawn(&mut self) {
@@ -97,7 +248,11 @@ impl PostgresServer {
             .arg("-c")
             .arg(format!("unix_socket_directories={}", self.dir.display()))
             .arg("-p")
-            .arg(self.port.to_string())
+            .arg(self.port.to_string());
+        for setting in &self.settings {
+            server.arg("-c").arg(setting);
+        }
+        server
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log);

@@ -120,6 +120,26 @@ impl ZooKeeperServer {
         format!("zk://127.0.0.1:{}{root}", self.port)
     }
 
+    /// A `zk://USER:PASSWORD@…` store URL with leasehold's nodes under
+    /// `root` (`user` and `password` plain: no characters to escape).
+    pub fn url_as(&self, user: &str, password: &str, root: &str) -> String {
+        format!("zk://{user}:{password}@127.0.0.1:{}{root}", self.port)
+    }
+
+    /// A raw client of the server that authenticates with the digest
+    /// `user:password`, or not at all: what another program (an intruder,
+    /// an operator) would use.
+    pub async fn raw_client(&self, digest: Option<&str>) -> zookeeper_client::Client {
+        let mut connector = zookeeper_client::Client::connector();
+        if let Some(digest) = digest {
+            connector = connector.with_auth("digest", digest.as_bytes());
+        }
+        connector
+            .connect(&format!("127.0.0.1:{}", self.port))
+            .await
+            .expect("connect a raw zookeeper client")
+    }
+
     /// The server's process id.
     pub fn pid(&self) -> Option<i32> {
         self.process

@@ -31,7 +31,7 @@ async fn cluster() -> EtcdCluster {
 }
 
 async fn elector(endpoints: &[String], id: &str, ttl: Duration) -> Elector {
-    let store = EtcdStore::connect(endpoints, "/faults")
+    let store = EtcdStore::connect(endpoints, "/faults", &leasehold::store::Security::none())
         .await
         .expect("connect");
     Elector::new(
@@ -152,9 +152,13 @@ async fn a_handover_among_100_waiters_touches_only_the_next_in_line() {
     let cluster = cluster().await;
     let election = unique_election("herd");
     let store: Arc<dyn Store> = Arc::new(
-        EtcdStore::connect(&cluster.endpoints(), "/herd")
-            .await
-            .expect("connect"),
+        EtcdStore::connect(
+            &cluster.endpoints(),
+            "/herd",
+            &leasehold::store::Security::none(),
+        )
+        .await
+        .expect("connect"),
     );
     let holder = store
         .open_session(Duration::from_secs(60))
@@ -229,9 +233,13 @@ async fn fenced_puts_from_earlier_leaders_never_land() {
     let (seed, mut rng) = leasehold::testing::Rng::from_env();
     let mut next = move |n: u64| rng.below(n);
     let cluster = cluster().await;
-    let store = EtcdStore::connect(&cluster.endpoints(), "/fenced")
-        .await
-        .expect("connect");
+    let store = EtcdStore::connect(
+        &cluster.endpoints(),
+        "/fenced",
+        &leasehold::store::Security::none(),
+    )
+    .await
+    .expect("connect");
     let election = unique_election("fenced-put");
     let key = "/resource/object-x";
     let mut grants: Vec<leasehold::Grant> = Vec::new();
@@ -307,10 +315,10 @@ async fn fenced_puts_from_earlier_leaders_never_land() {
 async fn a_status_watch_reports_lost_quorum_then_the_state_after_it() {
     let mut cluster = cluster().await;
     let endpoints = cluster.endpoints();
-    let observer = EtcdStore::connect(&endpoints, "/quorum")
+    let observer = EtcdStore::connect(&endpoints, "/quorum", &leasehold::store::Security::none())
         .await
         .expect("connect");
-    let holder = EtcdStore::connect(&endpoints, "/quorum")
+    let holder = EtcdStore::connect(&endpoints, "/quorum", &leasehold::store::Security::none())
         .await
         .expect("connect");
     let election = unique_election("quorum");
@@ -387,9 +395,10 @@ async fn a_prefix_holding_other_programs_keys_is_refused_untouched() {
     let before = dump(&cluster, "/shared");
     for read_only in [false, true] {
         let opened = if read_only {
-            EtcdStore::connect_read_only(&endpoints, "/shared").await
+            EtcdStore::connect_read_only(&endpoints, "/shared", &leasehold::store::Security::none())
+                .await
         } else {
-            EtcdStore::connect(&endpoints, "/shared").await
+            EtcdStore::connect(&endpoints, "/shared", &leasehold::store::Security::none()).await
         };
         match opened {
             Err(leasehold::Error::Corrupt(message)) => {
@@ -402,10 +411,16 @@ async fn a_prefix_holding_other_programs_keys_is_refused_untouched() {
     assert_eq!(dump(&cluster, "/shared"), before, "something was written");
 
     // Inside another leasehold store.
-    EtcdStore::connect(&endpoints, "/outer")
+    EtcdStore::connect(&endpoints, "/outer", &leasehold::store::Security::none())
         .await
         .expect("a store of its own");
-    match EtcdStore::connect(&endpoints, "/outer/e/x").await {
+    match EtcdStore::connect(
+        &endpoints,
+        "/outer/e/x",
+        &leasehold::store::Security::none(),
+    )
+    .await
+    {
         Err(leasehold::Error::Corrupt(message)) => assert!(message.contains("inside"), "{message}"),
         other => panic!("a prefix inside a store must be refused, got {other:?}"),
     }
@@ -413,7 +428,7 @@ async fn a_prefix_holding_other_programs_keys_is_refused_untouched() {
 
     // Written by a newer leasehold.
     etcdctl(&cluster, &["put", "/newer/leasehold", "leasehold 2"]);
-    match EtcdStore::connect(&endpoints, "/newer").await {
+    match EtcdStore::connect(&endpoints, "/newer", &leasehold::store::Security::none()).await {
         Err(leasehold::Error::IncompatibleSchema { found, supported }) => {
             assert_eq!(
                 (found, supported),
@@ -436,9 +451,13 @@ async fn a_prefix_holding_other_programs_keys_is_refused_untouched() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_leasehold_did_not_write_are_never_taken_for_a_leader_nor_overwritten() {
     let cluster = cluster().await;
-    let store = EtcdStore::connect(&cluster.endpoints(), "/space")
-        .await
-        .expect("connect");
+    let store = EtcdStore::connect(
+        &cluster.endpoints(),
+        "/space",
+        &leasehold::store::Security::none(),
+    )
+    .await
+    .expect("connect");
     let job = leasehold::ElectionName::new("job").expect("name");
     let other = leasehold::ElectionName::new("other").expect("name");
     etcdctl(&cluster, &["put", "/space/e/job/user", "user data e"]);
@@ -517,13 +536,14 @@ async fn a_prefix_an_earlier_leasehold_filled_is_adopted() {
     );
     let before = dump(&cluster, "/old");
     let job = leasehold::ElectionName::new("job").expect("name");
-    let reader = EtcdStore::connect_read_only(&endpoints, "/old")
-        .await
-        .expect("read-only");
+    let reader =
+        EtcdStore::connect_read_only(&endpoints, "/old", &leasehold::store::Security::none())
+            .await
+            .expect("read-only");
     let leader = reader.leader(&job).await.expect("read").expect("a leader");
     assert_eq!(leader.candidate.as_str(), "earlier");
     assert_eq!(dump(&cluster, "/old"), before, "read-only wrote");
-    let store = EtcdStore::connect(&endpoints, "/old")
+    let store = EtcdStore::connect(&endpoints, "/old", &leasehold::store::Security::none())
         .await
         .expect("adopted");
     assert_eq!(
@@ -540,19 +560,22 @@ async fn a_prefix_an_earlier_leasehold_filled_is_adopted() {
 async fn reading_a_prefix_without_a_store_writes_nothing() {
     let cluster = cluster().await;
     let endpoints = cluster.endpoints();
-    match EtcdStore::connect_read_only(&endpoints, "/nothing").await {
+    match EtcdStore::connect_read_only(&endpoints, "/nothing", &leasehold::store::Security::none())
+        .await
+    {
         Err(leasehold::Error::NotFound(message)) => {
             assert!(message.contains("/nothing"), "{message}");
         }
         other => panic!("expected NotFound, got {other:?}"),
     }
     assert_eq!(dump(&cluster, ""), "", "something was written");
-    EtcdStore::connect(&endpoints, "/nothing")
+    EtcdStore::connect(&endpoints, "/nothing", &leasehold::store::Security::none())
         .await
         .expect("first use");
-    let reader = EtcdStore::connect_read_only(&endpoints, "/nothing")
-        .await
-        .expect("read-only");
+    let reader =
+        EtcdStore::connect_read_only(&endpoints, "/nothing", &leasehold::store::Security::none())
+            .await
+            .expect("read-only");
     let job = leasehold::ElectionName::new("job").expect("name");
     assert_eq!(reader.leader(&job).await.expect("read"), None);
     assert!(reader.elections().await.expect("list").is_empty());

@@ -1,10 +1,13 @@
 mod elector_time;
 mod etcd;
 mod etcd_api;
+mod etcd_secure;
 mod examples;
 mod fence;
 mod memory;
 mod postgres;
+mod postgres_tls;
 mod sqlite;
 mod sqlite_crash;
 mod zookeeper;
+mod zookeeper_auth;

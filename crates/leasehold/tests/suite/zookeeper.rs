@@ -31,9 +31,13 @@ leasehold::conformance_tests!(harness());
 
 async fn store(server: &ZooKeeperServer) -> Arc<ZkStore> {
     Arc::new(
-        ZkStore::connect(&server.endpoints(), "/faults")
-            .await
-            .expect("connect"),
+        ZkStore::connect(
+            &server.endpoints(),
+            "/faults",
+            &leasehold::store::Security::none(),
+        )
+        .await
+        .expect("connect"),
     )
 }
 
@@ -447,9 +451,19 @@ async fn zookeepers_own_node_and_malformed_roots_are_refused() {
     ] {
         for read_only in [false, true] {
             let opened = if read_only {
-                ZkStore::connect_read_only(&server.endpoints(), root).await
+                ZkStore::connect_read_only(
+                    &server.endpoints(),
+                    root,
+                    &leasehold::store::Security::none(),
+                )
+                .await
             } else {
-                ZkStore::connect(&server.endpoints(), root).await
+                ZkStore::connect(
+                    &server.endpoints(),
+                    root,
+                    &leasehold::store::Security::none(),
+                )
+                .await
             };
             assert!(
                 matches!(opened, Err(leasehold::Error::InvalidInput { .. })),
@@ -485,9 +499,19 @@ async fn a_node_leasehold_did_not_create_is_refused_untouched() {
     for root in ["/app", "/empty"] {
         for read_only in [false, true] {
             let opened = if read_only {
-                ZkStore::connect_read_only(&server.endpoints(), root).await
+                ZkStore::connect_read_only(
+                    &server.endpoints(),
+                    root,
+                    &leasehold::store::Security::none(),
+                )
+                .await
             } else {
-                ZkStore::connect(&server.endpoints(), root).await
+                ZkStore::connect(
+                    &server.endpoints(),
+                    root,
+                    &leasehold::store::Security::none(),
+                )
+                .await
             };
             match opened {
                 Err(leasehold::Error::Corrupt(message)) => {
@@ -505,7 +529,13 @@ async fn a_node_leasehold_did_not_create_is_refused_untouched() {
     assert_eq!(raw.get_data("/app").await.expect("read").0, b"config");
     assert!(raw.list_children("/empty").await.expect("list").is_empty());
     assert_eq!(raw.get_data("/empty").await.expect("read").0, b"");
-    match ZkStore::connect(&server.endpoints(), "/newer").await {
+    match ZkStore::connect(
+        &server.endpoints(),
+        "/newer",
+        &leasehold::store::Security::none(),
+    )
+    .await
+    {
         Err(leasehold::Error::IncompatibleSchema { found, supported }) => assert_eq!(
             (found, supported),
             (2, leasehold::store::zookeeper::LAYOUT_VERSION)
@@ -513,10 +543,20 @@ async fn a_node_leasehold_did_not_create_is_refused_untouched() {
         other => panic!("a newer layout must be refused, got {other:?}"),
     }
     assert!(raw.list_children("/newer").await.expect("list").is_empty());
-    ZkStore::connect(&server.endpoints(), "/outer")
-        .await
-        .expect("a store of its own");
-    match ZkStore::connect(&server.endpoints(), "/outer/elections/x").await {
+    ZkStore::connect(
+        &server.endpoints(),
+        "/outer",
+        &leasehold::store::Security::none(),
+    )
+    .await
+    .expect("a store of its own");
+    match ZkStore::connect(
+        &server.endpoints(),
+        "/outer/elections/x",
+        &leasehold::store::Security::none(),
+    )
+    .await
+    {
         Err(leasehold::Error::Corrupt(message)) => assert!(message.contains("inside"), "{message}"),
         other => panic!("a root inside a store must be refused, got {other:?}"),
     }
@@ -529,9 +569,13 @@ async fn a_node_leasehold_did_not_create_is_refused_untouched() {
 async fn nodes_leasehold_did_not_create_are_never_taken_for_a_leader() {
     let server = server().await;
     let raw = raw_client(&server).await;
-    let store = ZkStore::connect(&server.endpoints(), "/space")
-        .await
-        .expect("connect");
+    let store = ZkStore::connect(
+        &server.endpoints(),
+        "/space",
+        &leasehold::store::Security::none(),
+    )
+    .await
+    .expect("connect");
     raw.mkdir("/space/elections/job", &persistent())
         .await
         .expect("the election's node");
@@ -577,15 +621,23 @@ async fn a_root_an_earlier_leasehold_made_is_adopted() {
     raw.mkdir("/old/elections/job", &persistent())
         .await
         .expect("an earlier leasehold's nodes");
-    let reader = ZkStore::connect_read_only(&server.endpoints(), "/old")
-        .await
-        .expect("read-only");
+    let reader = ZkStore::connect_read_only(
+        &server.endpoints(),
+        "/old",
+        &leasehold::store::Security::none(),
+    )
+    .await
+    .expect("read-only");
     let job = leasehold::ElectionName::new("job").expect("name");
     assert_eq!(reader.leader(&job).await.expect("read"), None);
     assert_eq!(raw.get_data("/old").await.expect("read").0, b"", "written");
-    ZkStore::connect(&server.endpoints(), "/old")
-        .await
-        .expect("adopted");
+    ZkStore::connect(
+        &server.endpoints(),
+        "/old",
+        &leasehold::store::Security::none(),
+    )
+    .await
+    .expect("adopted");
     assert_eq!(raw.get_data("/old").await.expect("read").0, b"leasehold 1");
 }
 
@@ -595,19 +647,33 @@ async fn a_root_an_earlier_leasehold_made_is_adopted() {
 async fn reading_a_root_that_does_not_exist_creates_nothing() {
     let server = server().await;
     let raw = raw_client(&server).await;
-    match ZkStore::connect_read_only(&server.endpoints(), "/team/nothing").await {
+    match ZkStore::connect_read_only(
+        &server.endpoints(),
+        "/team/nothing",
+        &leasehold::store::Security::none(),
+    )
+    .await
+    {
         Err(leasehold::Error::NotFound(message)) => {
             assert!(message.contains("/team/nothing"), "{message}");
         }
         other => panic!("expected NotFound, got {other:?}"),
     }
     assert!(!exists(&raw, "/team").await, "created");
-    ZkStore::connect(&server.endpoints(), "/team/nothing")
-        .await
-        .expect("first use");
-    let reader = ZkStore::connect_read_only(&server.endpoints(), "/team/nothing")
-        .await
-        .expect("read-only");
+    ZkStore::connect(
+        &server.endpoints(),
+        "/team/nothing",
+        &leasehold::store::Security::none(),
+    )
+    .await
+    .expect("first use");
+    let reader = ZkStore::connect_read_only(
+        &server.endpoints(),
+        "/team/nothing",
+        &leasehold::store::Security::none(),
+    )
+    .await
+    .expect("read-only");
     let job = leasehold::ElectionName::new("job").expect("name");
     assert_eq!(reader.leader(&job).await.expect("read"), None);
     assert!(reader.elections().await.expect("list").is_empty());
@@ -648,9 +714,19 @@ async fn a_foreign_node_shaped_like_an_earlier_leasehold_root_is_refused_untouch
     for root in ["/shaped", "/busy", "/mimic"] {
         for read_only in [false, true] {
             let opened = if read_only {
-                ZkStore::connect_read_only(&server.endpoints(), root).await
+                ZkStore::connect_read_only(
+                    &server.endpoints(),
+                    root,
+                    &leasehold::store::Security::none(),
+                )
+                .await
             } else {
-                ZkStore::connect(&server.endpoints(), root).await
+                ZkStore::connect(
+                    &server.endpoints(),
+                    root,
+                    &leasehold::store::Security::none(),
+                )
+                .await
             };
             match opened {
                 Err(leasehold::Error::Corrupt(message)) => {

@@ -189,9 +189,13 @@ fn main() {
     );
     for n in [1usize, 10, 100] {
         let (first, handovers) = runtime.block_on(async {
-            let store = EtcdStore::connect(&cluster.endpoints(), "/bench-lib")
-                .await
-                .expect("connect");
+            let store = EtcdStore::connect(
+                &cluster.endpoints(),
+                "/bench-lib",
+                &leasehold::store::Security::none(),
+            )
+            .await
+            .expect("connect");
             library(Arc::new(store), n).await
         });
         let (p50, p99) = if handovers.is_empty() {

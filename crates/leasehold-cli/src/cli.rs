@@ -105,20 +105,44 @@ pub enum Command {
 /// Where elections are decided.
 #[derive(Debug, ClapArgs)]
 pub struct StoreArgs {
-    /// The store URL: sqlite:PATH, etcd://HOST:PORT[,HOST:PORT…][/PREFIX],
-    /// zk://HOST:PORT[,HOST:PORT…][/CHROOT], postgres://USER@HOST[:PORT]/DB[?schema=NAME]
-    /// or memory:. [default: sqlite:$XDG_STATE_HOME/leasehold/leasehold.db]
+    /// The store URL: sqlite:PATH, etcd://[USER@]HOST:PORT[,HOST:PORT…][/PREFIX][?cacert=PATH&cert=PATH&key=PATH],
+    /// zk://[USER@]HOST:PORT[,HOST:PORT…][/CHROOT],
+    /// postgres://USER@HOST[:PORT]/DB[?schema=NAME&sslmode=verify-full&sslrootcert=PATH…]
+    /// or memory:. A password goes in LEASEHOLD_STORE_PASSWORD or a file
+    /// (?password_file=PATH), rather than in the URL, where ps and shell
+    /// history show it. [default: sqlite:$XDG_STATE_HOME/leasehold/leasehold.db]
     #[arg(long, env = "LEASEHOLD_STORE", hide_env_values = true, value_parser = StoreUrlParser)]
     pub store: Option<StoreUrl>,
 }
 
+/// The environment variable that may hold the store's password, so that
+/// the URL (and so the command line) holds none.
+pub const PASSWORD_ENV: &str = "LEASEHOLD_STORE_PASSWORD";
+
+/// The environment variable that may hold the store URL (`--store`).
+pub const STORE_ENV: &str = "LEASEHOLD_STORE";
+
 impl StoreArgs {
-    /// The store's URL, the default SQLite file's when none is given.
+    /// The store's URL, the default SQLite file's when none is given, with
+    /// the password from `LEASEHOLD_STORE_PASSWORD` if that is set.
     pub fn url(&self) -> anyhow::Result<StoreUrl> {
-        Ok(match &self.store {
+        let url = match &self.store {
             Some(url) => url.clone(),
             None => StoreUrl::default_sqlite()?,
-        })
+        };
+        let Some(password) = std::env::var_os(PASSWORD_ENV) else {
+            return Ok(url);
+        };
+        let Some(password) = password.to_str().filter(|p| !p.is_empty()) else {
+            return Err(leasehold::Error::InvalidInput {
+                what: "store password",
+                reason: format!(
+                    "{PASSWORD_ENV} is empty or not UTF-8 text; unset it, or give the password"
+                ),
+            }
+            .into());
+        };
+        Ok(url.with_password(leasehold::store::Secret::new(password))?)
     }
 
     /// Opens the store, or the default SQLite file (creating its folder).

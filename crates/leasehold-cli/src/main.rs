@@ -43,7 +43,17 @@ fn main() -> ExitCode {
     }
     let args = match cli::Args::try_parse() {
         Ok(args) => args,
-        Err(error) => return usage_error(&error),
+        Err(error) => {
+            // Logging is not set up yet; a JSON log reader still gets the
+            // reason as a JSON line if the format was asked for.
+            if json_requested() {
+                init_logging(0, false, cli::LogFormat::Json);
+            }
+            let code = usage_error(&error);
+            // The JSON logger writes through the stderr thread.
+            logwriter::flush(LAST_LINES);
+            return code;
+        }
     };
     init_logging(args.verbose, args.quiet, args.log_format);
     let code = match run(args) {
@@ -86,10 +96,36 @@ fn one_line(error: &anyhow::Error) -> String {
     line
 }
 
-/// `leasehold: {line}` on stderr. A closed or full stderr loses the line
+/// Whether `--log-format json` (or `LEASEHOLD_LOG_FORMAT=json`) was asked
+/// for, judged from the raw arguments when they do not parse.
+fn json_requested() -> bool {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let given = args
+        .windows(2)
+        .any(|w| w[0] == "--log-format" && w[1] == "json")
+        || args.iter().any(|a| a == "--log-format=json");
+    given || std::env::var_os("LEASEHOLD_LOG_FORMAT").is_some_and(|v| v == "json")
+}
+
+/// `leasehold: {line}` on stderr, its control characters escaped so that
+/// it stays one line (a path or a server's message may hold any); under
+/// `--log-format json`, an error event instead, so that a log collector
+/// reading JSON lines sees it too. A closed or full stderr loses the line
 /// but never panics (as `eprintln!` would).
 pub fn say(line: &str) {
-    logwriter::write(format!("leasehold: {line}\n").as_bytes());
+    if LOG_SETTINGS.get().is_some_and(|s| s.ends_with(" json")) {
+        tracing::error!("{line}");
+        return;
+    }
+    let mut shown = String::with_capacity(line.len());
+    for c in line.chars() {
+        if c.is_control() {
+            shown.extend(c.escape_default());
+        } else {
+            shown.push(c);
+        }
+    }
+    logwriter::write(format!("leasehold: {shown}\n").as_bytes());
 }
 
 fn run(args: cli::Args) -> anyhow::Result<ExitCode> {

@@ -340,6 +340,11 @@ fn spawn_guard(
     let mut cmd = tokio::process::Command::new(exe);
     cmd.arg(ARG)
         .env(LOG_ENV, crate::log_settings())
+        // The store's URL and password reach the guard over the socket,
+        // within the store order; the command is given neither (the URL
+        // may hold the password too).
+        .env_remove(crate::cli::PASSWORD_ENV)
+        .env_remove(crate::cli::STORE_ENV)
         .process_group(0)
         .kill_on_drop(false);
     let (socket, held) = (socket.as_raw_fd(), held.map(AsRawFd::as_raw_fd));

@@ -10,6 +10,7 @@ use std::ffi::OsString;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
 
+use leasehold::store::{Password, Secret, Security};
 use leasehold::{CandidateId, ElectionName, FencingToken, Grant, SessionId, StoreUrl};
 
 /// `run` → guard.
@@ -131,11 +132,29 @@ fn store_line(url: &StoreUrl) -> String {
     match url {
         StoreUrl::Memory => "memory".into(),
         StoreUrl::Sqlite(path) => format!("sqlite {}", hex(path.as_os_str().as_bytes())),
-        StoreUrl::Etcd { endpoints, prefix } => {
-            format!("etcd {} {}", hex(prefix.as_bytes()), hex_list(endpoints))
+        StoreUrl::Etcd {
+            endpoints,
+            prefix,
+            security,
+        } => {
+            format!(
+                "etcd {} {} {}",
+                hex(prefix.as_bytes()),
+                security_words(security),
+                hex_list(endpoints)
+            )
         }
-        StoreUrl::ZooKeeper { endpoints, root } => {
-            format!("zk {} {}", hex(root.as_bytes()), hex_list(endpoints))
+        StoreUrl::ZooKeeper {
+            endpoints,
+            root,
+            security,
+        } => {
+            format!(
+                "zk {} {} {}",
+                hex(root.as_bytes()),
+                security_words(security),
+                hex_list(endpoints)
+            )
         }
         StoreUrl::Postgres { url, schema } => {
             format!(
@@ -155,13 +174,23 @@ fn parse_store<'a>(words: &mut impl Iterator<Item = &'a str>) -> Option<StoreUrl
         "sqlite" => StoreUrl::Sqlite(PathBuf::from(OsString::from_vec(unhex(words.next()?)?))),
         "etcd" => {
             let prefix = unhex_string(words.next()?)?;
+            let security = parse_security(words)?;
             let endpoints = words.map(unhex_string).collect::<Option<Vec<_>>>()?;
-            StoreUrl::Etcd { endpoints, prefix }
+            StoreUrl::Etcd {
+                endpoints,
+                prefix,
+                security,
+            }
         }
         "zk" => {
             let root = unhex_string(words.next()?)?;
+            let security = parse_security(words)?;
             let endpoints = words.map(unhex_string).collect::<Option<Vec<_>>>()?;
-            StoreUrl::ZooKeeper { endpoints, root }
+            StoreUrl::ZooKeeper {
+                endpoints,
+                root,
+                security,
+            }
         }
         "postgres" => {
             let schema = unhex_string(words.next()?)?;
@@ -171,6 +200,47 @@ fn parse_store<'a>(words: &mut impl Iterator<Item = &'a str>) -> Option<StoreUrl
         _ => return None,
     };
     Some(url)
+}
+
+/// Five words: the user, the password (`g` and the password given, `f`
+/// and its file's path), the CA, certificate and key paths; `-` for none.
+fn security_words(security: &Security) -> String {
+    let word = |value: Option<&[u8]>| value.map_or_else(|| "-".to_owned(), hex);
+    let path = |p: &Option<PathBuf>| word(p.as_ref().map(|p| p.as_os_str().as_bytes()));
+    let password = match &security.password {
+        None => "-".to_owned(),
+        Some(Password::Given(secret)) => format!("g{}", hex(secret.expose().as_bytes())),
+        Some(Password::File(file)) => format!("f{}", hex(file.as_os_str().as_bytes())),
+    };
+    format!(
+        "{} {password} {} {} {}",
+        word(security.user.as_ref().map(|u| u.as_bytes())),
+        path(&security.cacert),
+        path(&security.cert),
+        path(&security.key)
+    )
+}
+
+fn parse_security<'a>(words: &mut impl Iterator<Item = &'a str>) -> Option<Security> {
+    fn optional<T>(word: &str, parse: impl Fn(&str) -> Option<T>) -> Option<Option<T>> {
+        if word == "-" {
+            Some(None)
+        } else {
+            parse(word).map(Some)
+        }
+    }
+    let path = |w: &str| unhex(w).map(|b| PathBuf::from(OsString::from_vec(b)));
+    let mut security = Security::none();
+    security.user = optional(words.next()?, unhex_string)?;
+    security.password = optional(words.next()?, |w| match w.split_at_checked(1)? {
+        ("g", rest) => Some(Password::Given(Secret::new(unhex_string(rest)?))),
+        ("f", rest) => Some(Password::File(path(rest)?)),
+        _ => None,
+    })?;
+    security.cacert = optional(words.next()?, path)?;
+    security.cert = optional(words.next()?, path)?;
+    security.key = optional(words.next()?, path)?;
+    Some(security)
 }
 
 impl Report {
@@ -228,10 +298,26 @@ mod tests {
         round_trip(Order::Store(StoreUrl::Etcd {
             endpoints: vec!["127.0.0.1:1".into(), "127.0.0.1:2".into()],
             prefix: "/p x".into(),
+            security: Security::none(),
         }));
+        let mut secured = Security::none();
+        secured.user = Some("u -".into());
+        secured.password = Some(Password::Given(Secret::new("p w\n")));
+        secured.cacert = Some("/ca b.pem".into());
+        secured.cert = Some(PathBuf::from(OsString::from_vec(b"/c\xff".to_vec())));
+        secured.key = Some("/k".into());
+        round_trip(Order::Store(StoreUrl::Etcd {
+            endpoints: vec!["127.0.0.1:1".into()],
+            prefix: "/p".into(),
+            security: secured,
+        }));
+        let mut from_file = Security::none();
+        from_file.user = Some("u".into());
+        from_file.password = Some(Password::File("/run/pw".into()));
         round_trip(Order::Store(StoreUrl::ZooKeeper {
             endpoints: vec!["h:1".into()],
             root: "/leasehold".into(),
+            security: from_file,
         }));
         round_trip(Order::Store(StoreUrl::Postgres {
             url: "postgres://u:secret@h/db?x=1 2".into(),

@@ -141,3 +141,71 @@ fn reading_a_prefix_without_a_store_exits_1_and_writes_nothing() {
     }
     assert_eq!(etcdctl(&cluster, &["get", "--prefix", ""]), "", "written");
 }
+
+// Issue 16: TLS, client certificates and etcd's authentication.
+
+/// Against etcd serving TLS, requiring client certificates, with
+/// authentication on and a role granted the prefix alone: `run` and
+/// `status` work with the password in `LEASEHOLD_STORE_PASSWORD`; a wrong
+/// password exits 1 with one line naming the cause and never the
+/// password, at `-vvv` too.
+#[test]
+fn a_secured_etcd_with_the_password_from_the_environment() {
+    use leasehold::testing::{TestCa, Usage};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ca = TestCa::new(dir.path(), "ca");
+    let cluster = EtcdCluster::start_secured(dir.path(), &ca, None);
+    let password = "Cli-Sup3r-s3cret";
+    cluster.add_user("app", password, Some("/cli/"));
+    let client = ca.issue("app", "app", Usage::Client, false);
+    let store = format!(
+        "etcd://app@{}/cli?cacert={}&cert={}&key={}",
+        cluster.endpoints().join(","),
+        ca.ca_path().display(),
+        client.cert.display(),
+        client.key.display()
+    );
+    let run = |password: &str, args: &[&str]| {
+        let (subcommand, rest) = args.split_first().expect("a subcommand");
+        super::harness::leasehold()
+            .env("LEASEHOLD_STORE_PASSWORD", password)
+            .args([subcommand, "--store", &store])
+            .args(rest)
+            .output()
+            .expect("spawn")
+    };
+    let out = run(password, &["run", "--election", "job", "--", "true"]);
+    let err = super::harness::stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let out = run(password, &["status", "--election", "job", "--json"]);
+    let err = super::harness::stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(!err.contains(password), "{err}");
+
+    let wrong = "Wr0ng-Sup3r-pw";
+    for verbosity in [None, Some("-vvv")] {
+        for args in [
+            &["run", "--election", "job", "--", "true"][..],
+            &["status", "--election", "job"],
+        ] {
+            let mut args = args.to_vec();
+            if let Some(v) = verbosity {
+                args.insert(1, v);
+            }
+            let out = run(wrong, &args);
+            let err = super::harness::stderr(&out);
+            assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+            assert!(
+                err.contains("authentication failed for user \"app\""),
+                "{args:?}: {err}"
+            );
+            assert!(
+                !err.contains(wrong) && !err.contains(password),
+                "{args:?}: {err}"
+            );
+            if verbosity.is_none() {
+                assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+            }
+        }
+    }
+}

@@ -8,6 +8,7 @@ use serde_json::Value;
 pub fn leasehold() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_leasehold"));
     cmd.env_remove("LEASEHOLD_STORE")
+        .env_remove("LEASEHOLD_STORE_PASSWORD")
         .env_remove("LEASEHOLD_ID")
         .env_remove("LEASEHOLD_ELECTION")
         .env_remove("LEASEHOLD_TTL")

@@ -56,10 +56,13 @@ fn store_urls_are_one_grammar_checked_before_connecting() {
             "SQLite parameters",
         ),
         (
-            format!("etcd://user:password@127.0.0.1:{dead}"),
-            "not supported yet",
+            format!("etcd://user:password@127.0.0.1:{dead}?cert=/c.pem&key=/k.pem"),
+            "need ?cacert=PATH",
         ),
-        (format!("etcd://127.0.0.1:{dead}/p?x=1"), "take no ?options"),
+        (
+            format!("etcd://127.0.0.1:{dead}/p?x=1"),
+            "unknown option \"x\"",
+        ),
         ("etcd://127.0.0.1:0".to_owned(), "port \"0\""),
         ("etcd://127.0.0.1:65536".to_owned(), "port \"65536\""),
         ("zk://127.0.0.1:0/x".to_owned(), "port \"0\""),
@@ -133,8 +136,8 @@ fn a_password_is_never_printed() {
         "postgres://postgres:Sup3rSecretPw@127.0.0.1/db?foo=bar",
         "postgresql://u:Sup3rSecretPw@h/db?schema=Bad",
         "postgres://u@h/db?password=Sup3rSecretPw&sslmode=nonsense",
-        "etcd://root:Sup3rSecretPw@127.0.0.1:2379",
-        "zk://u:Sup3rSecretPw@127.0.0.1:2181",
+        "etcd://root:Sup3rSecretPw@127.0.0.1:2379?bogus=1",
+        "zk://u:Sup3rSecretPw@127.0.0.1:2181?cacert=/ca.pem",
         "redis://u:Sup3rSecretPw@h",
     ] {
         let out = leasehold()
@@ -152,17 +155,21 @@ fn a_password_is_never_printed() {
         assert!(!err.contains("Sup3rSecretPw"), "{err}");
     }
     // A valid URL whose server is unreachable: exit 1, still no password.
-    let url = format!(
-        "postgres://u:Sup3rSecretPw@127.0.0.1:{}/db?connect_timeout=2",
-        free_port()
-    );
-    let out = leasehold()
-        .args(["campaign", "--election", "e", "--store", &url])
-        .output()
-        .expect("spawn");
-    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    assert!(!stderr(&out).contains("Sup3rSecretPw"), "{}", stderr(&out));
-    assert!(stderr(&out).contains("u:***@"), "{}", stderr(&out));
+    for url in [
+        format!(
+            "postgres://u:Sup3rSecretPw@127.0.0.1:{}/db?connect_timeout=2",
+            free_port()
+        ),
+        format!("etcd://u:Sup3rSecretPw@127.0.0.1:{}/p", free_port()),
+    ] {
+        let out = leasehold()
+            .args(["campaign", "--election", "e", "--store", &url])
+            .output()
+            .expect("spawn");
+        assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+        assert!(!stderr(&out).contains("Sup3rSecretPw"), "{}", stderr(&out));
+        assert!(stderr(&out).contains("u:***@"), "{}", stderr(&out));
+    }
 }
 
 /// Item 4: a TTL no store keeps is refused before the store is contacted

@@ -9,5 +9,6 @@ mod messages;
 mod multi_process;
 mod operability;
 mod run;
+mod secrets;
 mod sqlite_files;
 mod zk_postgres;

@@ -341,3 +341,160 @@ fn a_zookeeper_node_shaped_like_leaseholds_is_refused_untouched() {
     );
     assert!(shown.contains("important"), "{shown}");
 }
+
+// Issue 16: a secured PostgreSQL (TLS only, scram-sha-256, a
+// least-privilege role).
+
+/// `run` and `status` on a PostgreSQL that takes TLS only, verifying its
+/// certificate and name (`sslmode=verify-full`), as a role that may only
+/// connect and create on its database, its password from
+/// `LEASEHOLD_STORE_PASSWORD`; a wrong password exits 1 with one line
+/// naming the cause, never the password — at `-vvv` too.
+#[test]
+fn run_and_status_on_a_secured_postgres_with_leasehold_store_password() {
+    use leasehold::testing::{TestCa, Usage};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ca = TestCa::new(dir.path(), "pg");
+    let server_files = ca.issue("server", "localhost", Usage::Server, false);
+    let server = PostgresServer::start_secured(&ca.ca_path(), &server_files);
+    server.psql(&[
+        "CREATE DATABASE lease",
+        "REVOKE ALL ON DATABASE lease FROM PUBLIC",
+        "CREATE ROLE app LOGIN PASSWORD 'app-Pa55word'",
+        "GRANT CONNECT, CREATE ON DATABASE lease TO app",
+    ]);
+    let store = format!(
+        "postgresql://app@localhost:{}/lease?sslmode=verify-full&sslrootcert={}",
+        server.port(),
+        ca.ca_path().display()
+    );
+    let with_password = |password: &str, args: &[&str]| {
+        let (subcommand, rest) = args.split_first().expect("a subcommand");
+        super::harness::leasehold()
+            .args([subcommand, "--store", &store])
+            .args(rest)
+            .env("LEASEHOLD_STORE_PASSWORD", password)
+            .env_remove("RUST_LOG")
+            .output()
+            .expect("spawn")
+    };
+    let out = with_password(
+        "app-Pa55word",
+        &[
+            "run",
+            "--election",
+            "job",
+            "--",
+            "sh",
+            "-c",
+            "test -z \"$LEASEHOLD_STORE_PASSWORD\"",
+        ],
+    );
+    let err = super::harness::stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("app-Pa55word"), "{err}");
+    let out = with_password("app-Pa55word", &["status", "--election", "job"]);
+    let err = super::harness::stderr(&out);
+    assert!(out.status.success(), "{err}");
+
+    for verbosity in [None, Some("-vvv")] {
+        let mut args = vec!["run", "--election", "job"];
+        args.extend(verbosity);
+        args.extend(["--", "true"]);
+        let out = with_password("Wr0ngPa55word", &args);
+        let err = super::harness::stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{verbosity:?}: {err}");
+        assert!(!err.contains("Wr0ngPa55word"), "{verbosity:?}: {err}");
+        assert!(!String::from_utf8_lossy(&out.stdout).contains("Wr0ngPa55word"));
+        let cause: Vec<&str> = err
+            .lines()
+            .filter(|l| l.contains("password authentication failed for user \"app\""))
+            .collect();
+        assert!(!cause.is_empty(), "{verbosity:?}: {err}");
+        if verbosity.is_none() {
+            assert_eq!(err.lines().count(), 1, "{err}");
+        }
+    }
+}
+
+// Issue 16: ZooKeeper digest authentication.
+
+/// The password of the authenticated ZooKeeper stores below.
+const ZK_PASSWORD: &str = "Sup3rSecret";
+
+/// `run` on a ZooKeeper store with digest authentication, the password in
+/// `LEASEHOLD_STORE_PASSWORD`: the command runs without seeing the
+/// variable (nor the password); a run without credentials, and one with a
+/// wrong password, exit 1 naming the cause in one line that never holds
+/// the password, also at `-vvv` (where the ZooKeeper client logs its
+/// requests).
+#[test]
+fn run_on_an_authenticated_zookeeper_and_wrong_credentials() {
+    let server = ZooKeeperServer::start();
+    let scratch = Scratch::new();
+    let store = server.url("/auth").replace("zk://", "zk://app@");
+    let run = |password: Option<&str>, store: &str, verbose: bool| {
+        let mut cmd = super::harness::leasehold();
+        if verbose {
+            cmd.arg("-vvv");
+        }
+        cmd.args(["run", "--election", "job", "--store", store])
+            .args(["--", "sh", "-c", "env > env.out"])
+            .current_dir(scratch.dir.path());
+        match password {
+            Some(password) => cmd.env("LEASEHOLD_STORE_PASSWORD", password),
+            None => cmd.env_remove("LEASEHOLD_STORE_PASSWORD"),
+        };
+        let out = cmd.output().expect("spawn");
+        (out.status.code(), super::harness::stderr(&out))
+    };
+    let (code, err) = run(Some(ZK_PASSWORD), &store, true);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        !err.contains(ZK_PASSWORD),
+        "the password shows at -vvv: {err}"
+    );
+    let env = std::fs::read_to_string(scratch.path("env.out")).expect("the command ran");
+    assert!(!env.contains("LEASEHOLD_STORE_PASSWORD"), "{env}");
+    assert!(!env.contains(ZK_PASSWORD), "{env}");
+    std::fs::remove_file(scratch.path("env.out")).expect("remove");
+
+    for verbose in [false, true] {
+        let (code, err) = run(Some("Wr0ngPass"), &store, verbose);
+        assert_eq!(code, Some(1), "{err}");
+        assert!(!err.contains("Wr0ngPass"), "the password shows: {err}");
+        let line = err
+            .lines()
+            .find(|l| l.contains("wrong password for zookeeper user \"app\""))
+            .unwrap_or_else(|| panic!("no line names the cause: {err}"));
+        assert!(line.contains("/auth"), "{line}");
+        if !verbose {
+            assert_eq!(err.lines().count(), 1, "{err}");
+        }
+        let (code, err) = run(None, &server.url("/auth"), verbose);
+        assert_eq!(code, Some(1), "{err}");
+        assert!(
+            err.contains("belongs to zookeeper user \"app\""),
+            "without credentials: {err}"
+        );
+        if !verbose {
+            assert_eq!(err.lines().count(), 1, "{err}");
+        }
+    }
+    assert!(
+        !scratch.path("env.out").exists(),
+        "a refused run ran its command"
+    );
+}
+
+/// SIGKILL of a runner on an authenticated ZooKeeper: its guard releases
+/// the grant on a connection of its own, with the store's credentials, and
+/// the successor leads at once.
+#[test]
+fn the_sigkill_fast_path_on_an_authenticated_zookeeper() {
+    let server = ZooKeeperServer::start();
+    sigkill_hands_over_at_once(
+        &server.url_as("app", ZK_PASSWORD, "/fast-auth"),
+        &Scratch::new(),
+    );
+}

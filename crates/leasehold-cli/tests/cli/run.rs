@@ -698,10 +698,7 @@ pub fn unreachable_exits_1(url: &str, needle: &str) {
 }
 
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("port")
-        .port()
+    leasehold::testing::free_port()
 }
 
 /// A replica with a 60 s TTL whose log goes to `ID.err` in the scratch

@@ -4,7 +4,6 @@
 //! starts one member serving TLS, requiring client certificates, with
 //! etcd's authentication (RBAC) on.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -23,7 +22,7 @@ struct Member {
 }
 
 /// The TLS files and settings of a secured cluster.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct Secured {
     /// The CA the member trusts for client certificates (a copy, so that
     /// a rotation can replace it).
@@ -44,21 +43,38 @@ pub struct EtcdCluster {
     secured: Option<Secured>,
 }
 
-fn free_port() -> std::io::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
+/// How many times a cluster is started on fresh ports before giving up:
+/// a port found free can still be taken by a concurrent test's server
+/// before a member binds it, and the member then exits at once.
+const START_ATTEMPTS: usize = 3;
 
 impl EtcdCluster {
     /// Starts `size` members and waits until the cluster serves requests.
     /// Panics with a clear message if `etcd` is not installed or does not
     /// come up (this is test support).
     pub fn start(size: usize) -> Self {
-        let mut cluster = Self::unstarted(size, None);
-        for i in 0..size {
-            cluster.spawn(i, "new");
+        Self::start_on_fresh_ports(size, None)
+    }
+
+    /// Starts the members on fresh ports and folders, again after a
+    /// member that did not come up (its port taken), up to
+    /// [`START_ATTEMPTS`] times.
+    fn start_on_fresh_ports(size: usize, secured: Option<&Secured>) -> Self {
+        let mut attempt = 1;
+        loop {
+            let mut cluster = Self::unstarted(size, secured.cloned());
+            for i in 0..size {
+                cluster.spawn(i, "new");
+            }
+            match cluster.try_wait_ready(Duration::from_secs(30)) {
+                Ok(()) => return cluster,
+                Err(why) if attempt < START_ATTEMPTS => {
+                    eprintln!("etcd cluster start, attempt {attempt}: {why}; again on other ports");
+                    attempt += 1;
+                }
+                Err(why) => panic!("{why}"),
+            }
         }
-        cluster.wait_ready(Duration::from_secs(30));
-        cluster
     }
 
     fn unstarted(size: usize, secured: Option<Secured>) -> Self {
@@ -71,9 +87,9 @@ impl EtcdCluster {
         let members = (0..size)
             .map(|i| Member {
                 name: format!("m{i}"),
-                client_port: free_port().expect("free port"),
-                peer_port: free_port().expect("free port"),
-                metrics_port: free_port().expect("free port"),
+                client_port: super::free_port(),
+                peer_port: super::free_port(),
+                metrics_port: super::free_port(),
                 process: None,
             })
             .collect();
@@ -100,9 +116,7 @@ impl EtcdCluster {
             admin: ca.issue("etcd-root", "root", Usage::Client, false),
             token_ttl,
         };
-        let mut cluster = Self::unstarted(1, Some(secured));
-        cluster.spawn(0, "new");
-        cluster.wait_ready(Duration::from_secs(30));
+        let cluster = Self::start_on_fresh_ports(1, Some(&secured));
         let password = format!("root-{}", crate::clock::host_monotonic_ns());
         cluster.etcdctl(&[
             "user",
@@ -255,20 +269,43 @@ impl EtcdCluster {
         self.members[i].process = Some(child);
     }
 
-    /// Waits until every running member answers `/health` with true.
-    pub fn wait_ready(&self, limit: Duration) {
+    /// Waits until every running member answers `/health` with true;
+    /// panics if one has not within `limit` or exited.
+    pub fn wait_ready(&mut self, limit: Duration) {
+        if let Err(why) = self.try_wait_ready(limit) {
+            panic!("{why}");
+        }
+    }
+
+    fn try_wait_ready(&mut self, limit: Duration) -> Result<(), String> {
         let until = Instant::now() + limit;
-        for member in self.members.iter().filter(|m| m.process.is_some()) {
+        let dir = self.dir.display().to_string();
+        for member in self.members.iter_mut() {
+            let Some(process) = member.process.as_mut() else {
+                continue;
+            };
             while !http_get(member.metrics_port, "/health").is_some_and(|b| b.contains("true")) {
-                assert!(
-                    Instant::now() < until,
-                    "etcd member {} did not become healthy; see {}",
-                    member.name,
-                    self.dir.display()
-                );
+                if let Ok(Some(status)) = process.try_wait() {
+                    member.process = None;
+                    let log = std::fs::read_to_string(format!("{dir}/{}.log", member.name))
+                        .unwrap_or_default();
+                    let tail: Vec<&str> = log.lines().rev().take(3).collect();
+                    return Err(format!(
+                        "etcd member {} exited ({status}) before it was healthy; its log ends: {}",
+                        member.name,
+                        tail.join(" | ")
+                    ));
+                }
+                if Instant::now() >= until {
+                    return Err(format!(
+                        "etcd member {} did not become healthy within {limit:?}; see {dir}",
+                        member.name
+                    ));
+                }
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
+        Ok(())
     }
 
     /// `host:port` of every member.

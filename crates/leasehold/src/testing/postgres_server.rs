@@ -222,10 +222,7 @@ impl PostgresServer {
             .status()
             .expect("cannot run initdb: install Debian's postgresql package (scripts/test does)");
         assert!(status.success(), "initdb failed in {}", data.display());
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("free port")
-            .port();
+        let port = super::free_port();
         PostgresServer {
             dir,
             port,

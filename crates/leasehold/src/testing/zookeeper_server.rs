@@ -4,7 +4,7 @@
 //! process id when dropped (also when a test panics).
 
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -34,10 +34,7 @@ impl ZooKeeperServer {
             crate::clock::host_monotonic_ns()
         ));
         std::fs::create_dir_all(dir.join("data")).expect("create the server folder");
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("free port")
-            .port();
+        let port = super::free_port();
         let config = format!(
             "tickTime={}\ndataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\n\
              minSessionTimeout={}\nmaxSessionTimeout=60000\nmaxClientCnxns=0\nadmin.enableServer=false\n\

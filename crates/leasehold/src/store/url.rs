@@ -119,6 +119,21 @@ fn quote(s: &str) -> String {
     }
 }
 
+/// An endpoint (`HOST:PORT`) quoted for a message with all after its
+/// host hidden: in a URL whose credentials lack their `@`, `USER:PASSWORD`
+/// reads as an endpoint, and its "port" is the password.
+fn quote_endpoint(endpoint: &str) -> String {
+    let host_end = if endpoint.starts_with('[') {
+        endpoint.find(']').map(|end| end + 1)
+    } else {
+        endpoint.find(':')
+    };
+    match host_end {
+        Some(end) if end < endpoint.len() => quote(&format!("{}:…", &endpoint[..end])),
+        _ => quote(endpoint),
+    }
+}
+
 /// `%XX` decoded as tokio-postgres (percent-encoding) does: a `%` not
 /// followed by two hex digits stays as it is.
 fn percent_decode(s: &str) -> Vec<u8> {
@@ -145,7 +160,10 @@ fn percent_decode(s: &str) -> Vec<u8> {
 /// A port: 1–65535, digits only.
 fn check_port(port: &str, endpoint: &str) -> Result<(), String> {
     if port.is_empty() {
-        return Err(format!("endpoint {} has an empty port", quote(endpoint)));
+        return Err(format!(
+            "endpoint {} has an empty port",
+            quote_endpoint(endpoint)
+        ));
     }
     let number = port
         .bytes()
@@ -155,9 +173,9 @@ fn check_port(port: &str, endpoint: &str) -> Result<(), String> {
     match number {
         Some(1..=65535) => Ok(()),
         _ => Err(format!(
-            "port {} of endpoint {} is not a number from 1 to 65535",
-            quote(port),
-            quote(endpoint)
+            "the port of endpoint {} is not a number from 1 to 65535 \
+             (a user and password go before an @: USER:PASSWORD@HOST:PORT)",
+            quote_endpoint(endpoint)
         )),
     }
 }
@@ -210,7 +228,10 @@ fn check_endpoint(endpoint: &str) -> Result<(), String> {
         match endpoint.split_once("]:") {
             Some((v6, port)) => (&endpoint[..=v6.len()], port),
             None => {
-                return Err(format!("endpoint {} is not [IPV6]:PORT", quote(endpoint)));
+                return Err(format!(
+                    "endpoint {} is not [IPV6]:PORT",
+                    quote_endpoint(endpoint)
+                ));
             }
         }
     } else {
@@ -219,8 +240,9 @@ fn check_endpoint(endpoint: &str) -> Result<(), String> {
         };
         if host.contains(':') {
             return Err(format!(
-                "endpoint {} is not HOST:PORT (write an IPv6 address in brackets: [::1]:2379)",
-                quote(endpoint)
+                "endpoint {} is not HOST:PORT (write an IPv6 address in brackets: [::1]:2379; \
+                 a user and password go before an @: USER:PASSWORD@HOST:PORT)",
+                quote_endpoint(endpoint)
             ));
         }
         (host, port)
@@ -997,11 +1019,19 @@ fn split_host_port(chunk: &str) -> Result<(&str, Option<&str>), String> {
             Some(end) => {
                 let port = &chunk[end + 1..];
                 if !(port.is_empty() || port.starts_with(':')) {
-                    return Err(format!("host {} is not [IPV6][:PORT]", quote(chunk)));
+                    return Err(format!(
+                        "host {} is not [IPV6][:PORT]",
+                        quote_endpoint(chunk)
+                    ));
                 }
                 (&chunk[..=end], port.strip_prefix(':'))
             }
-            None => return Err(format!("host {} is not [IPV6][:PORT]", quote(chunk))),
+            None => {
+                return Err(format!(
+                    "host {} is not [IPV6][:PORT]",
+                    quote_endpoint(chunk)
+                ));
+            }
         }
     } else {
         match chunk.split_once(':') {
@@ -1016,7 +1046,7 @@ fn split_host_port(chunk: &str) -> Result<(&str, Option<&str>), String> {
 /// `%2Frun%2Fpostgresql`) the directory of a Unix socket.
 fn check_pg_host(host: &str, chunk: &str) -> Result<(), String> {
     if host.is_empty() {
-        return Err(format!("host {} is empty", quote(chunk)));
+        return Err(format!("host {} is empty", quote_endpoint(chunk)));
     }
     let decoded = percent_decode(host);
     if decoded.first() == Some(&b'/') {
@@ -1838,8 +1868,11 @@ mod tests {
                 "zk://app:Sup3rSecret%2@h:1",
                 "not followed by two hex digits",
             ),
-            ("etcd://127.0.0.1:0", "port \"0\""),
-            ("etcd://127.0.0.1:65536", "port \"65536\""),
+            (
+                "etcd://127.0.0.1:0",
+                "port of endpoint \"127.0.0.1:…\" is not a number",
+            ),
+            ("etcd://127.0.0.1:65536", "not a number from 1 to 65535"),
             (
                 "zk://h:99999999999999999999999",
                 "not a number from 1 to 65535",
@@ -1852,7 +1885,7 @@ mod tests {
             ),
             (
                 "postgres://postgres:Sup3rSecret@h:99999/db",
-                "port \"99999\"",
+                "port of endpoint \"h:…\"",
             ),
             ("postgres://h/db?foo=bar", "unknown parameter \"foo\""),
             (
@@ -2112,6 +2145,20 @@ mod tests {
             })
     }
 
+    /// Credentials whose `@` was forgotten: `USER:PASSWORD` then reads
+    /// as an endpoint, its password as a port.
+    fn with_password_and_no_at() -> impl Strategy<Value = (String, String)> {
+        (
+            prop::sample::select(vec!["postgres", "postgresql", "etcd", "zk"]),
+            "[a-z]{0,6}",
+            "PW[A-Za-z0-9!$&'()*+;=._~-]{4,16}",
+            prop::sample::select(vec!["", ":2379", ",h:1", "/p", "/db?sslmode=require", "?x"]),
+        )
+            .prop_map(|(scheme, user, password, rest)| {
+                (format!("{scheme}://{user}:{password}{rest}"), password)
+            })
+    }
+
     fn with_password_parameter() -> impl Strategy<Value = (String, String)> {
         (
             "[a-z0-9.:/,@%_-]{0,20}",
@@ -2172,7 +2219,11 @@ mod tests {
         /// Never a password in an error, in `Display` or in `Debug`.
         #[test]
         fn a_password_is_never_shown(
-            (url, password) in prop_oneof![with_password(), with_password_parameter()],
+            (url, password) in prop_oneof![
+                with_password(),
+                with_password_and_no_at(),
+                with_password_parameter(),
+            ],
         ) {
             parses_or_is_refused(&url)?;
             let shown = match url.parse::<StoreUrl>() {

@@ -294,6 +294,11 @@ impl EtcdStore {
                 ),
             ));
         }
+        if security.password.is_some() && !security.tls() {
+            tracing::warn!(
+                "etcd: the password goes to the server unencrypted; add ?cacert=PATH to use TLS"
+            );
+        }
         let prefix = prefix.trim_end_matches('/').to_owned();
         Ok(EtcdStore {
             members: Arc::new(Members::new(endpoints, security, &format!("{prefix}/"))?),

@@ -211,7 +211,7 @@ pub(crate) fn read_pem(setting: &'static str, path: &Path) -> Result<Vec<u8>> {
             .unwrap_or(0);
         if mode & 0o007 != 0 {
             return Err(refuse(format!(
-                "{shown}: a private key that every user may read (mode {:04o}); \
+                "{shown}: a private key open to every user (mode {:04o}); \
                  chmod o-rwx it",
                 mode & 0o7777
             )));
@@ -368,7 +368,7 @@ mod tests {
         let error = read_pem("sslkey", &file)
             .expect_err("world-readable")
             .to_string();
-        assert!(error.contains("every user may read (mode 0644)"), "{error}");
+        assert!(error.contains("open to every user (mode 0644)"), "{error}");
         assert!(read_pem("cacert", &file).is_ok(), "only keys are private");
         chmod(0o640);
         std::fs::write(&file, "-----BEGIN ENCRYPTED PRIVATE KEY-----\nSup3r\n").expect("write");

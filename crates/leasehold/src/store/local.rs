@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
+use crate::store::note_watch::{self, NoteSource};
 use crate::store::watch_driver::{self as leader_watch, Event, Source};
-use crate::store::{FencingToken, Grant, Leader, SessionId, StatusWatch};
+use crate::store::{FencingToken, Grant, Leader, Note, NoteWatch, SessionId, StatusWatch};
 use async_trait::async_trait;
 
 /// Bumped whenever anything in the store may have changed.
@@ -58,6 +59,9 @@ pub(crate) trait LocalBackend: Send + Sync + 'static {
     ) -> Result<Attempt>;
     /// The current leader.
     async fn read_leader(&self, election: &ElectionName) -> Result<Option<Leader>>;
+    /// The live notes on `election`, in order, and how long until the
+    /// first session keeping one of them expires unless renewed.
+    async fn read_notes(&self, election: &ElectionName) -> Result<(Vec<Note>, Option<Duration>)>;
     /// Sleeps for `duration` on the store's clock.
     fn sleep(&self, duration: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>>;
 }
@@ -158,4 +162,46 @@ pub(crate) async fn watch_status<B: LocalBackend>(
         changes,
     };
     leader_watch::start(source, election).await
+}
+
+/// A local store's side of a notes watch: it wakes on any change committed
+/// to the store, and when the first session keeping a note expires.
+struct LocalNotes<B> {
+    backend: Arc<B>,
+    election: ElectionName,
+    changes: Changes,
+}
+
+impl<B: LocalBackend> NoteSource for LocalNotes<B> {
+    const RETRY: Duration = READ_RETRY;
+
+    async fn read(&mut self) -> Result<(Vec<Note>, Option<Duration>)> {
+        self.changes.borrow_and_update();
+        self.backend.read_notes(&self.election).await
+    }
+
+    async fn changed(&mut self) -> Event {
+        match self.changes.changed().await {
+            Ok(()) => Event::Changed,
+            Err(_) => Event::Ended,
+        }
+    }
+
+    fn sleep(&self, duration: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        self.backend.sleep(duration)
+    }
+}
+
+/// Watches the notes on `election` (see [`note_watch::start`]).
+pub(crate) async fn watch_notes<B: LocalBackend>(
+    backend: Arc<B>,
+    election: &ElectionName,
+) -> Result<NoteWatch> {
+    let changes = backend.changes();
+    let source = LocalNotes {
+        backend,
+        election: election.clone(),
+        changes,
+    };
+    note_watch::start(source, election).await
 }

@@ -18,8 +18,8 @@ use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
 use crate::store::local::{self, Attempt, Changes, Expired, LocalBackend};
 use crate::store::{
-    ElectionState, FencingToken, Grant, Leader, LeaderWatch, SessionId, SessionLease, StatusWatch,
-    Store, known_only,
+    ElectionState, FencingToken, Grant, Leader, LeaderWatch, Note, NoteWatch, SessionId,
+    SessionLease, StatusWatch, Store, check_note, known_only,
 };
 
 /// How the memory store keeps a TTL: exactly.
@@ -47,6 +47,9 @@ struct State {
     next_session: u64,
     sessions: HashMap<SessionId, Session>,
     elections: BTreeMap<ElectionName, Election>,
+    /// Notes by election, in order.
+    notes: BTreeMap<ElectionName, Vec<Note>>,
+    last_order: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -59,6 +62,7 @@ struct Session {
 struct Election {
     last_token: u64,
     holder: Option<Grant>,
+    last_release: Option<FencingToken>,
 }
 
 impl State {
@@ -73,6 +77,27 @@ impl State {
         let grant = self.elections.get(election)?.holder.as_ref()?;
         let left = self.alive(grant.session, now)?;
         Some((grant.clone(), left))
+    }
+
+    /// The live notes on `election`, and how long until the first of
+    /// their sessions expires.
+    fn live_notes(&self, election: &ElectionName, now: Instant) -> (Vec<Note>, Option<Duration>) {
+        let mut first_expiry = None::<Duration>;
+        let notes = self
+            .notes
+            .get(election)
+            .into_iter()
+            .flatten()
+            .filter(|note| {
+                let left = self.alive(note.session, now);
+                if let Some(left) = left {
+                    first_expiry = Some(first_expiry.map_or(left, |f| f.min(left)));
+                }
+                left.is_some()
+            })
+            .cloned()
+            .collect();
+        (notes, first_expiry)
     }
 
     fn leader(&self, election: &ElectionName, now: Instant) -> Option<Leader> {
@@ -173,6 +198,11 @@ impl LocalBackend for Inner {
         Ok(self.state().leader(election, now))
     }
 
+    async fn read_notes(&self, election: &ElectionName) -> Result<(Vec<Note>, Option<Duration>)> {
+        let now = self.clock.now();
+        Ok(self.state().live_notes(election, now))
+    }
+
     fn sleep(&self, duration: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         self.clock.sleep(duration)
     }
@@ -244,10 +274,83 @@ impl Store for MemoryStore {
         }
         if let Some(election) = state.elections.get_mut(&grant.election) {
             election.holder = None;
+            election.last_release = Some(grant.token);
         }
         drop(state);
         self.inner.changed();
         Ok(())
+    }
+
+    async fn put_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+        text: &str,
+    ) -> Result<()> {
+        check_note(name, text)?;
+        let now = self.inner.clock.now();
+        let mut state = self.inner.state();
+        if state.alive(session, now).is_none() {
+            return Err(Error::SessionExpired(session));
+        }
+        state.last_order += 1;
+        let order = state.last_order;
+        let live: std::collections::HashSet<SessionId> = state
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.expires_at > now)
+            .map(|(id, _)| *id)
+            .collect();
+        let notes = state.notes.entry(election.clone()).or_default();
+        notes.retain(|n| live.contains(&n.session));
+        let kept = notes
+            .iter()
+            .position(|n| n.session == session && n.name == name);
+        match kept {
+            Some(at) => notes[at].text = text.to_owned(),
+            None => notes.push(Note {
+                session,
+                name: name.to_owned(),
+                order,
+                text: text.to_owned(),
+            }),
+        }
+        drop(state);
+        self.inner.changed();
+        Ok(())
+    }
+
+    async fn delete_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+    ) -> Result<()> {
+        let mut state = self.inner.state();
+        if let Some(notes) = state.notes.get_mut(election) {
+            notes.retain(|n| n.session != session || n.name != name);
+        }
+        drop(state);
+        self.inner.changed();
+        Ok(())
+    }
+
+    async fn notes(&self, election: &ElectionName) -> Result<Vec<Note>> {
+        Ok(self.inner.read_notes(election).await?.0)
+    }
+
+    async fn watch_notes(&self, election: &ElectionName) -> Result<NoteWatch> {
+        local::watch_notes(Arc::clone(&self.inner), election).await
+    }
+
+    async fn last_release(&self, election: &ElectionName) -> Result<Option<FencingToken>> {
+        Ok(self
+            .inner
+            .state()
+            .elections
+            .get(election)
+            .and_then(|e| e.last_release))
     }
 
     async fn leader(&self, election: &ElectionName) -> Result<Option<Leader>> {

@@ -20,6 +20,7 @@ mod cleanup;
 pub mod etcd;
 mod local;
 pub mod memory;
+mod note_watch;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod security;
@@ -113,6 +114,70 @@ impl LeaderStatus {
 /// state and changes only when the holder, or whether it is known, does.
 pub type StatusWatch = crate::watch::Receiver<LeaderStatus>;
 
+/// A note a session keeps on an election ([`Store::put_note`]): how the
+/// candidates of an election make themselves known to each other through
+/// the store, without any connection between them (their priority and
+/// place in the line of standbys, a leader's chosen successor, a request
+/// to hand leadership over). The store removes it when its session ends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Note {
+    /// The session that keeps the note.
+    pub session: SessionId,
+    /// Its name: one note per session, election and name.
+    pub name: String,
+    /// The store's order of notes: a note first put later has a greater
+    /// order (putting it again keeps its order). Comparable only between
+    /// notes of one election.
+    pub order: u64,
+    /// What it says.
+    pub text: String,
+}
+
+/// The longest note text a store keeps, in bytes.
+pub const MAX_NOTE_TEXT: usize = 512;
+
+/// Checks a note's name (1–16 of `a-z`, `0-9`, `-`) and text (at most
+/// [`MAX_NOTE_TEXT`] bytes, no control characters), as every store does
+/// before writing.
+pub fn check_note(name: &str, text: &str) -> Result<()> {
+    if name.is_empty()
+        || name.len() > 16
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    {
+        return Err(crate::error::Error::invalid(
+            "note name",
+            format!("{name:?}: 1 to 16 of a-z, 0-9 and -"),
+        ));
+    }
+    if text.len() > MAX_NOTE_TEXT {
+        return Err(crate::error::Error::invalid(
+            "note",
+            format!("{} bytes long, at most {MAX_NOTE_TEXT} allowed", text.len()),
+        ));
+    }
+    if text.chars().any(char::is_control) {
+        return Err(crate::error::Error::invalid(
+            "note",
+            "contains a control character",
+        ));
+    }
+    Ok(())
+}
+
+/// A watch on the notes of one election: always holds the live notes, in
+/// order. Updated after every put and delete, and when a session that
+/// keeps notes ends (at its expiry on the store's clock at the latest).
+/// While the store cannot be read it keeps the last notes read.
+pub type NoteWatch = crate::watch::Receiver<Vec<Note>>;
+
+fn no_notes() -> crate::error::Error {
+    crate::error::Error::Unsupported(
+        "this store keeps no notes, which transfers, priorities and lock-delay need".into(),
+    )
+}
+
 /// A store that decides elections.
 ///
 /// ### To ensure correctness, an implementation must guarantee:
@@ -200,6 +265,57 @@ pub trait Store: Send + Sync + fmt::Debug {
     async fn session_ended(&self, session: SessionId) {
         let _ = session;
         std::future::pending::<()>().await;
+    }
+
+    /// Puts `text` as `session`'s note `name` on `election`, replacing
+    /// its earlier text (the note keeps its order). Fails with
+    /// [`crate::Error::SessionExpired`] if the session has ended, and with
+    /// [`crate::Error::InvalidInput`] if [`check_note`] refuses the name
+    /// or text. The note ends with the session or [`Store::delete_note`].
+    async fn put_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+        text: &str,
+    ) -> Result<()> {
+        let _ = (session, election, name, text);
+        Err(no_notes())
+    }
+
+    /// Deletes `session`'s note `name` on `election`; deleting a note that
+    /// is not there is not an error.
+    async fn delete_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+    ) -> Result<()> {
+        let _ = (session, election, name);
+        Err(no_notes())
+    }
+
+    /// The live notes on `election` (those of sessions that have not
+    /// ended), in order.
+    async fn notes(&self, election: &ElectionName) -> Result<Vec<Note>> {
+        let _ = election;
+        Err(no_notes())
+    }
+
+    /// Watches the notes on `election` (see [`NoteWatch`]).
+    async fn watch_notes(&self, election: &ElectionName) -> Result<NoteWatch> {
+        let _ = election;
+        Err(no_notes())
+    }
+
+    /// The token of the last grant of `election` that its holder released
+    /// ([`Store::resign`], [`Store::release_orphaned`]), recorded
+    /// atomically with the release; `None` if none ever was. A grant that
+    /// ended by its session's expiry or closing is not recorded, so a
+    /// successor tells a release from an expiry (lock-delay).
+    async fn last_release(&self, election: &ElectionName) -> Result<Option<FencingToken>> {
+        let _ = election;
+        Err(no_notes())
     }
 
     /// For a store that tells a dead holder process by something the

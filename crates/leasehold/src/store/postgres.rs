@@ -58,10 +58,11 @@ use crate::names::{CandidateId, ElectionName};
 use crate::store::cleanup::OnDrop;
 use crate::store::watch_driver::{self as leader_watch, Event, Source};
 use crate::store::{
-    ElectionState, FencingToken, Grant, Leader, LeaderWatch, SessionId, SessionLease, StatusWatch,
-    Store, known_only, session_key,
+    ElectionState, FencingToken, Grant, Leader, LeaderWatch, Note, NoteWatch, SessionId,
+    SessionLease, StatusWatch, Store, known_only, session_key,
 };
 
+mod notes;
 mod tls;
 
 /// How PostgreSQL keeps a TTL: as milliseconds in a `bigint`, turned into
@@ -361,6 +362,16 @@ impl Inner {
         }
         self.check_marker(found.marker_columns.as_deref())?;
         self.check_version(client, found.tables).await?;
+        if found.planned_tables < 2 && !self.read_only {
+            // A schema an earlier version created: add what planned moves need.
+            let ddl = fill_schema_placeholders(PLANNED_SQL, &self.schema);
+            timed(
+                "add the tables for planned moves",
+                client.batch_execute(&ddl),
+            )
+            .await?;
+            return Ok(true);
+        }
         Ok(false)
     }
 
@@ -391,6 +402,7 @@ impl Inner {
             exists: row.get(0),
             marker_columns: row.get(1),
             tables: row.get(2),
+            planned_tables: row.get(3),
         })
     }
 
@@ -452,6 +464,8 @@ impl Inner {
     /// exists (the caller checked, under the lock, that it does not).
     async fn create_schema(&self, client: &Client) -> Result<()> {
         let ddl = fill_schema_placeholders(SCHEMA_SQL, &self.schema);
+        timed("create the schema", client.batch_execute(&ddl)).await?;
+        let ddl = fill_schema_placeholders(PLANNED_SQL, &self.schema);
         timed("create the schema", client.batch_execute(&ddl)).await
     }
 
@@ -580,6 +594,12 @@ impl Inner {
 ///   ending a session (releasing its grants and its places in line).
 const SCHEMA_SQL: &str = include_str!("postgres/schema.sql");
 
+/// The objects planned moves need (`postgres/planned.sql`): the tables
+/// `notes` and `releases`, `put_note` and `delete_note` (which `NOTIFY`
+/// `"#n {election}"`: no election name starts with `#`, so no waiter takes
+/// it for a release), and `release` again, recording the released token.
+const PLANNED_SQL: &str = include_str!("postgres/planned.sql");
+
 /// What [`Inner::inspect_schema`] finds (`postgres/inspect_schema.sql`).
 const INSPECT_SCHEMA_SQL: &str = include_str!("postgres/inspect_schema.sql");
 
@@ -590,6 +610,8 @@ struct FoundSchema {
     marker_columns: Option<String>,
     /// How many of leasehold's tables sessions and elections it has.
     tables: i64,
+    /// How many of the tables for planned moves (notes, releases) it has.
+    planned_tables: i64,
 }
 
 /// `sql` with `{schema}` replaced by the schema's name `schema` (checked to
@@ -886,6 +908,37 @@ impl Store for PostgresStore {
             });
         }
         Ok(())
+    }
+
+    async fn put_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+        text: &str,
+    ) -> Result<()> {
+        self.inner.put_note(session, election, name, text).await
+    }
+
+    async fn delete_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+    ) -> Result<()> {
+        self.inner.delete_note(session, election, name).await
+    }
+
+    async fn notes(&self, election: &ElectionName) -> Result<Vec<Note>> {
+        Ok(self.inner.read_notes(election).await?.0)
+    }
+
+    async fn watch_notes(&self, election: &ElectionName) -> Result<NoteWatch> {
+        self.inner.watch_notes(election).await
+    }
+
+    async fn last_release(&self, election: &ElectionName) -> Result<Option<FencingToken>> {
+        self.inner.last_release(election).await
     }
 
     async fn leader(&self, election: &ElectionName) -> Result<Option<Leader>> {

@@ -73,8 +73,8 @@ use crate::names::{CandidateId, ElectionName};
 use crate::store::cleanup::OnDrop;
 use crate::store::local::{self, Attempt, Changes, Expired, LocalBackend};
 use crate::store::{
-    ElectionState, FencingToken, Grant, Leader, LeaderWatch, SessionId, SessionLease, StatusWatch,
-    Store, known_only, session_key,
+    ElectionState, FencingToken, Grant, Leader, LeaderWatch, Note, NoteWatch, SessionId,
+    SessionLease, StatusWatch, Store, known_only, session_key,
 };
 use liveness::Process;
 
@@ -133,6 +133,28 @@ CREATE TABLE IF NOT EXISTS session_locks (
     dev     INTEGER NOT NULL,
     ino     INTEGER NOT NULL
 );
+";
+
+/// Planned moves (see `line`): the notes sessions keep on elections (the
+/// line of standbys, a leader's chosen successor, transfer requests), in
+/// the order first put (`id`, never reused), gone with their session; and
+/// the token of each election's last released grant, written in the
+/// releasing transaction, so that a successor tells a release from an
+/// expiry (lock-delay). Added to schema version 1 as `session_locks` was:
+/// earlier versions never read them.
+const PLANNED: &str = "
+CREATE TABLE IF NOT EXISTS notes (
+    id       INTEGER PRIMARY KEY AUTOINCREMENT,
+    election TEXT    NOT NULL,
+    session  INTEGER NOT NULL,
+    name     TEXT    NOT NULL,
+    text     TEXT    NOT NULL,
+    UNIQUE (election, session, name)
+);
+CREATE TABLE IF NOT EXISTS releases (
+    election TEXT    PRIMARY KEY,
+    token    INTEGER NOT NULL
+) WITHOUT ROWID;
 ";
 
 /// The live holder of `?1`, at monotonic time `?2` under boot `?3`.
@@ -820,7 +842,7 @@ impl Db {
             .map_err(&err)?;
         conn.pragma_update(None, "synchronous", "FULL")
             .map_err(&err)?;
-        if identity.version == SCHEMA_VERSION && has_session_locks(&conn).map_err(&err)? {
+        if identity.version == SCHEMA_VERSION && has_current_tables(&conn).map_err(&err)? {
             return Ok(());
         }
         let tx = conn
@@ -836,8 +858,9 @@ impl Db {
             tx.pragma_update(None, "user_version", SCHEMA_VERSION)
                 .map_err(&err)?;
         }
-        // A database an earlier version created gets the table too.
+        // A database an earlier version created gets the tables too.
         tx.execute_batch(SESSION_LOCKS).map_err(&err)?;
+        tx.execute_batch(PLANNED).map_err(&err)?;
         self.check_file()?;
         tx.commit().map_err(&err)
     }
@@ -1031,9 +1054,9 @@ impl Db {
             params![self.boot_id, now],
         )
         .map_err(self.err())?;
-        tx.execute(
-            "DELETE FROM session_locks WHERE session NOT IN (SELECT id FROM sessions)",
-            [],
+        tx.execute_batch(
+            "DELETE FROM session_locks WHERE session NOT IN (SELECT id FROM sessions);
+             DELETE FROM notes WHERE session NOT IN (SELECT id FROM sessions);",
         )
         .map_err(self.err())?;
         let expires_at_ns = now.saturating_add(nanos(granted));
@@ -1133,6 +1156,8 @@ impl Db {
         tx.execute("DELETE FROM sessions WHERE id = ?1", params![key])
             .map_err(self.err())?;
         tx.execute("DELETE FROM session_locks WHERE session = ?1", params![key])
+            .map_err(self.err())?;
+        tx.execute("DELETE FROM notes WHERE session = ?1", params![key])
             .map_err(self.err())?;
         if let Err(Error::Replaced(_)) = self.usable(&tx) {
             return Ok(());
@@ -1301,10 +1326,127 @@ impl Db {
                 token: grant.token,
             });
         }
+        tx.execute(
+            "INSERT INTO releases (election, token) VALUES (?1, ?2)
+             ON CONFLICT (election) DO UPDATE SET token = excluded.token",
+            params![grant.election.as_str(), grant.token.to_i64_saturating()],
+        )
+        .map_err(self.err())?;
         self.usable(&tx)?;
         tx.commit().map_err(self.err())?;
         self.announce();
         Ok(())
+    }
+
+    fn put_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+        text: &str,
+    ) -> Result<()> {
+        crate::store::check_note(name, text)?;
+        self.writable()?;
+        let mut conn = self.conn();
+        self.usable(&conn)?;
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(self.err())?;
+        self.session_alive(&tx, session, monotonic_ns())?;
+        tx.execute(
+            "INSERT INTO notes (election, session, name, text) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (election, session, name) DO UPDATE SET text = excluded.text",
+            params![election.as_str(), session_key(session)?, name, text],
+        )
+        .map_err(self.err())?;
+        self.usable(&tx)?;
+        tx.commit().map_err(self.err())?;
+        self.announce();
+        Ok(())
+    }
+
+    fn delete_note(&self, session: SessionId, election: &ElectionName, name: &str) -> Result<()> {
+        self.writable()?;
+        let Ok(key) = session_key(session) else {
+            return Ok(());
+        };
+        let mut conn = self.conn();
+        self.usable(&conn)?;
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(self.err())?;
+        let deleted = tx
+            .execute(
+                "DELETE FROM notes WHERE election = ?1 AND session = ?2 AND name = ?3",
+                params![election.as_str(), key, name],
+            )
+            .map_err(self.err())?;
+        self.usable(&tx)?;
+        tx.commit().map_err(self.err())?;
+        if deleted > 0 {
+            self.announce();
+        }
+        Ok(())
+    }
+
+    /// The live notes on `election`, and how long until the first session
+    /// keeping one of them expires.
+    fn notes(&self, election: &ElectionName) -> Result<(Vec<Note>, Option<Duration>)> {
+        let conn = self.conn();
+        self.usable(&conn)?;
+        if !has_table(&conn, "notes").map_err(self.err())? {
+            return Ok((Vec::new(), None));
+        }
+        let now = monotonic_ns();
+        let mut stmt = conn
+            .prepare_cached(
+                "SELECT n.session, n.name, n.id, n.text, s.expires_at_ns - ?2
+                 FROM notes n JOIN sessions s ON s.id = n.session
+                 WHERE n.election = ?1 AND s.boot_id = ?3 AND s.expires_at_ns > ?2
+                 ORDER BY n.id",
+            )
+            .map_err(self.err())?;
+        let rows = stmt
+            .query_map(params![election.as_str(), now, self.boot_id], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, i64>(2)?,
+                    r.get::<_, String>(3)?,
+                    r.get::<_, i64>(4)?,
+                ))
+            })
+            .map_err(self.err())?
+            .collect::<rusqlite::Result<Vec<_>>>()
+            .map_err(self.err())?;
+        let first_expiry = rows.iter().map(|row| row.4).min().map(duration_ns);
+        let notes = rows
+            .into_iter()
+            .map(|(session, name, id, text, _)| Note {
+                session: SessionId::from_stored(session),
+                name,
+                order: id.unsigned_abs(),
+                text,
+            })
+            .collect();
+        Ok((notes, first_expiry))
+    }
+
+    fn last_release(&self, election: &ElectionName) -> Result<Option<FencingToken>> {
+        let conn = self.conn();
+        self.usable(&conn)?;
+        if !has_table(&conn, "releases").map_err(self.err())? {
+            return Ok(None);
+        }
+        let token = conn
+            .query_row(
+                "SELECT token FROM releases WHERE election = ?1",
+                params![election.as_str()],
+                |r| r.get::<_, i64>(0),
+            )
+            .optional()
+            .map_err(self.err())?;
+        Ok(token.map(FencingToken::from_stored))
     }
 
     fn leader(&self, election: &ElectionName) -> Result<Option<Leader>> {
@@ -1348,12 +1490,25 @@ impl Db {
     }
 }
 
-/// Whether the `session_locks` table exists (a database an earlier
-/// version created has none until a writer of this version opens it).
-fn has_session_locks(conn: &Connection) -> rusqlite::Result<bool> {
+/// Whether the tables added to schema version 1 later exist (a database
+/// an earlier version created has none until a writer of this version
+/// opens it).
+fn has_current_tables(conn: &Connection) -> rusqlite::Result<bool> {
     conn.query_row(
-        "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'session_locks'",
+        "SELECT count(*) FROM sqlite_master WHERE type = 'table'
+         AND name IN ('session_locks', 'notes', 'releases')",
         [],
+        |r| r.get::<_, i64>(0),
+    )
+    .map(|n| n == 3)
+}
+
+/// Whether `table` exists: a read-only handle on a database no writer of
+/// this version opened yet reads no notes and no releases.
+fn has_table(conn: &Connection, table: &str) -> rusqlite::Result<bool> {
+    conn.query_row(
+        "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?1",
+        params![table],
         |r| r.get::<_, i64>(0),
     )
     .map(|n| n > 0)
@@ -1582,6 +1737,11 @@ impl LocalBackend for Inner {
         Ok(attempt)
     }
 
+    async fn read_notes(&self, election: &ElectionName) -> Result<(Vec<Note>, Option<Duration>)> {
+        let election = election.clone();
+        self.blocking(move |db| db.notes(&election)).await
+    }
+
     async fn read_leader(&self, election: &ElectionName) -> Result<Option<Leader>> {
         let election = election.clone();
         self.blocking(move |db| db.leader(&election)).await
@@ -1626,6 +1786,50 @@ impl Store for SqliteStore {
         self.inner.blocking(move |db| db.resign(&owned)).await?;
         self.inner.written();
         Ok(())
+    }
+
+    async fn put_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+        text: &str,
+    ) -> Result<()> {
+        let (election, name, text) = (election.clone(), name.to_owned(), text.to_owned());
+        self.inner
+            .blocking(move |db| db.put_note(session, &election, &name, &text))
+            .await?;
+        self.inner.written();
+        Ok(())
+    }
+
+    async fn delete_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+    ) -> Result<()> {
+        let (election, name) = (election.clone(), name.to_owned());
+        self.inner
+            .blocking(move |db| db.delete_note(session, &election, &name))
+            .await?;
+        self.inner.written();
+        Ok(())
+    }
+
+    async fn notes(&self, election: &ElectionName) -> Result<Vec<Note>> {
+        Ok(self.inner.read_notes(election).await?.0)
+    }
+
+    async fn watch_notes(&self, election: &ElectionName) -> Result<NoteWatch> {
+        local::watch_notes(Arc::clone(&self.inner), election).await
+    }
+
+    async fn last_release(&self, election: &ElectionName) -> Result<Option<FencingToken>> {
+        let election = election.clone();
+        self.inner
+            .blocking(move |db| db.last_release(&election))
+            .await
     }
 
     async fn leader(&self, election: &ElectionName) -> Result<Option<Leader>> {

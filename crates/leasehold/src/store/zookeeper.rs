@@ -64,6 +64,8 @@
 //!   delete the root (or choose a new one) so an authenticated run creates
 //!   it again.
 
+mod notes;
+
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -83,8 +85,8 @@ use crate::store::cleanup::OnDrop;
 use crate::store::security::Security;
 use crate::store::watch_driver::{self as leader_watch, Event, Source};
 use crate::store::{
-    ElectionState, FencingToken, Grant, Leader, LeaderWatch, SessionId, SessionLease, StatusWatch,
-    Store, known_only,
+    ElectionState, FencingToken, Grant, Leader, LeaderWatch, Note, NoteWatch, SessionId,
+    SessionLease, StatusWatch, Store, known_only,
 };
 
 /// How ZooKeeper keeps a TTL: the session timeout, an `int` of
@@ -217,10 +219,10 @@ fn unavailable(what: &str, error: zookeeper_client::Error) -> Error {
 }
 
 /// Runs one request with [`REQUEST_TIMEOUT`].
-async fn request<T>(
+async fn request<T, E>(
     what: &str,
-    fut: impl Future<Output = std::result::Result<T, zookeeper_client::Error>>,
-) -> Result<std::result::Result<T, zookeeper_client::Error>> {
+    fut: impl Future<Output = std::result::Result<T, E>>,
+) -> Result<std::result::Result<T, E>> {
     tokio::time::timeout(REQUEST_TIMEOUT, fut)
         .await
         .map_err(|_| Error::no_answer(&format!("zookeeper {what}"), REQUEST_TIMEOUT))
@@ -1054,19 +1056,38 @@ impl Inner {
         }
         // The path names this grant's node alone (sequence numbers are
         // never reused under a parent), so deleting it cannot touch a
-        // successor's node.
-        match request(
-            "delete the candidate node",
-            client.delete(&path, Some(stat.version)),
-        )
-        .await?
-        {
-            Ok(()) => Ok(()),
-            Err(zookeeper_client::Error::NoNode | zookeeper_client::Error::BadVersion) => {
-                Err(not_holder(grant))
+        // successor's node. The release's token is recorded in the same
+        // multi-op; its node is made on the first release.
+        const WHAT: &str = "delete the candidate node";
+        let release = self.release_node(&grant.election);
+        let token = grant.token.0.to_string();
+        for _ in 0..2 {
+            let mut multi = client.new_multi_writer();
+            multi
+                .add_delete(&path, Some(stat.version))
+                .and_then(|()| multi.add_set_data(&release, token.as_bytes(), None))
+                .map_err(|error| self.failed(WHAT, &path, error))?;
+            match request(WHAT, multi.commit()).await? {
+                Ok(_) => return Ok(()),
+                Err(zookeeper_client::MultiWriteError::OperationFailed {
+                    index: 1,
+                    source: zookeeper_client::Error::NoNode,
+                }) => {
+                    let releases = format!("{}/releases", self.root);
+                    self.make_parents(client, &[&releases, &release], None)
+                        .await?;
+                }
+                Err(zookeeper_client::MultiWriteError::OperationFailed {
+                    index: 0,
+                    source: zookeeper_client::Error::NoNode | zookeeper_client::Error::BadVersion,
+                }) => return Err(not_holder(grant)),
+                Err(error) => return Err(self.failed(WHAT, &dir, error.into())),
             }
-            Err(error) => Err(self.failed("delete the candidate node", &dir, error)),
         }
+        Err(Error::Unavailable {
+            reason: format!("zookeeper {WHAT}: node {release} kept disappearing"),
+            source: None,
+        })
     }
 
     fn live_session(&self, id: SessionId) -> Result<(Arc<ZkSession>, Client)> {
@@ -1554,6 +1575,37 @@ impl Store for ZkStore {
     async fn release_orphaned(&self, grant: &Grant) -> Result<()> {
         let client = self.inner.reader().await?;
         self.inner.delete_grant_node(&client, grant).await
+    }
+
+    async fn put_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+        text: &str,
+    ) -> Result<()> {
+        self.inner.put_note(session, election, name, text).await
+    }
+
+    async fn delete_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+    ) -> Result<()> {
+        self.inner.delete_note(session, election, name).await
+    }
+
+    async fn notes(&self, election: &ElectionName) -> Result<Vec<Note>> {
+        self.inner.read_notes(election).await
+    }
+
+    async fn watch_notes(&self, election: &ElectionName) -> Result<NoteWatch> {
+        self.inner.start_notes_watch(election).await
+    }
+
+    async fn last_release(&self, election: &ElectionName) -> Result<Option<FencingToken>> {
+        self.inner.last_release(election).await
     }
 
     async fn leader(&self, election: &ElectionName) -> Result<Option<Leader>> {

@@ -13,7 +13,8 @@ use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
 use crate::store::{
-    ElectionState, Grant, Leader, LeaderWatch, SessionId, SessionLease, StatusWatch, Store,
+    ElectionState, FencingToken, Grant, Leader, LeaderWatch, Note, NoteWatch, SessionId,
+    SessionLease, StatusWatch, Store,
 };
 
 /// Wraps a store and injects faults into what passes through it.
@@ -143,6 +144,42 @@ impl Store for FaultyStore {
     async fn elections(&self) -> Result<Vec<ElectionState>> {
         self.check()?;
         self.inner.elections().await
+    }
+
+    async fn put_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+        text: &str,
+    ) -> Result<()> {
+        self.check()?;
+        self.inner.put_note(session, election, name, text).await
+    }
+
+    async fn delete_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+    ) -> Result<()> {
+        self.check()?;
+        self.inner.delete_note(session, election, name).await
+    }
+
+    async fn notes(&self, election: &ElectionName) -> Result<Vec<Note>> {
+        self.check()?;
+        self.inner.notes(election).await
+    }
+
+    async fn watch_notes(&self, election: &ElectionName) -> Result<NoteWatch> {
+        self.check()?;
+        self.inner.watch_notes(election).await
+    }
+
+    async fn last_release(&self, election: &ElectionName) -> Result<Option<FencingToken>> {
+        self.check()?;
+        self.inner.last_release(election).await
     }
 
     async fn session_ended(&self, session: SessionId) {

@@ -53,12 +53,13 @@ use crate::store::cleanup::OnDrop;
 use crate::store::security::Security;
 use crate::store::watch_driver::{self as leader_watch, Event, Source};
 use crate::store::{
-    ElectionState, FencingToken, Grant, Leader, LeaderWatch, SessionId, SessionLease, StatusWatch,
-    Store, known_only, session_key,
+    ElectionState, FencingToken, Grant, Leader, LeaderWatch, Note, NoteWatch, SessionId,
+    SessionLease, StatusWatch, Store, known_only, session_key,
 };
 
 mod client;
 mod connect;
+mod notes;
 
 pub use client::ATTEMPT_TIMEOUT;
 use client::{EtcdError, KeepAlive, Members, Watch, describe, prefix_end};
@@ -959,22 +960,33 @@ impl Source for EtcdWatch {
 
     async fn changed(&mut self) -> Event {
         let prefix = self.store.election_prefix(&self.election);
-        let opened = match self.store.members.link(0).await {
+        self.store.next_events_under(&prefix, self.from).await;
+        Event::Changed
+    }
+}
+
+impl EtcdStore {
+    /// Resolves at the first events under `prefix` from revision `from`,
+    /// or when the watch breaks (either way, the caller reads again); after
+    /// a pause if the watch cannot be opened.
+    async fn next_events_under(&self, prefix: &str, from: i64) {
+        let opened = match self.members.link(0).await {
             Ok(link) => Watch::open(
                 link,
                 prefix.as_bytes().to_vec(),
                 prefix_end(prefix.as_bytes()),
-                self.from,
+                from,
             )
             .await
             .ok(),
             Err(_) => None,
         };
-        if let Some(mut watch) = opened {
-            // Events, or a broken watch: either way, re-read.
-            let _ = watch.changed().await;
+        match opened {
+            Some(mut watch) => {
+                let _ = watch.changed().await;
+            }
+            None => tokio::time::sleep(WATCH_RETRY).await,
         }
-        Event::Changed
     }
 }
 
@@ -1140,7 +1152,7 @@ impl Store for EtcdStore {
         let token = grant.token.to_i64_saturating();
         let txn = TxnRequest {
             compare: vec![created_at(key.clone(), token)],
-            success: vec![delete(key)],
+            success: vec![delete(key), self.record_release(&grant.election, token)],
             failure: Vec::new(),
         };
         if !self.txn("resign", txn).await?.succeeded {
@@ -1150,6 +1162,37 @@ impl Store for EtcdStore {
             });
         }
         Ok(())
+    }
+
+    async fn put_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+        text: &str,
+    ) -> Result<()> {
+        self.put_note_in(session, election, name, text).await
+    }
+
+    async fn delete_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+    ) -> Result<()> {
+        self.delete_note_in(session, election, name).await
+    }
+
+    async fn notes(&self, election: &ElectionName) -> Result<Vec<Note>> {
+        Ok(self.notes_at(election).await?.0)
+    }
+
+    async fn watch_notes(&self, election: &ElectionName) -> Result<NoteWatch> {
+        self.watch_notes_of(election).await
+    }
+
+    async fn last_release(&self, election: &ElectionName) -> Result<Option<FencingToken>> {
+        self.last_release_in(election).await
     }
 
     async fn leader(&self, election: &ElectionName) -> Result<Option<Leader>> {

@@ -1,0 +1,204 @@
+//! Notes on PostgreSQL (see [`crate::line`]): rows of `{schema}.notes`,
+//! live while their session is (read joined with the live sessions, on the
+//! server's clock), in the order first put (`seq`). `put_note` and
+//! `delete_note` are one statement each and `NOTIFY` the store's channel
+//! with `"#n {election}"`; the release records its token in
+//! `{schema}.releases` in the same statement (`postgres/planned.sql`).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::broadcast;
+
+use super::{Inner, Notice, RETRY, from_millis, timed};
+use crate::error::{Error, Result};
+use crate::names::ElectionName;
+use crate::store::note_watch::NoteSource;
+use crate::store::watch_driver::Event;
+use crate::store::{FencingToken, Note, NoteWatch, SessionId, check_note, session_key};
+
+impl Inner {
+    pub(super) async fn put_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+        text: &str,
+    ) -> Result<()> {
+        check_note(name, text)?;
+        let id = session_key(session)?;
+        let client = self.client().await?;
+        let put: bool = timed(
+            "put a note",
+            client.query_one(
+                &format!("SELECT {}($1, $2, $3, $4)", self.table("put_note")),
+                &[&election.as_str(), &id, &name, &text],
+            ),
+        )
+        .await?
+        .get(0);
+        if put {
+            Ok(())
+        } else {
+            Err(Error::SessionExpired(session))
+        }
+    }
+
+    pub(super) async fn delete_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+    ) -> Result<()> {
+        let Ok(id) = session_key(session) else {
+            return Ok(());
+        };
+        let client = self.client().await?;
+        timed(
+            "delete a note",
+            client.execute(
+                &format!("SELECT {}($1, $2, $3)", self.table("delete_note")),
+                &[&election.as_str(), &id, &name],
+            ),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// The live notes on `election`, in order, and how long until the
+    /// first session keeping one of them expires (on the server's clock).
+    pub(super) async fn read_notes(
+        &self,
+        election: &ElectionName,
+    ) -> Result<(Vec<Note>, Option<Duration>)> {
+        let client = self.client().await?;
+        let rows = match timed(
+            "read notes",
+            client.query(
+                &format!(
+                    "SELECT n.session, n.name, n.seq, n.text,
+                            (extract(epoch FROM h.expires_at - clock_timestamp()) * 1000)::bigint
+                     FROM {} n JOIN {} h
+                          ON h.id = n.session AND h.expires_at > clock_timestamp()
+                     WHERE n.election = $1
+                     ORDER BY n.seq",
+                    self.table("notes"),
+                    self.table("sessions")
+                ),
+                &[&election.as_str()],
+            ),
+        )
+        .await
+        {
+            Ok(rows) => rows,
+            Err(_) if self.lacks_planned_tables(&client).await? => return Ok((Vec::new(), None)),
+            Err(error) => return Err(error),
+        };
+        let mut first_expiry: Option<Duration> = None;
+        let mut notes = Vec::with_capacity(rows.len());
+        for row in rows {
+            let (session, name, seq, text, left): (i64, String, i64, String, i64) =
+                (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+            let left = from_millis(left);
+            first_expiry = Some(first_expiry.map_or(left, |f| f.min(left)));
+            notes.push(Note {
+                session: SessionId(session.unsigned_abs()),
+                name,
+                order: seq.unsigned_abs(),
+                text,
+            });
+        }
+        Ok((notes, first_expiry))
+    }
+
+    pub(super) async fn last_release(
+        &self,
+        election: &ElectionName,
+    ) -> Result<Option<FencingToken>> {
+        let client = self.client().await?;
+        let row = match timed(
+            "read the last release",
+            client.query_opt(
+                &format!(
+                    "SELECT token FROM {} WHERE election = $1",
+                    self.table("releases")
+                ),
+                &[&election.as_str()],
+            ),
+        )
+        .await
+        {
+            Ok(row) => row,
+            Err(_) if self.lacks_planned_tables(&client).await? => None,
+            Err(error) => return Err(error),
+        };
+        Ok(row.map(|row| FencingToken::from_stored(row.get(0))))
+    }
+
+    /// Whether the schema lacks the tables for planned moves: one an
+    /// earlier version created, read by a read-only handle before any
+    /// writer of this version opened it (which adds them). It has no
+    /// notes and no recorded release then.
+    async fn lacks_planned_tables(&self, client: &tokio_postgres::Client) -> Result<bool> {
+        let row = timed(
+            "look for the tables of planned moves",
+            client.query_one(
+                "SELECT to_regclass($1) IS NULL OR to_regclass($2) IS NULL",
+                &[&self.table("notes"), &self.table("releases")],
+            ),
+        )
+        .await?;
+        Ok(row.get(0))
+    }
+
+    pub(super) async fn watch_notes(
+        self: &Arc<Self>,
+        election: &ElectionName,
+    ) -> Result<NoteWatch> {
+        let source = PgNotes {
+            inner: Arc::clone(self),
+            election: election.clone(),
+            // Subscribed before the first read, so that no change between
+            // the two is missed.
+            notices: self.notices.subscribe(),
+            tag: format!("#n {election}"),
+        };
+        crate::store::note_watch::start(source, election).await
+    }
+}
+
+/// The PostgreSQL side of a notes watch: it wakes on the listener's notes
+/// notices for the election and on a lost listener connection; expiries
+/// send no notice, so the watch also reads again at the first one.
+struct PgNotes {
+    inner: Arc<Inner>,
+    election: ElectionName,
+    notices: broadcast::Receiver<Notice>,
+    /// The payload of a notice about this election's notes.
+    tag: String,
+}
+
+impl NoteSource for PgNotes {
+    const RETRY: Duration = RETRY;
+
+    async fn read(&mut self) -> Result<(Vec<Note>, Option<Duration>)> {
+        self.inner.read_notes(&self.election).await
+    }
+
+    async fn changed(&mut self) -> Event {
+        loop {
+            match self.notices.recv().await {
+                Err(broadcast::error::RecvError::Closed) => return Event::Ended,
+                Ok(Some(payload)) if *payload != *self.tag => {}
+                // This election's notes, a resync or a lagged receiver.
+                Ok(_) | Err(_) => return Event::Changed,
+            }
+        }
+    }
+
+    fn sleep(&self, duration: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        Box::pin(tokio::time::sleep(duration))
+    }
+}

@@ -104,6 +104,11 @@ pub enum Error {
     /// An operation did not finish within the time the caller allowed.
     #[error("timed out after {0:?}")]
     Timeout(Duration),
+
+    /// The store does not offer what was asked of it (a store type written
+    /// outside this crate that keeps no notes, say). Retrying will not help.
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 impl Error {

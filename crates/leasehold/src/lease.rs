@@ -45,6 +45,9 @@ pub enum LostReason {
     Superseded,
     /// The holder resigned.
     Resigned,
+    /// The holder released the election to hand it over on request (a
+    /// transfer, or a waiting candidate of higher priority).
+    HandedOver,
     /// The session was closed by this process.
     Closed,
 }
@@ -66,6 +69,7 @@ impl std::fmt::Display for LostReason {
             LostReason::SessionExpired => f.write_str("the store expired the session"),
             LostReason::Superseded => f.write_str("the store shows the grant gone or superseded"),
             LostReason::Resigned => f.write_str("resigned"),
+            LostReason::HandedOver => f.write_str("handed over on request"),
             LostReason::Closed => f.write_str("session closed"),
         }
     }
@@ -155,6 +159,14 @@ pub enum LeaseEvent {
         /// another grant).
         token: FencingToken,
     },
+    /// The holder lets `election` go to hand it over on request: as
+    /// [`LeaseEvent::Resign`], with [`LostReason::HandedOver`].
+    HandOver {
+        /// The election.
+        election: ElectionName,
+        /// The grant's token.
+        token: FencingToken,
+    },
     /// This process closes the session.
     Close,
 }
@@ -228,6 +240,9 @@ pub struct LeaseState {
     last_error: Option<String>,
     ended: Option<LostReason>,
     held: BTreeMap<ElectionName, Held>,
+    /// The last grant of each election this session handed over, so that
+    /// its lost reason says so after it is let go.
+    handed_over: BTreeMap<ElectionName, FencingToken>,
     /// The wake-up last asked for, so that it is asked for only when it
     /// moves.
     armed: Option<Instant>,
@@ -277,6 +292,7 @@ impl LeaseState {
             last_error: None,
             ended: None,
             held: BTreeMap::new(),
+            handed_over: BTreeMap::new(),
             armed: None,
         })
     }
@@ -329,6 +345,7 @@ impl LeaseState {
     ) -> Option<LostReason> {
         match self.held.get(election) {
             Some(held) if held.token == token => held.lost.clone().or_else(|| self.over_at(now)),
+            _ if self.handed_over.get(election) == Some(&token) => Some(LostReason::HandedOver),
             _ => Some(LostReason::Resigned),
         }
     }
@@ -336,6 +353,11 @@ impl LeaseState {
     /// Feeds `event`, which happened at `now`; returns what to do, in order.
     pub fn handle(&mut self, now: Instant, event: LeaseEvent) -> Vec<LeaseAction> {
         let mut actions = Vec::new();
+        let event_kind = if matches!(event, LeaseEvent::HandOver { .. }) {
+            Kind::HandOver
+        } else {
+            Kind::Other
+        };
         match event {
             LeaseEvent::Tick => {}
             LeaseEvent::RenewalSent => {
@@ -369,8 +391,16 @@ impl LeaseState {
             | LeaseEvent::Superseded { election, token } => {
                 self.step_down(&election, token, LostReason::Superseded, &mut actions);
             }
-            LeaseEvent::Resign { election, token } => {
-                self.step_down(&election, token, LostReason::Resigned, &mut actions);
+            LeaseEvent::Resign { election, token } | LeaseEvent::HandOver { election, token } => {
+                let reason = if matches!(event_kind, Kind::HandOver) {
+                    LostReason::HandedOver
+                } else {
+                    LostReason::Resigned
+                };
+                if reason == LostReason::HandedOver {
+                    self.handed_over.insert(election.clone(), token);
+                }
+                self.step_down(&election, token, reason, &mut actions);
                 if self.held.get(&election).is_some_and(|h| h.token == token) {
                     self.held.remove(&election);
                     actions.push(LeaseAction::Release { election, token });
@@ -481,3 +511,9 @@ impl LeaseState {
 
 #[cfg(test)]
 mod tests;
+
+/// Whether a release event hands over (for its step-down reason).
+enum Kind {
+    HandOver,
+    Other,
+}

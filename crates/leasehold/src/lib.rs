@@ -36,6 +36,7 @@ pub mod fence;
 mod grant;
 mod ids;
 pub mod lease;
+pub mod line;
 mod names;
 mod session;
 pub mod store;
@@ -46,14 +47,14 @@ pub mod tune;
 pub mod watch;
 
 pub use config::{DEFAULT_DRIFT, DEFAULT_SKEW, DEFAULT_TTL, LeaseConfig, MAX_TTL, RENEWAL_RULE};
-pub use elector::{Elector, Leadership};
+pub use elector::{Elector, Handover, HandoverCause, Leadership};
 pub use error::{Error, Result};
 pub use lease::LostReason;
 pub use names::{CandidateId, ElectionName, MAX_NAME_LEN};
 pub use session::{RenewalEvent, RenewalObserver, Session};
 pub use store::{
-    ElectionState, FencingToken, Grant, Leader, LeaderStatus, LeaderWatch, SessionId, SessionLease,
-    StatusWatch, Store, StoreUrl,
+    ElectionState, FencingToken, Grant, Leader, LeaderStatus, LeaderWatch, Note, NoteWatch,
+    SessionId, SessionLease, StatusWatch, Store, StoreUrl,
 };
 
 // The README's Rust blocks are compiled and run as doc tests

@@ -324,6 +324,12 @@ impl Session {
         lock(&self.shared.core).lost_at(&grant.election, grant.token, at.into_std())
     }
 
+    /// Why leadership of `grant` on this session ended, if it did (for
+    /// a grant already let go, what its release said).
+    pub fn lost_reason_of(&self, grant: &Grant) -> Option<LostReason> {
+        self.grant_lost_now(grant)
+    }
+
     /// The session's clock's now.
     pub(crate) fn now(&self) -> Instant {
         self.shared.clock.now()
@@ -347,10 +353,23 @@ impl Session {
     /// Ends leadership of `grant` locally (its signal fires first); `true`
     /// if the grant is to be released in the store (it was still attached).
     pub(crate) fn let_go(&self, grant: &Grant) -> bool {
-        let (_, actions) = self.shared.apply(LeaseEvent::Resign {
+        self.release(LeaseEvent::Resign {
             election: grant.election.clone(),
             token: grant.token,
-        });
+        })
+    }
+
+    /// As [`Session::let_go`], to hand the election over on request
+    /// ([`LostReason::HandedOver`]).
+    pub(crate) fn hand_over(&self, grant: &Grant) -> bool {
+        self.release(LeaseEvent::HandOver {
+            election: grant.election.clone(),
+            token: grant.token,
+        })
+    }
+
+    fn release(&self, event: LeaseEvent) -> bool {
+        let (_, actions) = self.shared.apply(event);
         actions
             .iter()
             .any(|a| matches!(a, LeaseAction::Release { .. }))

@@ -6,6 +6,7 @@ pub mod conformance;
 #[cfg(feature = "etcd")]
 mod etcd_cluster;
 mod faults;
+mod planned;
 #[cfg(feature = "postgres")]
 mod postgres_server;
 mod rng;
@@ -189,6 +190,16 @@ macro_rules! conformance_tests {
             elector_loses_leadership_when_renewals_fail,
             elector_steps_down_before_a_successor_is_granted,
             watch_status_is_unknown_while_reads_fail,
+            notes_are_ordered_and_end_with_their_session,
+            notes_watch_sees_puts_deletes_and_expiries,
+            releases_are_recorded_and_expiries_are_not,
+            transfer_goes_to_the_named_standby,
+            transfer_without_a_name_goes_to_the_first_in_line,
+            transfer_to_an_unknown_candidate_is_refused,
+            priority_preempts_after_the_settling_period,
+            equal_priorities_never_preempt,
+            the_highest_priority_standby_is_granted_first,
+            lock_delay_after_expiry_not_after_release,
         );
     };
     (@cases $harness:expr; $($case:ident),* $(,)?) => {

@@ -1,0 +1,377 @@
+//! The line of standbys and planned handovers (transfers, priorities,
+//! lock-delay), kept as notes in the store ([`Store::put_note`]), so that
+//! replicas never need a connection to each other.
+//!
+//! Three notes, on the election they concern:
+//!
+//! - `cand` = `{priority} {candidate id}`: kept by every candidate that
+//!   waits for the election, from the start of its campaign until it is
+//!   granted (or gives up). The line is these notes, highest priority
+//!   first, then earliest first ([`standbys`]).
+//! - `next` = `{session}`: kept by a leader that hands over, naming the
+//!   session of the standby it chose; kept until a successor holds.
+//! - `transfer` = `{token} {session}` or `{token} *`: a request, kept by the
+//!   session of whoever asked ([`request_transfer`]), that the leader
+//!   holding `token` hand over to that standby, or to the first in line.
+//!
+//! Only the *chosen* standby campaigns in the store ([`chosen`]): the one a
+//! live `next` note names, or else the first in line. The others wait for
+//! the notes to change. So the store's own compare-and-swap still decides
+//! who holds (every safety rule is the store's, as before), and the notes
+//! decide only who asks.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::grant::{FencingToken, Leader, SessionId};
+use crate::names::{CandidateId, ElectionName};
+use crate::store::{Note, Store};
+
+/// The note a waiting candidate keeps: `{priority} {candidate id}`.
+pub(crate) const CANDIDATE: &str = "cand";
+/// The note a leader that hands over keeps: `{session}` of its choice.
+pub(crate) const NEXT: &str = "next";
+/// A transfer request: `{token} {session}` or `{token} *`.
+pub(crate) const TRANSFER: &str = "transfer";
+
+/// How long a newer grant than the one a handover expected must stay
+/// before [`successor`] takes it for the end of another move.
+const OTHER_MOVE_SETTLES: Duration = Duration::from_millis(500);
+
+/// A candidate waiting for an election, as its note says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Standby {
+    /// Who waits.
+    pub candidate: CandidateId,
+    /// Its priority: a higher one is granted first, and preempts a leader
+    /// of lower priority.
+    pub priority: i64,
+    /// The session it waits on.
+    pub session: SessionId,
+    /// When it joined the line, in the store's order of notes.
+    pub order: u64,
+}
+
+fn parse_candidate(note: &Note) -> Option<Standby> {
+    if note.name != CANDIDATE {
+        return None;
+    }
+    let (priority, candidate) = note.text.split_once(' ')?;
+    Some(Standby {
+        candidate: CandidateId::new(candidate).ok()?,
+        priority: priority.parse().ok()?,
+        session: note.session,
+        order: note.order,
+    })
+}
+
+pub(crate) fn candidate_note(priority: i64, candidate: &CandidateId) -> String {
+    format!("{priority} {candidate}")
+}
+
+/// The line of standbys the notes describe, in the order they would be
+/// granted: highest priority first, then earliest. A candidate that shows
+/// twice (two sessions under one id) shows twice. Notes of another shape
+/// are skipped.
+pub fn standbys(notes: &[Note]) -> Vec<Standby> {
+    let mut line: Vec<Standby> = notes.iter().filter_map(parse_candidate).collect();
+    line.sort_by(|a, b| b.priority.cmp(&a.priority).then(a.order.cmp(&b.order)));
+    line
+}
+
+/// The session a live `next` note names, if it names one that waits; the
+/// latest such note wins.
+fn designated(notes: &[Note], line: &[Standby]) -> Option<SessionId> {
+    notes
+        .iter()
+        .filter(|n| n.name == NEXT)
+        .filter_map(|n| n.text.parse::<u64>().ok().map(|s| (n.order, SessionId(s))))
+        .filter(|(_, s)| line.iter().any(|w| w.session == *s))
+        .max_by_key(|(order, _)| *order)
+        .map(|(_, s)| s)
+}
+
+/// The standby a leader that hands over chose, while it waits in line.
+pub(crate) fn chosen_by_a_leader(notes: &[Note]) -> Option<SessionId> {
+    designated(notes, &standbys(notes))
+}
+
+/// The standby that may campaign now: the one a leader chose, else the
+/// first in line.
+pub(crate) fn chosen(notes: &[Note]) -> Option<SessionId> {
+    let line = standbys(notes);
+    designated(notes, &line).or_else(|| line.first().map(|w| w.session))
+}
+
+/// A transfer request addressed to the leader holding `token`: `Some(None)`
+/// for "the first in line", `Some(Some(session))` for that standby.
+pub(crate) fn transfer_request(notes: &[Note], token: FencingToken) -> Option<Option<SessionId>> {
+    notes
+        .iter()
+        .filter(|n| n.name == TRANSFER)
+        .filter_map(|n| {
+            let (from, to) = n.text.split_once(' ')?;
+            if from.parse::<u64>().ok()? != token.0 {
+                return None;
+            }
+            match to {
+                "*" => Some(None),
+                to => Some(Some(SessionId(to.parse().ok()?))),
+            }
+        })
+        .next_back()
+}
+
+/// The line of standbys of `election` in `store` (the leader excluded), in
+/// the order they would be granted.
+pub async fn line(store: &dyn Store, election: &ElectionName) -> Result<Vec<Standby>> {
+    Ok(standbys(&store.notes(election).await?))
+}
+
+/// What a transfer achieved ([`request_transfer`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Transferred {
+    /// The leader before.
+    pub from: Leader,
+    /// The leader after: a new grant, with a higher token.
+    pub to: Leader,
+    /// The standby the request named, when it named one; if it is not
+    /// `to`'s candidate, that standby left the line during the transfer
+    /// and another took over.
+    pub asked_for: Option<CandidateId>,
+}
+
+/// Asks the current leader of `election` to hand over — to the waiting
+/// candidate `to`, or without `to` to the first in line — and waits up to
+/// `timeout` for a new leader to hold.
+///
+/// The request is a note of a session opened for it (with `ttl`), so it
+/// reaches the leader through the store and ends with this call. Fails
+/// with [`Error::InvalidInput`], changing nothing, when nobody leads,
+/// when `to` does not wait in line, or when nobody waits; with
+/// [`Error::Timeout`] when no new leader held within `timeout` (a leader
+/// that does not honour requests: an older leasehold, or one busy
+/// stopping its command for longer).
+pub async fn request_transfer(
+    store: &Arc<dyn Store>,
+    election: &ElectionName,
+    to: Option<&CandidateId>,
+    ttl: Duration,
+    timeout: Duration,
+) -> Result<Transferred> {
+    let mut leaders = store.watch(election).await?;
+    let Some(from) = leaders.borrow_and_update().clone() else {
+        return Err(Error::invalid(
+            "transfer",
+            format!("{election} has no leader: there is nothing to hand over"),
+        ));
+    };
+    let line = line(&**store, election).await?;
+    let target = match to {
+        Some(to) => {
+            if to == &from.candidate {
+                return Err(Error::invalid(
+                    "transfer",
+                    format!("{to} already leads {election}"),
+                ));
+            }
+            let Some(standby) = line.iter().find(|w| &w.candidate == to) else {
+                return Err(Error::invalid(
+                    "transfer",
+                    format!(
+                        "{to} is not waiting for {election}{}",
+                        waiting_list(&line, &from)
+                    ),
+                ));
+            };
+            standby.session.0.to_string()
+        }
+        None if line.iter().all(|w| w.candidate == from.candidate) => {
+            return Err(Error::invalid(
+                "transfer",
+                format!("nobody is waiting to take over {election}"),
+            ));
+        }
+        None => "*".to_owned(),
+    };
+    let target_session = target.parse::<u64>().ok().map(SessionId);
+    let mut notes = store.watch_notes(election).await?;
+    let session = store.open_session(ttl).await?;
+    let outcome = async {
+        store
+            .put_note(
+                session.id,
+                election,
+                TRANSFER,
+                &format!("{} {target}", from.token.0),
+            )
+            .await?;
+        let waited = tokio::time::timeout(
+            timeout,
+            successor(
+                &**store,
+                election,
+                &mut leaders,
+                &mut notes,
+                from.token,
+                target_session,
+            ),
+        )
+        .await;
+        match waited {
+            Ok(leader) => leader,
+            Err(_) => Err(Error::Timeout(timeout)),
+        }
+    }
+    .await;
+    if let Err(error) = store.close_session(session.id).await {
+        tracing::debug!(%election, %error, "closing the transfer request's session failed; it expires");
+    }
+    Ok(Transferred {
+        from,
+        to: outcome?,
+        asked_for: to.cloned(),
+    })
+}
+
+/// Waits for the grant that ends a handover from the grant `after`: a
+/// newer one, held by the standby a leader's `next` note chose (or else
+/// by `named`) while that standby still waits in line; once it left the
+/// line (it died), anyone's. A standby granted for a moment before it saw
+/// the choice gives that grant back, and is not taken for the successor.
+///
+/// The watches only wake it: each time it reads the notes and then the
+/// leader afresh, in that order, so that a leader read after a line that
+/// chose nobody any more is at least as new as the chosen one's grant
+/// (two watches may lag by different amounts).
+pub(crate) async fn successor(
+    store: &dyn Store,
+    election: &ElectionName,
+    leaders: &mut crate::store::LeaderWatch,
+    notes: &mut crate::store::NoteWatch,
+    after: FencingToken,
+    named: Option<SessionId>,
+) -> Result<Leader> {
+    loop {
+        leaders.borrow_and_update();
+        notes.borrow_and_update();
+        let fresh = store.notes(election).await?;
+        let line = standbys(&fresh);
+        let expected = designated(&fresh, &line)
+            .or(named)
+            .and_then(|s| line.into_iter().find(|w| w.session == s))
+            .map(|w| w.candidate);
+        let newer = store.leader(election).await?.filter(|l| l.token > after);
+        if let Some(leader) = &newer
+            && expected.as_ref().is_none_or(|c| *c == leader.candidate)
+        {
+            return Ok(leader.clone());
+        }
+        // A newer grant of another candidate than the one expected: a
+        // moment's (it is given back at once), or the end of another move
+        // that won (a concurrent transfer, a preemption), once it stays.
+        let settle = async {
+            match &newer {
+                Some(_) => tokio::time::sleep(OTHER_MOVE_SETTLES).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            changed = leaders.changed() => changed.map_err(|_| watch_ended())?,
+            changed = notes.changed() => changed.map_err(|_| watch_ended())?,
+            () = settle => {
+                if let Some(leader) = newer {
+                    return Ok(leader);
+                }
+            }
+        }
+    }
+}
+
+fn watch_ended() -> Error {
+    Error::Unavailable {
+        reason: "the store's watch ended".into(),
+        source: None,
+    }
+}
+
+fn waiting_list(line: &[Standby], leader: &Leader) -> String {
+    let waiting: Vec<&str> = line
+        .iter()
+        .filter(|w| w.candidate != leader.candidate)
+        .map(|w| w.candidate.as_str())
+        .collect();
+    if waiting.is_empty() {
+        " (nobody is waiting)".to_owned()
+    } else {
+        format!(" (waiting: {})", waiting.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn note(session: u64, name: &str, order: u64, text: &str) -> Note {
+        Note {
+            session: SessionId(session),
+            name: name.into(),
+            order,
+            text: text.into(),
+        }
+    }
+
+    #[test]
+    fn the_line_is_by_priority_then_order_and_skips_other_shapes() {
+        let notes = [
+            note(1, CANDIDATE, 1, "0 a"),
+            note(2, CANDIDATE, 2, "5 b"),
+            note(3, CANDIDATE, 3, "0 c"),
+            note(4, CANDIDATE, 4, "5 d"),
+            note(5, CANDIDATE, 5, "x e"),
+            note(6, CANDIDATE, 6, "7"),
+            note(7, "other", 7, "9 f"),
+        ];
+        let ids: Vec<String> = standbys(&notes)
+            .into_iter()
+            .map(|w| w.candidate.to_string())
+            .collect();
+        assert_eq!(ids, ["b", "d", "a", "c"]);
+        assert_eq!(chosen(&notes), Some(SessionId(2)));
+    }
+
+    #[test]
+    fn a_next_note_chooses_a_waiting_session_and_the_latest_wins() {
+        let mut notes = vec![
+            note(1, CANDIDATE, 1, "0 a"),
+            note(2, CANDIDATE, 2, "0 b"),
+            note(3, CANDIDATE, 3, "0 c"),
+            note(9, NEXT, 4, "3"),
+        ];
+        assert_eq!(chosen(&notes), Some(SessionId(3)));
+        notes.push(note(8, NEXT, 5, "2"));
+        assert_eq!(chosen(&notes), Some(SessionId(2)));
+        // The chosen one left: the latest note naming a waiter wins, then the line.
+        notes.retain(|n| n.session != SessionId(2));
+        assert_eq!(chosen(&notes), Some(SessionId(3)));
+        notes.retain(|n| n.session != SessionId(3));
+        assert_eq!(chosen(&notes), Some(SessionId(1)));
+        assert_eq!(chosen(&[]), None);
+    }
+
+    #[test]
+    fn transfer_requests_are_for_one_token() {
+        let notes = [
+            note(7, TRANSFER, 1, "4 12"),
+            note(8, TRANSFER, 2, "5 *"),
+            note(9, TRANSFER, 3, "bad"),
+        ];
+        assert_eq!(
+            transfer_request(&notes, FencingToken(4)),
+            Some(Some(SessionId(12)))
+        );
+        assert_eq!(transfer_request(&notes, FencingToken(5)), Some(None));
+        assert_eq!(transfer_request(&notes, FencingToken(6)), None);
+    }
+}

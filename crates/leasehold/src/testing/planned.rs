@@ -1,0 +1,348 @@
+//! Conformance cases for planned moves (transfers, priorities, lock-delay),
+//! run by every store through [`crate::conformance_tests`]. Each elector
+//! runs on its own handle onto the store, as separate processes would.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::{Instant, timeout};
+
+use super::{StoreHarness, unique_election};
+use crate::config::LeaseConfig;
+use crate::elector::{Elector, HandoverCause, Leadership};
+use crate::error::Error;
+use crate::lease::LostReason;
+use crate::line::{self, request_transfer};
+use crate::names::{CandidateId, ElectionName};
+use crate::store::Store;
+
+/// How long a test waits for something that must happen.
+const PATIENCE: Duration = Duration::from_secs(15);
+/// A TTL long enough never to expire during a test.
+const TTL: Duration = Duration::from_secs(30);
+
+async fn within<T>(what: &str, fut: impl Future<Output = T>) -> T {
+    timeout(PATIENCE, fut)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: did not happen within {PATIENCE:?}"))
+}
+
+fn id(name: &str) -> CandidateId {
+    CandidateId::new(name).expect("valid candidate id")
+}
+
+async fn elector(harness: &dyn StoreHarness, name: &str) -> Elector {
+    Elector::new(harness.open().await, id(name), LeaseConfig::with_ttl(TTL)).expect("config")
+}
+
+/// Starts `elector`'s campaign in the background; resolves once it waits
+/// in the line (its note is visible), so the order of joining is known.
+async fn join(
+    elector: Arc<Elector>,
+    election: &ElectionName,
+    store: &Arc<dyn Store>,
+) -> tokio::task::JoinHandle<Leadership> {
+    let name = elector.candidate().clone();
+    let task = {
+        let election = election.clone();
+        tokio::spawn(async move { elector.campaign(&election).await.expect("campaign") })
+    };
+    within("the candidate to join the line", async {
+        loop {
+            let line = line::line(&**store, election).await.expect("read the line");
+            if line.iter().any(|w| w.candidate == name) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    task
+}
+
+/// The leader hands over when a transfer asks it to; `hand_over` ends its
+/// leadership with [`LostReason::HandedOver`].
+async fn honour_requests(leadership: Leadership) -> LostReason {
+    let handover = within("the handover request", leadership.handover_requested()).await;
+    assert_eq!(handover.cause, HandoverCause::Transfer);
+    let session = Arc::clone(leadership.session());
+    let grant = leadership.grant().clone();
+    leadership.hand_over().await.expect("hand over");
+    session
+        .lost_reason_of(&grant)
+        .expect("leadership ended by the handover")
+}
+
+/// `transfer --to B` goes to B even though A waits ahead of it; the old
+/// leader's lost reason says it handed over; tokens increase.
+pub async fn transfer_goes_to_the_named_standby(harness: &dyn StoreHarness) {
+    let election = unique_election("transfer-to");
+    let requester = harness.open().await;
+    let leader = elector(harness, "leader").await;
+    let leadership = within("leader campaigns", leader.campaign(&election))
+        .await
+        .expect("campaign");
+    let first_token = leadership.token();
+    let a = join(Arc::new(elector(harness, "a").await), &election, &requester).await;
+    let b = join(Arc::new(elector(harness, "b").await), &election, &requester).await;
+    let lost = tokio::spawn(honour_requests(leadership));
+    let transferred = within(
+        "the transfer",
+        request_transfer(&requester, &election, Some(&id("b")), TTL, PATIENCE),
+    )
+    .await
+    .expect("transfer to b");
+    assert_eq!(
+        transferred.to.candidate,
+        id("b"),
+        "the named standby must take over"
+    );
+    assert!(
+        transferred.to.token > first_token,
+        "tokens must increase through a transfer"
+    );
+    let taken = within("b's campaign", b).await.expect("b task");
+    assert_eq!(taken.token(), transferred.to.token);
+    assert_eq!(lost.await.expect("leader task"), LostReason::HandedOver);
+    assert!(!a.is_finished(), "a must still wait: it was not chosen");
+    a.abort();
+}
+
+/// Without a name the first in line takes over; the old leader, back in
+/// line, can be handed the election again.
+pub async fn transfer_without_a_name_goes_to_the_first_in_line(harness: &dyn StoreHarness) {
+    let election = unique_election("transfer-next");
+    let requester = harness.open().await;
+    let leader = elector(harness, "leader").await;
+    let leadership = within("leader campaigns", leader.campaign(&election))
+        .await
+        .expect("campaign");
+    let first_token = leadership.token();
+    let a = join(Arc::new(elector(harness, "a").await), &election, &requester).await;
+    let b = join(Arc::new(elector(harness, "b").await), &election, &requester).await;
+    let old = tokio::spawn(honour_requests(leadership));
+    let transferred = within(
+        "the transfer",
+        request_transfer(&requester, &election, None, TTL, PATIENCE),
+    )
+    .await
+    .expect("transfer to the first in line");
+    assert_eq!(
+        transferred.to.candidate,
+        id("a"),
+        "the first in line must take over"
+    );
+    assert!(transferred.to.token > first_token);
+    assert_eq!(old.await.expect("leader task"), LostReason::HandedOver);
+    let a = within("a's campaign", a).await.expect("a task");
+    // The library's own transfer, from the new leader back to a named one.
+    let second_token = a.token();
+    a.transfer(Some(&id("b"))).await.expect("a hands over to b");
+    let b = within("b's campaign", b).await.expect("b task");
+    assert!(b.token() > second_token);
+    b.resign().await.expect("resign");
+}
+
+/// A transfer to a candidate that does not wait, to the leader itself,
+/// with nobody waiting, or of an election nobody leads, is refused at
+/// once and changes nothing.
+pub async fn transfer_to_an_unknown_candidate_is_refused(harness: &dyn StoreHarness) {
+    let election = unique_election("transfer-refused");
+    let requester = harness.open().await;
+    match request_transfer(&requester, &election, None, TTL, PATIENCE).await {
+        Err(Error::InvalidInput { reason, .. }) => {
+            assert!(reason.contains("no leader"), "{reason}")
+        }
+        other => panic!("a transfer without a leader must be refused, got {other:?}"),
+    }
+    let leader = elector(harness, "leader").await;
+    let leadership = within("leader campaigns", leader.campaign(&election))
+        .await
+        .expect("campaign");
+    match request_transfer(&requester, &election, None, TTL, PATIENCE).await {
+        Err(Error::InvalidInput { reason, .. }) => assert!(reason.contains("nobody"), "{reason}"),
+        other => panic!("a transfer with nobody waiting must be refused, got {other:?}"),
+    }
+    let a = join(Arc::new(elector(harness, "a").await), &election, &requester).await;
+    for to in ["ghost", "leader"] {
+        match request_transfer(&requester, &election, Some(&id(to)), TTL, PATIENCE).await {
+            Err(Error::InvalidInput { .. }) => {}
+            other => panic!("a transfer to {to} must be refused, got {other:?}"),
+        }
+    }
+    let current = requester
+        .leader(&election)
+        .await
+        .expect("read")
+        .expect("a leader");
+    assert_eq!(
+        current.token,
+        leadership.token(),
+        "a refused transfer must change nothing"
+    );
+    assert!(leadership.is_leader());
+    assert!(!a.is_finished());
+    a.abort();
+}
+
+/// A standby of strictly higher priority is handed the election once it
+/// has waited the settling period — not before.
+pub async fn priority_preempts_after_the_settling_period(harness: &dyn StoreHarness) {
+    let election = unique_election("preempt");
+    let requester = harness.open().await;
+    let settle = Duration::from_secs(1);
+    let leader = elector(harness, "low").await.with_preempt_after(settle);
+    let leadership = within("leader campaigns", leader.campaign(&election))
+        .await
+        .expect("campaign");
+    let joined = Instant::now();
+    let high = join(
+        Arc::new(elector(harness, "high").await.with_priority(5)),
+        &election,
+        &requester,
+    )
+    .await;
+    let handover = within("the preemption", leadership.handover_requested()).await;
+    assert!(
+        joined.elapsed() >= settle,
+        "preempted {:?} after the higher priority joined; the settling period is {settle:?}",
+        joined.elapsed()
+    );
+    assert_eq!(handover.cause, HandoverCause::Preemption { priority: 5 });
+    assert_eq!(handover.to, Some(id("high")));
+    let token = leadership.token();
+    leadership.hand_over().await.expect("hand over");
+    let high = within("high takes over", high).await.expect("task");
+    assert!(high.token() > token);
+    high.resign().await.expect("resign");
+}
+
+/// Equal priorities never preempt, however long the standby waits.
+pub async fn equal_priorities_never_preempt(harness: &dyn StoreHarness) {
+    let election = unique_election("no-preempt");
+    let requester = harness.open().await;
+    let leader = elector(harness, "first")
+        .await
+        .with_priority(3)
+        .with_preempt_after(Duration::from_millis(100));
+    let leadership = within("leader campaigns", leader.campaign(&election))
+        .await
+        .expect("campaign");
+    let other = join(
+        Arc::new(elector(harness, "second").await.with_priority(3)),
+        &election,
+        &requester,
+    )
+    .await;
+    let waited = timeout(Duration::from_secs(1), leadership.handover_requested()).await;
+    assert!(
+        waited.is_err(),
+        "an equal priority asked the leader to hand over: {waited:?}"
+    );
+    assert!(leadership.is_leader());
+    assert!(!other.is_finished());
+    other.abort();
+}
+
+/// Among standbys the highest priority is granted first, then the
+/// earliest, whatever the order they joined in.
+pub async fn the_highest_priority_standby_is_granted_first(harness: &dyn StoreHarness) {
+    let election = unique_election("priority-order");
+    let requester = harness.open().await;
+    let leader = elector(harness, "leader").await.with_priority(10);
+    let leadership = within("leader campaigns", leader.campaign(&election))
+        .await
+        .expect("campaign");
+    let low = join(
+        Arc::new(elector(harness, "low").await),
+        &election,
+        &requester,
+    )
+    .await;
+    let high1 = join(
+        Arc::new(elector(harness, "high-1").await.with_priority(2)),
+        &election,
+        &requester,
+    )
+    .await;
+    let high2 = join(
+        Arc::new(elector(harness, "high-2").await.with_priority(2)),
+        &election,
+        &requester,
+    )
+    .await;
+    let order: Vec<String> = line::line(&*requester, &election)
+        .await
+        .expect("line")
+        .into_iter()
+        .map(|w| w.candidate.to_string())
+        .collect();
+    assert_eq!(order, ["high-1", "high-2", "low"]);
+    let mut token = leadership.token();
+    leadership.resign().await.expect("resign");
+    for (name, task) in [("high-1", high1), ("high-2", high2), ("low", low)] {
+        let next = within("the next grant", task).await.expect("task");
+        assert_eq!(next.election(), &election);
+        let holder = requester
+            .leader(&election)
+            .await
+            .expect("read")
+            .expect("a holder");
+        assert_eq!(holder.candidate, id(name), "granted out of priority order");
+        assert!(next.token() > token);
+        token = next.token();
+        next.resign().await.expect("resign");
+    }
+}
+
+/// Lock-delay: after the leader's lease expires the election stays
+/// unowned for the delay; after a release it does not.
+pub async fn lock_delay_after_expiry_not_after_release(harness: &dyn StoreHarness) {
+    let election = unique_election("lock-delay");
+    let store = harness.open().await;
+    // A holder that stops renewing: a session nobody keeps alive.
+    let short = store
+        .open_session(Duration::from_secs(1))
+        .await
+        .expect("open");
+    let sent = Instant::now();
+    let expired = within(
+        "campaign",
+        store.campaign(short.id, &election, &id("vanishing")),
+    )
+    .await
+    .expect("campaign");
+    let delay = Duration::from_secs(2);
+    let waiter = elector(harness, "careful").await.with_lock_delay(delay);
+    let taken = within(
+        "takeover after expiry and delay",
+        waiter.campaign(&election),
+    )
+    .await
+    .expect("campaign");
+    assert!(
+        sent.elapsed() >= short.ttl + delay,
+        "taken over {:?} after the holder's only renewal; TTL {:?} plus lock-delay {delay:?}",
+        sent.elapsed(),
+        short.ttl
+    );
+    assert!(taken.token() > expired.token);
+    // A release is not delayed: a lock-delay longer than the test's
+    // patience would fail it.
+    let patient = elector(harness, "patient")
+        .await
+        .with_lock_delay(Duration::from_secs(600));
+    let again = election.clone();
+    let next = tokio::spawn(async move {
+        let leadership = patient.campaign(&again).await;
+        (leadership, patient)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let token = taken.token();
+    taken.resign().await.expect("resign");
+    let (leadership, _patient) = within("takeover after a release", next)
+        .await
+        .expect("task");
+    let leadership = leadership.expect("campaign");
+    assert!(leadership.token() > token);
+}

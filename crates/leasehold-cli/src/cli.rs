@@ -66,7 +66,7 @@ pub enum Command {
     /// SIGTTIN, SIGTTOU (Ctrl-Z) are logged and ignored. If `run` itself dies, even by SIGKILL, its command's
     /// whole process group dies with it.
     Run(RunArgs),
-    /// Print the current leader of an election.
+    /// Print the current leader of an election and its line of standbys.
     Status(StatusArgs),
     /// Print the leader of an election as a JSON line each time it changes.
     Observe(ObserveArgs),
@@ -87,6 +87,20 @@ pub enum Command {
     /// 500ms expiry check. Exits 3 when --ttl is unsafe under the given
     /// conditions.
     Tune(TuneArgs),
+    /// Move leadership on purpose: ask the current leader to hand over to a
+    /// chosen standby (--to), or to the first in line.
+    ///
+    /// The request reaches the leader through the store, so it works from
+    /// any host that can reach the store. The leader's command gets SIGTERM
+    /// and up to its --grace to exit, then the leader releases the
+    /// election, the chosen standby is granted it with a higher token, and
+    /// the old leader waits in line again. Prints the new leader and exits
+    /// 0 once it holds. Exits 1, changing nothing, when nobody leads, when
+    /// --to names no waiting candidate, or when nobody waits; exits 1 when
+    /// no new leader holds within --timeout (the leader is an older
+    /// leasehold, or its command takes longer to stop), or when the chosen
+    /// standby left during the transfer and another took over.
+    Transfer(TransferArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     ///
     /// For example: `leasehold completions bash >
@@ -223,6 +237,32 @@ pub struct RunArgs {
     /// interfaces). [default: no HTTP]
     #[arg(long, env = "LEASEHOLD_HTTP", hide_env_values = true, value_parser = parse_http_addr, value_name = "ADDR")]
     pub http: Option<HttpAddr>,
+    /// This replica's priority (any integer; higher wins). Among waiting
+    /// replicas the highest priority is granted the election first, then
+    /// the one waiting longest; a waiting replica of strictly higher
+    /// priority than the leader takes over by a graceful handover once it
+    /// has waited --preempt-after. Equal priorities never preempt.
+    #[arg(
+        long,
+        env = "LEASEHOLD_PRIORITY",
+        hide_env_values = true,
+        default_value_t = 0,
+        allow_hyphen_values = true,
+        value_name = "N"
+    )]
+    pub priority: i64,
+    /// While this replica leads, how long a waiting replica of higher
+    /// priority must have waited before this one hands over to it, so that
+    /// a replica that keeps crashing and restarting cannot make leadership
+    /// flap. [default: the renewal period]
+    #[arg(long, env = "LEASEHOLD_PREEMPT_AFTER", hide_env_values = true, value_parser = parse_duration, allow_hyphen_values = true)]
+    pub preempt_after: Option<Duration>,
+    /// After the previous leader's lease expired (it crashed or was cut off,
+    /// rather than releasing), wait this long before taking over, so that
+    /// requests it had in flight drain from a resource that cannot check
+    /// fencing tokens. A release (SIGTERM, a transfer) is not delayed.
+    #[arg(long, env = "LEASEHOLD_LOCK_DELAY", hide_env_values = true, default_value = "0s", value_parser = parse_duration, allow_hyphen_values = true)]
+    pub lock_delay: Duration,
     /// The command to run while leader, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<OsString>,
@@ -236,9 +276,27 @@ pub struct StatusArgs {
     pub election: ElectionName,
     #[command(flatten)]
     pub store: StoreArgs,
-    /// Print JSON: {"election":E,"leader":{"id":…,"token":N,"expires_in_ms":…}} or "leader":null.
+    /// Print JSON: {"election":E,"leader":{"id":…,"token":N,"expires_in_ms":…}} or "leader":null,
+    /// and "candidates":[{"id":…,"priority":N},…], the waiting replicas in the order they would be granted.
     #[arg(long)]
     pub json: bool,
+}
+
+#[derive(Debug, ClapArgs)]
+pub struct TransferArgs {
+    /// The election whose leadership moves.
+    #[arg(long, short = 'e', env = "LEASEHOLD_ELECTION", hide_env_values = true, value_parser = parse_election)]
+    pub election: ElectionName,
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// The candidate id of the waiting replica to hand over to (`status`
+    /// lists them). [default: the first in line]
+    #[arg(long, value_parser = parse_candidate, value_name = "ID")]
+    pub to: Option<CandidateId>,
+    /// How long to wait for the new leader to hold (more than zero). A
+    /// handover the leader began before then goes on after it.
+    #[arg(long, default_value = "10s", value_parser = parse_timeout, allow_hyphen_values = true)]
+    pub timeout: Duration,
 }
 
 #[derive(Debug, ClapArgs)]
@@ -370,6 +428,16 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
             "longer than the maximum, {}h (the longest TTL leasehold accepts)",
             leasehold::MAX_TTL.as_secs() / 3600
         ));
+    }
+    Ok(duration)
+}
+
+/// `transfer --timeout`: a duration more than zero (with none, no
+/// handover could ever be seen to finish).
+fn parse_timeout(s: &str) -> Result<Duration, String> {
+    let duration = parse_duration(s)?;
+    if duration.is_zero() {
+        return Err("must be more than zero (a handover takes a few store round trips)".into());
     }
     Ok(duration)
 }

@@ -13,7 +13,7 @@ use leasehold::{ElectionName, Store};
 use serde::Serialize;
 
 use crate::cli::HttpAddr;
-use crate::inspect::LeaderJson;
+use crate::inspect::{CandidateJson, LeaderJson};
 use crate::metrics::RunnerMetrics;
 
 /// How long `/status` waits for the store.
@@ -107,6 +107,8 @@ fn bind_error(addr: &HttpAddr, one: SocketAddr, error: &std::io::Error) -> anyho
 struct StatusJson {
     election: String,
     leader: Option<LeaderJson>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    candidates: Option<Vec<CandidateJson>>,
     is_leader: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
@@ -128,9 +130,23 @@ async fn status(State(shared): State<Shared>) -> Response {
             Some(format!("the store did not answer within {STORE_TIMEOUT:?}")),
         ),
     };
+    let candidates = if error.is_none() {
+        match tokio::time::timeout(
+            STORE_TIMEOUT,
+            crate::inspect::read_line(&*shared.store, &shared.election, leader.as_ref()),
+        )
+        .await
+        {
+            Ok(Ok(line)) => line.as_deref().map(CandidateJson::line),
+            _ => None,
+        }
+    } else {
+        None
+    };
     let body = StatusJson {
         election: shared.election.to_string(),
         leader: leader.as_ref().map(LeaderJson::new),
+        candidates,
         is_leader,
         error,
     };

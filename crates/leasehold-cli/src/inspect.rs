@@ -17,10 +17,49 @@ use crate::cli::{ListArgs, ObserveArgs, StatusArgs};
 pub struct Status<'a> {
     pub election: &'a str,
     pub leader: Option<LeaderJson>,
+    /// The waiting candidates in the order they would be granted; absent
+    /// where not read (`observe`) or not kept (a store without notes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub candidates: Option<Vec<CandidateJson>>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub unknown: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct CandidateJson {
+    pub id: String,
+    pub priority: i64,
+}
+
+impl CandidateJson {
+    pub fn line(standbys: &[leasehold::line::Standby]) -> Vec<Self> {
+        standbys
+            .iter()
+            .map(|w| CandidateJson {
+                id: w.candidate.to_string(),
+                priority: w.priority,
+            })
+            .collect()
+    }
+}
+
+/// The line of standbys of `election`, less `leader` (whose note may
+/// outlive its grant for a moment); `None` on a store that keeps no notes.
+pub async fn read_line(
+    store: &dyn leasehold::Store,
+    election: &ElectionName,
+    leader: Option<&leasehold::Leader>,
+) -> anyhow::Result<Option<Vec<leasehold::line::Standby>>> {
+    match leasehold::line::line(store, election).await {
+        Ok(mut line) => {
+            line.retain(|w| leader.is_none_or(|l| l.candidate != w.candidate));
+            Ok(Some(line))
+        }
+        Err(leasehold::Error::Unsupported(_)) => Ok(None),
+        Err(error) => Err(error.into()),
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -45,6 +84,7 @@ impl<'a> Status<'a> {
         Status {
             election: election.as_str(),
             leader: leader.map(LeaderJson::new),
+            candidates: None,
             unknown: false,
             error: None,
         }
@@ -55,30 +95,51 @@ impl<'a> Status<'a> {
         Status {
             election: election.as_str(),
             leader: None,
+            candidates: None,
             unknown: true,
             error: Some(error.to_owned()),
         }
     }
 
     fn human(&self) -> String {
-        match &self.leader {
+        let mut line = match &self.leader {
             Some(l) => format!(
                 "{}: led by {} (token {}, lease expires in {} ms unless renewed)",
                 self.election, l.id, l.token, l.expires_in_ms
             ),
             None => format!("{}: no leader", self.election),
+        };
+        match self.candidates.as_deref() {
+            Some([]) => line.push_str("; nobody waiting"),
+            Some(waiting) => {
+                let shown: Vec<String> = waiting
+                    .iter()
+                    .map(|c| {
+                        if c.priority == 0 {
+                            c.id.clone()
+                        } else {
+                            format!("{} (priority {})", c.id, c.priority)
+                        }
+                    })
+                    .collect();
+                line.push_str(&format!("; waiting, in order: {}", shown.join(", ")));
+            }
+            None => {}
         }
+        line
     }
 }
 
-fn print_line(line: &str) -> anyhow::Result<()> {
+pub fn print_line(line: &str) -> anyhow::Result<()> {
     crate::generate::write_stdout(format!("{line}\n").as_bytes())
 }
 
 pub async fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
     let store = args.store.open_read_only().await?;
     let leader = store.leader(&args.election).await?;
-    let status = Status::new(&args.election, leader.as_ref());
+    let line = read_line(&*store, &args.election, leader.as_ref()).await?;
+    let mut status = Status::new(&args.election, leader.as_ref());
+    status.candidates = line.as_deref().map(CandidateJson::line);
     if args.json {
         print_line(&serde_json::to_string(&status)?)?;
     } else {
@@ -134,17 +195,22 @@ pub async fn observe(args: ObserveArgs) -> anyhow::Result<ExitCode> {
 pub async fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
     let store = args.store.open_read_only().await?;
     let elections = store.elections().await?;
-    let statuses: Vec<Status<'_>> = elections
-        .iter()
-        .map(|e| Status::new(&e.election, e.leader.as_ref()))
-        .collect();
+    let mut statuses: Vec<Status<'_>> = Vec::with_capacity(elections.len());
+    for e in &elections {
+        let mut status = Status::new(&e.election, e.leader.as_ref());
+        status.candidates = read_line(&*store, &e.election, e.leader.as_ref())
+            .await?
+            .as_deref()
+            .map(CandidateJson::line);
+        statuses.push(status);
+    }
     if args.json {
         print_line(&serde_json::to_string(&statuses)?)?;
         return Ok(ExitCode::SUCCESS);
     }
     let mut table = format!(
-        "{:<40} {:<32} {:>8} {:>14}",
-        "ELECTION", "LEADER", "TOKEN", "EXPIRES_IN_MS"
+        "{:<40} {:<32} {:>8} {:>14} {:>7}",
+        "ELECTION", "LEADER", "TOKEN", "EXPIRES_IN_MS", "WAITING"
     );
     for s in &statuses {
         let (id, token, expires) = match &s.leader {
@@ -155,9 +221,13 @@ pub async fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
             ),
             None => ("-", "-".to_owned(), "-".to_owned()),
         };
+        let waiting = s
+            .candidates
+            .as_ref()
+            .map_or_else(|| "-".to_owned(), |c| c.len().to_string());
         table.push_str(&format!(
-            "\n{:<40} {:<32} {:>8} {:>14}",
-            s.election, id, token, expires
+            "\n{:<40} {:<32} {:>8} {:>14} {:>7}",
+            s.election, id, token, expires, waiting
         ));
     }
     print_line(&table)?;

@@ -22,6 +22,7 @@ mod metrics;
 mod run;
 mod signals;
 mod stdio;
+mod transfer;
 mod tune;
 
 /// Bad usage or input. (3, an unsafe `tune --ttl`, is `tune::EXIT_UNSAFE`.)
@@ -156,6 +157,7 @@ fn run(args: cli::Args) -> anyhow::Result<ExitCode> {
             cli::Command::List(cmd) => inspect::list(cmd).await,
             cli::Command::Campaign(cmd) => campaign::run(cmd).await,
             cli::Command::Tune(cmd) => tune::run(cmd).await,
+            cli::Command::Transfer(cmd) => transfer::run(cmd).await,
             cli::Command::Completions(cmd) => generate::completions(&cmd),
             cli::Command::Man(cmd) => generate::man(&cmd),
         }

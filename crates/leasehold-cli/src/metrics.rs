@@ -27,6 +27,8 @@ pub enum StepDown {
     Stopped,
     /// The command exited by itself.
     CommandExited,
+    /// Handed over on request (a transfer, a higher priority).
+    HandedOver,
     /// Any other end (session closed, resigned elsewhere).
     Other,
 }
@@ -35,13 +37,14 @@ impl StepDown {
     /// Every reason, so that each counter is exported (at 0) from the start:
     /// a series that appears only with its first increment breaks `rate()`
     /// and alerts on `absent()`.
-    pub const ALL: [StepDown; 7] = [
+    pub const ALL: [StepDown; 8] = [
         StepDown::DeadlineExpired,
         StepDown::SessionExpired,
         StepDown::Superseded,
         StepDown::AtRisk,
         StepDown::Stopped,
         StepDown::CommandExited,
+        StepDown::HandedOver,
         StepDown::Other,
     ];
 
@@ -51,6 +54,7 @@ impl StepDown {
             L::DeadlineExpired { .. } => StepDown::DeadlineExpired,
             L::SessionExpired => StepDown::SessionExpired,
             L::Superseded => StepDown::Superseded,
+            L::HandedOver => StepDown::HandedOver,
             _ => StepDown::Other,
         }
     }
@@ -63,6 +67,7 @@ impl StepDown {
             StepDown::AtRisk => "at_risk",
             StepDown::Stopped => "stopped",
             StepDown::CommandExited => "command_exited",
+            StepDown::HandedOver => "handed_over",
             StepDown::Other => "other",
         }
     }
@@ -92,6 +97,7 @@ pub struct RunnerMetrics {
     renewal_seconds: Histogram,
     renewal_failures: Counter,
     lease_remaining: Gauge<f64, AtomicU64>,
+    waiting: Gauge,
 }
 
 impl RunnerMetrics {
@@ -114,6 +120,7 @@ impl RunnerMetrics {
             renewal_seconds: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
             renewal_failures: Counter::default(),
             lease_remaining: Gauge::default(),
+            waiting: Gauge::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -157,6 +164,11 @@ impl RunnerMetrics {
             "Time left until the leader's conservative lease deadline (0 when not leading)",
             metrics.lease_remaining.clone(),
         );
+        registry.register(
+            "waiting_candidates",
+            "Candidates waiting in the election's line of standbys (the leader excluded), as this runner last read it",
+            metrics.waiting.clone(),
+        );
         Arc::new(RunnerMetrics {
             registry,
             ..metrics
@@ -194,6 +206,11 @@ impl RunnerMetrics {
                 reason: why.label(),
             })
             .inc();
+    }
+
+    /// How many candidates wait in the line.
+    pub fn set_waiting(&self, waiting: usize) {
+        self.waiting.set(i64::try_from(waiting).unwrap_or(i64::MAX));
     }
 
     /// The current term's token and time left, if this runner leads now.

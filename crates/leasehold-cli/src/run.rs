@@ -48,8 +48,19 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let store = args.election.store.open().await?;
     let candidate = args.election.candidate();
     let metrics = RunnerMetrics::new(args.election.election.as_str(), candidate.as_str());
-    let elector = Elector::new(Arc::clone(&store), candidate, args.election.lease_config())?
-        .with_renewal_observer(metrics.renewal_observer());
+    let config = args.election.lease_config();
+    let mut elector = Elector::new(Arc::clone(&store), candidate, config)?
+        .with_renewal_observer(metrics.renewal_observer())
+        .with_priority(args.priority)
+        .with_lock_delay(args.lock_delay);
+    if let Some(settle) = args.preempt_after {
+        elector = elector.with_preempt_after(settle);
+    }
+    let line_gauge = tokio::spawn(count_waiting(
+        Arc::clone(&store),
+        args.election.election.clone(),
+        Arc::clone(&metrics),
+    ));
     let serving = match &args.http {
         Some(addr) => Some(
             crate::http::serve(
@@ -79,6 +90,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         metrics,
     };
     let code = runner.serve().await;
+    line_gauge.abort();
     if let Err(error) = runner.elector.close().await {
         tracing::warn!(%error, "could not close the session; the store will expire it after the TTL");
     }
@@ -277,6 +289,23 @@ impl Runner {
                 }
                 Next::Exit(ExitCode::from(code))
             }
+            TermEnd::HandedOver(handover) => {
+                self.metrics.stepped_down(StepDown::HandedOver);
+                let to = handover
+                    .to
+                    .as_ref()
+                    .map_or_else(|| "the first to campaign".to_owned(), ToString::to_string);
+                match leadership.hand_over().await {
+                    Ok(()) => {
+                        tracing::info!(%election, %id, token = token.0, %to, status = code, "handed over; waiting in line again");
+                    }
+                    Err(error) => {
+                        tracing::warn!(%election, %id, token = token.0, %to, %error, status = code,
+                            "the command stopped for a handover, but the election was not released (the store expires it after the TTL); waiting in line again");
+                    }
+                }
+                Next::Campaign
+            }
             TermEnd::Exited => {
                 self.metrics.stepped_down(StepDown::CommandExited);
                 let reason = "command exited";
@@ -351,6 +380,14 @@ impl Runner {
                     kill_at = Some((Instant::now() + self.grace).min(leadership.deadline()));
                     why = TermEnd::Stopped(signal);
                 }
+                handover = leadership.handover_requested(), if !stopping && !lost => {
+                    let to = handover.to.as_ref().map_or_else(|| "the first to campaign".to_owned(), ToString::to_string);
+                    tracing::info!(election = %self.election, id = %self.elector.candidate(), token = leadership.token().0,
+                        cause = %handover.cause, %to, grace = ?self.grace, "handing over on request; stopping the command");
+                    child.signal_group(Signal::SIGTERM).await;
+                    kill_at = Some((Instant::now() + self.grace).min(leadership.deadline()));
+                    why = TermEnd::HandedOver(handover);
+                }
                 signal = self.passed.recv() => {
                     tracing::info!(%signal, pgid = child.pgid, "passing to the command");
                     child.pass(signal).await;
@@ -422,6 +459,9 @@ enum TermEnd {
     /// `run` was told to stop by this signal; it was forwarded (SIGHUP and
     /// SIGPWR as SIGTERM).
     Stopped(Signal),
+    /// Asked to hand over (a transfer, a higher priority): the command was
+    /// stopped as for SIGTERM, then the election is handed over.
+    HandedOver(leasehold::Handover),
 }
 
 /// Releases the election; whether it was released.
@@ -453,6 +493,32 @@ async fn log_leaders(
             logged = Some(leader);
         }
         if watch.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Keeps the metrics' count of waiting candidates up to date from the
+/// line's notes; ends at once on a store that keeps none.
+async fn count_waiting(
+    store: Arc<dyn leasehold::Store>,
+    election: ElectionName,
+    metrics: Arc<RunnerMetrics>,
+) {
+    let mut notes = loop {
+        match store.watch_notes(&election).await {
+            Ok(notes) => break notes,
+            Err(leasehold::Error::Unsupported(_)) => return,
+            Err(error) => {
+                tracing::debug!(%election, %error, "cannot watch the line; retrying");
+                tokio::time::sleep(RETRY_AFTER).await;
+            }
+        }
+    };
+    loop {
+        let waiting = leasehold::line::standbys(&notes.borrow_and_update()).len();
+        metrics.set_waiting(waiting);
+        if notes.changed().await.is_err() {
             return;
         }
     }

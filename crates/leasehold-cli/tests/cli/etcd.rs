@@ -5,6 +5,7 @@ use leasehold::testing::EtcdCluster;
 
 use super::guard::sigkill_hands_over_at_once;
 use super::harness::Scratch;
+use super::planned::transfer_to_the_named_replica;
 use super::run::{
     exit_status_and_release, free_port, sigterm_handover, unreachable_exits_1, worked_example_1,
 };
@@ -17,10 +18,11 @@ fn worked_example_1_and_the_sigkill_fast_path_on_etcd() {
 }
 
 #[test]
-fn sigterm_hands_over_on_etcd() {
+fn sigterm_and_transfer_hand_over_on_etcd() {
     let cluster = EtcdCluster::start(3);
     let scratch = Scratch::new();
     sigterm_handover(&cluster.url("/term"), &scratch);
+    transfer_to_the_named_replica(&cluster.url("/transfer"), &Scratch::new());
 }
 
 #[test]

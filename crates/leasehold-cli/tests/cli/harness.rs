@@ -13,6 +13,10 @@ pub fn leasehold() -> Command {
         .env_remove("LEASEHOLD_ELECTION")
         .env_remove("LEASEHOLD_TTL")
         .env_remove("LEASEHOLD_RENEW_EVERY")
+        .env_remove("LEASEHOLD_PRIORITY")
+        .env_remove("LEASEHOLD_PREEMPT_AFTER")
+        .env_remove("LEASEHOLD_LOCK_DELAY")
+        .env_remove("LEASEHOLD_GRACE")
         .stdin(Stdio::null());
     cmd
 }

@@ -8,6 +8,7 @@ mod hostile;
 mod messages;
 mod multi_process;
 mod operability;
+mod planned;
 mod run;
 mod secrets;
 mod sqlite_files;

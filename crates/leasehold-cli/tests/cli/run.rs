@@ -679,7 +679,7 @@ pub fn exit_status_and_release(store: &str) {
         .expect("spawn");
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
-        r#"{"election":"job","leader":null}"#,
+        r#"{"election":"job","leader":null,"candidates":[]}"#,
         "{}",
         stderr(&out)
     );

@@ -5,6 +5,7 @@ use leasehold::testing::{PostgresServer, ZooKeeperServer};
 
 use super::guard::sigkill_hands_over_at_once;
 use super::harness::Scratch;
+use super::planned::transfer_to_the_named_replica;
 use super::run::{
     exit_status_and_release, free_port, sigterm_handover, unreachable_exits_1, worked_example_1,
 };
@@ -17,9 +18,10 @@ fn worked_example_1_and_the_sigkill_fast_path_on_zookeeper() {
 }
 
 #[test]
-fn sigterm_hands_over_on_zookeeper() {
+fn sigterm_and_transfer_hand_over_on_zookeeper() {
     let server = ZooKeeperServer::start();
     sigterm_handover(&server.url("/term"), &Scratch::new());
+    transfer_to_the_named_replica(&server.url("/transfer"), &Scratch::new());
 }
 
 #[test]
@@ -45,9 +47,13 @@ fn worked_example_1_and_the_sigkill_fast_path_on_postgres() {
 }
 
 #[test]
-fn sigterm_hands_over_on_postgres() {
+fn sigterm_and_transfer_hand_over_on_postgres() {
     let server = PostgresServer::start();
     sigterm_handover(&format!("{}?schema=term", server.url()), &Scratch::new());
+    transfer_to_the_named_replica(
+        &format!("{}?schema=transfer", server.url()),
+        &Scratch::new(),
+    );
 }
 
 #[test]

@@ -1,0 +1,214 @@
+//! Planned moves with real processes: `leasehold transfer`, `run
+//! --priority`, and the line `status` shows.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use super::harness::{Proc, Scratch, leasehold, read_lines, status_json, stderr, wait_until};
+
+const SECOND: Duration = Duration::from_secs(1);
+const ELECTION: &str = "planned";
+
+/// A command that logs `run TOKEN ID` when it starts and `stopped TOKEN`
+/// when SIGTERM stops it, to moves.log (appends from one host keep their
+/// order, so the log shows whether two commands ever ran at once).
+const WORKER: &str = r#"trap 'echo "stopped $LEASEHOLD_TOKEN" >> moves.log; exit 0' TERM
+echo "run $LEASEHOLD_TOKEN $LEASEHOLD_ID" >> moves.log
+while :; do sleep 0.05; done"#;
+
+fn replica(store: &str, scratch: &Scratch, id: &str, extra: &[&str]) -> Proc {
+    Proc::spawn(
+        leasehold()
+            .args(["run", "--election", ELECTION, "--ttl", "30s", "--id", id])
+            .args(["--store", store])
+            .args(extra)
+            .args(["--", "sh", "-c", WORKER])
+            .current_dir(scratch.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    )
+}
+
+/// `(token, id)` of every command start, in order.
+fn runs(scratch: &Scratch) -> Vec<(u64, String)> {
+    read_lines(&scratch.path("moves.log"))
+        .iter()
+        .filter_map(|l| {
+            let (token, id) = l.strip_prefix("run ")?.split_once(' ')?;
+            Some((token.parse().ok()?, id.to_owned()))
+        })
+        .collect()
+}
+
+/// Every command stopped before the next one started, and tokens grew.
+fn assert_one_at_a_time(scratch: &Scratch) {
+    let log = read_lines(&scratch.path("moves.log"));
+    let mut running: Option<u64> = None;
+    let mut last = 0;
+    for line in &log {
+        if let Some(rest) = line.strip_prefix("run ") {
+            let token: u64 = rest
+                .split(' ')
+                .next()
+                .and_then(|t| t.parse().ok())
+                .expect("token");
+            assert!(running.is_none(), "two commands ran at once: {log:?}");
+            assert!(token > last, "tokens must increase: {log:?}");
+            (running, last) = (Some(token), token);
+        } else if let Some(token) = line.strip_prefix("stopped ") {
+            assert_eq!(
+                running.map(|t| t.to_string()).as_deref(),
+                Some(token),
+                "{log:?}"
+            );
+            running = None;
+        }
+    }
+}
+
+fn waiting_ids(store: &str) -> Vec<(String, i64)> {
+    status_json(store, ELECTION)["candidates"]
+        .as_array()
+        .map(|c| {
+            c.iter()
+                .map(|w| {
+                    (
+                        w["id"].as_str().expect("id").to_owned(),
+                        w["priority"].as_i64().expect("priority"),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn transfer(store: &str, to: Option<&str>) -> std::process::Output {
+    let mut cmd = leasehold();
+    cmd.args(["transfer", "--election", ELECTION, "--store", store]);
+    if let Some(to) = to {
+        cmd.args(["--to", to]);
+    }
+    cmd.output().expect("spawn transfer")
+}
+
+#[test]
+fn transfer_moves_the_command_to_the_named_replica_one_at_a_time() {
+    let scratch = Scratch::new();
+    transfer_to_the_named_replica(&scratch.store_url(), &scratch);
+}
+
+pub fn transfer_to_the_named_replica(store: &str, scratch: &Scratch) {
+    let _a = replica(store, scratch, "a", &[]);
+    assert!(wait_until(10 * SECOND, || runs(scratch).len() == 1));
+    let _b = replica(store, scratch, "b", &[]);
+    assert!(wait_until(10 * SECOND, || waiting_ids(store).len() == 1));
+    let _c = replica(store, scratch, "c", &[]);
+    assert!(wait_until(10 * SECOND, || waiting_ids(store).len() == 2));
+    assert_eq!(
+        waiting_ids(store),
+        [("b".to_owned(), 0), ("c".to_owned(), 0)],
+        "status lists the line in grant order"
+    );
+    let out = transfer(store, Some("c"));
+    assert!(out.status.success(), "transfer failed: {}", stderr(&out));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(said.contains("c leads now"), "{said}");
+    assert!(wait_until(10 * SECOND, || runs(scratch).len() == 2));
+    assert_eq!(runs(scratch)[1].1, "c", "the named replica must take over");
+    // The old leader waits in line again, behind b.
+    assert!(wait_until(10 * SECOND, || waiting_ids(store)
+        == [("b".to_owned(), 0), ("a".to_owned(), 0)]));
+    // Without --to, the first in line.
+    let out = transfer(store, None);
+    assert!(out.status.success(), "transfer failed: {}", stderr(&out));
+    assert!(wait_until(10 * SECOND, || runs(scratch).len() == 3));
+    assert_eq!(runs(scratch)[2].1, "b");
+    assert_one_at_a_time(scratch);
+}
+
+#[test]
+fn a_transfer_that_cannot_happen_says_why_and_changes_nothing() {
+    let scratch = Scratch::new();
+    let store = scratch.store_url();
+    // No leader yet (the store does not even exist): nothing to hand over.
+    let out = transfer(&store, None);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let _a = replica(&store, &scratch, "a", &[]);
+    assert!(wait_until(10 * SECOND, || runs(&scratch).len() == 1));
+    let out = transfer(&store, None);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(err.contains("nobody is waiting"), "{err}");
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    let _b = replica(&store, &scratch, "b", &[]);
+    assert!(wait_until(10 * SECOND, || waiting_ids(&store).len() == 1));
+    for to in ["ghost", "a"] {
+        let out = transfer(&store, Some(to));
+        assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+        let err = stderr(&out);
+        assert_eq!(err.lines().count(), 1, "one line: {err}");
+        assert!(err.contains(to), "{err}");
+        assert!(out.stdout.is_empty());
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        runs(&scratch).len(),
+        1,
+        "a refused transfer changed the leader"
+    );
+    assert_eq!(status_json(&store, ELECTION)["leader"]["id"], "a");
+}
+
+#[test]
+fn a_higher_priority_replica_takes_over_gracefully_after_settling() {
+    let scratch = Scratch::new();
+    let store = scratch.store_url();
+    let _low = replica(&store, &scratch, "low", &["--preempt-after", "300ms"]);
+    assert!(wait_until(10 * SECOND, || runs(&scratch).len() == 1));
+    let _high = replica(&store, &scratch, "high", &["--priority", "5"]);
+    assert!(
+        wait_until(10 * SECOND, || runs(&scratch).len() == 2),
+        "the higher priority never took over"
+    );
+    assert_eq!(runs(&scratch)[1].1, "high");
+    assert!(wait_until(10 * SECOND, || waiting_ids(&store)
+        == [("low".to_owned(), 0)]));
+    // An equal priority never preempts.
+    let _peer = replica(&store, &scratch, "peer", &["--priority", "5"]);
+    assert!(wait_until(10 * SECOND, || waiting_ids(&store).len() == 2));
+    assert_eq!(
+        waiting_ids(&store),
+        [("peer".to_owned(), 5), ("low".to_owned(), 0)],
+        "the higher priority waits ahead"
+    );
+    std::thread::sleep(2 * SECOND);
+    assert_eq!(runs(&scratch).len(), 2, "an equal priority preempted");
+    assert_one_at_a_time(&scratch);
+    let log = read_lines(&scratch.path("moves.log"));
+    assert!(
+        log.contains(&format!("stopped {}", runs(&scratch)[0].0)),
+        "{log:?}"
+    );
+}
+
+#[test]
+fn planned_move_flags_are_checked_and_explained() {
+    let out = leasehold()
+        .args(["run", "--election", "e", "--priority", "high", "--", "true"])
+        .output()
+        .expect("spawn");
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let help = leasehold().args(["run", "--help"]).output().expect("spawn");
+    let help = String::from_utf8_lossy(&help.stdout);
+    for flag in ["--priority", "--preempt-after", "--lock-delay"] {
+        assert!(help.contains(flag), "{flag} missing from run --help");
+    }
+    let help = leasehold()
+        .args(["transfer", "--help"])
+        .output()
+        .expect("spawn");
+    let help = String::from_utf8_lossy(&help.stdout);
+    for flag in ["--to", "--timeout", "--election", "--store"] {
+        assert!(help.contains(flag), "{flag} missing from transfer --help");
+    }
+}

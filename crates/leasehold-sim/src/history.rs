@@ -46,4 +46,9 @@ pub struct History {
     pub faults: usize,
     /// Grants a witness released after its candidate's death.
     pub witness_releases: usize,
+    /// The standby a transfer chose, crashed while the transfer was under
+    /// way.
+    pub chosen_standby_crash: Option<Crash>,
+    /// Transfer requests an operator made during the fault phase.
+    pub transfers_requested: usize,
 }

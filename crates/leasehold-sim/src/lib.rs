@@ -28,7 +28,10 @@ use async_trait::async_trait;
 use leasehold::clock::Instant;
 use leasehold::fence::MemoryFence;
 use leasehold::store::memory::MemoryStore;
-use leasehold::store::{ElectionState, Grant, Leader, LeaderWatch, SessionId, SessionLease, Store};
+use leasehold::store::{
+    ElectionState, FencingToken, Grant, Leader, LeaderWatch, Note, NoteWatch, SessionId,
+    SessionLease, Store,
+};
 use leasehold::{CandidateId, ElectionName, Elector, Error, LeaseConfig, Result, Session};
 
 use crate::clock::{DriftingClock, StoreClock};
@@ -188,6 +191,32 @@ impl Store for GrantLog {
     async fn elections(&self) -> Result<Vec<ElectionState>> {
         self.store.elections().await
     }
+    async fn put_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+        text: &str,
+    ) -> Result<()> {
+        self.store.put_note(session, election, name, text).await
+    }
+    async fn delete_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+    ) -> Result<()> {
+        self.store.delete_note(session, election, name).await
+    }
+    async fn notes(&self, election: &ElectionName) -> Result<Vec<Note>> {
+        self.store.notes(election).await
+    }
+    async fn watch_notes(&self, election: &ElectionName) -> Result<NoteWatch> {
+        self.store.watch_notes(election).await
+    }
+    async fn last_release(&self, election: &ElectionName) -> Result<Option<FencingToken>> {
+        self.store.last_release(election).await
+    }
 }
 
 fn candidate_index(id: &CandidateId) -> usize {
@@ -265,6 +294,8 @@ impl World {
             open: Arc::clone(&open),
             writes: Arc::clone(&writes),
             handovers: Arc::clone(&self.handovers),
+            // Candidates of three priorities: preemptions happen too.
+            priority: i64::try_from(i % 3).unwrap_or(0),
             t0: self.t0,
         }));
         Slot {
@@ -362,6 +393,7 @@ struct Candidate {
     open: Arc<Mutex<Option<OpenTerm>>>,
     writes: InFlight,
     handovers: Arc<std::sync::atomic::AtomicBool>,
+    priority: i64,
     t0: Instant,
 }
 
@@ -377,7 +409,8 @@ async fn candidate(c: Candidate) {
         LeaseConfig::with_ttl(c.ttl),
     )
     .expect("valid config")
-    .with_clock(Arc::clone(&c.clock) as Arc<dyn leasehold::clock::Clock>);
+    .with_clock(Arc::clone(&c.clock) as Arc<dyn leasehold::clock::Clock>)
+    .with_priority(c.priority);
     if c.unsafe_deadline {
         elector = elector.with_unsafe_deadline_from_reply();
     }
@@ -401,7 +434,8 @@ async fn candidate(c: Candidate) {
         let resign = loop {
             tokio::select! {
                 biased;
-                _ = leadership.lost() => break false,
+                _ = leadership.lost() => break Release::No,
+                _ = leadership.handover_requested() => break Release::HandOver,
                 () = tokio::time::sleep(c.write_every) => {
                     if !leadership.is_leader() {
                         continue;
@@ -421,7 +455,7 @@ async fn candidate(c: Candidate) {
                     writes.push(write.abort_handle());
                     drop(writes);
                     if c.handovers.load(std::sync::atomic::Ordering::Relaxed) && rng.chance(0.01) {
-                        break true;
+                        break Release::Resign;
                     }
                 }
             }
@@ -435,11 +469,29 @@ async fn candidate(c: Candidate) {
             start,
             end,
         });
-        if resign {
-            let _ = leadership.resign().await;
-            tokio::time::sleep(rng.millis(50, 500)).await;
+        match resign {
+            Release::Resign => {
+                let _ = leadership.resign().await;
+                tokio::time::sleep(rng.millis(50, 500)).await;
+            }
+            // The work stopped when the term ended above; back in line at
+            // once, as `leasehold run` does.
+            Release::HandOver => {
+                let _ = leadership.hand_over().await;
+            }
+            Release::No => {}
         }
     }
+}
+
+/// How a term the candidate ended itself is let go.
+enum Release {
+    /// Lost: nothing to release.
+    No,
+    /// A planned resign.
+    Resign,
+    /// Asked to hand over (a transfer, a higher priority).
+    HandOver,
 }
 
 async fn simulate(seed: u64, scenario: &Scenario) -> History {
@@ -469,12 +521,13 @@ async fn simulate(seed: u64, scenario: &Scenario) -> History {
         .collect();
     let faults = fault_phase(&world, &mut slots, &store_clock, &mut rng, &mut witness_rng).await;
     settle(&world, &mut slots, &mut rng).await;
-    let (crash, witnessed) = liveness(&world, &mut slots).await;
+    let [crash, witnessed, chosen] = liveness(&world, &mut slots, &mut rng).await;
     let mut history = lock(&history).clone();
     history.faults = faults;
     let end = world.since_start();
     history.liveness_crash = Some(aftermath(&history, crash, end));
     history.witnessed_crash = Some(aftermath(&history, witnessed, end));
+    history.chosen_standby_crash = Some(aftermath(&history, chosen, end));
     history
 }
 
@@ -542,7 +595,7 @@ async fn fault_phase(
         tokio::time::sleep_until(next).await;
         faults += 1;
         let i = usize::try_from(rng.below(slots.len() as u64)).expect("index");
-        match rng.below(6) {
+        match rng.below(7) {
             0 => {
                 let link = Arc::clone(&slots[i].link);
                 let d = rng.millis(300, 5000);
@@ -587,7 +640,25 @@ async fn fault_phase(
                 steps.push((now, jump));
                 store_clock.jump(jump);
             }
-            _ => slots[i].link.set_loss(0.1),
+            5 => slots[i].link.set_loss(0.1),
+            // An operator asks for a transfer, to `i` or to the first in
+            // line, and does not wait for it.
+            _ => {
+                let to = rng
+                    .chance(0.5)
+                    .then(|| CandidateId::new(format!("c{i}")).expect("valid id"));
+                let (store, election, ttl) = (
+                    Arc::clone(&world.store) as Arc<dyn Store>,
+                    world.election.clone(),
+                    scenario.ttl,
+                );
+                lock(&world.history).transfers_requested += 1;
+                tokio::spawn(async move {
+                    let _ =
+                        leasehold::line::request_transfer(&store, &election, to.as_ref(), ttl, ttl)
+                            .await;
+                });
+            }
         }
     }
 
@@ -617,8 +688,10 @@ type LeaderCrash = Option<(usize, Duration)>;
 /// must lead within the TTL and a bound. Then a witnessed crash of the
 /// next leader; someone else must lead within a few round trips. Then
 /// crashes everyone. Returns the crashed leaders and when.
-async fn liveness(world: &World, slots: &mut [Slot]) -> (LeaderCrash, LeaderCrash) {
+async fn liveness(world: &World, slots: &mut [Slot], rng: &mut Rng) -> [LeaderCrash; 3] {
     let scenario = &world.scenario;
+    let chosen = crash_chosen_standby(world, slots, rng).await;
+    tokio::time::sleep(scenario.ttl + scenario.failover_slack * 2).await;
     let crash = crash_leader(world, slots, false).await;
     tokio::time::sleep(scenario.ttl + scenario.failover_slack * 2).await;
     let witnessed = crash_leader(world, slots, true).await;
@@ -628,7 +701,34 @@ async fn liveness(world: &World, slots: &mut [Slot]) -> (LeaderCrash, LeaderCras
             world.crash(slot);
         }
     }
-    (crash, witnessed)
+    [crash, witnessed, chosen]
+}
+
+/// Asks the leader to hand over to a standby, and crashes that standby
+/// (unwitnessed) while the transfer is under way; then restarts it, so the
+/// later checks still have candidates. Someone else must lead within the
+/// TTL and a bound: the chosen standby's session expires, and with it its
+/// place in line.
+async fn crash_chosen_standby(world: &World, slots: &mut [Slot], rng: &mut Rng) -> LeaderCrash {
+    let leader = world.store.leader(&world.election).await.ok().flatten()?;
+    let leading = candidate_index(&leader.candidate);
+    let i = (0..slots.len()).find(|&i| i != leading && !slots[i].crashed)?;
+    let to = CandidateId::new(format!("c{i}")).expect("valid id");
+    let (store, election, ttl) = (
+        Arc::clone(&world.store) as Arc<dyn Store>,
+        world.election.clone(),
+        world.scenario.ttl,
+    );
+    tokio::spawn(async move {
+        let _ = leasehold::line::request_transfer(&store, &election, Some(&to), ttl, ttl * 2).await;
+    });
+    // Long enough for the request to reach the leader, not for the
+    // handover to finish.
+    tokio::time::sleep(world.scenario.max_delay * 3).await;
+    let at = world.since_start();
+    world.crash(&mut slots[i]);
+    slots[i] = world.spawn(i, 2_000 + i as u64, rng);
+    Some((i, at))
 }
 
 /// Crashes the store's current leader, witnessed or not.

@@ -12,7 +12,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold::clock::Instant;
-use leasehold::store::{ElectionState, Grant, Leader, LeaderWatch, SessionId, SessionLease, Store};
+use leasehold::store::{
+    ElectionState, FencingToken, Grant, Leader, LeaderWatch, Note, NoteWatch, SessionId,
+    SessionLease, Store,
+};
 use leasehold::{CandidateId, ElectionName, Error, Result};
 
 use leasehold::testing::Rng;
@@ -227,42 +230,88 @@ impl Store for Link {
     /// of a lost grant at once, a holder would step down at once, and a
     /// grant wrongly released under it would go unnoticed.)
     async fn watch(&self, election: &ElectionName) -> Result<LeaderWatch> {
-        let mut store_side = self.call(self.store.watch(election)).await?;
-        let (tx, rx) = leasehold::watch::channel(store_side.borrow_and_update().clone());
-        let faults = Arc::clone(&self.faults);
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    biased;
-                    () = tx.closed() => return,
-                    changed = store_side.changed() => if changed.is_err() { return },
-                }
-                loop {
-                    let (paused, cut_off) = {
-                        let faults = lock_faults(&faults);
-                        (faults.paused_until, faults.partitions > 0)
-                    };
-                    match paused {
-                        Some(until) if until > Instant::now() => {
-                            tokio::time::sleep_until(until).await
-                        }
-                        _ if cut_off => tokio::time::sleep(PARTITION_POLL).await,
-                        _ => break,
-                    }
-                }
-                if lock_faults(&faults).crashed {
-                    return;
-                }
-                let latest = store_side.borrow_and_update().clone();
-                if tx.send(latest).is_err() {
-                    return;
-                }
-            }
-        });
-        Ok(rx)
+        let store_side = self.call(self.store.watch(election)).await?;
+        Ok(through_faults(store_side, Arc::clone(&self.faults)))
+    }
+
+    async fn put_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+        text: &str,
+    ) -> Result<()> {
+        self.call(self.store.put_note(session, election, name, text))
+            .await
+    }
+
+    async fn delete_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+    ) -> Result<()> {
+        self.call(self.store.delete_note(session, election, name))
+            .await
+    }
+
+    async fn notes(&self, election: &ElectionName) -> Result<Vec<Note>> {
+        self.call(self.store.notes(election)).await
+    }
+
+    /// The store's notes watch, seen through this candidate as
+    /// [`Link::watch`] sees the leader.
+    async fn watch_notes(&self, election: &ElectionName) -> Result<NoteWatch> {
+        let store_side = self.call(self.store.watch_notes(election)).await?;
+        Ok(through_faults(store_side, Arc::clone(&self.faults)))
+    }
+
+    async fn last_release(&self, election: &ElectionName) -> Result<Option<FencingToken>> {
+        self.call(self.store.last_release(election)).await
     }
 
     async fn elections(&self) -> Result<Vec<ElectionState>> {
         self.call(self.store.elections()).await
     }
+}
+
+/// A store-side watch as a candidate behind `faults` sees it: while it is
+/// paused it handles nothing, and while it is cut off nothing reaches it,
+/// so a change reaches it only when it resumes and the partition heals (the
+/// latest value then); once it crashed, nothing more. (Were it to hear of a
+/// lost grant at once, a holder would step down at once, and a grant
+/// wrongly released under it would go unnoticed.)
+fn through_faults<T: Clone + Send + Sync + 'static>(
+    mut store_side: leasehold::watch::Receiver<T>,
+    faults: Arc<Mutex<Faults>>,
+) -> leasehold::watch::Receiver<T> {
+    let (tx, rx) = leasehold::watch::channel(store_side.borrow_and_update().clone());
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                biased;
+                () = tx.closed() => return,
+                changed = store_side.changed() => if changed.is_err() { return },
+            }
+            loop {
+                let (paused, cut_off) = {
+                    let faults = lock_faults(&faults);
+                    (faults.paused_until, faults.partitions > 0)
+                };
+                match paused {
+                    Some(until) if until > Instant::now() => tokio::time::sleep_until(until).await,
+                    _ if cut_off => tokio::time::sleep(PARTITION_POLL).await,
+                    _ => break,
+                }
+            }
+            if lock_faults(&faults).crashed {
+                return;
+            }
+            let latest = store_side.borrow_and_update().clone();
+            if tx.send(latest).is_err() {
+                return;
+            }
+        }
+    });
+    rx
 }

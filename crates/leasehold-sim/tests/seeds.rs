@@ -21,18 +21,20 @@ const PARTS: u64 = 8;
 
 fn all_hold(part: u64) {
     let scenario = Scenario::default();
-    let (mut faults, mut released) = (0, 0);
+    let (mut faults, mut released, mut transfers) = (0, 0, 0);
     let seeds = seeds(part, PARTS);
     for seed in seeds.clone() {
         match run(seed, &scenario) {
             Ok(history) => {
                 faults += history.faults;
                 released += history.witness_releases;
+                transfers += history.transfers_requested;
             }
             Err(failure) => panic!("{failure}"),
         }
     }
     assert!(faults > 0, "no faults were injected");
+    assert!(transfers > 0, "no transfer was requested during the faults");
     // One release per seed is the liveness phase's witnessed crash; the
     // rest are witnessed crashes of leaders among the faults.
     assert!(

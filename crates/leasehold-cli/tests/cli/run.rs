@@ -487,7 +487,7 @@ fn status_observe_and_list_print_the_documented_json() {
     };
     assert_eq!(
         status_line(),
-        r#"{"election":"nightly-billing","leader":null}"#
+        r#"{"election":"nightly-billing","leader":null,"candidates":[]}"#
     );
 
     let mut observer = Proc::spawn(
@@ -517,8 +517,9 @@ fn status_observe_and_list_print_the_documented_json() {
     let line = status_line();
     let prefix =
         r#"{"election":"nightly-billing","leader":{"id":"shape-leader","token":1,"expires_in_ms":"#;
-    assert!(line.starts_with(prefix) && line.ends_with("}}"), "{line}");
-    let ms: u64 = line[prefix.len()..line.len() - 2]
+    let suffix = r#"},"candidates":[]}"#;
+    assert!(line.starts_with(prefix) && line.ends_with(suffix), "{line}");
+    let ms: u64 = line[prefix.len()..line.len() - suffix.len()]
         .parse()
         .expect("a number of ms");
     assert!(ms <= 30_000);

@@ -258,6 +258,7 @@ impl EtcdStore {
     pub async fn connect(endpoints: &[String], prefix: &str, security: &Security) -> Result<Self> {
         let store = Self::reach(endpoints, prefix, security, false).await?;
         store.open_space().await?;
+        warn_if_unencrypted(security);
         Ok(store)
     }
 
@@ -271,6 +272,7 @@ impl EtcdStore {
     ) -> Result<Self> {
         let store = Self::reach(endpoints, prefix, security, true).await?;
         store.open_space().await?;
+        warn_if_unencrypted(security);
         Ok(store)
     }
 
@@ -294,11 +296,6 @@ impl EtcdStore {
                      leave the user out: etcd takes it from the certificate's common name)"
                 ),
             ));
-        }
-        if security.password.is_some() && !security.tls() {
-            tracing::warn!(
-                "etcd: the password goes to the server unencrypted; add ?cacert=PATH to use TLS"
-            );
         }
         let prefix = prefix.trim_end_matches('/').to_owned();
         Ok(EtcdStore {
@@ -987,6 +984,16 @@ impl EtcdStore {
             }
             None => tokio::time::sleep(WATCH_RETRY).await,
         }
+    }
+}
+
+/// Once connected: a password without TLS travels in the clear (allowed,
+/// for a loopback or otherwise private link, and said once).
+fn warn_if_unencrypted(security: &Security) {
+    if security.password.is_some() && !security.tls() {
+        tracing::warn!(
+            "etcd: the password goes to the server unencrypted; add ?cacert=PATH to use TLS"
+        );
     }
 }
 

@@ -108,10 +108,13 @@ fn observe_and_run_on_postgres_say_each_change_once_and_report_an_outage() {
         unknown["error"].as_str().is_some_and(|e| !e.is_empty()),
         "{unknown}"
     );
-    let warned = read(&scratch.path("observe.err"));
     assert!(
-        warned.contains("WARN") && warned.contains("the leader is unknown"),
-        "{warned}"
+        wait_until(PATIENCE, || {
+            let warned = read(&scratch.path("observe.err"));
+            warned.contains("WARN") && warned.contains("the leader is unknown")
+        }),
+        "{}",
+        read(&scratch.path("observe.err"))
     );
     // a steps down at its deadline, then tries to release (and cannot).
     assert!(
@@ -138,8 +141,10 @@ fn observe_and_run_on_postgres_say_each_change_once_and_report_an_outage() {
         "no line with the state after the outage: {:?}",
         observed(&scratch)
     );
+    // Logs go through a writer thread: the line may follow the stdout one.
     assert!(
-        read(&scratch.path("observe.err")).contains("the store answers again"),
+        wait_until(PATIENCE, || read(&scratch.path("observe.err"))
+            .contains("the store answers again")),
         "{}",
         read(&scratch.path("observe.err"))
     );

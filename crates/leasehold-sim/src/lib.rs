@@ -208,6 +208,23 @@ impl Store for GrantLog {
     ) -> Result<()> {
         self.store.delete_note(session, election, name).await
     }
+    async fn amend_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+        text: &str,
+    ) -> Result<bool> {
+        self.store.amend_note(session, election, name, text).await
+    }
+    async fn watch_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+    ) -> Result<NoteWatch> {
+        self.store.watch_note(session, election, name).await
+    }
     async fn notes(&self, election: &ElectionName) -> Result<Vec<Note>> {
         self.store.notes(election).await
     }

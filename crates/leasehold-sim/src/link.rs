@@ -255,6 +255,31 @@ impl Store for Link {
             .await
     }
 
+    async fn amend_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+        text: &str,
+    ) -> Result<bool> {
+        self.call(self.store.amend_note(session, election, name, text))
+            .await
+    }
+
+    /// The store's one-note watch, seen through this candidate as
+    /// [`Link::watch`] sees the leader.
+    async fn watch_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+    ) -> Result<NoteWatch> {
+        let store_side = self
+            .call(self.store.watch_note(session, election, name))
+            .await?;
+        Ok(through_faults(store_side, Arc::clone(&self.faults)))
+    }
+
     async fn notes(&self, election: &ElectionName) -> Result<Vec<Note>> {
         self.call(self.store.notes(election)).await
     }

@@ -2,23 +2,29 @@
 //! lock-delay), kept as notes in the store ([`Store::put_note`]), so that
 //! replicas never need a connection to each other.
 //!
-//! Three notes, on the election they concern:
+//! Two notes, on the election they concern:
 //!
 //! - `cand` = `{priority} {candidate id}`: kept by every candidate that
 //!   waits for the election, from the start of its campaign until it is
 //!   granted (or gives up). The line is these notes, highest priority
-//!   first, then earliest first ([`standbys`]).
-//! - `next` = `{session}`: kept by a leader that hands over, naming the
-//!   session of the standby it chose; kept until a successor holds.
+//!   first, then earliest first ([`standbys`]). A leader that hands over
+//!   marks the standby it chose by amending that standby's note to
+//!   `{priority} {candidate id} {token}` ([`Store::amend_note`]), `token`
+//!   being its own grant's.
 //! - `transfer` = `{token} {session}` or `{token} *`: a request, kept by the
 //!   session of whoever asked ([`request_transfer`]), that the leader
 //!   holding `token` hand over to that standby, or to the first in line.
 //!
 //! Only the *chosen* standby campaigns in the store ([`chosen`]): the one a
-//! live `next` note names, or else the first in line. The others wait for
-//! the notes to change. So the store's own compare-and-swap still decides
-//! who holds (every safety rule is the store's, as before), and the notes
-//! decide only who asks.
+//! leader marked while it waits, or else the first in line. So the store's
+//! own compare-and-swap still decides who holds (every safety rule is the
+//! store's, as before), and the notes decide only who asks.
+//!
+//! No herd: only the first in line and the chosen one watch the whole
+//! line. Every other standby watches two notes, its own (a leader marks
+//! it there) and the one of the standby just ahead of it (it can be first
+//! only once that one has left), so a handover or a change elsewhere in
+//! the line wakes a fixed number of candidates, however long the line.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,10 +34,9 @@ use crate::grant::{FencingToken, Leader, SessionId};
 use crate::names::{CandidateId, ElectionName};
 use crate::store::{Note, Store};
 
-/// The note a waiting candidate keeps: `{priority} {candidate id}`.
+/// The note a waiting candidate keeps: `{priority} {candidate id}`, and a
+/// leader's token once that leader chose it.
 pub(crate) const CANDIDATE: &str = "cand";
-/// The note a leader that hands over keeps: `{session}` of its choice.
-pub(crate) const NEXT: &str = "next";
 /// A transfer request: `{token} {session}` or `{token} *`.
 pub(crate) const TRANSFER: &str = "transfer";
 
@@ -51,23 +56,45 @@ pub struct Standby {
     pub session: SessionId,
     /// When it joined the line, in the store's order of notes.
     pub order: u64,
+    /// The token of the leader that chose it to take over, if one did.
+    pub chosen_by: Option<FencingToken>,
 }
 
 fn parse_candidate(note: &Note) -> Option<Standby> {
     if note.name != CANDIDATE {
         return None;
     }
-    let (priority, candidate) = note.text.split_once(' ')?;
+    let mut fields = note.text.split(' ');
+    let priority = fields.next()?.parse().ok()?;
+    let candidate = CandidateId::new(fields.next()?).ok()?;
+    let chosen_by = match fields.next() {
+        Some(token) => Some(FencingToken(token.parse().ok()?)),
+        None => None,
+    };
+    if fields.next().is_some() {
+        return None;
+    }
     Some(Standby {
-        candidate: CandidateId::new(candidate).ok()?,
-        priority: priority.parse().ok()?,
+        candidate,
+        priority,
         session: note.session,
         order: note.order,
+        chosen_by,
     })
 }
 
 pub(crate) fn candidate_note(priority: i64, candidate: &CandidateId) -> String {
     format!("{priority} {candidate}")
+}
+
+/// The text of `standby`'s note once the leader holding `token` chose it
+/// (or, without a token, once that choice is withdrawn).
+pub(crate) fn chosen_note(standby: &Standby, token: Option<FencingToken>) -> String {
+    let plain = candidate_note(standby.priority, &standby.candidate);
+    match token {
+        Some(token) => format!("{plain} {}", token.0),
+        None => plain,
+    }
 }
 
 /// The line of standbys the notes describe, in the order they would be
@@ -80,28 +107,38 @@ pub fn standbys(notes: &[Note]) -> Vec<Standby> {
     line
 }
 
-/// The session a live `next` note names, if it names one that waits; the
-/// latest such note wins.
-fn designated(notes: &[Note], line: &[Standby]) -> Option<SessionId> {
-    notes
-        .iter()
-        .filter(|n| n.name == NEXT)
-        .filter_map(|n| n.text.parse::<u64>().ok().map(|s| (n.order, SessionId(s))))
-        .filter(|(_, s)| line.iter().any(|w| w.session == *s))
-        .max_by_key(|(order, _)| *order)
-        .map(|(_, s)| s)
+/// The standby a leader chose, among those that wait: the latest leader's
+/// choice (highest token), then the first in line.
+fn designated(line: &[Standby]) -> Option<SessionId> {
+    line.iter()
+        .filter_map(|w| w.chosen_by.map(|token| (token, w.session)))
+        .fold(
+            None::<(FencingToken, SessionId)>,
+            |best, (token, session)| match best {
+                Some((kept, _)) if kept >= token => best,
+                _ => Some((token, session)),
+            },
+        )
+        .map(|(_, session)| session)
 }
 
 /// The standby a leader that hands over chose, while it waits in line.
 pub(crate) fn chosen_by_a_leader(notes: &[Note]) -> Option<SessionId> {
-    designated(notes, &standbys(notes))
+    designated(&standbys(notes))
 }
 
 /// The standby that may campaign now: the one a leader chose, else the
 /// first in line.
 pub(crate) fn chosen(notes: &[Note]) -> Option<SessionId> {
     let line = standbys(notes);
-    designated(notes, &line).or_else(|| line.first().map(|w| w.session))
+    designated(&line).or_else(|| line.first().map(|w| w.session))
+}
+
+/// Where `session` stands in the line: `Some(None)` first, `Some(Some(w))`
+/// behind the standby `w`, `None` not in line.
+pub(crate) fn place(line: &[Standby], session: SessionId) -> Option<Option<&Standby>> {
+    let at = line.iter().position(|w| w.session == session)?;
+    Some(at.checked_sub(1).map(|ahead| &line[ahead]))
 }
 
 /// A transfer request addressed to the leader holding `token`: `Some(None)`
@@ -236,8 +273,8 @@ pub async fn request_transfer(
 }
 
 /// Waits for the grant that ends a handover from the grant `after`: a
-/// newer one, held by the standby a leader's `next` note chose (or else
-/// by `named`) while that standby still waits in line; once it left the
+/// newer one, held by the standby a leader chose (or else by `named`)
+/// while that standby still waits in line; once it left the
 /// line (it died), anyone's. A standby granted for a moment before it saw
 /// the choice gives that grant back, and is not taken for the successor.
 ///
@@ -258,7 +295,7 @@ pub(crate) async fn successor(
         notes.borrow_and_update();
         let fresh = store.notes(election).await?;
         let line = standbys(&fresh);
-        let expected = designated(&fresh, &line)
+        let expected = designated(&line)
             .or(named)
             .and_then(|s| line.into_iter().find(|w| w.session == s))
             .map(|w| w.candidate);
@@ -342,22 +379,52 @@ mod tests {
     }
 
     #[test]
-    fn a_next_note_chooses_a_waiting_session_and_the_latest_wins() {
+    fn a_leaders_mark_chooses_a_standby_and_the_latest_leader_wins() {
         let mut notes = vec![
             note(1, CANDIDATE, 1, "0 a"),
             note(2, CANDIDATE, 2, "0 b"),
-            note(3, CANDIDATE, 3, "0 c"),
-            note(9, NEXT, 4, "3"),
+            note(3, CANDIDATE, 3, "0 c 7"),
         ];
         assert_eq!(chosen(&notes), Some(SessionId(3)));
-        notes.push(note(8, NEXT, 5, "2"));
+        assert_eq!(chosen_by_a_leader(&notes), Some(SessionId(3)));
+        notes[1].text = "0 b 8".into();
         assert_eq!(chosen(&notes), Some(SessionId(2)));
-        // The chosen one left: the latest note naming a waiter wins, then the line.
+        // The chosen one left: the other mark wins, then the line.
         notes.retain(|n| n.session != SessionId(2));
         assert_eq!(chosen(&notes), Some(SessionId(3)));
         notes.retain(|n| n.session != SessionId(3));
         assert_eq!(chosen(&notes), Some(SessionId(1)));
+        assert_eq!(chosen_by_a_leader(&notes), None);
         assert_eq!(chosen(&[]), None);
+        // A mark that is not a token, or a fourth field: not a standby.
+        let odd = [
+            note(4, CANDIDATE, 4, "0 d x"),
+            note(5, CANDIDATE, 5, "0 e 1 2"),
+        ];
+        assert!(standbys(&odd).is_empty());
+    }
+
+    #[test]
+    fn a_standby_knows_who_is_just_ahead_of_it() {
+        let notes = [
+            note(1, CANDIDATE, 1, "0 a"),
+            note(2, CANDIDATE, 2, "5 b"),
+            note(3, CANDIDATE, 3, "0 c"),
+        ];
+        let line = standbys(&notes);
+        assert_eq!(place(&line, SessionId(2)), Some(None));
+        assert_eq!(
+            place(&line, SessionId(1)).map(|w| w.map(|w| w.session)),
+            Some(Some(SessionId(2)))
+        );
+        assert_eq!(
+            place(&line, SessionId(3)).map(|w| w.map(|w| w.session)),
+            Some(Some(SessionId(1)))
+        );
+        assert_eq!(place(&line, SessionId(9)), None);
+        let marked = chosen_note(&line[0], Some(FencingToken(4)));
+        assert_eq!(marked, "5 b 4");
+        assert_eq!(chosen_note(&line[0], None), "5 b");
     }
 
     #[test]

@@ -59,9 +59,14 @@ pub(crate) trait LocalBackend: Send + Sync + 'static {
     ) -> Result<Attempt>;
     /// The current leader.
     async fn read_leader(&self, election: &ElectionName) -> Result<Option<Leader>>;
-    /// The live notes on `election`, in order, and how long until the
-    /// first session keeping one of them expires unless renewed.
-    async fn read_notes(&self, election: &ElectionName) -> Result<(Vec<Note>, Option<Duration>)>;
+    /// The live notes on `election` — only `session`'s note `name` with
+    /// `only` — in order, and how long until the first session keeping
+    /// one of them expires unless renewed.
+    async fn read_notes(
+        &self,
+        election: &ElectionName,
+        only: Option<&NoteKey>,
+    ) -> Result<(Vec<Note>, Option<Duration>)>;
     /// Sleeps for `duration` on the store's clock.
     fn sleep(&self, duration: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>>;
 }
@@ -164,11 +169,16 @@ pub(crate) async fn watch_status<B: LocalBackend>(
     leader_watch::start(source, election).await
 }
 
+/// One note: its session and name.
+pub(crate) type NoteKey = (SessionId, String);
+
 /// A local store's side of a notes watch: it wakes on any change committed
 /// to the store, and when the first session keeping a note expires.
 struct LocalNotes<B> {
     backend: Arc<B>,
     election: ElectionName,
+    /// The one note watched, if not all.
+    only: Option<NoteKey>,
     changes: Changes,
 }
 
@@ -177,7 +187,9 @@ impl<B: LocalBackend> NoteSource for LocalNotes<B> {
 
     async fn read(&mut self) -> Result<(Vec<Note>, Option<Duration>)> {
         self.changes.borrow_and_update();
-        self.backend.read_notes(&self.election).await
+        self.backend
+            .read_notes(&self.election, self.only.as_ref())
+            .await
     }
 
     async fn changed(&mut self) -> Event {
@@ -192,15 +204,18 @@ impl<B: LocalBackend> NoteSource for LocalNotes<B> {
     }
 }
 
-/// Watches the notes on `election` (see [`note_watch::start`]).
+/// Watches the notes on `election`, or with `only` that one note (see
+/// [`note_watch::start`]): it reads that one note at each change.
 pub(crate) async fn watch_notes<B: LocalBackend>(
     backend: Arc<B>,
     election: &ElectionName,
+    only: Option<(SessionId, &str)>,
 ) -> Result<NoteWatch> {
     let changes = backend.changes();
     let source = LocalNotes {
         backend,
         election: election.clone(),
+        only: only.map(|(session, name)| (session, name.to_owned())),
         changes,
     };
     note_watch::start(source, election).await

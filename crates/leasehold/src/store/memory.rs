@@ -81,13 +81,19 @@ impl State {
 
     /// The live notes on `election`, and how long until the first of
     /// their sessions expires.
-    fn live_notes(&self, election: &ElectionName, now: Instant) -> (Vec<Note>, Option<Duration>) {
+    fn live_notes(
+        &self,
+        election: &ElectionName,
+        only: Option<&local::NoteKey>,
+        now: Instant,
+    ) -> (Vec<Note>, Option<Duration>) {
         let mut first_expiry = None::<Duration>;
         let notes = self
             .notes
             .get(election)
             .into_iter()
             .flatten()
+            .filter(|note| only.is_none_or(|(s, n)| note.session == *s && note.name == *n))
             .filter(|note| {
                 let left = self.alive(note.session, now);
                 if let Some(left) = left {
@@ -198,9 +204,13 @@ impl LocalBackend for Inner {
         Ok(self.state().leader(election, now))
     }
 
-    async fn read_notes(&self, election: &ElectionName) -> Result<(Vec<Note>, Option<Duration>)> {
+    async fn read_notes(
+        &self,
+        election: &ElectionName,
+        only: Option<&local::NoteKey>,
+    ) -> Result<(Vec<Note>, Option<Duration>)> {
         let now = self.clock.now();
-        Ok(self.state().live_notes(election, now))
+        Ok(self.state().live_notes(election, only, now))
     }
 
     fn sleep(&self, duration: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> {
@@ -336,12 +346,47 @@ impl Store for MemoryStore {
         Ok(())
     }
 
+    async fn amend_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+        text: &str,
+    ) -> Result<bool> {
+        check_note(name, text)?;
+        let now = self.inner.clock.now();
+        let mut state = self.inner.state();
+        if state.alive(session, now).is_none() {
+            return Ok(false);
+        }
+        let Some(note) = state.notes.get_mut(election).and_then(|notes| {
+            notes
+                .iter_mut()
+                .find(|n| n.session == session && n.name == name)
+        }) else {
+            return Ok(false);
+        };
+        note.text = text.to_owned();
+        drop(state);
+        self.inner.changed();
+        Ok(true)
+    }
+
     async fn notes(&self, election: &ElectionName) -> Result<Vec<Note>> {
-        Ok(self.inner.read_notes(election).await?.0)
+        Ok(self.inner.read_notes(election, None).await?.0)
     }
 
     async fn watch_notes(&self, election: &ElectionName) -> Result<NoteWatch> {
-        local::watch_notes(Arc::clone(&self.inner), election).await
+        local::watch_notes(Arc::clone(&self.inner), election, None).await
+    }
+
+    async fn watch_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+    ) -> Result<NoteWatch> {
+        local::watch_notes(Arc::clone(&self.inner), election, Some((session, name))).await
     }
 
     async fn last_release(&self, election: &ElectionName) -> Result<Option<FencingToken>> {

@@ -295,6 +295,39 @@ pub trait Store: Send + Sync + fmt::Debug {
         Err(no_notes())
     }
 
+    /// Replaces the text of `session`'s note `name` on `election` if it is
+    /// there — whoever asks: a leader marks the standby it chose this way
+    /// ([`crate::line`]) — keeping its order and its session; `false`,
+    /// writing nothing, if there is no such live note. Never creates one,
+    /// so it cannot bring back a note that its session just deleted.
+    async fn amend_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+        text: &str,
+    ) -> Result<bool> {
+        let _ = (session, election, name, text);
+        Err(no_notes())
+    }
+
+    /// Watches one note, `session`'s note `name` on `election`: the watch
+    /// holds it (a one-note list), or an empty list while there is none.
+    /// A waiting candidate watches the one ahead of it in line this way,
+    /// and its own note, so that a change elsewhere in the line wakes
+    /// nobody else. The default narrows [`Store::watch_notes`]; a store
+    /// that can watch one key keeps the others' changes from reaching the
+    /// watcher at all.
+    async fn watch_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+    ) -> Result<NoteWatch> {
+        let all = self.watch_notes(election).await?;
+        Ok(note_watch::narrow(all, session, name))
+    }
+
     /// The live notes on `election` (those of sessions that have not
     /// ended), in order.
     async fn notes(&self, election: &ElectionName) -> Result<Vec<Note>> {

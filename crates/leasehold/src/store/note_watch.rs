@@ -10,7 +10,7 @@ use std::time::Duration;
 use crate::error::Result;
 use crate::names::ElectionName;
 use crate::store::watch_driver::Event;
-use crate::store::{Note, NoteWatch};
+use crate::store::{Note, NoteWatch, SessionId};
 use crate::watch;
 
 /// Slack added to a known expiry so the watch reads just after it.
@@ -99,4 +99,38 @@ fn wake_at<S: NoteSource>(
         Some(left) => source.sleep(left + EXPIRY_SLACK),
         None => Box::pin(std::future::pending()),
     }
+}
+
+/// The notes of `all` that are `session`'s note `name` (at most one), kept
+/// up to date until every receiver of the result is dropped or `all`
+/// ends: [`crate::store::Store::watch_note`] of a store that cannot watch
+/// one note alone.
+pub(crate) fn narrow(mut all: NoteWatch, session: SessionId, name: &str) -> NoteWatch {
+    let pick = move |notes: &[Note], name: &str| -> Vec<Note> {
+        notes
+            .iter()
+            .filter(|n| n.session == session && n.name == name)
+            .cloned()
+            .collect()
+    };
+    let name = name.to_owned();
+    let (tx, rx) = watch::channel(pick(&all.borrow_and_update(), &name));
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                biased;
+                () = tx.closed() => return,
+                changed = all.changed() => if changed.is_err() { return },
+            }
+            let picked = pick(&all.borrow_and_update(), &name);
+            tx.send_if_modified(|current| {
+                let news = *current != picked;
+                if news {
+                    *current = picked;
+                }
+                news
+            });
+        }
+    });
+    rx
 }

@@ -929,12 +929,33 @@ impl Store for PostgresStore {
         self.inner.delete_note(session, election, name).await
     }
 
+    async fn amend_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+        text: &str,
+    ) -> Result<bool> {
+        self.inner.amend_note(session, election, name, text).await
+    }
+
+    async fn watch_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+    ) -> Result<NoteWatch> {
+        self.inner
+            .watch_notes(election, Some((session, name)))
+            .await
+    }
+
     async fn notes(&self, election: &ElectionName) -> Result<Vec<Note>> {
-        Ok(self.inner.read_notes(election).await?.0)
+        Ok(self.inner.read_notes(election, None).await?.0)
     }
 
     async fn watch_notes(&self, election: &ElectionName) -> Result<NoteWatch> {
-        self.inner.watch_notes(election).await
+        self.inner.watch_notes(election, None).await
     }
 
     async fn last_release(&self, election: &ElectionName) -> Result<Option<FencingToken>> {

@@ -1365,6 +1365,47 @@ impl Db {
         Ok(())
     }
 
+    fn amend_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+        text: &str,
+    ) -> Result<bool> {
+        crate::store::check_note(name, text)?;
+        self.writable()?;
+        let Ok(key) = session_key(session) else {
+            return Ok(false);
+        };
+        let mut conn = self.conn();
+        self.usable(&conn)?;
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(self.err())?;
+        let amended = tx
+            .execute(
+                "UPDATE notes SET text = ?4
+                 WHERE election = ?1 AND session = ?2 AND name = ?3 AND EXISTS (
+                     SELECT 1 FROM sessions s
+                     WHERE s.id = ?2 AND s.boot_id = ?5 AND s.expires_at_ns > ?6)",
+                params![
+                    election.as_str(),
+                    key,
+                    name,
+                    text,
+                    self.boot_id,
+                    monotonic_ns()
+                ],
+            )
+            .map_err(self.err())?;
+        self.usable(&tx)?;
+        tx.commit().map_err(self.err())?;
+        if amended > 0 {
+            self.announce();
+        }
+        Ok(amended > 0)
+    }
+
     fn delete_note(&self, session: SessionId, election: &ElectionName, name: &str) -> Result<()> {
         self.writable()?;
         let Ok(key) = session_key(session) else {
@@ -1391,7 +1432,11 @@ impl Db {
 
     /// The live notes on `election`, and how long until the first session
     /// keeping one of them expires.
-    fn notes(&self, election: &ElectionName) -> Result<(Vec<Note>, Option<Duration>)> {
+    fn notes(
+        &self,
+        election: &ElectionName,
+        only: Option<&local::NoteKey>,
+    ) -> Result<(Vec<Note>, Option<Duration>)> {
         let conn = self.conn();
         self.usable(&conn)?;
         if !has_table(&conn, "notes").map_err(self.err())? {
@@ -1403,19 +1448,27 @@ impl Db {
                 "SELECT n.session, n.name, n.id, n.text, s.expires_at_ns - ?2
                  FROM notes n JOIN sessions s ON s.id = n.session
                  WHERE n.election = ?1 AND s.boot_id = ?3 AND s.expires_at_ns > ?2
+                   AND (?4 IS NULL OR (n.session = ?4 AND n.name = ?5))
                  ORDER BY n.id",
             )
             .map_err(self.err())?;
+        let (session, name) = match only {
+            Some((session, name)) => (Some(session_key(*session)?), Some(name.as_str())),
+            None => (None, None),
+        };
         let rows = stmt
-            .query_map(params![election.as_str(), now, self.boot_id], |r| {
-                Ok((
-                    r.get::<_, i64>(0)?,
-                    r.get::<_, String>(1)?,
-                    r.get::<_, i64>(2)?,
-                    r.get::<_, String>(3)?,
-                    r.get::<_, i64>(4)?,
-                ))
-            })
+            .query_map(
+                params![election.as_str(), now, self.boot_id, session, name],
+                |r| {
+                    Ok((
+                        r.get::<_, i64>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, i64>(2)?,
+                        r.get::<_, String>(3)?,
+                        r.get::<_, i64>(4)?,
+                    ))
+                },
+            )
             .map_err(self.err())?
             .collect::<rusqlite::Result<Vec<_>>>()
             .map_err(self.err())?;
@@ -1737,9 +1790,14 @@ impl LocalBackend for Inner {
         Ok(attempt)
     }
 
-    async fn read_notes(&self, election: &ElectionName) -> Result<(Vec<Note>, Option<Duration>)> {
-        let election = election.clone();
-        self.blocking(move |db| db.notes(&election)).await
+    async fn read_notes(
+        &self,
+        election: &ElectionName,
+        only: Option<&local::NoteKey>,
+    ) -> Result<(Vec<Note>, Option<Duration>)> {
+        let (election, only) = (election.clone(), only.cloned());
+        self.blocking(move |db| db.notes(&election, only.as_ref()))
+            .await
     }
 
     async fn read_leader(&self, election: &ElectionName) -> Result<Option<Leader>> {
@@ -1817,12 +1875,39 @@ impl Store for SqliteStore {
         Ok(())
     }
 
+    async fn amend_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+        text: &str,
+    ) -> Result<bool> {
+        let (election, name, text) = (election.clone(), name.to_owned(), text.to_owned());
+        let amended = self
+            .inner
+            .blocking(move |db| db.amend_note(session, &election, &name, &text))
+            .await?;
+        if amended {
+            self.inner.written();
+        }
+        Ok(amended)
+    }
+
     async fn notes(&self, election: &ElectionName) -> Result<Vec<Note>> {
-        Ok(self.inner.read_notes(election).await?.0)
+        Ok(self.inner.read_notes(election, None).await?.0)
     }
 
     async fn watch_notes(&self, election: &ElectionName) -> Result<NoteWatch> {
-        local::watch_notes(Arc::clone(&self.inner), election).await
+        local::watch_notes(Arc::clone(&self.inner), election, None).await
+    }
+
+    async fn watch_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+    ) -> Result<NoteWatch> {
+        local::watch_notes(Arc::clone(&self.inner), election, Some((session, name))).await
     }
 
     async fn last_release(&self, election: &ElectionName) -> Result<Option<FencingToken>> {

@@ -1596,12 +1596,33 @@ impl Store for ZkStore {
         self.inner.delete_note(session, election, name).await
     }
 
+    async fn amend_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+        text: &str,
+    ) -> Result<bool> {
+        self.inner.amend_note(session, election, name, text).await
+    }
+
+    async fn watch_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+    ) -> Result<NoteWatch> {
+        self.inner
+            .start_notes_watch(election, Some((session, name)))
+            .await
+    }
+
     async fn notes(&self, election: &ElectionName) -> Result<Vec<Note>> {
         self.inner.read_notes(election).await
     }
 
     async fn watch_notes(&self, election: &ElectionName) -> Result<NoteWatch> {
-        self.inner.start_notes_watch(election).await
+        self.inner.start_notes_watch(election, None).await
     }
 
     async fn last_release(&self, election: &ElectionName) -> Result<Option<FencingToken>> {

@@ -18,7 +18,7 @@ use crate::elector::Elector;
 use crate::error::Error;
 use crate::lease::LostReason;
 use crate::names::{CandidateId, ElectionName};
-use crate::store::{Grant, LeaderStatus, Store};
+use crate::store::{Grant, LeaderStatus, SessionId, Store};
 
 pub use super::planned::*;
 
@@ -766,6 +766,127 @@ pub async fn notes_watch_sees_puts_deletes_and_expiries(harness: &dyn StoreHarne
     )
     .await
     .expect("watch alive");
+}
+
+/// `amend_note` replaces another session's note in place (same session,
+/// same order) from any handle, and never makes a note that is not there
+/// (never put, deleted, or of an ended session). A one-note watch holds
+/// that note alone, and follows its put, amendment, delete and expiry.
+pub async fn a_note_is_amended_in_place_and_watched_alone(harness: &dyn StoreHarness) {
+    let election = unique_election("amend");
+    let owner = harness.open().await;
+    let other = harness.open().await;
+    let long = owner.open_session(LONG_TTL).await.expect("open");
+    let short = owner.open_session(SHORT_TTL).await.expect("open");
+    let mut watched = other
+        .watch_note(long.id, &election, "cand")
+        .await
+        .expect("watch one note");
+    assert!(watched.borrow_and_update().is_empty());
+    assert!(
+        !other
+            .amend_note(long.id, &election, "cand", "0 x 1")
+            .await
+            .expect("amend a note never put"),
+        "amending a note that is not there must say so"
+    );
+    assert!(other.notes(&election).await.expect("notes").is_empty());
+    owner
+        .put_note(short.id, &election, "cand", "0 first")
+        .await
+        .expect("put");
+    owner
+        .put_note(long.id, &election, "cand", "0 second")
+        .await
+        .expect("put");
+    let texts = |w: &crate::watch::Receiver<Vec<crate::store::Note>>| -> Vec<String> {
+        w.borrow().iter().map(|n| n.text.clone()).collect()
+    };
+    within(
+        "the one-note watch to see its note",
+        watched.wait_for(|n| !n.is_empty()),
+    )
+    .await
+    .expect("watch alive");
+    assert_eq!(texts(&watched), ["0 second"]);
+    assert!(
+        other
+            .amend_note(long.id, &election, "cand", "0 second 7")
+            .await
+            .expect("amend"),
+        "amending a live note from another handle must succeed"
+    );
+    let notes = other.notes(&election).await.expect("notes");
+    let shown: Vec<(SessionId, &str)> =
+        notes.iter().map(|n| (n.session, n.text.as_str())).collect();
+    assert_eq!(
+        shown,
+        [(short.id, "0 first"), (long.id, "0 second 7")],
+        "an amended note keeps its session and its place"
+    );
+    within(
+        "the one-note watch to see the amendment",
+        watched.wait_for(|n| n.first().is_some_and(|n| n.text == "0 second 7")),
+    )
+    .await
+    .expect("watch alive");
+    assert_eq!(watched.borrow()[0].session, long.id);
+    // Only that note: the other session's note never shows in it.
+    assert_eq!(texts(&watched), ["0 second 7"]);
+    for (name, text) in [
+        (
+            "cand",
+            "line
+break",
+        ),
+        ("Cand", "x"),
+    ] {
+        assert!(
+            matches!(
+                other.amend_note(long.id, &election, name, text).await,
+                Err(Error::InvalidInput { .. })
+            ),
+            "amending with {name:?} {text:?} must be refused as invalid"
+        );
+    }
+    owner
+        .delete_note(long.id, &election, "cand")
+        .await
+        .expect("delete");
+    within(
+        "the one-note watch to see the delete",
+        watched.wait_for(|n| n.is_empty()),
+    )
+    .await
+    .expect("watch alive");
+    assert!(
+        !other
+            .amend_note(long.id, &election, "cand", "0 back")
+            .await
+            .expect("amend a deleted note"),
+        "amending a deleted note must not make it again"
+    );
+    // The short session expires unrenewed: its note goes, and cannot be
+    // amended back.
+    let mut expiring = other
+        .watch_note(short.id, &election, "cand")
+        .await
+        .expect("watch one note");
+    within(
+        "the one-note watch to see its session expire",
+        expiring.wait_for(|n| n.is_empty()),
+    )
+    .await
+    .expect("watch alive");
+    assert!(
+        !other
+            .amend_note(short.id, &election, "cand", "0 late")
+            .await
+            .expect("amend an expired session's note"),
+        "an ended session's note must not be amended"
+    );
+    owner.keep_alive(long.id).await.expect("renew");
+    assert!(other.notes(&election).await.expect("notes").is_empty());
 }
 
 /// A release (resign, or a dead holder's release from another handle) is

@@ -167,6 +167,27 @@ impl Store for FaultyStore {
         self.inner.delete_note(session, election, name).await
     }
 
+    async fn amend_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+        text: &str,
+    ) -> Result<bool> {
+        self.check()?;
+        self.inner.amend_note(session, election, name, text).await
+    }
+
+    async fn watch_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+    ) -> Result<NoteWatch> {
+        self.check()?;
+        self.inner.watch_note(session, election, name).await
+    }
+
     async fn notes(&self, election: &ElectionName) -> Result<Vec<Note>> {
         self.check()?;
         self.inner.notes(election).await

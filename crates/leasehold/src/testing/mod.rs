@@ -3,6 +3,7 @@
 
 mod certs;
 pub mod conformance;
+mod counting;
 #[cfg(feature = "etcd")]
 mod etcd_cluster;
 mod faults;
@@ -20,6 +21,7 @@ use async_trait::async_trait;
 
 pub use crate::store::watch_driver::{fail_watch_reads, failed_watch_reads, heal_watch_reads};
 pub use certs::{CertFiles, TestCa, Usage};
+pub use counting::{CountingStore, Counts};
 #[cfg(feature = "etcd")]
 pub use etcd_cluster::EtcdCluster;
 pub use faults::FaultyStore;
@@ -192,6 +194,7 @@ macro_rules! conformance_tests {
             watch_status_is_unknown_while_reads_fail,
             notes_are_ordered_and_end_with_their_session,
             notes_watch_sees_puts_deletes_and_expiries,
+            a_note_is_amended_in_place_and_watched_alone,
             releases_are_recorded_and_expiries_are_not,
             transfer_goes_to_the_named_standby,
             transfer_without_a_name_goes_to_the_first_in_line,
@@ -200,6 +203,7 @@ macro_rules! conformance_tests {
             equal_priorities_never_preempt,
             the_highest_priority_standby_is_granted_first,
             lock_delay_after_expiry_not_after_release,
+            a_transfer_wakes_only_the_front_of_the_line,
         );
     };
     (@cases $harness:expr; $($case:ident),* $(,)?) => {

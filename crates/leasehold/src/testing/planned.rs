@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::{Instant, timeout};
 
-use super::{StoreHarness, unique_election};
+use super::{CountingStore, Counts, StoreHarness, unique_election};
 use crate::config::LeaseConfig;
 use crate::elector::{Elector, HandoverCause, Leadership};
 use crate::error::Error;
@@ -345,4 +345,88 @@ pub async fn lock_delay_after_expiry_not_after_release(harness: &dyn StoreHarnes
         .expect("task");
     let leadership = leadership.expect("campaign");
     assert!(leadership.token() > token);
+}
+
+/// No herd: with six standbys waiting, a transfer to the fourth touches
+/// only the first in line, the chosen one and the one just behind it (it
+/// watched the chosen one's note). The others neither read nor are woken
+/// by a watch nor campaign: each counts exactly what it did before.
+pub async fn a_transfer_wakes_only_the_front_of_the_line(harness: &dyn StoreHarness) {
+    const WAITERS: usize = 6;
+    const CHOSEN: usize = 3;
+    let election = unique_election("no-herd");
+    let requester = harness.open().await;
+    let leader = elector(harness, "leader").await;
+    let leadership = within("leader campaigns", leader.campaign(&election))
+        .await
+        .expect("campaign");
+    let mut stores = Vec::new();
+    let mut tasks = Vec::new();
+    for i in 0..WAITERS {
+        let store = Arc::new(CountingStore::new(harness.open().await));
+        let elector = Elector::new(
+            Arc::clone(&store) as Arc<dyn Store>,
+            id(&format!("w{i}")),
+            LeaseConfig::with_ttl(TTL),
+        )
+        .expect("config");
+        tasks.push(join(Arc::new(elector), &election, &requester).await);
+        stores.push(store);
+    }
+    // Settled: every standby behind the first watches its own note and
+    // the one ahead of it, and nothing else.
+    within("the standbys to settle", async {
+        while stores[1..].iter().any(|s| s.counts().watches < 2) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let before: Vec<Counts> = stores.iter().map(|s| s.counts()).collect();
+    for (i, counts) in before.iter().enumerate().skip(1) {
+        assert_eq!(
+            (counts.watches, counts.campaigns),
+            (2, 0),
+            "w{i} must watch two notes and not campaign while it waits behind others: {counts:?}"
+        );
+    }
+    let lost = tokio::spawn(honour_requests(leadership));
+    let chosen = id(&format!("w{CHOSEN}"));
+    let transferred = within(
+        "the transfer",
+        request_transfer(&requester, &election, Some(&chosen), TTL, PATIENCE),
+    )
+    .await
+    .expect("transfer");
+    assert_eq!(transferred.to.candidate, chosen);
+    assert_eq!(lost.await.expect("leader task"), LostReason::HandedOver);
+    let taken = within("the chosen one's campaign", tasks.remove(CHOSEN))
+        .await
+        .expect("task");
+    // The one behind the chosen one now waits behind the one before it.
+    within("the one behind to settle again", async {
+        while stores[CHOSEN + 1].counts().watches < 4 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    for i in 0..WAITERS {
+        let after = stores[i].counts();
+        if [0, CHOSEN, CHOSEN + 1].contains(&i) {
+            continue;
+        }
+        assert!(
+            after.untouched_since(&before[i]),
+            "the transfer to w{CHOSEN} touched w{i}: before {:?}, after {after:?}",
+            before[i]
+        );
+    }
+    let chosen_counts = stores[CHOSEN].counts();
+    assert!(
+        chosen_counts.campaigns > before[CHOSEN].campaigns,
+        "the chosen standby must have campaigned: {chosen_counts:?}"
+    );
+    taken.resign().await.expect("resign");
+    for task in tasks {
+        task.abort();
+    }
 }

@@ -967,15 +967,20 @@ impl EtcdStore {
     /// or when the watch breaks (either way, the caller reads again); after
     /// a pause if the watch cannot be opened.
     async fn next_events_under(&self, prefix: &str, from: i64) {
+        self.next_events_in(
+            prefix.as_bytes().to_vec(),
+            prefix_end(prefix.as_bytes()),
+            from,
+        )
+        .await;
+    }
+
+    /// Resolves at the first event on `key` (up to `range_end`; an empty
+    /// end is `key` alone) from revision `from`, or after a pause if the
+    /// watch cannot be opened.
+    async fn next_events_in(&self, key: Vec<u8>, range_end: Vec<u8>, from: i64) {
         let opened = match self.members.link(0).await {
-            Ok(link) => Watch::open(
-                link,
-                prefix.as_bytes().to_vec(),
-                prefix_end(prefix.as_bytes()),
-                from,
-            )
-            .await
-            .ok(),
+            Ok(link) => Watch::open(link, key, range_end, from).await.ok(),
             Err(_) => None,
         };
         match opened {
@@ -1190,12 +1195,31 @@ impl Store for EtcdStore {
         self.delete_note_in(session, election, name).await
     }
 
+    async fn amend_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+        text: &str,
+    ) -> Result<bool> {
+        self.amend_note_in(session, election, name, text).await
+    }
+
+    async fn watch_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+    ) -> Result<NoteWatch> {
+        self.watch_notes_of(election, Some((session, name))).await
+    }
+
     async fn notes(&self, election: &ElectionName) -> Result<Vec<Note>> {
-        Ok(self.notes_at(election).await?.0)
+        Ok(self.notes_at(election, None).await?.0)
     }
 
     async fn watch_notes(&self, election: &ElectionName) -> Result<NoteWatch> {
-        self.watch_notes_of(election).await
+        self.watch_notes_of(election, None).await
     }
 
     async fn last_release(&self, election: &ElectionName) -> Result<Option<FencingToken>> {

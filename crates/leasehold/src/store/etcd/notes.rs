@@ -93,10 +93,51 @@ impl EtcdStore {
         Ok(())
     }
 
-    /// The notes on `election`, in order, and the revision of the read.
-    pub(super) async fn notes_at(&self, election: &ElectionName) -> Result<(Vec<Note>, i64)> {
+    /// Replaces the text of a note that is there, keeping its lease and
+    /// create revision (its order): one transaction whose put runs only if
+    /// the key exists, so a note deleted meanwhile is not made again.
+    pub(super) async fn amend_note_in(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+        text: &str,
+    ) -> Result<bool> {
+        check_note(name, text)?;
+        let Ok(lease) = session_key(session) else {
+            return Ok(false);
+        };
+        let key = self.note_key(election, lease, name);
+        let txn = TxnRequest {
+            compare: vec![exists(key.clone())],
+            success: vec![put(key, text, lease)],
+            failure: Vec::new(),
+        };
+        match self.txn("amend a note", txn).await {
+            // Its lease ended: etcd deleted the note with it.
+            Err(error) if error.is_lease_not_found() => Ok(false),
+            other => Ok(other?.succeeded),
+        }
+    }
+
+    /// The notes on `election` — only `session`'s note `name` with `only`
+    /// — in order, and the revision of the read.
+    pub(super) async fn notes_at(
+        &self,
+        election: &ElectionName,
+        only: Option<(SessionId, &str)>,
+    ) -> Result<(Vec<Note>, i64)> {
         let prefix = self.notes_prefix(election);
-        let read = self.range("read notes", range_of_prefix(&prefix)).await?;
+        let request = match only {
+            Some((session, name)) => pb::RangeRequest {
+                key: self
+                    .note_key(election, session_key(session)?, name)
+                    .into_bytes(),
+                ..Default::default()
+            },
+            None => range_of_prefix(&prefix),
+        };
+        let read = self.range("read notes", request).await?;
         let mut notes: Vec<Note> = read
             .kvs
             .iter()
@@ -135,10 +176,24 @@ impl EtcdStore {
             })
     }
 
-    pub(super) async fn watch_notes_of(&self, election: &ElectionName) -> Result<NoteWatch> {
+    /// Watches `election`'s notes, or with `only` that one note's key
+    /// alone (changes of other notes never reach it).
+    pub(super) async fn watch_notes_of(
+        &self,
+        election: &ElectionName,
+        only: Option<(SessionId, &str)>,
+    ) -> Result<NoteWatch> {
+        let only = match only {
+            Some((session, name)) => {
+                check_note(name, "")?;
+                Some((session, name.to_owned()))
+            }
+            None => None,
+        };
         let source = EtcdNotes {
             store: self.clone(),
             election: election.clone(),
+            only,
             from: 0,
         };
         crate::store::note_watch::start(source, election).await
@@ -170,6 +225,8 @@ fn note_of(prefix: &str, kv: &KeyValue) -> Option<Note> {
 struct EtcdNotes {
     store: EtcdStore,
     election: ElectionName,
+    /// The one note watched, if not all.
+    only: Option<(SessionId, String)>,
     from: i64,
 }
 
@@ -177,14 +234,28 @@ impl NoteSource for EtcdNotes {
     const RETRY: Duration = WATCH_RETRY;
 
     async fn read(&mut self) -> Result<(Vec<Note>, Option<Duration>)> {
-        let (notes, revision) = self.store.notes_at(&self.election).await?;
+        let only = self.only.as_ref().map(|(s, n)| (*s, n.as_str()));
+        let (notes, revision) = self.store.notes_at(&self.election, only).await?;
         self.from = revision + 1;
         Ok((notes, None))
     }
 
     async fn changed(&mut self) -> Event {
-        let prefix = self.store.notes_prefix(&self.election);
-        self.store.next_events_under(&prefix, self.from).await;
+        match &self.only {
+            Some((session, name)) => {
+                let Ok(lease) = session_key(*session) else {
+                    return Event::Ended;
+                };
+                let key = self.store.note_key(&self.election, lease, name);
+                self.store
+                    .next_events_in(key.into_bytes(), Vec::new(), self.from)
+                    .await;
+            }
+            None => {
+                let prefix = self.store.notes_prefix(&self.election);
+                self.store.next_events_under(&prefix, self.from).await;
+            }
+        }
         Event::Changed
     }
 

@@ -67,13 +67,53 @@ impl Inner {
         Ok(())
     }
 
-    /// The live notes on `election`, in order, and how long until the
-    /// first session keeping one of them expires (on the server's clock).
+    /// Replaces the text of a live session's note, in one statement that
+    /// also tells the listeners; `false` if there is no such note.
+    pub(super) async fn amend_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+        text: &str,
+    ) -> Result<bool> {
+        check_note(name, text)?;
+        let Ok(id) = session_key(session) else {
+            return Ok(false);
+        };
+        let client = self.client().await?;
+        let amended = timed(
+            "amend a note",
+            client.execute(
+                &format!(
+                    "UPDATE {notes} n SET text = $4
+                     WHERE n.election = $1 AND n.session = $2 AND n.name = $3 AND EXISTS (
+                         SELECT 1 FROM {sessions} h
+                         WHERE h.id = $2 AND h.expires_at > clock_timestamp())
+                     RETURNING pg_notify('{channel}', '#n ' || $1)",
+                    notes = self.table("notes"),
+                    sessions = self.table("sessions"),
+                    channel = self.channel,
+                ),
+                &[&election.as_str(), &id, &name, &text],
+            ),
+        )
+        .await?;
+        Ok(amended > 0)
+    }
+
+    /// The live notes on `election` — only `session`'s note `name` with
+    /// `only` — in order, and how long until the first session keeping
+    /// one of them expires (on the server's clock).
     pub(super) async fn read_notes(
         &self,
         election: &ElectionName,
+        only: Option<(SessionId, &str)>,
     ) -> Result<(Vec<Note>, Option<Duration>)> {
         let client = self.client().await?;
+        let (session, name) = match only {
+            Some((session, name)) => (Some(session_key(session)?), Some(name)),
+            None => (None, None),
+        };
         let rows = match timed(
             "read notes",
             client.query(
@@ -83,11 +123,12 @@ impl Inner {
                      FROM {} n JOIN {} h
                           ON h.id = n.session AND h.expires_at > clock_timestamp()
                      WHERE n.election = $1
+                       AND ($2::bigint IS NULL OR (n.session = $2 AND n.name = $3::text))
                      ORDER BY n.seq",
                     self.table("notes"),
                     self.table("sessions")
                 ),
-                &[&election.as_str()],
+                &[&election.as_str(), &session, &name],
             ),
         )
         .await
@@ -153,13 +194,18 @@ impl Inner {
         Ok(row.get(0))
     }
 
+    /// Watches `election`'s notes, or with `only` that one note: a notice
+    /// names the election alone, so a one-note watch reads that one row
+    /// at each change of the election's notes.
     pub(super) async fn watch_notes(
         self: &Arc<Self>,
         election: &ElectionName,
+        only: Option<(SessionId, &str)>,
     ) -> Result<NoteWatch> {
         let source = PgNotes {
             inner: Arc::clone(self),
             election: election.clone(),
+            only: only.map(|(session, name)| (session, name.to_owned())),
             // Subscribed before the first read, so that no change between
             // the two is missed.
             notices: self.notices.subscribe(),
@@ -175,6 +221,8 @@ impl Inner {
 struct PgNotes {
     inner: Arc<Inner>,
     election: ElectionName,
+    /// The one note watched, if not all.
+    only: Option<(SessionId, String)>,
     notices: broadcast::Receiver<Notice>,
     /// The payload of a notice about this election's notes.
     tag: String,
@@ -184,7 +232,8 @@ impl NoteSource for PgNotes {
     const RETRY: Duration = RETRY;
 
     async fn read(&mut self) -> Result<(Vec<Note>, Option<Duration>)> {
-        self.inner.read_notes(&self.election).await
+        let only = self.only.as_ref().map(|(s, n)| (*s, n.as_str()));
+        self.inner.read_notes(&self.election, only).await
     }
 
     async fn changed(&mut self) -> Event {

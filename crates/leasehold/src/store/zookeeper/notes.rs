@@ -5,6 +5,9 @@
 //! last released token is the data of the persistent node
 //! `{root}/releases/{election}`, set in the multi-op that deletes the
 //! grant's node. Nodes get the store's ACL, as every node leasehold makes.
+//! A note's data may be replaced by any client of the store
+//! ([`crate::store::Store::amend_note`]); a one-note watch is a persistent
+//! watch on that note's node alone.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -138,36 +141,102 @@ impl Inner {
         };
         let mut notes = Vec::with_capacity(children.len());
         for child in children {
-            let Some((owner, name)) = child.split_once('-') else {
-                continue;
-            };
-            let Ok(owner) = u64::from_str_radix(owner, 16) else {
-                continue;
-            };
-            let path = format!("{dir}/{child}");
-            let (data, stat) = match request(WHAT, client.get_data(&path)).await? {
-                Ok(read) => read,
-                // Its session ended between the list and the read.
-                Err(zookeeper_client::Error::NoNode) => continue,
-                Err(error) => return Err(self.failed(WHAT, &path, error)),
-            };
-            let Ok(text) = String::from_utf8(data) else {
-                continue;
-            };
-            if SessionId::from_bits(stat.ephemeral_owner).0 != owner
-                || check_note(name, &text).is_err()
-            {
-                continue;
+            if let Some((note, _)) = self.read_note_node(&client, &dir, &child).await? {
+                notes.push(note);
             }
-            notes.push(Note {
-                session: SessionId(owner),
-                name: name.to_owned(),
-                order: stat.czxid.unsigned_abs(),
-                text,
-            });
         }
         notes.sort_by_key(|n| n.order);
         Ok(notes)
+    }
+
+    /// The note in node `{dir}/{child}` with the node's version, if it is
+    /// there and leasehold wrote it: named `{session}-{name}` by the
+    /// session that owns the ephemeral node, with a valid name and text.
+    async fn read_note_node(
+        &self,
+        client: &Client,
+        dir: &str,
+        child: &str,
+    ) -> Result<Option<(Note, i32)>> {
+        const WHAT: &str = "read notes";
+        let Some((owner, name)) = child.split_once('-') else {
+            return Ok(None);
+        };
+        let Ok(owner) = u64::from_str_radix(owner, 16) else {
+            return Ok(None);
+        };
+        let path = format!("{dir}/{child}");
+        let (data, stat) = match request(WHAT, client.get_data(&path)).await? {
+            Ok(read) => read,
+            // Not there, or its session ended since the list.
+            Err(zookeeper_client::Error::NoNode) => return Ok(None),
+            Err(error) => return Err(self.failed(WHAT, &path, error)),
+        };
+        let Ok(text) = String::from_utf8(data) else {
+            return Ok(None);
+        };
+        if SessionId::from_bits(stat.ephemeral_owner).0 != owner || check_note(name, &text).is_err()
+        {
+            return Ok(None);
+        }
+        let note = Note {
+            session: SessionId(owner),
+            name: name.to_owned(),
+            order: stat.czxid.unsigned_abs(),
+            text,
+        };
+        Ok(Some((note, stat.version)))
+    }
+
+    /// `session`'s note `name` on `election`, read with the store's own
+    /// client: a one-note list, or empty.
+    pub(super) async fn read_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+    ) -> Result<Vec<Note>> {
+        let client = self.reader().await?;
+        let child = format!("{:016x}-{name}", session.0);
+        let read = self
+            .read_note_node(&client, &self.notes_dir(election), &child)
+            .await?;
+        Ok(read.map(|(note, _)| note).into_iter().collect())
+    }
+
+    /// Replaces a note's data through the store's own client (ZooKeeper
+    /// lets any client with the store's ACL set an ephemeral node's data),
+    /// checked against the version read, so that it never writes a node
+    /// that was deleted, or made again, meanwhile.
+    pub(super) async fn amend_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+        text: &str,
+    ) -> Result<bool> {
+        const WHAT: &str = "amend a note";
+        check_note(name, text)?;
+        let client = self.reader().await?;
+        let dir = self.notes_dir(election);
+        let child = format!("{:016x}-{name}", session.0);
+        let path = format!("{dir}/{child}");
+        for _ in 0..3 {
+            let Some((_, version)) = self.read_note_node(&client, &dir, &child).await? else {
+                return Ok(false);
+            };
+            match request(WHAT, client.set_data(&path, text.as_bytes(), Some(version))).await? {
+                Ok(_) => return Ok(true),
+                Err(zookeeper_client::Error::NoNode) => return Ok(false),
+                // Its owner put it again meanwhile: read it again.
+                Err(zookeeper_client::Error::BadVersion) => {}
+                Err(error) => return Err(self.failed(WHAT, &path, error)),
+            }
+        }
+        Err(Error::Unavailable {
+            reason: format!("zookeeper {WHAT}: node {path} kept changing"),
+            source: None,
+        })
     }
 
     pub(super) async fn last_release(
@@ -190,32 +259,51 @@ impl Inner {
         }
     }
 
-    /// A recursive persistent watch on `election`'s notes, set before a
+    /// A persistent watch on `election`'s notes — recursive on their
+    /// node, or on the one note's node alone with `only` — set before a
     /// first read so that no change between the two is missed (also on a
     /// node not yet created).
-    async fn watch_notes_dir(
+    async fn watch_notes_node(
         &self,
         client: &Client,
         election: &ElectionName,
+        only: Option<&(SessionId, String)>,
     ) -> Result<zookeeper_client::PersistentWatcher> {
         let dir = self.notes_dir(election);
-        request(
-            "watch notes",
-            client.watch(&dir, AddWatchMode::PersistentRecursive),
-        )
-        .await?
-        .map_err(|e| self.failed("watch notes", &dir, e))
+        let (path, mode) = match only {
+            Some((session, name)) => (
+                format!("{dir}/{:016x}-{name}", session.0),
+                AddWatchMode::Persistent,
+            ),
+            None => (dir, AddWatchMode::PersistentRecursive),
+        };
+        request("watch notes", client.watch(&path, mode))
+            .await?
+            .map_err(|e| self.failed("watch notes", &path, e))
     }
 
+    /// Watches `election`'s notes, or with `only` that one note's node
+    /// alone (changes of other notes never reach it).
     pub(super) async fn start_notes_watch(
         self: &std::sync::Arc<Self>,
         election: &ElectionName,
+        only: Option<(SessionId, &str)>,
     ) -> Result<crate::store::NoteWatch> {
+        let only = match only {
+            Some((session, name)) => {
+                check_note(name, "")?;
+                Some((session, name.to_owned()))
+            }
+            None => None,
+        };
         let client = self.reader().await?;
-        let watcher = self.watch_notes_dir(&client, election).await?;
+        let watcher = self
+            .watch_notes_node(&client, election, only.as_ref())
+            .await?;
         let source = ZkNotes {
             inner: std::sync::Arc::clone(self),
             election: election.clone(),
+            only,
             watcher: Some(watcher),
         };
         crate::store::note_watch::start(source, election).await
@@ -228,6 +316,8 @@ impl Inner {
 struct ZkNotes {
     inner: std::sync::Arc<Inner>,
     election: ElectionName,
+    /// The one note watched, if not all.
+    only: Option<(SessionId, String)>,
     watcher: Option<zookeeper_client::PersistentWatcher>,
 }
 
@@ -235,7 +325,11 @@ impl NoteSource for ZkNotes {
     const RETRY: Duration = WATCH_RETRY;
 
     async fn read(&mut self) -> Result<(Vec<Note>, Option<Duration>)> {
-        Ok((self.inner.read_notes(&self.election).await?, None))
+        let notes = match &self.only {
+            Some((session, name)) => self.inner.read_note(*session, &self.election, name).await?,
+            None => self.inner.read_notes(&self.election).await?,
+        };
+        Ok((notes, None))
     }
 
     async fn changed(&mut self) -> Event {
@@ -243,7 +337,11 @@ impl NoteSource for ZkNotes {
             let Some(watcher) = self.watcher.as_mut() else {
                 tokio::time::sleep(WATCH_RETRY).await;
                 let watched = match self.inner.reader().await {
-                    Ok(client) => self.inner.watch_notes_dir(&client, &self.election).await,
+                    Ok(client) => {
+                        self.inner
+                            .watch_notes_node(&client, &self.election, self.only.as_ref())
+                            .await
+                    }
                     Err(error) => Err(error),
                 };
                 return match watched {

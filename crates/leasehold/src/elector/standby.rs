@@ -1,0 +1,317 @@
+//! A candidate's wait in the line of standbys ([`crate::line`]): it asks
+//! the store only while it is the chosen one, and while it is neither the
+//! first in line nor chosen it watches just its own note and the one of
+//! the standby ahead of it, so that no change elsewhere wakes it.
+
+use std::sync::Arc;
+
+use super::Elector;
+use crate::error::{Error, Result};
+use crate::line;
+use crate::names::ElectionName;
+use crate::session::Session;
+use crate::store::{FencingToken, Grant, Note, Store};
+
+impl Elector {
+    /// Campaigns on `session` as one of the line of standbys; `true` with
+    /// the grant when the store keeps notes. On a store that keeps none,
+    /// campaigns directly (priorities and lock-delay then cannot be
+    /// honoured, and are refused).
+    pub(super) async fn campaign_in_line(
+        &self,
+        session: &Arc<Session>,
+        election: &ElectionName,
+    ) -> Result<(Grant, bool)> {
+        let sid = session.id();
+        match self.join_line(session, election).await {
+            Err(Error::Unsupported(what)) => {
+                if self.planned.priority != 0 || !self.planned.lock_delay.is_zero() {
+                    return Err(Error::Unsupported(format!(
+                        "priorities and lock-delay: {what}"
+                    )));
+                }
+                let grant = self.store.campaign(sid, election, &self.candidate).await?;
+                return Ok((grant, false));
+            }
+            other => other?,
+        }
+        // Leaves the line however the campaign ends (granted, failed, or
+        // dropped).
+        let _leave = LeaveLine {
+            store: Arc::clone(&self.store),
+            session: sid,
+            election: election.clone(),
+        };
+        if let Some(grant) = self.live_or_release_stale(session, election).await? {
+            return Ok((grant, true));
+        }
+        let mut missing = false;
+        loop {
+            let notes = self.store.notes(election).await?;
+            let line = line::standbys(&notes);
+            let Some(ahead) = line::place(&line, sid) else {
+                // This candidate's note is not there (a store that lost
+                // it): put it again, once.
+                if std::mem::replace(&mut missing, true) {
+                    return Err(Error::Unavailable {
+                        reason: format!(
+                            "the store does not show this candidate waiting for {election}"
+                        ),
+                        source: None,
+                    });
+                }
+                self.join_line(session, election).await?;
+                continue;
+            };
+            missing = false;
+            match ahead {
+                Some(ahead) if line::chosen(&notes) != Some(sid) => {
+                    self.wait_behind(sid, ahead.session, election).await?;
+                }
+                _ => {
+                    if let Some(grant) = self.campaign_at_the_front(session, election).await? {
+                        return Ok((grant, true));
+                    }
+                }
+            }
+        }
+    }
+
+    async fn join_line(&self, session: &Arc<Session>, election: &ElectionName) -> Result<()> {
+        self.store
+            .put_note(
+                session.id(),
+                election,
+                line::CANDIDATE,
+                &line::candidate_note(self.planned.priority, &self.candidate),
+            )
+            .await
+    }
+
+    /// Waits, behind the standby whose session is `ahead`, until that one
+    /// leaves the line or a leader marks this candidate as its choice.
+    /// Changes of any other note never reach it.
+    async fn wait_behind(
+        &self,
+        sid: crate::grant::SessionId,
+        ahead: crate::grant::SessionId,
+        election: &ElectionName,
+    ) -> Result<()> {
+        let mut own = self
+            .store
+            .watch_note(sid, election, line::CANDIDATE)
+            .await?;
+        let mut front = self
+            .store
+            .watch_note(ahead, election, line::CANDIDATE)
+            .await?;
+        loop {
+            let marked_or_gone = line::standbys(&own.borrow_and_update())
+                .first()
+                .is_none_or(|w| w.chosen_by.is_some());
+            if marked_or_gone || front.borrow_and_update().is_empty() {
+                return Ok(());
+            }
+            tokio::select! {
+                changed = own.changed() => changed.map_err(|_| watch_ended())?,
+                changed = front.changed() => changed.map_err(|_| watch_ended())?,
+            }
+        }
+    }
+
+    /// Waits at the front of the line — first in line, or chosen by a
+    /// leader — watching the whole line, and asks the store while chosen.
+    /// `None` once this candidate is neither first nor chosen any more.
+    async fn campaign_at_the_front(
+        &self,
+        session: &Arc<Session>,
+        election: &ElectionName,
+    ) -> Result<Option<Grant>> {
+        let sid = session.id();
+        let mut notes = self.store.watch_notes(election).await?;
+        // Only lock-delay needs to follow the leader while waiting.
+        let mut leaders = if self.planned.lock_delay.is_zero() {
+            None
+        } else {
+            Some(self.store.watch(election).await?)
+        };
+        let mut last_leader: Option<FencingToken> = None;
+        // Notes read afresh after a grant this candidate gave back, newer
+        // than the watch may show yet.
+        let mut fresh: Option<Vec<Note>> = None;
+        loop {
+            let current = match fresh.take() {
+                Some(fresh) => fresh,
+                None => notes.borrow_and_update().clone(),
+            };
+            let chosen = line::chosen(&current) == Some(sid);
+            let first = matches!(line::place(&line::standbys(&current), sid), Some(None));
+            if !chosen && !first {
+                return Ok(None);
+            }
+            let holder = leaders.as_mut().map(|l| l.borrow_and_update().clone());
+            if let Some(Some(holder)) = &holder {
+                last_leader = Some(holder.token);
+            }
+            // Lock-delay: ask only once the election is free, and wait out
+            // the delay if its last holder's lease expired.
+            let busy = holder.as_ref().is_some_and(Option::is_some);
+            if !chosen || busy {
+                match leaders.as_mut() {
+                    Some(leaders) => tokio::select! {
+                        changed = notes.changed() => changed.map_err(|_| watch_ended())?,
+                        changed = leaders.changed() => changed.map_err(|_| watch_ended())?,
+                    },
+                    None => notes.changed().await.map_err(|_| watch_ended())?,
+                }
+                continue;
+            }
+            if leaders.is_some()
+                && let Some(token) = last_leader.take()
+                && self.store.last_release(election).await? != Some(token)
+            {
+                tracing::info!(%election, expired_token = token.0, delay = ?self.planned.lock_delay,
+                    "the previous leader's lease expired; waiting out the lock-delay");
+                session.sleep(self.planned.lock_delay).await;
+                continue;
+            }
+            let campaign = self.store.campaign(sid, election, &self.candidate);
+            tokio::pin!(campaign);
+            loop {
+                tokio::select! {
+                    biased;
+                    grant = &mut campaign => {
+                        let grant = grant?;
+                        match self.give_back_if_another_was_chosen(&grant).await {
+                            None => return Ok(Some(grant)),
+                            Some(notes) => {
+                                fresh = Some(notes);
+                                break;
+                            }
+                        }
+                    }
+                    changed = notes.changed() => {
+                        changed.map_err(|_| watch_ended())?;
+                        if line::chosen(&notes.borrow_and_update()) != Some(sid) {
+                            // Another was chosen: withdraw from the store.
+                            break;
+                        }
+                    }
+                }
+            }
+            // A campaign withdrawn after the store granted it (its reply
+            // was still on the way) leaves a grant this session holds.
+            self.live_or_release_stale(session, election).await?;
+        }
+    }
+
+    /// A grant of `election` that the store shows this candidate holding
+    /// while this campaign runs. Live in this process (another campaign of
+    /// this elector holds it): the store gives it again, as before the
+    /// line. Otherwise it is one this session no longer holds though the
+    /// store still shows it — a release whose reply was lost or that is
+    /// still on its way, a campaign withdrawn after the store had granted
+    /// it — and it is released (guarded by its token, as every release),
+    /// never taken up again: a release of it may land at any moment, and
+    /// waiting in line instead would wait for a grant this very session
+    /// keeps alive. (A failed read fails the campaign, which its caller
+    /// tries again.)
+    pub(super) async fn live_or_release_stale(
+        &self,
+        session: &Arc<Session>,
+        election: &ElectionName,
+    ) -> Result<Option<Grant>> {
+        let Some(leader) = self.store.leader(election).await? else {
+            return Ok(None);
+        };
+        if leader.candidate != self.candidate {
+            return Ok(None);
+        }
+        let grant = Grant {
+            election: election.clone(),
+            candidate: self.candidate.clone(),
+            session: session.id(),
+            token: leader.token,
+        };
+        if session.grant_lost_now(&grant).is_none() {
+            let grant = self
+                .store
+                .campaign(session.id(), election, &self.candidate)
+                .await?;
+            return Ok(Some(grant));
+        }
+        match self.store.resign(&grant).await {
+            Ok(()) => {
+                tracing::debug!(%election, token = grant.token.0, "released a grant the store still showed for this session");
+            }
+            // Another session's (of this candidate id), or gone meanwhile.
+            Err(Error::NotHolder { .. }) => {}
+            Err(error) => return Err(error),
+        }
+        Ok(None)
+    }
+
+    /// After the store granted `grant`: whether a leader that handed over
+    /// chose another standby (it marked that standby's note just before it
+    /// released), which this candidate's notes watch may not have shown
+    /// when it asked. Then the grant is released at once, before anyone
+    /// acts on it, and the fresh notes are returned. The store orders that
+    /// mark before the release
+    /// that let this grant happen, so the read sees it; the old leader
+    /// removes it only once the chosen one holds. If the notes cannot be
+    /// read, the grant is kept: the choice is a preference, never safety.
+    async fn give_back_if_another_was_chosen(
+        &self,
+        grant: &Grant,
+    ) -> Option<Vec<crate::store::Note>> {
+        let election = &grant.election;
+        let notes = match self.store.notes(election).await {
+            Ok(notes) => notes,
+            Err(error) => {
+                tracing::debug!(%election, %error, "cannot read the line after a grant; keeping it");
+                return None;
+            }
+        };
+        let chosen = line::chosen_by_a_leader(&notes)?;
+        if chosen == grant.session {
+            return None;
+        }
+        tracing::debug!(%election, token = grant.token.0, "granted while another standby was chosen; giving the grant back");
+        // Given back even if the release fails: its reply may have been
+        // lost after the store released it, and a successor may hold now.
+        // If it did not land, the grant is released again once the
+        // campaign sees the store still showing it.
+        if let Err(error) = self.store.resign(grant).await {
+            tracing::debug!(%election, %error, "giving back a grant failed; it is released again later");
+        }
+        Some(notes)
+    }
+}
+
+fn watch_ended() -> Error {
+    Error::Unavailable {
+        reason: "the store's watch ended".into(),
+        source: None,
+    }
+}
+
+/// Deletes a campaign's `cand` note when dropped.
+struct LeaveLine {
+    store: Arc<dyn Store>,
+    session: crate::grant::SessionId,
+    election: ElectionName,
+}
+
+impl Drop for LeaveLine {
+    fn drop(&mut self) {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let (store, session, election) =
+                (Arc::clone(&self.store), self.session, self.election.clone());
+            runtime.spawn(async move {
+                if let Err(error) = store.delete_note(session, &election, line::CANDIDATE).await {
+                    tracing::debug!(%election, %error, "leaving the line failed; the note ends with the session");
+                }
+            });
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! The steward beside each grant: it turns transfer requests and waiting
+//! candidates of higher priority into a handover request to the holder.
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use super::leadership::mark_chosen;
+use super::{Handover, HandoverCause, Planned, WATCH_RETRY};
+use crate::clock::Instant;
+use crate::error::Error;
+use crate::grant::SessionId;
+use crate::line::{self, Standby};
+use crate::session::Session;
+use crate::store::{Grant, Note, Store};
+use crate::watch;
+
+/// While a leader holds, watches the line for a transfer request addressed
+/// to its grant and for a waiting candidate of higher priority that has
+/// waited out the settling period; then marks the chosen standby's note
+/// and tells the holder ([`super::Leadership::handover_requested`]).
+pub(super) struct Steward {
+    pub(super) grant: Grant,
+    pub(super) store: Arc<dyn Store>,
+    pub(super) session: Arc<Session>,
+    pub(super) planned: Planned,
+    pub(super) requested: watch::Sender<Option<Handover>>,
+    pub(super) stop: CancellationToken,
+}
+
+/// What the line asks of a leader now: a handover to a chosen standby
+/// (`None`: the first to campaign), or when to look again.
+type Decision = (Option<(Handover, Option<Standby>)>, Option<Instant>);
+
+/// The higher-priority standby being timed, and since when.
+type Contender = Option<(SessionId, u64, Instant)>;
+
+impl Steward {
+    pub(super) async fn run(self) {
+        let election = self.grant.election.clone();
+        let mut notes = loop {
+            match self.store.watch_notes(&election).await {
+                Ok(notes) => break notes,
+                Err(Error::Unsupported(_)) => return,
+                Err(error) => {
+                    tracing::debug!(%election, %error, "cannot watch the line; retrying");
+                }
+            }
+            tokio::select! {
+                biased;
+                () = self.stop.cancelled() => return,
+                () = self.session.sleep(WATCH_RETRY) => {}
+            }
+        };
+        let mut contender: Contender = None;
+        loop {
+            let ((handover, wake), stale) = {
+                let current = notes.borrow_and_update();
+                // This leader's own place in line, left by a campaign
+                // whose removal of it failed: it would keep its early
+                // place when this candidate waits again.
+                let stale = current
+                    .iter()
+                    .any(|n| n.session == self.grant.session && n.name == line::CANDIDATE);
+                (self.decide(&current, &mut contender), stale)
+            };
+            if stale
+                && let Err(error) = self
+                    .store
+                    .delete_note(self.grant.session, &election, line::CANDIDATE)
+                    .await
+            {
+                tracing::debug!(%election, %error, "cannot leave the line while leading; trying at the next change");
+            }
+            if let Some((handover, standby)) = handover {
+                if let Some(standby) = standby {
+                    match mark_chosen(&*self.store, &election, &standby, self.grant.token).await {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            tracing::info!(%election, to = %standby.candidate, "the chosen standby left the line; handing over to the first in line");
+                        }
+                        Err(error) => {
+                            tracing::warn!(%election, %error, "cannot mark the chosen standby; handing over to the first in line");
+                        }
+                    }
+                }
+                tracing::info!(%election, token = self.grant.token.0, cause = %handover.cause,
+                    to = handover.to.as_ref().map_or("the first to campaign", |c| c.as_str()),
+                    "asked to hand over");
+                self.requested.send_replace(Some(handover));
+                return;
+            }
+            let sleep = match wake {
+                Some(at) => self.session.sleep_until(at),
+                None => Box::pin(std::future::pending()),
+            };
+            tokio::select! {
+                biased;
+                () = self.stop.cancelled() => return,
+                changed = notes.changed() => if changed.is_err() { return },
+                () = sleep => {}
+            }
+        }
+    }
+
+    /// What the notes ask of this leader now.
+    fn decide(&self, notes: &[Note], contender: &mut Contender) -> Decision {
+        let line: Vec<_> = line::standbys(notes)
+            .into_iter()
+            .filter(|w| w.session != self.grant.session)
+            .collect();
+        if let Some(to) = line::transfer_request(notes, self.grant.token) {
+            let target = match to {
+                Some(session) => line.iter().find(|w| w.session == session),
+                None => line.first(),
+            };
+            if let Some(target) = target {
+                let handover = Handover {
+                    cause: HandoverCause::Transfer,
+                    to: Some(target.candidate.clone()),
+                };
+                return (Some((handover, Some(target.clone()))), None);
+            }
+            tracing::debug!(election = %self.grant.election, "a transfer request names nobody who waits; ignored");
+        }
+        let Some(first) = line.first().filter(|w| w.priority > self.planned.priority) else {
+            *contender = None;
+            return (None, None);
+        };
+        let now = self.session.now();
+        let since = match *contender {
+            Some((session, order, since)) if session == first.session && order == first.order => {
+                since
+            }
+            _ => {
+                *contender = Some((first.session, first.order, now));
+                now
+            }
+        };
+        let due = since + self.planned.preempt_after;
+        if now < due {
+            return (None, Some(due));
+        }
+        let handover = Handover {
+            cause: HandoverCause::Preemption {
+                priority: first.priority,
+            },
+            to: Some(first.candidate.clone()),
+        };
+        (Some((handover, Some(first.clone()))), None)
+    }
+}

@@ -4,13 +4,13 @@
 //!
 //! Two notes, on the election they concern:
 //!
-//! - `cand` = `{priority} {candidate id}`: kept by every candidate that
+//! - `cand` = `{priority} - {candidate id}`: kept by every candidate that
 //!   waits for the election, from the start of its campaign until it is
 //!   granted (or gives up). The line is these notes, highest priority
 //!   first, then earliest first ([`standbys`]). A leader that hands over
 //!   marks the standby it chose by amending that standby's note to
-//!   `{priority} {candidate id} {token}` ([`Store::amend_note`]), `token`
-//!   being its own grant's.
+//!   `{priority} {token} {candidate id}` ([`Store::amend_note`]), `token`
+//!   being its own grant's. The id comes last: it may hold spaces.
 //! - `transfer` = `{token} {session}` or `{token} *`: a request, kept by the
 //!   session of whoever asked ([`request_transfer`]), that the leader
 //!   holding `token` hand over to that standby, or to the first in line.
@@ -64,19 +64,20 @@ fn parse_candidate(note: &Note) -> Option<Standby> {
     if note.name != CANDIDATE {
         return None;
     }
-    let mut fields = note.text.split(' ');
-    let priority = fields.next()?.parse().ok()?;
-    let candidate = CandidateId::new(fields.next()?).ok()?;
-    let chosen_by = match fields.next() {
-        Some(token) => Some(FencingToken(token.parse().ok()?)),
-        None => None,
+    let (priority, rest) = note.text.split_once(' ')?;
+    // `{mark} {id}`, the mark `-` or a token; a note without a mark (an
+    // earlier build's `{priority} {id}`) is unmarked.
+    let (chosen_by, candidate) = match rest.split_once(' ') {
+        Some(("-", id)) => (None, id),
+        Some((mark, id)) => match mark.parse() {
+            Ok(token) => (Some(FencingToken(token)), id),
+            Err(_) => (None, rest),
+        },
+        None => (None, rest),
     };
-    if fields.next().is_some() {
-        return None;
-    }
     Some(Standby {
-        candidate,
-        priority,
+        candidate: CandidateId::new(candidate).ok()?,
+        priority: priority.parse().ok()?,
         session: note.session,
         order: note.order,
         chosen_by,
@@ -84,16 +85,15 @@ fn parse_candidate(note: &Note) -> Option<Standby> {
 }
 
 pub(crate) fn candidate_note(priority: i64, candidate: &CandidateId) -> String {
-    format!("{priority} {candidate}")
+    format!("{priority} - {candidate}")
 }
 
 /// The text of `standby`'s note once the leader holding `token` chose it
 /// (or, without a token, once that choice is withdrawn).
 pub(crate) fn chosen_note(standby: &Standby, token: Option<FencingToken>) -> String {
-    let plain = candidate_note(standby.priority, &standby.candidate);
     match token {
-        Some(token) => format!("{plain} {}", token.0),
-        None => plain,
+        Some(token) => format!("{} {} {}", standby.priority, token.0, standby.candidate),
+        None => candidate_note(standby.priority, &standby.candidate),
     }
 }
 
@@ -381,13 +381,13 @@ mod tests {
     #[test]
     fn a_leaders_mark_chooses_a_standby_and_the_latest_leader_wins() {
         let mut notes = vec![
-            note(1, CANDIDATE, 1, "0 a"),
-            note(2, CANDIDATE, 2, "0 b"),
-            note(3, CANDIDATE, 3, "0 c 7"),
+            note(1, CANDIDATE, 1, "0 - a"),
+            note(2, CANDIDATE, 2, "0 - b"),
+            note(3, CANDIDATE, 3, "0 7 c"),
         ];
         assert_eq!(chosen(&notes), Some(SessionId(3)));
         assert_eq!(chosen_by_a_leader(&notes), Some(SessionId(3)));
-        notes[1].text = "0 b 8".into();
+        notes[1].text = "0 8 b".into();
         assert_eq!(chosen(&notes), Some(SessionId(2)));
         // The chosen one left: the other mark wins, then the line.
         notes.retain(|n| n.session != SessionId(2));
@@ -396,12 +396,32 @@ mod tests {
         assert_eq!(chosen(&notes), Some(SessionId(1)));
         assert_eq!(chosen_by_a_leader(&notes), None);
         assert_eq!(chosen(&[]), None);
-        // A mark that is not a token, or a fourth field: not a standby.
-        let odd = [
-            note(4, CANDIDATE, 4, "0 d x"),
-            note(5, CANDIDATE, 5, "0 e 1 2"),
+    }
+
+    #[test]
+    fn an_id_may_hold_spaces_and_an_unmarked_note_of_an_earlier_build_reads() {
+        let notes = [
+            note(1, CANDIDATE, 1, "0 - web 3"),
+            note(2, CANDIDATE, 2, "0 9 db 1 "),
+            note(3, CANDIDATE, 3, "0 old id"),
+            note(4, CANDIDATE, 4, "0 x"),
         ];
-        assert!(standbys(&odd).is_empty());
+        let line: Vec<(String, Option<FencingToken>)> = standbys(&notes)
+            .into_iter()
+            .map(|w| (w.candidate.to_string(), w.chosen_by))
+            .collect();
+        assert_eq!(
+            line,
+            [
+                ("web 3".to_owned(), None),
+                ("db 1 ".to_owned(), Some(FencingToken(9))),
+                ("old id".to_owned(), None),
+                ("x".to_owned(), None),
+            ]
+        );
+        let spaced = &standbys(&notes)[0];
+        assert_eq!(chosen_note(spaced, Some(FencingToken(4))), "0 4 web 3");
+        assert_eq!(chosen_note(spaced, None), "0 - web 3");
     }
 
     #[test]
@@ -423,8 +443,8 @@ mod tests {
         );
         assert_eq!(place(&line, SessionId(9)), None);
         let marked = chosen_note(&line[0], Some(FencingToken(4)));
-        assert_eq!(marked, "5 b 4");
-        assert_eq!(chosen_note(&line[0], None), "5 b");
+        assert_eq!(marked, "5 4 b");
+        assert_eq!(chosen_note(&line[0], None), "5 - b");
     }
 
     #[test]

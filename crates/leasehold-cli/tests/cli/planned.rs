@@ -191,6 +191,49 @@ fn a_higher_priority_replica_takes_over_gracefully_after_settling() {
     );
 }
 
+/// On SQLite the kernel tells that a waiting replica's process died: a
+/// replica killed in line leaves it at once, not at its 30 s TTL, so it
+/// neither holds up the next handover nor, with a higher priority, makes
+/// the leader hand over to a dead replica.
+#[test]
+fn a_replica_killed_while_it_waits_leaves_the_line_at_once() {
+    let scratch = Scratch::new();
+    let store = scratch.store_url();
+    let a = replica(&store, &scratch, "a", &["--preempt-after", "3s"]);
+    assert!(wait_until(10 * SECOND, || runs(&scratch).len() == 1));
+    let b = replica(&store, &scratch, "b", &[]);
+    assert!(wait_until(10 * SECOND, || waiting_ids(&store).len() == 1));
+    let _c = replica(&store, &scratch, "c", &[]);
+    assert!(wait_until(10 * SECOND, || waiting_ids(&store).len() == 2));
+    b.signal(nix::sys::signal::Signal::SIGKILL);
+    assert!(
+        wait_until(10 * SECOND, || waiting_ids(&store) == [("c".to_owned(), 0)]),
+        "a killed replica must leave the line before its TTL: {:?}",
+        waiting_ids(&store)
+    );
+    // A higher priority that dies before the leader's --preempt-after
+    // passed is never handed the election.
+    let x = replica(&store, &scratch, "x", &["--priority", "9"]);
+    assert!(wait_until(10 * SECOND, || waiting_ids(&store).len() == 2));
+    x.signal(nix::sys::signal::Signal::SIGKILL);
+    assert!(wait_until(10 * SECOND, || waiting_ids(&store) == [("c".to_owned(), 0)]));
+    std::thread::sleep(4 * SECOND);
+    assert_eq!(
+        status_json(&store, ELECTION)["leader"]["id"],
+        "a",
+        "the leader handed over to a dead replica"
+    );
+    assert_eq!(runs(&scratch).len(), 1);
+    // The next handover goes to c at once.
+    a.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(
+        wait_until(10 * SECOND, || runs(&scratch).len() == 2),
+        "c must take over well before the killed replicas' TTL"
+    );
+    assert_eq!(runs(&scratch)[1].1, "c");
+    assert_one_at_a_time(&scratch);
+}
+
 #[test]
 fn planned_move_flags_are_checked_and_explained() {
     let out = leasehold()

@@ -686,11 +686,21 @@ impl Db {
                 .set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, false)
                 .map_err(db.err())?;
             db.verified = true;
-            db.liveness = db
-                .notify
-                .as_ref()
-                .and_then(|n| liveness::Liveness::new(n.path().to_owned(), n.file()));
         }
+        db.liveness = match &db.notify {
+            Some(n) => liveness::Liveness::new(n.path().to_owned(), n.file()),
+            // A read-only handle opens the notify file only to ask the
+            // kernel (notes of waiters whose process died are not live);
+            // it never takes a lock, and a session lock recorded on
+            // another file is never tested.
+            None if read_only => {
+                let notify = sibling(path, "-notify");
+                std::fs::File::open(&notify)
+                    .ok()
+                    .and_then(|file| liveness::Liveness::new(notify, &file))
+            }
+            None => None,
+        };
         Ok(db)
     }
 
@@ -1432,21 +1442,27 @@ impl Db {
 
     /// The live notes on `election`, and how long until the first session
     /// keeping one of them expires.
+    /// The live notes on `election` (only `session`'s note `name` with
+    /// `only`), how long until the first session keeping one expires, and
+    /// the sessions the kernel said are alive (see `liveness`): a note of
+    /// a session whose process the kernel saw die is not live, so that a
+    /// waiter killed in line leaves it at once, not at its TTL.
     fn notes(
         &self,
         election: &ElectionName,
         only: Option<&local::NoteKey>,
-    ) -> Result<(Vec<Note>, Option<Duration>)> {
+    ) -> Result<(Vec<Note>, Option<Duration>, Vec<i64>)> {
         let conn = self.conn();
         self.usable(&conn)?;
         if !has_table(&conn, "notes").map_err(self.err())? {
-            return Ok((Vec::new(), None));
+            return Ok((Vec::new(), None, Vec::new()));
         }
         let now = monotonic_ns();
         let mut stmt = conn
             .prepare_cached(
-                "SELECT n.session, n.name, n.id, n.text, s.expires_at_ns - ?2
+                "SELECT n.session, n.name, n.id, n.text, s.expires_at_ns - ?2, l.dev, l.ino
                  FROM notes n JOIN sessions s ON s.id = n.session
+                      LEFT JOIN session_locks l ON l.session = n.session
                  WHERE n.election = ?1 AND s.boot_id = ?3 AND s.expires_at_ns > ?2
                    AND (?4 IS NULL OR (n.session = ?4 AND n.name = ?5))
                  ORDER BY n.id",
@@ -1460,29 +1476,48 @@ impl Db {
             .query_map(
                 params![election.as_str(), now, self.boot_id, session, name],
                 |r| {
+                    let lock = match (r.get::<_, Option<i64>>(5)?, r.get::<_, Option<i64>>(6)?) {
+                        (Some(dev), Some(ino)) => Some((dev, ino)),
+                        _ => None,
+                    };
                     Ok((
                         r.get::<_, i64>(0)?,
                         r.get::<_, String>(1)?,
                         r.get::<_, i64>(2)?,
                         r.get::<_, String>(3)?,
                         r.get::<_, i64>(4)?,
+                        lock,
                     ))
                 },
             )
             .map_err(self.err())?
             .collect::<rusqlite::Result<Vec<_>>>()
             .map_err(self.err())?;
-        let first_expiry = rows.iter().map(|row| row.4).min().map(duration_ns);
-        let notes = rows
-            .into_iter()
-            .map(|(session, name, id, text, _)| Note {
+        let mut tested: std::collections::BTreeMap<i64, Process> = Default::default();
+        let mut alive = Vec::new();
+        let mut notes = Vec::with_capacity(rows.len());
+        let mut first_expiry: Option<i64> = None;
+        for (session, name, id, text, left, lock) in rows {
+            let process = match (&self.liveness, lock) {
+                (Some(liveness), Some(lock)) => *tested
+                    .entry(session)
+                    .or_insert_with(|| liveness.probe(session, lock)),
+                _ => Process::Untested,
+            };
+            match process {
+                Process::Gone => continue,
+                Process::Alive if !alive.contains(&session) => alive.push(session),
+                _ => {}
+            }
+            first_expiry = Some(first_expiry.map_or(left, |f| f.min(left)));
+            notes.push(Note {
                 session: SessionId::from_stored(session),
                 name,
                 order: id.unsigned_abs(),
                 text,
-            })
-            .collect();
-        Ok((notes, first_expiry))
+            });
+        }
+        Ok((notes, first_expiry.map(duration_ns), alive))
     }
 
     fn last_release(&self, election: &ElectionName) -> Result<Option<FencingToken>> {
@@ -1796,8 +1831,18 @@ impl LocalBackend for Inner {
         only: Option<&local::NoteKey>,
     ) -> Result<(Vec<Note>, Option<Duration>)> {
         let (election, only) = (election.clone(), only.cloned());
-        self.blocking(move |db| db.notes(&election, only.as_ref()))
-            .await
+        let (notes, expiry, alive) = self
+            .blocking(move |db| db.notes(&election, only.as_ref()))
+            .await?;
+        // Those sessions' processes may die while they wait in line: the
+        // kernel's word wakes the notes watches then (read after `changes`
+        // was marked seen, so no death from here on is missed).
+        if let Some(liveness) = &self.db.liveness {
+            for session in alive {
+                liveness.watch(session, Arc::downgrade(&self.changes));
+            }
+        }
+        Ok((notes, expiry))
     }
 
     async fn read_leader(&self, election: &ElectionName) -> Result<Option<Leader>> {

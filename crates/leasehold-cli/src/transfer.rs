@@ -12,6 +12,11 @@ use crate::cli::TransferArgs;
 const REQUEST_TTL: std::time::Duration = std::time::Duration::from_secs(30);
 
 pub async fn run(args: TransferArgs) -> anyhow::Result<ExitCode> {
+    // Nothing leads in a SQLite store that does not exist: say so, as
+    // `status` does, rather than create one at a mistyped path.
+    if matches!(args.store.url()?, leasehold::store::StoreUrl::Sqlite(_)) {
+        args.store.open_read_only().await?;
+    }
     let store = args.store.open().await?;
     let election = &args.election;
     let ttl = REQUEST_TTL.max(args.timeout);

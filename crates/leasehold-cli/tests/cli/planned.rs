@@ -130,9 +130,14 @@ pub fn transfer_to_the_named_replica(store: &str, scratch: &Scratch) {
 fn a_transfer_that_cannot_happen_says_why_and_changes_nothing() {
     let scratch = Scratch::new();
     let store = scratch.store_url();
-    // No leader yet (the store does not even exist): nothing to hand over.
+    // No leader yet (the store does not even exist): nothing to hand over,
+    // and no store is made at that path.
     let out = transfer(&store, None);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        !scratch.path("leasehold.db").exists() && !scratch.path("leasehold.db-notify").exists(),
+        "a refused transfer created a store"
+    );
     let _a = replica(&store, &scratch, "a", &[]);
     assert!(wait_until(10 * SECOND, || runs(&scratch).len() == 1));
     let out = transfer(&store, None);

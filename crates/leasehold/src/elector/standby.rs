@@ -48,6 +48,7 @@ impl Elector {
         let mut missing = false;
         loop {
             let notes = self.store.notes(election).await?;
+            let mut marked = false;
             let line = line::standbys(&notes);
             let Some(ahead) = line::place(&line, sid) else {
                 // This candidate's note is not there (a store that lost
@@ -64,15 +65,18 @@ impl Elector {
                 continue;
             };
             missing = false;
-            match ahead {
-                Some(ahead) if line::chosen(&notes) != Some(sid) => {
-                    self.wait_behind(sid, ahead.session, election).await?;
-                }
-                _ => {
-                    if let Some(grant) = self.campaign_at_the_front(session, election).await? {
-                        return Ok((grant, true));
-                    }
-                }
+            if let Some(ahead) = ahead
+                && line::chosen(&notes) != Some(sid)
+            {
+                marked = self.wait_behind(sid, ahead.session, election).await?;
+            }
+            // A leader's mark is the handover's critical path: straight
+            // to the front, which reads the whole line as it opens its
+            // watch. Otherwise read the line again first.
+            if (ahead.is_none() || marked || line::chosen(&notes) == Some(sid))
+                && let Some(grant) = self.campaign_at_the_front(session, election).await?
+            {
+                return Ok((grant, true));
             }
         }
     }
@@ -89,14 +93,14 @@ impl Elector {
     }
 
     /// Waits, behind the standby whose session is `ahead`, until that one
-    /// leaves the line or a leader marks this candidate as its choice.
-    /// Changes of any other note never reach it.
+    /// leaves the line (`false`) or a leader marks this candidate as its
+    /// choice (`true`). Changes of any other note never reach it.
     async fn wait_behind(
         &self,
         sid: crate::grant::SessionId,
         ahead: crate::grant::SessionId,
         election: &ElectionName,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let mut own = self
             .store
             .watch_note(sid, election, line::CANDIDATE)
@@ -106,11 +110,15 @@ impl Elector {
             .watch_note(ahead, election, line::CANDIDATE)
             .await?;
         loop {
-            let marked_or_gone = line::standbys(&own.borrow_and_update())
-                .first()
-                .is_none_or(|w| w.chosen_by.is_some());
-            if marked_or_gone || front.borrow_and_update().is_empty() {
-                return Ok(());
+            let mine = line::standbys(&own.borrow_and_update());
+            match mine.first() {
+                Some(me) if me.chosen_by.is_some() => return Ok(true),
+                // Gone: the caller reads the line and puts it again.
+                None => return Ok(false),
+                Some(_) => {}
+            }
+            if front.borrow_and_update().is_empty() {
+                return Ok(false);
             }
             tokio::select! {
                 changed = own.changed() => changed.map_err(|_| watch_ended())?,

@@ -3,7 +3,11 @@
 //! SIGTERM on the same etcd cluster (it has no transfer: stopping the
 //! holder is how its users move a lock).
 //!
-//! `cargo bench -p leasehold-cli --bench planned [-- --rounds N]`
+//! `cargo bench -p leasehold-cli --bench planned [-- --rounds N --before PATH]`
+//!
+//! `--before PATH` names another `leasehold` executable (say, one built
+//! from an earlier commit): each transfer round then runs once with each
+//! build, one after the other, for a table of both from the same run.
 //!
 //! Per round, replicas a (leading), b and c (waiting, b first in line), a
 //! TTL of 30 s (so no move is an expiry):
@@ -29,7 +33,7 @@ use leasehold::testing::{EtcdCluster, PostgresServer, ZooKeeperServer};
 use nix::sys::signal::Signal;
 
 mod common;
-use common::{Replica, alive, arg, ms, percentile};
+use common::{Replica, alive, arg, arg_text, ms, percentile};
 
 /// Prints `start PID` and, when SIGTERM stops it, `stop` (then exits).
 const WORK: &str =
@@ -38,8 +42,11 @@ const TTL: &str = "30s";
 const SETTLE: Duration = Duration::from_millis(500);
 const PATIENCE: Duration = Duration::from_secs(20);
 
-fn replica(store: &str, election: &str, id: &str, extra: &[&str]) -> Replica {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_leasehold"));
+/// This build's executable.
+const NOW: &str = env!("CARGO_BIN_EXE_leasehold");
+
+fn replica(bin: &str, store: &str, election: &str, id: &str, extra: &[&str]) -> Replica {
+    let mut command = Command::new(bin);
     command
         .args([
             "run",
@@ -93,7 +100,7 @@ fn cell(samples: &[Duration]) -> String {
 fn line_has(store: &str, election: &str, count: usize) -> bool {
     let until = Instant::now() + PATIENCE;
     while Instant::now() < until {
-        let out = Command::new(env!("CARGO_BIN_EXE_leasehold"))
+        let out = Command::new(NOW)
             .args(["status", "--json", "--election", election, "--store", store])
             .output();
         if let Ok(out) = out
@@ -107,16 +114,16 @@ fn line_has(store: &str, election: &str, count: usize) -> bool {
     false
 }
 
-fn transfer_round(store: &str, tag: &str, i: usize, samples: &mut Samples) {
+fn transfer_round(bin: &str, store: &str, tag: &str, i: usize, samples: &mut Samples) {
     let election = format!("transfer-{tag}-{i}-{}", std::process::id());
-    let a = replica(store, &election, "a", &[]);
+    let a = replica(bin, store, &election, "a", &[]);
     let Some((_, started)) = a.line_with("start", PATIENCE) else {
         a.stop();
         return;
     };
     let old = pid_of(&started);
-    let b = replica(store, &election, "b", &[]);
-    let c = replica(store, &election, "c", &[]);
+    let b = replica(bin, store, &election, "b", &[]);
+    let c = replica(bin, store, &election, "c", &[]);
     if !line_has(store, &election, 2) {
         for r in [a, b, c] {
             r.stop();
@@ -125,7 +132,7 @@ fn transfer_round(store: &str, tag: &str, i: usize, samples: &mut Samples) {
     }
     samples.rounds += 1;
     let t0 = Instant::now();
-    let mut transfer = Command::new(env!("CARGO_BIN_EXE_leasehold"))
+    let mut transfer = Command::new(bin)
         .args(["transfer", "--election", &election, "--store", store])
         .args(["--to", "c"])
         .stdout(std::process::Stdio::null())
@@ -149,7 +156,7 @@ fn transfer_round(store: &str, tag: &str, i: usize, samples: &mut Samples) {
 fn preemption_round(store: &str, tag: &str, i: usize, samples: &mut Samples) {
     let election = format!("preempt-{tag}-{i}-{}", std::process::id());
     let settle = format!("{}ms", SETTLE.as_millis());
-    let low = replica(store, &election, "low", &["--preempt-after", &settle]);
+    let low = replica(NOW, store, &election, "low", &["--preempt-after", &settle]);
     let Some((_, started)) = low.line_with("start", PATIENCE) else {
         low.stop();
         return;
@@ -157,7 +164,7 @@ fn preemption_round(store: &str, tag: &str, i: usize, samples: &mut Samples) {
     let old = pid_of(&started);
     samples.rounds += 1;
     let t0 = Instant::now();
-    let high = replica(store, &election, "high", &["--priority", "5"]);
+    let high = replica(NOW, store, &election, "high", &["--priority", "5"]);
     let stopped = low.line_with("stop", PATIENCE);
     if let Some((t1, _)) = high.line_with("start", PATIENCE) {
         samples.total.push((t1 - t0).saturating_sub(SETTLE));
@@ -195,6 +202,7 @@ fn etcdctl_round(endpoints: &str, i: usize, samples: &mut Samples) {
 
 fn main() {
     let rounds = arg("--rounds", 10);
+    let before = arg_text("--before");
     let scratch = tempfile::tempdir().expect("temp dir");
     let etcd = EtcdCluster::start(3);
     let zookeeper = ZooKeeperServer::start();
@@ -222,12 +230,19 @@ fn main() {
         eprintln!("measuring on {name}…");
         let tag = name.replace(|c: char| !c.is_ascii_alphanumeric(), "-");
         let mut transfer = Samples::default();
+        let mut transfer_before = Samples::default();
         let mut preempt = Samples::default();
         for i in 0..rounds {
-            transfer_round(store, &tag, i, &mut transfer);
+            transfer_round(NOW, store, &tag, i, &mut transfer);
+            if let Some(before) = &before {
+                transfer_round(before, store, &format!("{tag}-b"), i, &mut transfer_before);
+            }
             preemption_round(store, &tag, i, &mut preempt);
         }
         rows.push(row(name, "leasehold transfer --to c", &transfer));
+        if before.is_some() {
+            rows.push(row(name, "  the same, --before build", &transfer_before));
+        }
         rows.push(row(name, "run --priority 5 (preempts)", &preempt));
         if store.starts_with("etcd") {
             // It leaves its lease to expire (30 s a round): three rounds.

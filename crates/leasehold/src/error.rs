@@ -109,6 +109,13 @@ pub enum Error {
     /// outside this crate that keeps no notes, say). Retrying will not help.
     #[error("{0}")]
     Unsupported(String),
+
+    /// The store records another setup under this name than the one asked
+    /// for: a group of another kind or count ([`crate::group`]). Nothing
+    /// is left written; retrying will not help until every member asks
+    /// for the same.
+    #[error("{0}")]
+    Conflict(String),
 }
 
 impl Error {

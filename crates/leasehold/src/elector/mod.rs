@@ -137,6 +137,11 @@ impl Elector {
         &self.config
     }
 
+    /// The clock renewals and deadlines follow.
+    pub(crate) fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
     /// The store elections are decided in.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
@@ -170,12 +175,29 @@ impl Elector {
     /// waiting, a new one is opened and the campaign goes on. Dropping the
     /// future withdraws the candidacy.
     pub async fn campaign(&self, election: &ElectionName) -> Result<Leadership> {
+        self.campaign_as(election, true).await
+    }
+
+    /// Campaigns for `election` without the line of standbys: straight to
+    /// the store's compare-and-swap, with no notes and no steward (a
+    /// group's shards and slots, which one member at a time asks for).
+    pub(crate) async fn campaign_direct(&self, election: &ElectionName) -> Result<Leadership> {
+        self.campaign_as(election, false).await
+    }
+
+    async fn campaign_as(&self, election: &ElectionName, in_line: bool) -> Result<Leadership> {
         let mut last_loss = None;
         for _ in 0..MAX_SESSIONS_PER_CAMPAIGN {
             let session = self.session().await?;
             let outcome = tokio::select! {
                 biased;
-                outcome = self.campaign_in_line(&session, election) => outcome,
+                outcome = async {
+                    if in_line {
+                        self.campaign_in_line(&session, election).await
+                    } else {
+                        self.store.campaign(session.id(), election, &self.candidate).await.map(|g| (g, false))
+                    }
+                } => outcome,
                 reason = session.lost() => {
                     last_loss = Some(reason);
                     continue;

@@ -20,6 +20,7 @@ use crate::lease::LostReason;
 use crate::names::{CandidateId, ElectionName};
 use crate::store::{Grant, LeaderStatus, SessionId, Store};
 
+pub use super::groups::*;
 pub use super::planned::*;
 
 /// A TTL long enough never to expire during a test.

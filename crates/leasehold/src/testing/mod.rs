@@ -7,6 +7,7 @@ mod counting;
 #[cfg(feature = "etcd")]
 mod etcd_cluster;
 mod faults;
+mod groups;
 mod planned;
 #[cfg(feature = "postgres")]
 mod postgres_server;
@@ -204,6 +205,9 @@ macro_rules! conformance_tests {
             the_highest_priority_standby_is_granted_first,
             lock_delay_after_expiry_not_after_release,
             a_transfer_wakes_only_the_front_of_the_line,
+            shards_balance_and_move_only_what_they_must,
+            a_group_refuses_another_count,
+            slots_hold_at_most_k,
         );
     };
     (@cases $harness:expr; $($case:ident),* $(,)?) => {

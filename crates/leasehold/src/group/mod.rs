@@ -1,0 +1,249 @@
+//! Many responsibilities on one name: a group of `n` **shards**, each
+//! owned by exactly one member and spread evenly over the members
+//! ([`Shards`]), or `k` **slots**, at most `k` holders at once
+//! ([`Elector::campaign_slot`](crate::Elector::campaign_slot)).
+//!
+//! Each shard and each slot is an election of its own, named below the
+//! group's (`jobs/shard/7`, `jobs/slot/2`), with its own grant, deadline
+//! and strictly increasing fencing token: every safety rule of one
+//! election holds for each of them, decided by the same compare-and-swap.
+//! All of a process's grants hang on its one session, so a process renews
+//! every shard it owns with one request.
+//!
+//! The members of a group are the live sessions that keep a `member` note
+//! on the group's own name (`shards 12 <id>` or `slots 3 <id>`): the store
+//! removes a member with its session, so a dead member leaves the group by
+//! itself. The first member to join fixes the group's kind and count; a
+//! member that asks for another is refused ([`crate::Error::Conflict`]).
+
+pub mod assign;
+mod many;
+mod shards;
+mod slots;
+
+use std::fmt;
+
+use crate::error::{Error, Result};
+use crate::names::{CandidateId, ElectionName};
+use crate::store::{Note, SessionId, Store};
+
+pub use assign::assign;
+pub(crate) use many::LeaderWatches;
+pub use shards::{GroupView, Shard, Shards};
+pub use slots::Slot;
+
+/// The most shards (or slots) a group may have.
+pub const MAX_SHARDS: u32 = 65_536;
+
+/// The note a member keeps on its group's name.
+pub(crate) const MEMBER: &str = "member";
+
+/// What a group is: its kind and count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GroupKind {
+    /// `n` shards, each owned by one member.
+    Shards(u32),
+    /// At most `k` holders at once.
+    Slots(u32),
+}
+
+impl GroupKind {
+    /// How many shards or slots.
+    pub fn count(self) -> u32 {
+        match self {
+            GroupKind::Shards(n) | GroupKind::Slots(n) => n,
+        }
+    }
+
+    /// The election of shard or slot `index`.
+    pub fn election(self, group: &ElectionName, index: u32) -> Result<ElectionName> {
+        let kind = match self {
+            GroupKind::Shards(_) => "shard",
+            GroupKind::Slots(_) => "slot",
+        };
+        ElectionName::new(format!("{group}/{kind}/{index}"))
+    }
+
+    /// Checks the count (1 to [`MAX_SHARDS`]) and that every election of
+    /// the group has a valid name.
+    pub fn check(self, group: &ElectionName) -> Result<()> {
+        let n = self.count();
+        if n == 0 || n > MAX_SHARDS {
+            let what = match self {
+                GroupKind::Shards(_) => "shard count",
+                GroupKind::Slots(_) => "slot count",
+            };
+            return Err(Error::invalid(
+                what,
+                format!("{n}: between 1 and {MAX_SHARDS}"),
+            ));
+        }
+        self.election(group, n - 1)
+            .and(slot_queue(group))
+            .map(drop)
+            .map_err(|_| {
+                Error::invalid(
+                    "election name",
+                    format!(
+                        "{group:?} is too long for a group: its elections are named {group}/shard/N"
+                    ),
+                )
+            })
+    }
+
+    fn text(self, candidate: &CandidateId) -> String {
+        match self {
+            GroupKind::Shards(n) => format!("shards {n} {candidate}"),
+            GroupKind::Slots(n) => format!("slots {n} {candidate}"),
+        }
+    }
+}
+
+impl fmt::Display for GroupKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GroupKind::Shards(1) => f.write_str("1 shard"),
+            GroupKind::Shards(n) => write!(f, "{n} shards"),
+            GroupKind::Slots(1) => f.write_str("1 slot"),
+            GroupKind::Slots(n) => write!(f, "{n} slots"),
+        }
+    }
+}
+
+/// The election the waiters for a group's slots line up on: its holder is
+/// the one waiter that watches the slots and takes the next free one.
+pub(crate) fn slot_queue(group: &ElectionName) -> Result<ElectionName> {
+    ElectionName::new(format!("{group}/slot/queue"))
+}
+
+/// A member of a group, as its note says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    /// Its candidate id.
+    pub candidate: CandidateId,
+    /// The session it is a member with.
+    pub session: SessionId,
+    /// When it joined, in the store's order of notes.
+    pub order: u64,
+    /// The group it asked for.
+    pub kind: GroupKind,
+}
+
+fn parse_member(note: &Note) -> Option<Member> {
+    if note.name != MEMBER {
+        return None;
+    }
+    let mut parts = note.text.splitn(3, ' ');
+    let kind = parts.next()?;
+    let count: u32 = parts.next()?.parse().ok()?;
+    let candidate = CandidateId::new(parts.next()?).ok()?;
+    let kind = match kind {
+        "shards" => GroupKind::Shards(count),
+        "slots" => GroupKind::Slots(count),
+        _ => return None,
+    };
+    Some(Member {
+        candidate,
+        session: note.session,
+        order: note.order,
+        kind,
+    })
+}
+
+/// The members of a group among an election's notes, in the order they
+/// joined; a candidate id that is a member twice (a restarted process
+/// whose earlier session has not expired yet) counts once, at its first
+/// place.
+pub fn members(notes: &[Note]) -> Vec<Member> {
+    let mut members: Vec<Member> = notes.iter().filter_map(parse_member).collect();
+    members.sort_by_key(|m| m.order);
+    let mut seen = std::collections::HashSet::new();
+    members.retain(|m| seen.insert(m.candidate.clone()));
+    members
+}
+
+/// The group's kind as its first member fixed it, if it has members.
+pub fn kind_of(notes: &[Note]) -> Option<GroupKind> {
+    members(notes).first().map(|m| m.kind)
+}
+
+fn conflict(group: &ElectionName, found: &Member, asked: GroupKind) -> Error {
+    Error::Conflict(format!(
+        "group {group} already uses {} (member {}), not {asked}; every member must ask for the same",
+        found.kind, found.candidate
+    ))
+}
+
+/// Makes `session` a member of `group`: refuses, writing nothing, if the
+/// group already is of another kind or count, and withdraws again if a
+/// member of another kind joined first meanwhile.
+pub(crate) async fn join(
+    store: &dyn Store,
+    session: SessionId,
+    group: &ElectionName,
+    kind: GroupKind,
+    candidate: &CandidateId,
+) -> Result<()> {
+    kind.check(group)?;
+    let notes = store.notes(group).await?;
+    if let Some(first) = members(&notes).first().filter(|m| m.kind != kind) {
+        return Err(conflict(group, first, kind));
+    }
+    store
+        .put_note(session, group, MEMBER, &kind.text(candidate))
+        .await?;
+    // Two members of different kinds that joined at once: the first to
+    // have joined fixes the group, the other withdraws.
+    let notes = store.notes(group).await?;
+    if let Some(first) = members(&notes).first().filter(|m| m.kind != kind) {
+        store.delete_note(session, group, MEMBER).await?;
+        return Err(conflict(group, first, kind));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn note(session: u64, order: u64, text: &str) -> Note {
+        Note {
+            session: SessionId(session),
+            name: MEMBER.into(),
+            order,
+            text: text.into(),
+        }
+    }
+
+    #[test]
+    fn members_in_join_order_once_each() {
+        let notes = [
+            note(3, 9, "shards 12 c"),
+            note(1, 2, "shards 12 a b"),
+            note(2, 5, "shards 12 c"),
+            note(4, 1, "garbage"),
+        ];
+        let found = members(&notes);
+        let ids: Vec<_> = found.iter().map(|m| m.candidate.as_str()).collect();
+        assert_eq!(ids, ["a b", "c"]);
+        assert_eq!(found[1].session, SessionId(2));
+        assert_eq!(kind_of(&notes), Some(GroupKind::Shards(12)));
+    }
+
+    #[test]
+    fn counts_and_names_are_checked() {
+        let group = ElectionName::new("jobs").expect("valid");
+        assert!(GroupKind::Shards(0).check(&group).is_err());
+        assert!(GroupKind::Slots(MAX_SHARDS + 1).check(&group).is_err());
+        assert!(GroupKind::Shards(MAX_SHARDS).check(&group).is_ok());
+        let long = ElectionName::new("x".repeat(195)).expect("valid");
+        assert!(GroupKind::Shards(3).check(&long).is_err());
+        assert_eq!(
+            GroupKind::Shards(3)
+                .election(&group, 2)
+                .expect("valid")
+                .as_str(),
+            "jobs/shard/2"
+        );
+    }
+}

@@ -263,9 +263,53 @@ pub struct RunArgs {
     /// fencing tokens. A release (SIGTERM, a transfer) is not delayed.
     #[arg(long, env = "LEASEHOLD_LOCK_DELAY", hide_env_values = true, default_value = "0s", value_parser = parse_duration, allow_hyphen_values = true)]
     pub lock_delay: Duration,
+    /// Own a share of N shards instead of the whole election: the
+    /// replicas that run with the same --election and N form a group, each
+    /// shard (an election of its own, ELECTION/shard/K, with its own token)
+    /// is owned by exactly one of them, and every replica owns N/M of them
+    /// (M replicas), moved only when replicas come or go. CMD runs once per
+    /// owned shard, with LEASEHOLD_SHARD (0 to N-1) and LEASEHOLD_SHARDS in
+    /// its environment, and LEASEHOLD_TOKEN the shard's token.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(leasehold::group::MAX_SHARDS)), conflicts_with = "slots")]
+    pub shards: Option<u32>,
+    /// Hold one of K slots instead of the whole election: at most K
+    /// replicas with the same --election and K run CMD at once, each with
+    /// LEASEHOLD_SLOT (0 to K-1) and the slot's own token; a freed slot goes
+    /// to the replica waiting longest (highest --priority first).
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..=i64::from(leasehold::group::MAX_SHARDS)))]
+    pub slots: Option<u32>,
+    /// With --shards: how long a shard whose command exited stays released
+    /// before this replica campaigns for it again (`run` keeps running).
+    #[arg(long, env = "LEASEHOLD_RESTART_DELAY", hide_env_values = true, default_value = "1s", value_parser = parse_duration, allow_hyphen_values = true)]
+    pub restart_delay: Duration,
     /// The command to run while leader, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<OsString>,
+}
+
+impl RunArgs {
+    /// Refuses settings that do not go together.
+    pub fn check(&self) -> Result<(), leasehold::Error> {
+        let group = if self.shards.is_some() {
+            "--shards"
+        } else if self.slots.is_some() {
+            "--slots"
+        } else {
+            return Ok(());
+        };
+        let refused = [
+            (self.shards.is_some() && self.priority != 0, "--priority"),
+            (self.preempt_after.is_some(), "--preempt-after"),
+            (!self.lock_delay.is_zero(), "--lock-delay"),
+        ];
+        match refused.iter().find(|(set, _)| *set) {
+            Some((_, flag)) => Err(leasehold::Error::InvalidInput {
+                what: "options",
+                reason: format!("{flag} does not apply with {group}"),
+            }),
+            None => Ok(()),
+        }
+    }
 }
 
 #[derive(Debug, ClapArgs)]

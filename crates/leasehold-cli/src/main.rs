@@ -20,8 +20,10 @@ mod inspect;
 mod logwriter;
 mod metrics;
 mod run;
+mod shards;
 mod signals;
 mod stdio;
+mod term;
 mod transfer;
 mod tune;
 

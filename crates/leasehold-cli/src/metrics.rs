@@ -98,6 +98,11 @@ pub struct RunnerMetrics {
     renewal_failures: Counter,
     lease_remaining: Gauge<f64, AtomicU64>,
     waiting: Gauge,
+    shards_owned: Gauge,
+    shards_gained: Counter,
+    shards_released: Family<ReasonLabel, Counter>,
+    group_members: Gauge,
+    group: Mutex<Option<leasehold::watch::Receiver<leasehold::group::GroupView>>>,
 }
 
 impl RunnerMetrics {
@@ -121,6 +126,11 @@ impl RunnerMetrics {
             renewal_failures: Counter::default(),
             lease_remaining: Gauge::default(),
             waiting: Gauge::default(),
+            shards_owned: Gauge::default(),
+            shards_gained: Counter::default(),
+            shards_released: Family::default(),
+            group_members: Gauge::default(),
+            group: Mutex::new(None),
             registry: Registry::default(),
         };
         registry.register(
@@ -169,6 +179,31 @@ impl RunnerMetrics {
             "Candidates waiting in the election's line of standbys (the leader excluded), as this runner last read it",
             metrics.waiting.clone(),
         );
+        registry.register(
+            "shards_owned",
+            "With --shards: the shards this runner owns now",
+            metrics.shards_owned.clone(),
+        );
+        registry.register(
+            "shards_gained",
+            "With --shards: shards this runner was granted (moves to it)",
+            metrics.shards_gained.clone(),
+        );
+        for why in StepDown::ALL {
+            drop(metrics.shards_released.get_or_create(&ReasonLabel {
+                reason: why.label(),
+            }));
+        }
+        registry.register(
+            "shards_released",
+            "With --shards: shards this runner gave up or lost, by reason (handed_over: moved to another member)",
+            metrics.shards_released.clone(),
+        );
+        registry.register(
+            "group_members",
+            "With --shards: the members of the group, as this runner last saw them",
+            metrics.group_members.clone(),
+        );
         Arc::new(RunnerMetrics {
             registry,
             ..metrics
@@ -208,6 +243,38 @@ impl RunnerMetrics {
             .inc();
     }
 
+    /// A shard was granted (`run --shards`).
+    pub fn shard_gained(&self) {
+        self.shards_owned.inc();
+        self.shards_gained.inc();
+    }
+
+    /// A shard's term ended.
+    pub fn shard_released(&self, why: StepDown) {
+        self.shards_owned.dec();
+        self.shards_released
+            .get_or_create(&ReasonLabel {
+                reason: why.label(),
+            })
+            .inc();
+    }
+
+    /// Reports the group this runner is a member of (`/status`).
+    pub fn follow_group(&self, view: leasehold::watch::Receiver<leasehold::group::GroupView>) {
+        *self.group.lock().unwrap_or_else(PoisonError::into_inner) = Some(view);
+    }
+
+    /// This runner left its group.
+    pub fn follow_group_end(&self) {
+        *self.group.lock().unwrap_or_else(PoisonError::into_inner) = None;
+    }
+
+    /// The group as this runner sees it, if it is a member of one.
+    pub fn group(&self) -> Option<leasehold::group::GroupView> {
+        let group = self.group.lock().unwrap_or_else(PoisonError::into_inner);
+        group.as_ref().map(|view| view.borrow().clone())
+    }
+
     /// How many candidates wait in the line.
     pub fn set_waiting(&self, waiting: usize) {
         self.waiting.set(i64::try_from(waiting).unwrap_or(i64::MAX));
@@ -233,6 +300,10 @@ impl RunnerMetrics {
         self.is_leader.set(i64::from(leading.is_some()));
         self.lease_remaining
             .set(leading.map_or(0.0, |(_, left)| left.as_secs_f64()));
+        if let Some(group) = self.group() {
+            self.group_members
+                .set(i64::try_from(group.members.len()).unwrap_or(i64::MAX));
+        }
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
         Ok(out)

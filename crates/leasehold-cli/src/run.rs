@@ -5,18 +5,18 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold::{ElectionName, Elector, Leadership, LostReason};
+use leasehold::{ElectionName, Elector, Leadership};
 use nix::sys::signal::Signal;
-use tokio::time::{Instant, sleep_until};
 
 use crate::child;
 use crate::cli::RunArgs;
-use crate::guard::{Ended, GUARD_WAKE, Launch, Supervised};
+use crate::guard::{Launch, Supervised};
 use crate::metrics::{RunnerMetrics, StepDown};
-use crate::signals::{IgnoredSignals, PassedSignals, StopSignals, forwarded_as};
+use crate::signals::{IgnoredSignals, PassedSignals, StopSignals};
+use crate::term::{Request, TermEnd};
 
 /// Exit status when the command could not be started.
-const EXIT_CANNOT_START: u8 = 127;
+pub const EXIT_CANNOT_START: u8 = 127;
 /// Pause before campaigning again after a transient store error.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
 
@@ -27,6 +27,8 @@ enum Next {
 }
 
 struct Runner {
+    /// With `--slots K`: campaign for one of K slots of the election.
+    slots: Option<u32>,
     elector: Elector,
     election: ElectionName,
     command: Vec<OsString>,
@@ -45,6 +47,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     if let Err(error) = nix::sys::prctl::set_child_subreaper(true) {
         tracing::warn!(%error, "cannot become a subreaper");
     }
+    args.check()?;
     let store = args.election.store.open().await?;
     let candidate = args.election.candidate();
     let metrics = RunnerMetrics::new(args.election.election.as_str(), candidate.as_str());
@@ -78,7 +81,33 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         let shown: Vec<String> = bound.iter().map(ToString::to_string).collect();
         tracing::info!(addr = %shown.join(", "), "serving /status, /healthz and /metrics");
     }
+    if args.shards.is_none() && args.slots.is_none() {
+        refuse_a_group(&**elector.store(), &args.election.election).await?;
+    }
+    if let Some(count) = args.shards {
+        line_gauge.abort();
+        let elector = Arc::new(elector);
+        let runner = crate::shards::ShardRunner {
+            elector: Arc::clone(&elector),
+            group: args.election.election.clone(),
+            count,
+            command: args.command,
+            grace: args.grace,
+            restart_delay: args.restart_delay,
+            signals: StopSignals::install()?,
+            passed: PassedSignals::install()?,
+            ignored: IgnoredSignals::install()?,
+            store: args.election.store.url()?,
+            metrics,
+        };
+        let code = runner.serve().await;
+        if let Err(error) = elector.close().await {
+            tracing::warn!(%error, "could not close the session; the store will expire it after the TTL");
+        }
+        return code;
+    }
     let mut runner = Runner {
+        slots: args.slots,
         elector,
         election: args.election.election.clone(),
         command: args.command,
@@ -165,10 +194,10 @@ fn to_millis(d: Duration) -> humantime::FormattedDuration {
 impl Runner {
     async fn serve(&mut self) -> anyhow::Result<ExitCode> {
         loop {
-            let Some(leadership) = self.campaign().await? else {
+            let Some((leadership, slot)) = self.campaign().await? else {
                 return Ok(ExitCode::SUCCESS);
             };
-            match self.lead(leadership).await? {
+            match self.lead(leadership, slot).await? {
                 Next::Campaign => {}
                 Next::Exit(code) => return Ok(code),
             }
@@ -177,9 +206,14 @@ impl Runner {
 
     /// Campaigns until leader (`Some`) or told to stop (`None`), logging who
     /// leads meanwhile.
-    async fn campaign(&mut self) -> anyhow::Result<Option<Leadership>> {
-        let follower_log = match self.elector.observe(&self.election).await {
-            Ok(watch) => Some(tokio::spawn(log_leaders(
+    async fn campaign(&mut self) -> anyhow::Result<Option<(Leadership, Option<u32>)>> {
+        let observed = match self.slots {
+            None => self.elector.observe(&self.election).await.map(Some),
+            Some(_) => Ok(None),
+        };
+        let follower_log = match observed {
+            Ok(None) => None,
+            Ok(Some(watch)) => Some(tokio::spawn(log_leaders(
                 self.election.clone(),
                 self.elector.candidate().clone(),
                 watch,
@@ -192,8 +226,8 @@ impl Runner {
         tracing::info!(election = %self.election, id = %self.elector.candidate(), "campaigning");
         let outcome = loop {
             tokio::select! {
-                outcome = self.elector.campaign(&self.election) => match outcome {
-                    Ok(leadership) => break Ok(Some(leadership)),
+                outcome = campaign_once(&self.elector, &self.election, self.slots) => match outcome {
+                    Ok(won) => break Ok(Some(won)),
                     Err(error) if error.is_transient() => {
                         tracing::warn!(%error, retry_in = ?RETRY_AFTER, "campaign failed; retrying");
                         tokio::select! {
@@ -219,13 +253,18 @@ impl Runner {
     }
 
     /// Runs the command while `leadership` lasts.
-    async fn lead(&mut self, leadership: Leadership) -> anyhow::Result<Next> {
+    async fn lead(&mut self, leadership: Leadership, slot: Option<u32>) -> anyhow::Result<Next> {
         let token = leadership.token();
-        let env = [
-            ("LEASEHOLD_ELECTION", self.election.to_string()),
+        // The token belongs to the election held: with --slots, the slot's.
+        let mut env = vec![
+            ("LEASEHOLD_ELECTION", leadership.election().to_string()),
             ("LEASEHOLD_ID", self.elector.candidate().to_string()),
             ("LEASEHOLD_TOKEN", token.to_string()),
         ];
+        if let (Some(slot), Some(slots)) = (slot, self.slots) {
+            env.push(("LEASEHOLD_SLOT", slot.to_string()));
+            env.push(("LEASEHOLD_SLOTS", slots.to_string()));
+        }
         let launch = Launch {
             command: &self.command,
             env: &env,
@@ -306,6 +345,13 @@ impl Runner {
                 }
                 Next::Campaign
             }
+            // Only a shard moves (`run --shards`); released as for a
+            // handover all the same.
+            TermEnd::Moved => {
+                self.metrics.stepped_down(StepDown::HandedOver);
+                release(leadership).await;
+                Next::Campaign
+            }
             TermEnd::Exited => {
                 self.metrics.stepped_down(StepDown::CommandExited);
                 let reason = "command exited";
@@ -323,107 +369,91 @@ impl Runner {
         Ok(next)
     }
 
-    /// Waits until the command's whole tree is gone, stopping it when
-    /// leadership is lost or at risk, or when `run` is told to stop, and
-    /// telling the guard every new lease deadline.
+    /// Waits until the command's whole tree is gone (see
+    /// [`crate::term::supervise`]), stopping it when leadership is lost or
+    /// at risk, when `run` is told to stop, or when asked to hand over.
     async fn supervise(
         &mut self,
         child: &mut Supervised,
         leadership: &Leadership,
     ) -> (std::process::ExitStatus, TermEnd) {
-        // When no renewal has been confirmed this long before the deadline,
-        // the command is asked to stop so that it can exit cleanly before
-        // the deadline's SIGKILL.
-        let lead = self.grace.min(self.elector.config().renew_every);
-        let mut why = TermEnd::Exited;
-        let mut kill_at: Option<Instant> = None;
-        let mut lost = false;
-        let mut wake_guard = tokio::time::interval(GUARD_WAKE);
+        let term = crate::term::Term {
+            election: &self.election,
+            id: self.elector.candidate(),
+            grace: self.grace,
+            renew_every: self.elector.config().renew_every,
+        };
+        let mut requests = SingleRequests {
+            signals: &mut self.signals,
+            passed: &mut self.passed,
+            ignored: &mut self.ignored,
+        };
+        term.supervise(child, leadership, &mut requests).await
+    }
+}
+
+/// What may ask a single election's command to stop: `run`'s own signals
+/// and a handover request.
+struct SingleRequests<'a> {
+    signals: &'a mut StopSignals,
+    passed: &'a mut PassedSignals,
+    ignored: &'a mut IgnoredSignals,
+}
+
+impl crate::term::Requests for SingleRequests<'_> {
+    async fn next(&mut self, leadership: &Leadership, stopping: bool) -> Request {
         loop {
-            let deadline = leadership.deadline();
-            let at_risk = deadline.checked_sub(lead).unwrap_or(deadline);
-            let stopping = !matches!(why, TermEnd::Exited);
             tokio::select! {
-                ended = child.wait() => {
-                    return (ended.status, self.term_end(why, ended, leadership));
-                }
-                moved = leadership.deadline_after(deadline), if !lost => {
-                    child.extend(moved).await;
-                }
-                reason = leadership.lost(), if !lost => {
-                    lost = true;
-                    tracing::warn!(election = %self.election, id = %self.elector.candidate(), token = leadership.token().0, %reason, "leadership lost; killing the command");
-                    child.signal_group(Signal::SIGTERM).await;
-                    child.signal_group(Signal::SIGKILL).await;
-                    why = TermEnd::Lost(reason);
-                }
-                () = sleep_until(at_risk), if !stopping => {
-                    if leadership.deadline() <= deadline {
-                        tracing::warn!(election = %self.election, id = %self.elector.candidate(), token = leadership.token().0,
-                            "no renewal confirmed; asking the command to stop before the lease deadline");
-                        child.signal_group(Signal::SIGTERM).await;
-                        kill_at = Some(deadline);
-                        why = TermEnd::AtRisk;
-                    }
-                }
-                () = sleep_until(kill_at.unwrap_or(deadline)), if kill_at.is_some() => {
-                    tracing::warn!(pgid = child.pgid, "the command did not exit in time; SIGKILL");
-                    child.signal_group(Signal::SIGKILL).await;
-                    kill_at = None;
-                }
-                signal = self.signals.recv(), if !stopping => {
-                    // SIGHUP and SIGPWR reach the command as SIGTERM
-                    // (`forwarded_as`).
-                    let sent = forwarded_as(signal);
-                    tracing::info!(%signal, forwarded = %sent, grace = ?self.grace, "forwarding to the command");
-                    child.signal_group(sent).await;
-                    kill_at = Some((Instant::now() + self.grace).min(leadership.deadline()));
-                    why = TermEnd::Stopped(signal);
-                }
-                handover = leadership.handover_requested(), if !stopping && !lost => {
-                    let to = handover.to.as_ref().map_or_else(|| "the first to campaign".to_owned(), ToString::to_string);
-                    tracing::info!(election = %self.election, id = %self.elector.candidate(), token = leadership.token().0,
-                        cause = %handover.cause, %to, grace = ?self.grace, "handing over on request; stopping the command");
-                    child.signal_group(Signal::SIGTERM).await;
-                    kill_at = Some((Instant::now() + self.grace).min(leadership.deadline()));
-                    why = TermEnd::HandedOver(handover);
-                }
-                signal = self.passed.recv() => {
-                    tracing::info!(%signal, pgid = child.pgid, "passing to the command");
-                    child.pass(signal).await;
-                }
+                signal = self.signals.recv(), if !stopping => return Request::Stop(signal),
+                handover = leadership.handover_requested(), if !stopping => return Request::HandOver(handover),
+                signal = self.passed.recv() => return Request::Pass(signal),
                 signal = self.ignored.recv() => {
                     tracing::info!(%signal, "signal ignored");
                 }
-                _ = wake_guard.tick() => child.wake_guard(),
             }
         }
     }
+}
 
-    /// Why the term ended, now that the command has: a command that exits
-    /// after leadership was lost (say, because the resource refused its
-    /// token), or that the guard killed at the lease deadline, ends the term
-    /// like a loss: the replica stays in the pool.
-    fn term_end(&self, why: TermEnd, ended: Ended, leadership: &Leadership) -> TermEnd {
-        if !matches!(why, TermEnd::Exited) {
-            return why;
+/// Refuses to campaign for the election itself when replicas use its name
+/// for a group of shards or slots.
+async fn refuse_a_group(
+    store: &dyn leasehold::Store,
+    election: &ElectionName,
+) -> anyhow::Result<()> {
+    let notes = match store.notes(election).await {
+        Ok(notes) => notes,
+        // A store that keeps no notes has no groups; one that cannot be
+        // read now is retried by the campaign.
+        Err(_) => return Ok(()),
+    };
+    if let Some(kind) = leasehold::group::kind_of(&notes) {
+        let flag = match kind {
+            leasehold::group::GroupKind::Shards(n) => format!("--shards {n}"),
+            leasehold::group::GroupKind::Slots(n) => format!("--slots {n}"),
+        };
+        return Err(leasehold::Error::Conflict(format!(
+            "{election} is a group of {kind}: run with {flag} to join it"
+        ))
+        .into());
+    }
+    Ok(())
+}
+
+/// One campaign: for the election, or with `slots` for one of its slots
+/// (which one, with the grant).
+async fn campaign_once(
+    elector: &Elector,
+    election: &ElectionName,
+    slots: Option<u32>,
+) -> leasehold::Result<(Leadership, Option<u32>)> {
+    match slots {
+        None => elector.campaign(election).await.map(|l| (l, None)),
+        Some(k) => {
+            let slot = elector.campaign_slot(election, k).await?;
+            tracing::info!(%election, slot = slot.index, slots = k, "holding a slot");
+            Ok((slot.leadership, Some(slot.index)))
         }
-        if let Some(reason) = leadership.lost_reason() {
-            return TermEnd::Lost(reason);
-        }
-        if ended.at_deadline {
-            // Still leader, yet the guard saw the deadline it knew pass:
-            // the renewal was confirmed too late to tell it. Step down all
-            // the same (release, campaign again): the command is gone.
-            tracing::warn!(election = %self.election, id = %self.elector.candidate(), token = leadership.token().0,
-                "the guard killed the command at the lease deadline: this runner did not tell it of a renewal in time");
-            return TermEnd::AtRisk;
-        }
-        if ended.guard_lost {
-            tracing::warn!(election = %self.election, id = %self.elector.candidate(), token = leadership.token().0,
-                "the guard process was killed; the command's tree was killed with it");
-        }
-        why
     }
 }
 
@@ -446,22 +476,6 @@ async fn stop_requested(
             }
         }
     }
-}
-
-/// Why a term of leadership ended.
-enum TermEnd {
-    /// The command exited by itself.
-    Exited,
-    /// Leadership was lost; the command was killed.
-    Lost(LostReason),
-    /// Renewals were failing; the command was stopped before the deadline.
-    AtRisk,
-    /// `run` was told to stop by this signal; it was forwarded (SIGHUP and
-    /// SIGPWR as SIGTERM).
-    Stopped(Signal),
-    /// Asked to hand over (a transfer, a higher priority): the command was
-    /// stopped as for SIGTERM, then the election is handed over.
-    HandedOver(leasehold::Handover),
 }
 
 /// Releases the election; whether it was released.

@@ -1,0 +1,283 @@
+//! `run --shards N`: a member of a group of N shards, running one command
+//! per owned shard (each its own term: own process group, guard, token and
+//! deadline), stopping a shard's command when the shard moves away, and
+//! campaigning again for a shard whose command exited.
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use leasehold::{CandidateId, ElectionName, Elector, Leadership, Shard, Shards};
+use nix::sys::signal::Signal;
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+use crate::child;
+use crate::guard::{Launch, Supervised};
+use crate::metrics::{RunnerMetrics, StepDown};
+use crate::signals::{AnySignal, IgnoredSignals, PassedSignals, StopSignals};
+use crate::term::{Request, Requests, Term, TermEnd};
+
+/// What `run` tells a shard's term.
+enum Control {
+    /// `run` was told to stop by this signal.
+    Stop(Signal),
+    /// Pass this signal to the command.
+    Pass(AnySignal),
+}
+
+/// What every shard's term shares.
+struct Settings {
+    elector: Arc<Elector>,
+    group: ElectionName,
+    count: u32,
+    command: Vec<OsString>,
+    grace: Duration,
+    restart_delay: Duration,
+    store: leasehold::StoreUrl,
+    metrics: Arc<RunnerMetrics>,
+}
+
+/// `run --shards N`.
+pub struct ShardRunner {
+    pub elector: Arc<Elector>,
+    pub group: ElectionName,
+    pub count: u32,
+    pub command: Vec<OsString>,
+    pub grace: Duration,
+    pub restart_delay: Duration,
+    pub signals: StopSignals,
+    pub passed: PassedSignals,
+    pub ignored: IgnoredSignals,
+    pub store: leasehold::StoreUrl,
+    pub metrics: Arc<RunnerMetrics>,
+}
+
+impl ShardRunner {
+    /// Joins the group and serves until told to stop; then stops every
+    /// shard's command and releases every shard.
+    pub async fn serve(self) -> anyhow::Result<ExitCode> {
+        let ShardRunner {
+            elector,
+            group,
+            count,
+            command,
+            grace,
+            restart_delay,
+            mut signals,
+            mut passed,
+            mut ignored,
+            store,
+            metrics,
+        } = self;
+        let id = elector.candidate().clone();
+        let mut shards = tokio::select! {
+            joined = Shards::join(Arc::clone(&elector), group.clone(), count) => {
+                joined.with_context(|| format!("cannot join group {group}"))?
+            }
+            signal = signals.recv() => {
+                tracing::info!(%signal, "stopping before joining the group");
+                return Ok(ExitCode::SUCCESS);
+            }
+        };
+        metrics.follow_group(shards.view());
+        tracing::info!(%group, %id, shards = count, "joined the group; campaigning for this member's share");
+        let settings = Arc::new(Settings {
+            elector,
+            group,
+            count,
+            command,
+            grace,
+            restart_delay,
+            store,
+            metrics,
+        });
+        let mut terms = JoinSet::new();
+        let mut controls: HashMap<u32, mpsc::UnboundedSender<Control>> = HashMap::new();
+        let outcome = loop {
+            tokio::select! {
+                shard = shards.next() => match shard {
+                    Ok(shard) => {
+                        let (tx, rx) = mpsc::unbounded_channel();
+                        controls.insert(shard.index(), tx);
+                        terms.spawn(run_term(Arc::clone(&settings), shard, rx));
+                    }
+                    Err(error) if error.is_transient() => {
+                        tracing::warn!(%error, "a shard's campaign failed; retrying");
+                    }
+                    Err(error) => break Err(anyhow::Error::new(error).context(format!("group {}", settings.group))),
+                },
+                Some(done) = terms.join_next() => {
+                    if let Ok((index, cannot_start)) = done {
+                        controls.remove(&index);
+                        if cannot_start {
+                            break Ok(None);
+                        }
+                    }
+                }
+                signal = signals.recv() => break Ok(Some(signal)),
+                signal = passed.recv() => {
+                    if controls.is_empty() {
+                        tracing::info!(%signal, "no command is running; signal ignored");
+                    }
+                    for control in controls.values() {
+                        let _ = control.send(Control::Pass(signal));
+                    }
+                }
+                signal = ignored.recv() => tracing::info!(%signal, "signal ignored"),
+            }
+        };
+        // No more campaigns; then every command stops and its shard is
+        // released.
+        shards.leave().await;
+        let signal = match &outcome {
+            Ok(Some(signal)) => *signal,
+            Ok(None) | Err(_) => Signal::SIGTERM,
+        };
+        if !controls.is_empty() {
+            tracing::info!(%signal, commands = controls.len(), grace = ?settings.grace, "stopping every shard's command");
+        }
+        for control in controls.values() {
+            let _ = control.send(Control::Stop(signal));
+        }
+        while terms.join_next().await.is_some() {}
+        settings.metrics.follow_group_end();
+        outcome.map(|signal| match signal {
+            Some(signal) => {
+                tracing::info!(group = %settings.group, %id, %signal, "stopped; every shard released");
+                ExitCode::SUCCESS
+            }
+            None => ExitCode::from(crate::run::EXIT_CANNOT_START),
+        })
+    }
+}
+
+/// The requests of one shard's term: `run`'s, and the shard's move.
+struct ShardRequests<'a> {
+    shard: &'a Shard,
+    control: &'a mut mpsc::UnboundedReceiver<Control>,
+}
+
+impl Requests for ShardRequests<'_> {
+    async fn next(&mut self, _leadership: &Leadership, stopping: bool) -> Request {
+        loop {
+            tokio::select! {
+                control = self.control.recv() => match control {
+                    Some(Control::Stop(signal)) if !stopping => return Request::Stop(signal),
+                    Some(Control::Stop(_)) => {}
+                    Some(Control::Pass(signal)) => return Request::Pass(signal),
+                    None => std::future::pending::<()>().await,
+                },
+                () = self.shard.revoked(), if !stopping => return Request::Moved,
+            }
+        }
+    }
+}
+
+/// One term of one shard: runs the command until the term ends, then
+/// releases the shard (or lets it go, when lost). Returns the shard's
+/// number, and whether the command could not be started at all.
+async fn run_term(
+    settings: Arc<Settings>,
+    shard: Shard,
+    mut control: mpsc::UnboundedReceiver<Control>,
+) -> (u32, bool) {
+    let index = shard.index();
+    let leadership = shard.leadership();
+    let (election, token) = (leadership.election().clone(), leadership.token());
+    let id: &CandidateId = settings.elector.candidate();
+    let env = [
+        ("LEASEHOLD_ELECTION", election.to_string()),
+        ("LEASEHOLD_ID", id.to_string()),
+        ("LEASEHOLD_TOKEN", token.to_string()),
+        ("LEASEHOLD_SHARD", index.to_string()),
+        ("LEASEHOLD_SHARDS", settings.count.to_string()),
+    ];
+    let launch = Launch {
+        command: &settings.command,
+        env: &env,
+        store: &settings.store,
+        grant: leadership.grant(),
+        deadline: leadership.deadline(),
+        session_locks: settings.elector.store().session_lock_file(),
+    };
+    let mut child = match Supervised::start(launch).await {
+        Ok(child) => child,
+        Err(error) => {
+            let program = settings
+                .command
+                .first()
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            crate::say(&format!("cannot run {program}: {error:#}"));
+            if let Err(error) = shard.resign().await {
+                tracing::warn!(shard = index, %error, "could not release the shard");
+            }
+            return (index, true);
+        }
+    };
+    settings.metrics.shard_gained();
+    tracing::info!(group = %settings.group, shard = index, %id, token = token.0, pgid = child.pgid, "owning shard; command started");
+    let term = Term {
+        election: &election,
+        id,
+        grace: settings.grace,
+        renew_every: settings.elector.config().renew_every,
+    };
+    let (status, why) = {
+        let mut requests = ShardRequests {
+            shard: &shard,
+            control: &mut control,
+        };
+        term.supervise(&mut child, shard.leadership(), &mut requests)
+            .await
+    };
+    let code = child::exit_code(status);
+    let (step_down, released) = match why {
+        TermEnd::Exited => {
+            tracing::info!(shard = index, token = token.0, status = code, restart_in = ?settings.restart_delay,
+                "command exited; shard released, campaigning for it again after the restart delay");
+            (
+                StepDown::CommandExited,
+                shard.release_for(settings.restart_delay).await,
+            )
+        }
+        TermEnd::Moved => {
+            tracing::info!(
+                shard = index,
+                token = token.0,
+                status = code,
+                "shard released to its new owner"
+            );
+            (StepDown::HandedOver, shard.resign().await)
+        }
+        TermEnd::Lost(reason) => {
+            tracing::warn!(shard = index, token = token.0, %reason, status = code, "shard lost");
+            drop(shard);
+            (StepDown::from_lost(&reason), Ok(()))
+        }
+        TermEnd::AtRisk => {
+            tracing::warn!(
+                shard = index,
+                token = token.0,
+                status = code,
+                "renewals failing; shard given up before the lease deadline"
+            );
+            (StepDown::AtRisk, shard.resign().await)
+        }
+        TermEnd::Stopped(signal) => {
+            tracing::info!(shard = index, token = token.0, %signal, status = code, "stopped; shard released");
+            (StepDown::Stopped, shard.resign().await)
+        }
+        TermEnd::HandedOver(_) => (StepDown::HandedOver, shard.resign().await),
+    };
+    if let Err(error) = released {
+        tracing::warn!(shard = index, %error, "could not release the shard (the store expires it after the TTL)");
+    }
+    settings.metrics.shard_released(step_down);
+    child.finish().await;
+    (index, false)
+}

@@ -1,0 +1,178 @@
+//! One term of leadership's command, supervised until its whole tree is
+//! gone: shared by `run` on one election and by `run --shards`, which
+//! supervises one term per owned shard at once.
+
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use leasehold::{CandidateId, ElectionName, Handover, Leadership, LostReason};
+use nix::sys::signal::Signal;
+use tokio::time::{Instant, sleep_until};
+
+use crate::guard::{Ended, GUARD_WAKE, Supervised};
+use crate::signals::{AnySignal, forwarded_as};
+
+/// Why a term of leadership ended.
+pub enum TermEnd {
+    /// The command exited by itself.
+    Exited,
+    /// Leadership was lost; the command was killed.
+    Lost(LostReason),
+    /// Renewals were failing; the command was stopped before the deadline.
+    AtRisk,
+    /// `run` was told to stop by this signal; it was forwarded (SIGHUP and
+    /// SIGPWR as SIGTERM).
+    Stopped(Signal),
+    /// Asked to hand over (a transfer, a higher priority): the command was
+    /// stopped as for SIGTERM, then the election is handed over.
+    HandedOver(Handover),
+    /// The group's assignment moved the shard to another member: the
+    /// command was stopped as for SIGTERM, then the shard is released.
+    Moved,
+}
+
+/// What, besides leadership itself, may act on a term's command.
+pub enum Request {
+    /// Stop: this signal was received (forwarded as [`forwarded_as`]).
+    Stop(Signal),
+    /// Hand over.
+    HandOver(Handover),
+    /// The shard moved away.
+    Moved,
+    /// Pass this signal to the command.
+    Pass(AnySignal),
+}
+
+/// The source of [`Request`]s of one term.
+pub trait Requests {
+    /// The next request; stop requests (`Stop`, `HandOver`, `Moved`) only
+    /// while not already `stopping`.
+    fn next(
+        &mut self,
+        leadership: &Leadership,
+        stopping: bool,
+    ) -> impl Future<Output = Request> + Send;
+}
+
+/// A term: which election, whose, and its timing.
+pub struct Term<'a> {
+    pub election: &'a ElectionName,
+    pub id: &'a CandidateId,
+    /// How long the command may take to exit once asked to stop.
+    pub grace: Duration,
+    pub renew_every: Duration,
+}
+
+impl Term<'_> {
+    /// Waits until the command's whole tree is gone, stopping it when
+    /// leadership is lost or at risk, or when a request says so, and
+    /// telling the guard every new lease deadline.
+    pub async fn supervise(
+        &self,
+        child: &mut Supervised,
+        leadership: &Leadership,
+        requests: &mut impl Requests,
+    ) -> (ExitStatus, TermEnd) {
+        let (election, id) = (self.election, self.id);
+        let token = leadership.token().0;
+        // When no renewal has been confirmed this long before the deadline,
+        // the command is asked to stop so that it can exit cleanly before
+        // the deadline's SIGKILL.
+        let lead = self.grace.min(self.renew_every);
+        let mut why = TermEnd::Exited;
+        let mut kill_at: Option<Instant> = None;
+        let mut lost = false;
+        let mut wake_guard = tokio::time::interval(GUARD_WAKE);
+        loop {
+            let deadline = leadership.deadline();
+            let at_risk = deadline.checked_sub(lead).unwrap_or(deadline);
+            let stopping = !matches!(why, TermEnd::Exited);
+            tokio::select! {
+                ended = child.wait() => {
+                    return (ended.status, self.term_end(why, ended, leadership));
+                }
+                moved = leadership.deadline_after(deadline), if !lost => {
+                    child.extend(moved).await;
+                }
+                reason = leadership.lost(), if !lost => {
+                    lost = true;
+                    tracing::warn!(%election, %id, token, %reason, "leadership lost; killing the command");
+                    child.signal_group(Signal::SIGTERM).await;
+                    child.signal_group(Signal::SIGKILL).await;
+                    why = TermEnd::Lost(reason);
+                }
+                () = sleep_until(at_risk), if !stopping => {
+                    if leadership.deadline() <= deadline {
+                        tracing::warn!(%election, %id, token,
+                            "no renewal confirmed; asking the command to stop before the lease deadline");
+                        child.signal_group(Signal::SIGTERM).await;
+                        kill_at = Some(deadline);
+                        why = TermEnd::AtRisk;
+                    }
+                }
+                () = sleep_until(kill_at.unwrap_or(deadline)), if kill_at.is_some() => {
+                    tracing::warn!(pgid = child.pgid, "the command did not exit in time; SIGKILL");
+                    child.signal_group(Signal::SIGKILL).await;
+                    kill_at = None;
+                }
+                request = requests.next(leadership, stopping) => match request {
+                    Request::Stop(signal) => {
+                        // SIGHUP and SIGPWR reach the command as SIGTERM.
+                        let sent = forwarded_as(signal);
+                        tracing::info!(%signal, forwarded = %sent, grace = ?self.grace, "forwarding to the command");
+                        child.signal_group(sent).await;
+                        kill_at = Some((Instant::now() + self.grace).min(leadership.deadline()));
+                        why = TermEnd::Stopped(signal);
+                    }
+                    Request::HandOver(handover) => {
+                        let to = handover.to.as_ref().map_or_else(|| "the first to campaign".to_owned(), ToString::to_string);
+                        tracing::info!(%election, %id, token, cause = %handover.cause, %to, grace = ?self.grace,
+                            "handing over on request; stopping the command");
+                        child.signal_group(Signal::SIGTERM).await;
+                        kill_at = Some((Instant::now() + self.grace).min(leadership.deadline()));
+                        why = TermEnd::HandedOver(handover);
+                    }
+                    Request::Moved => {
+                        tracing::info!(%election, %id, token, grace = ?self.grace,
+                            "the shard moves to another member; stopping the command");
+                        child.signal_group(Signal::SIGTERM).await;
+                        kill_at = Some((Instant::now() + self.grace).min(leadership.deadline()));
+                        why = TermEnd::Moved;
+                    }
+                    Request::Pass(signal) => {
+                        tracing::info!(%signal, pgid = child.pgid, "passing to the command");
+                        child.pass(signal).await;
+                    }
+                },
+                _ = wake_guard.tick() => child.wake_guard(),
+            }
+        }
+    }
+
+    /// Why the term ended, now that the command has: a command that exits
+    /// after leadership was lost (say, because the resource refused its
+    /// token), or that the guard killed at the lease deadline, ends the term
+    /// like a loss: the replica stays in the pool.
+    fn term_end(&self, why: TermEnd, ended: Ended, leadership: &Leadership) -> TermEnd {
+        let (election, id, token) = (self.election, self.id, leadership.token().0);
+        if !matches!(why, TermEnd::Exited) {
+            return why;
+        }
+        if let Some(reason) = leadership.lost_reason() {
+            return TermEnd::Lost(reason);
+        }
+        if ended.at_deadline {
+            // Still leader, yet the guard saw the deadline it knew pass:
+            // the renewal was confirmed too late to tell it. Step down all
+            // the same (release, campaign again): the command is gone.
+            tracing::warn!(%election, %id, token,
+                "the guard killed the command at the lease deadline: this runner did not tell it of a renewal in time");
+            return TermEnd::AtRisk;
+        }
+        if ended.guard_lost {
+            tracing::warn!(%election, %id, token,
+                "the guard process was killed; the command's tree was killed with it");
+        }
+        why
+    }
+}

@@ -110,6 +110,12 @@ struct StatusJson {
     #[serde(skip_serializing_if = "Option::is_none")]
     candidates: Option<Vec<CandidateJson>>,
     is_leader: bool,
+    /// With `run --shards`: the group as this runner sees it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    group: Option<crate::inspect::GroupJson>,
+    /// With `run --shards`: the shards this runner owns.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mine: Option<Vec<u32>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
 }
@@ -143,11 +149,25 @@ async fn status(State(shared): State<Shared>) -> Response {
     } else {
         None
     };
+    let view = shared.metrics.group();
+    let mine = view.as_ref().map(|v| v.mine.clone());
+    let group = view.and_then(|view| {
+        let kind = leasehold::group::GroupKind::Shards(u32::try_from(view.holders.len()).ok()?);
+        let holders = view
+            .holders
+            .into_iter()
+            .zip(0..)
+            .map(|(holder, k)| Some((kind.election(&shared.election, k).ok()?, holder)))
+            .collect::<Option<Vec<_>>>()?;
+        Some(crate::inspect::GroupJson::new(kind, &view.members, holders))
+    });
     let body = StatusJson {
         election: shared.election.to_string(),
         leader: leader.as_ref().map(LeaderJson::new),
         candidates,
-        is_leader,
+        is_leader: is_leader || mine.as_ref().is_some_and(|m| !m.is_empty()),
+        group,
+        mine,
         error,
     };
     match serde_json::to_string(&body) {

@@ -21,6 +21,10 @@ pub struct Status<'a> {
     /// where not read (`observe`) or not kept (a store without notes).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub candidates: Option<Vec<CandidateJson>>,
+    /// When the name is a group's (`run --shards`, `run --slots`): its
+    /// members and who owns each shard or slot.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<GroupJson>,
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub unknown: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -85,6 +89,7 @@ impl<'a> Status<'a> {
             election: election.as_str(),
             leader: leader.map(LeaderJson::new),
             candidates: None,
+            group: None,
             unknown: false,
             error: None,
         }
@@ -96,6 +101,7 @@ impl<'a> Status<'a> {
             election: election.as_str(),
             leader: None,
             candidates: None,
+            group: None,
             unknown: true,
             error: Some(error.to_owned()),
         }
@@ -109,6 +115,9 @@ impl<'a> Status<'a> {
             ),
             None => format!("{}: no leader", self.election),
         };
+        if let Some(group) = &self.group {
+            return group.human(self.election);
+        }
         match self.candidates.as_deref() {
             Some([]) => line.push_str("; nobody waiting"),
             Some(waiting) => {
@@ -130,6 +139,133 @@ impl<'a> Status<'a> {
     }
 }
 
+/// A group: its kind and count, its members with how many each owns,
+/// and each shard's or slot's owner.
+#[derive(Debug, Serialize)]
+pub struct GroupJson {
+    /// `shards` or `slots`.
+    pub kind: &'static str,
+    pub count: u32,
+    /// In the order they joined.
+    pub members: Vec<MemberJson>,
+    /// One per shard or slot, in order.
+    pub owners: Vec<OwnerJson>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct MemberJson {
+    pub id: String,
+    pub owns: usize,
+}
+
+#[derive(Debug, Serialize)]
+pub struct OwnerJson {
+    pub index: u32,
+    pub election: String,
+    pub owner: Option<LeaderJson>,
+}
+
+impl GroupJson {
+    /// The group from its members and each election's holder.
+    pub fn new(
+        kind: leasehold::group::GroupKind,
+        members: &[leasehold::group::Member],
+        holders: Vec<(ElectionName, Option<Leader>)>,
+    ) -> Self {
+        let members = members
+            .iter()
+            .map(|m| MemberJson {
+                id: m.candidate.to_string(),
+                owns: holders
+                    .iter()
+                    .filter(|(_, h)| h.as_ref().is_some_and(|h| h.candidate == m.candidate))
+                    .count(),
+            })
+            .collect();
+        let owners = holders
+            .into_iter()
+            .zip(0..)
+            .map(|((election, holder), index)| OwnerJson {
+                index,
+                election: election.to_string(),
+                owner: holder.as_ref().map(LeaderJson::new),
+            })
+            .collect();
+        GroupJson {
+            kind: match kind {
+                leasehold::group::GroupKind::Shards(_) => "shards",
+                leasehold::group::GroupKind::Slots(_) => "slots",
+            },
+            count: kind.count(),
+            members,
+            owners,
+        }
+    }
+
+    fn human(&self, name: &str) -> String {
+        let unit = self.kind.trim_end_matches('s');
+        let owned = self.owners.iter().filter(|o| o.owner.is_some()).count();
+        let members: Vec<String> = self
+            .members
+            .iter()
+            .map(|m| format!("{} owns {}", m.id, m.owns))
+            .collect();
+        let mut text = format!(
+            "{name}: group of {} {}, {} member{}{}{}; {owned} of {} owned",
+            self.count,
+            self.kind,
+            self.members.len(),
+            if self.members.len() == 1 { "" } else { "s" },
+            if members.is_empty() { "" } else { ": " },
+            members.join(", "),
+            self.count
+        );
+        for o in &self.owners {
+            match &o.owner {
+                Some(l) => text.push_str(&format!(
+                    "\n  {unit} {}: {} (token {})",
+                    o.index, l.id, l.token
+                )),
+                None => text.push_str(&format!("\n  {unit} {}: no owner", o.index)),
+            }
+        }
+        text
+    }
+}
+
+/// The group named `election`, if replicas use the name for one: its
+/// members (from their notes) and its elections' holders (one listing of
+/// the store).
+pub async fn read_group(
+    store: &dyn leasehold::Store,
+    election: &ElectionName,
+) -> anyhow::Result<Option<GroupJson>> {
+    let notes = match store.notes(election).await {
+        Ok(notes) => notes,
+        Err(leasehold::Error::Unsupported(_)) => return Ok(None),
+        Err(error) => return Err(error.into()),
+    };
+    let members = leasehold::group::members(&notes);
+    let Some(kind) = members.first().map(|m| m.kind) else {
+        return Ok(None);
+    };
+    let members: Vec<_> = members.into_iter().filter(|m| m.kind == kind).collect();
+    let mut held: std::collections::HashMap<ElectionName, Option<Leader>> = store
+        .elections()
+        .await?
+        .into_iter()
+        .map(|e| (e.election, e.leader))
+        .collect();
+    let holders = (0..kind.count())
+        .map(|k| {
+            let name = kind.election(election, k)?;
+            let holder = held.remove(&name).flatten();
+            Ok((name, holder))
+        })
+        .collect::<leasehold::Result<Vec<_>>>()?;
+    Ok(Some(GroupJson::new(kind, &members, holders)))
+}
+
 pub fn print_line(line: &str) -> anyhow::Result<()> {
     crate::generate::write_stdout(format!("{line}\n").as_bytes())
 }
@@ -140,6 +276,7 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
     let line = read_line(&*store, &args.election, leader.as_ref()).await?;
     let mut status = Status::new(&args.election, leader.as_ref());
     status.candidates = line.as_deref().map(CandidateJson::line);
+    status.group = read_group(&*store, &args.election).await?;
     if args.json {
         print_line(&serde_json::to_string(&status)?)?;
     } else {

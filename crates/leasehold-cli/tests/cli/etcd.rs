@@ -211,3 +211,9 @@ fn a_secured_etcd_with_the_password_from_the_environment() {
         }
     }
 }
+
+#[test]
+fn twelve_shards_over_three_replicas_on_etcd() {
+    let cluster = EtcdCluster::start(3);
+    super::groups::twelve_shards_over_three_replicas(&cluster.url("/shards"), &Scratch::new());
+}

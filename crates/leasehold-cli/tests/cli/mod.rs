@@ -2,6 +2,7 @@ mod campaign;
 mod etcd;
 mod fencing;
 mod generated;
+mod groups;
 mod guard;
 mod harness;
 mod hostile;

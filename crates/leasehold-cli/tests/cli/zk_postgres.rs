@@ -504,3 +504,18 @@ fn the_sigkill_fast_path_on_an_authenticated_zookeeper() {
         &Scratch::new(),
     );
 }
+
+#[test]
+fn twelve_shards_over_three_replicas_on_zookeeper() {
+    let server = ZooKeeperServer::start();
+    super::groups::twelve_shards_over_three_replicas(&server.url("/shards"), &Scratch::new());
+}
+
+#[test]
+fn twelve_shards_over_three_replicas_on_postgres() {
+    let server = PostgresServer::start();
+    super::groups::twelve_shards_over_three_replicas(
+        &format!("{}?schema=shards", server.url()),
+        &Scratch::new(),
+    );
+}

@@ -110,6 +110,13 @@ impl fmt::Display for GroupKind {
     }
 }
 
+/// The group whose shard `election` is (`jobs` for `jobs/shard/7`).
+pub(crate) fn group_of_shard(election: &ElectionName) -> Option<ElectionName> {
+    let (group, index) = election.as_str().rsplit_once("/shard/")?;
+    index.parse::<u32>().ok()?;
+    ElectionName::new(group).ok()
+}
+
 /// The election the waiters for a group's slots line up on: its holder is
 /// the one waiter that watches the slots and takes the next free one.
 pub(crate) fn slot_queue(group: &ElectionName) -> Result<ElectionName> {

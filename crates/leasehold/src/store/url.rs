@@ -1578,7 +1578,7 @@ pub async fn open(url: &StoreUrl) -> Result<Arc<dyn Store>> {
 /// connection; SQLite and etcd open as [`open`] does.
 pub async fn release_orphaned(url: &StoreUrl, grant: &crate::store::Grant) -> Result<()> {
     url.validate()?;
-    match url {
+    let store: Arc<dyn Store> = match url {
         #[cfg(feature = "zookeeper")]
         StoreUrl::ZooKeeper {
             endpoints,
@@ -1586,19 +1586,30 @@ pub async fn release_orphaned(url: &StoreUrl, grant: &crate::store::Grant) -> Re
             security,
         } => {
             resolve_any("ZooKeeper", endpoints).await?;
-            crate::store::zookeeper::ZkStore::to_release(endpoints, root, security)?
-                .release_orphaned(grant)
-                .await
+            Arc::new(crate::store::zookeeper::ZkStore::to_release(
+                endpoints, root, security,
+            )?)
         }
         #[cfg(feature = "postgres")]
         StoreUrl::Postgres { url, schema } => {
-            crate::store::postgres::PostgresStore::connect_to_release(url, schema)
-                .await?
-                .release_orphaned(grant)
-                .await
+            Arc::new(crate::store::postgres::PostgresStore::connect_to_release(url, schema).await?)
         }
-        _ => open(url).await?.release_orphaned(grant).await,
+        _ => open(url).await?,
+    };
+    let released = store.release_orphaned(grant).await;
+    // A shard's holder that died is no member of its group any more: its
+    // note goes too, so that the others take its shards now rather than
+    // once its session expires (each still waits for its grant's release,
+    // which that shard's own guard makes once its command is gone).
+    if matches!(released, Ok(()) | Err(Error::NotHolder { .. }))
+        && let Some(group) = crate::group::group_of_shard(&grant.election)
+        && let Err(error) = store
+            .delete_note(grant.session, &group, crate::group::MEMBER)
+            .await
+    {
+        tracing::debug!(%group, %error, "could not remove a dead member from its group");
     }
+    released
 }
 
 /// Opens the store a URL names for reading only — what `status`, `list`

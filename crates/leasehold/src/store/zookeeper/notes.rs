@@ -117,11 +117,20 @@ impl Inner {
         name: &str,
     ) -> Result<()> {
         const WHAT: &str = "delete a note";
-        // An ended session's notes are gone with it.
-        let Ok((zk, client)) = self.live_session(session) else {
-            return Ok(());
-        };
         let path = format!("{}/{:016x}-{name}", self.notes_dir(election), session.0);
+        let Ok((zk, client)) = self.live_session(session) else {
+            if self.session(session).is_some() {
+                // An ended session's notes are gone with it.
+                return Ok(());
+            }
+            // Another process's session (a dead member's note, removed by
+            // its guard): with the store's own client.
+            let client = self.reader().await?;
+            return match super::request(WHAT, client.delete(&path, None)).await? {
+                Ok(()) | Err(zookeeper_client::Error::NoNode) => Ok(()),
+                Err(error) => Err(self.failed(WHAT, &path, error)),
+            };
+        };
         match zk.ask(WHAT, client.delete(&path, None)).await? {
             Ok(()) | Err(zookeeper_client::Error::NoNode) => Ok(()),
             Err(error) => Err(zk.refused(WHAT, &path, error)),

@@ -1,0 +1,303 @@
+//! Many responsibilities with real processes: `run --shards` and `run
+//! --slots`.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use super::harness::{
+    Proc, Scratch, leasehold, read_lines, status_json, status_json_once_created, stderr, wait_until,
+};
+
+const SECOND: Duration = Duration::from_secs(1);
+const GROUP: &str = "jobs";
+
+/// A shard's (or slot's) command: takes an exclusive lock named after its
+/// shard — the kernel lets go of it when the process dies, however it
+/// dies — and logs `double` if another process still holds it, so a shard
+/// ever run twice at once shows in the log whatever killed the other.
+/// Logs `start SHARD TOKEN ID` and, on SIGTERM, `stop SHARD TOKEN ID`.
+const WORKER: &str = r#"K="${LEASEHOLD_SHARD:-$LEASEHOLD_SLOT}"
+exec 9>"lock-$K"
+flock -n 9 || echo "double $K $LEASEHOLD_TOKEN $LEASEHOLD_ID" >> moves.log
+trap 'echo "stop $K $LEASEHOLD_TOKEN $LEASEHOLD_ID" >> moves.log; exit 0' TERM
+echo "start $K $LEASEHOLD_TOKEN $LEASEHOLD_ID $LEASEHOLD_SHARDS$LEASEHOLD_SLOTS $LEASEHOLD_ELECTION" >> moves.log
+while :; do sleep 0.05 9>&-; done"#;
+
+fn member(store: &str, scratch: &Scratch, id: &str, extra: &[&str]) -> Proc {
+    Proc::spawn(
+        leasehold()
+            .args(["run", "--election", GROUP, "--ttl", "30s", "--id", id])
+            .args(["--store", store])
+            .args(extra)
+            .args(["--", "sh", "-c", WORKER])
+            .current_dir(scratch.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    )
+}
+
+/// How many shards each of `ids` owns, as `status --json` says, and how
+/// many are owned in all.
+fn loads(store: &str, ids: &[&str]) -> (Vec<u64>, usize) {
+    let status = status_json_once_created(store, GROUP);
+    let members = status["group"]["members"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let loads = ids
+        .iter()
+        .map(|id| {
+            members
+                .iter()
+                .find(|m| m["id"] == *id)
+                .and_then(|m| m["owns"].as_u64())
+                .unwrap_or(0)
+        })
+        .collect();
+    let owned = status["group"]["owners"]
+        .as_array()
+        .map_or(0, |o| o.iter().filter(|o| !o["owner"].is_null()).count());
+    (loads, owned)
+}
+
+/// A command that started: shard, token, replica.
+type Started = (String, String, String);
+
+/// Commands running now, from the log: a start not yet followed by a stop
+/// of the same shard and token, less `dead` (a SIGKILLed replica's
+/// commands never log their stop).
+fn running(scratch: &Scratch, dead: &[Started]) -> Vec<Started> {
+    let mut now: Vec<Started> = Vec::new();
+    for line in read_lines(&scratch.path("moves.log")) {
+        let parts: Vec<&str> = line.split(' ').collect();
+        match parts.as_slice() {
+            ["start", k, token, id, ..] => {
+                now.push((k.to_string(), token.to_string(), id.to_string()));
+            }
+            ["stop", k, token, _] => now.retain(|(k2, t2, _)| !(k2 == k && t2 == token)),
+            _ => {}
+        }
+    }
+    now.retain(|s| !dead.contains(s));
+    now
+}
+
+/// No command ran while another held its shard; every shard's tokens grew.
+fn assert_never_doubly_owned(scratch: &Scratch) {
+    let log = read_lines(&scratch.path("moves.log"));
+    assert!(
+        !log.iter().any(|l| l.starts_with("double ")),
+        "a shard ran twice at once: {log:?}"
+    );
+    let mut last: std::collections::HashMap<String, u64> = Default::default();
+    for line in &log {
+        if let ["start", k, token, ..] = line.split(' ').collect::<Vec<_>>().as_slice() {
+            let token: u64 = token.parse().expect("token");
+            let before = last.insert(k.to_string(), token).unwrap_or(0);
+            assert!(
+                token > before,
+                "shard {k}: token {token} after {before}: {log:?}"
+            );
+        }
+    }
+}
+
+fn settled(store: &str, scratch: &Scratch, ids: &[&str], want: &[u64], dead: &[Started]) {
+    let total = usize::try_from(want.iter().sum::<u64>()).expect("small");
+    assert!(
+        wait_until(30 * SECOND, || loads(store, ids) == (want.to_vec(), total)
+            && running(scratch, dead).len() == total),
+        "{ids:?} did not settle at {want:?}: status says {:?}, running {:?}",
+        loads(store, ids),
+        running(scratch, dead)
+    );
+}
+
+/// Three replicas share twelve shards 4/4/4; one SIGKILLed leaves 6/6 at
+/// once (its guard releases its shards once its commands are gone), with
+/// no shard run twice at any instant; restarted, it takes its share back
+/// by graceful handover: 4/4/4. SIGTERM stops every command and releases
+/// everything.
+#[test]
+fn twelve_shards_over_three_replicas_survive_a_kill_and_a_restart() {
+    let scratch = Scratch::new();
+    twelve_shards_over_three_replicas(&scratch.store_url(), &scratch);
+}
+
+/// The same on any store (etcd, ZooKeeper and PostgreSQL run it too): the
+/// killed replica's guards release its shards and its membership, so the
+/// others take them before its session's TTL.
+pub fn twelve_shards_over_three_replicas(store: &str, scratch: &Scratch) {
+    let (store, scratch) = (store.to_owned(), scratch);
+    let a = member(&store, scratch, "a", &["--shards", "12"]);
+    let b = member(&store, scratch, "b", &["--shards", "12"]);
+    let c = member(&store, scratch, "c", &["--shards", "12"]);
+    settled(&store, scratch, &["a", "b", "c"], &[4, 4, 4], &[]);
+    let log = read_lines(&scratch.path("moves.log"));
+    assert!(
+        log.iter()
+            .any(|l| l.starts_with("start ") && l.ends_with(" 12 jobs/shard/0")),
+        "a shard's command sees LEASEHOLD_SHARDS and its own election: {log:?}"
+    );
+
+    b.signal(nix::sys::signal::Signal::SIGKILL);
+    let dead: Vec<Started> = running(scratch, &[])
+        .into_iter()
+        .filter(|(_, _, id)| id == "b")
+        .collect();
+    assert_eq!(dead.len(), 4);
+    settled(&store, scratch, &["a", "c"], &[6, 6], &dead);
+    assert_never_doubly_owned(scratch);
+
+    let b2 = member(&store, scratch, "b", &["--shards", "12"]);
+    settled(&store, scratch, &["a", "b", "c"], &[4, 4, 4], &dead);
+    assert_never_doubly_owned(scratch);
+
+    for replica in [&a, &b2, &c] {
+        replica.signal(nix::sys::signal::Signal::SIGTERM);
+    }
+    for mut replica in [a, b2, c] {
+        let status = replica.wait_for_exit(30 * SECOND);
+        assert_eq!(
+            status.and_then(|s| s.code()),
+            Some(0),
+            "run --shards exits 0 after SIGTERM"
+        );
+    }
+    let status = status_json(&store, GROUP);
+    assert!(
+        status["group"].is_null()
+            || status["group"]["owners"]
+                .as_array()
+                .is_some_and(|o| o.iter().all(|o| o["owner"].is_null())),
+        "everything is released after SIGTERM: {status}"
+    );
+    assert_never_doubly_owned(scratch);
+}
+
+/// At most two of four replicas run at once with `--slots 2`, each with
+/// its slot and that slot's token; a finished command frees its slot for
+/// the next.
+#[test]
+fn slots_run_at_most_k_commands_at_once() {
+    let scratch = Scratch::new();
+    let store = scratch.store_url();
+    // Each command runs a moment, then exits: the next waiter takes its slot.
+    let brief = r#"K="$LEASEHOLD_SLOT"
+exec 9>"lock-$K"
+flock -n 9 || echo "double $K $LEASEHOLD_TOKEN $LEASEHOLD_ID" >> moves.log
+echo "start $K $LEASEHOLD_TOKEN $LEASEHOLD_ID $LEASEHOLD_SLOTS $LEASEHOLD_ELECTION" >> moves.log
+sleep 1 9>&-
+echo "stop $K $LEASEHOLD_TOKEN $LEASEHOLD_ID" >> moves.log"#;
+    let replicas: Vec<Proc> = ["w", "x", "y", "z"]
+        .iter()
+        .map(|id| {
+            Proc::spawn(
+                leasehold()
+                    .args(["run", "--election", GROUP, "--slots", "2", "--id", id])
+                    .args(["--store", &store])
+                    .args(["--", "sh", "-c", brief])
+                    .current_dir(scratch.dir.path())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null()),
+            )
+        })
+        .collect();
+    for mut replica in replicas {
+        let status = replica.wait_for_exit(60 * SECOND);
+        assert_eq!(
+            status.and_then(|s| s.code()),
+            Some(0),
+            "run exits with its command's status"
+        );
+    }
+    let log = read_lines(&scratch.path("moves.log"));
+    assert_eq!(
+        log.iter().filter(|l| l.starts_with("start ")).count(),
+        4,
+        "{log:?}"
+    );
+    let mut at_once = 0;
+    let mut most = 0;
+    for line in &log {
+        if line.starts_with("start ") {
+            at_once += 1;
+            most = most.max(at_once);
+            let k = line.split(' ').nth(1).expect("slot");
+            assert!(k == "0" || k == "1", "{line}");
+            assert!(line.ends_with(&format!(" 2 jobs/slot/{k}")), "{line}");
+        } else if line.starts_with("stop ") {
+            at_once -= 1;
+        }
+    }
+    assert!(most <= 2, "more than two commands ran at once: {log:?}");
+    assert_eq!(most, 2, "two slots were never used at once: {log:?}");
+    assert_never_doubly_owned(&scratch);
+}
+
+/// Bad input: one line, exit 2, nothing written; a count that differs
+/// from the group's: one line naming the count in use, exit 1.
+#[test]
+fn group_flags_are_checked() {
+    let scratch = Scratch::new();
+    let store = scratch.store_url();
+    for args in [
+        &["--shards", "0"][..],
+        &["--slots", "0"],
+        &["--shards", "2", "--slots", "2"],
+        &["--shards", "65537"],
+        &["--shards", "2", "--priority", "1"],
+        &["--slots", "2", "--lock-delay", "1s"],
+    ] {
+        let out = leasehold()
+            .args(["run", "--election", GROUP, "--store", &store])
+            .args(args)
+            .args(["--", "true"])
+            .output()
+            .expect("spawn");
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert_eq!(
+            stderr(&out).lines().count(),
+            1,
+            "{args:?}: {}",
+            stderr(&out)
+        );
+        assert!(
+            !scratch.path("leasehold.db").exists(),
+            "{args:?} wrote a store"
+        );
+    }
+    let _a = member(&store, &scratch, "a", &["--shards", "3"]);
+    assert!(wait_until(10 * SECOND, || loads(&store, &["a"]) == (vec![3], 3)));
+    for (args, said) in [
+        (&["--shards", "4"][..], "3 shards"),
+        (&["--slots", "3"], "3 shards"),
+        (&[], "--shards 3"),
+    ] {
+        let out = leasehold()
+            .args(["run", "--election", GROUP, "--store", &store, "--id", "b"])
+            .args(args)
+            .args(["--", "true"])
+            .output()
+            .expect("spawn");
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
+        let last = stderr(&out).lines().last().unwrap_or_default().to_owned();
+        assert!(last.contains(said), "{args:?}: {}", stderr(&out));
+    }
+    assert_eq!(
+        loads(&store, &["a", "b"]),
+        (vec![3, 0], 3),
+        "a refused member changed the group"
+    );
+    let help = leasehold().args(["run", "--help"]).output().expect("spawn");
+    let help = String::from_utf8_lossy(&help.stdout);
+    for flag in [
+        "--shards",
+        "--slots",
+        "--restart-delay",
+        "LEASEHOLD_SHARD",
+        "LEASEHOLD_SLOT",
+    ] {
+        assert!(help.contains(flag), "{flag} missing from run --help");
+    }
+}

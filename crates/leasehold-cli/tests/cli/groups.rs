@@ -301,3 +301,30 @@ fn group_flags_are_checked() {
         assert!(help.contains(flag), "{flag} missing from run --help");
     }
 }
+
+/// `run --shards --http`: `/status` shows the group and this runner's
+/// shards; `/metrics` counts them.
+#[test]
+fn a_shard_member_serves_its_view() {
+    use super::operability::{free_addr, get, sample};
+    let scratch = Scratch::new();
+    let store = scratch.store_url();
+    let addr = free_addr();
+    let _a = member(&store, &scratch, "a", &["--shards", "3", "--http", &addr.to_string()]);
+    assert!(
+        wait_until(20 * SECOND, || get(addr, "/metrics")
+            .and_then(|(_, m)| sample(&m, "leasehold_shards_owned"))
+            == Some(3.0)),
+        "the runner never reported owning its 3 shards"
+    );
+    let (code, body) = get(addr, "/status").expect("status");
+    assert_eq!(code, 200, "{body}");
+    let status: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(status["mine"], serde_json::json!([0, 1, 2]), "{status}");
+    assert_eq!(status["group"]["kind"], "shards", "{status}");
+    assert_eq!(status["group"]["members"][0]["owns"], 3, "{status}");
+    assert_eq!(status["is_leader"], true, "{status}");
+    let (_, metrics) = get(addr, "/metrics").expect("metrics");
+    assert_eq!(sample(&metrics, "leasehold_shards_gained_total"), Some(3.0), "{metrics}");
+    assert_eq!(sample(&metrics, "leasehold_group_members"), Some(1.0), "{metrics}");
+}

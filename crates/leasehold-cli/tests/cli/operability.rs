@@ -244,13 +244,13 @@ fn tune_counts_etcds_expiry_check_in_whole_milliseconds() {
     assert!(text.contains("absorbs 2 lost renewals in a row"), "{text}");
 }
 
-fn free_addr() -> SocketAddr {
+pub fn free_addr() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     listener.local_addr().expect("addr")
 }
 
 /// A plain HTTP/1.1 GET: status code and body.
-fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+pub fn get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
     let mut stream = TcpStream::connect_timeout(&addr, SECOND).ok()?;
     stream.set_read_timeout(Some(5 * SECOND)).ok()?;
     write!(
@@ -282,7 +282,7 @@ fn sum(metrics: &str, name: &str) -> f64 {
 }
 
 /// The value of the sample `name{…}` in Prometheus text.
-fn sample(metrics: &str, name: &str) -> Option<f64> {
+pub fn sample(metrics: &str, name: &str) -> Option<f64> {
     metrics
         .lines()
         .filter(|l| !l.starts_with('#'))

@@ -27,12 +27,21 @@ pub struct Counts {
     pub wakes: u64,
     /// Campaigns sent to the store.
     pub campaigns: u64,
+    /// Renewals (keep-alives) sent to the store.
+    pub renewals: u64,
+    /// Other writes: sessions opened and closed, releases, notes put,
+    /// amended and deleted.
+    pub writes: u64,
 }
 
 impl Counts {
-    /// Whether this client did nothing at all in `since..self`.
+    /// Whether this client did nothing at all in `since..self` but renew
+    /// its session (which it does on its own clock, whatever happens).
     pub fn untouched_since(&self, since: &Counts) -> bool {
-        self == since
+        Counts {
+            renewals: since.renewals,
+            ..*self
+        } == *since
     }
 }
 
@@ -42,6 +51,8 @@ struct Counters {
     watches: AtomicU64,
     wakes: Arc<AtomicU64>,
     campaigns: AtomicU64,
+    renewals: AtomicU64,
+    writes: AtomicU64,
 }
 
 /// Wraps a store and counts what passes through it ([`Counts`]).
@@ -68,7 +79,13 @@ impl CountingStore {
             watches: c.watches.load(Ordering::SeqCst),
             wakes: c.wakes.load(Ordering::SeqCst),
             campaigns: c.campaigns.load(Ordering::SeqCst),
+            renewals: c.renewals.load(Ordering::SeqCst),
+            writes: c.writes.load(Ordering::SeqCst),
         }
+    }
+
+    fn write(&self) {
+        self.counters.writes.fetch_add(1, Ordering::SeqCst);
     }
 
     fn read(&self) {
@@ -103,14 +120,17 @@ impl CountingStore {
 #[async_trait]
 impl Store for CountingStore {
     async fn open_session(&self, ttl: Duration) -> Result<SessionLease> {
+        self.write();
         self.inner.open_session(ttl).await
     }
 
     async fn keep_alive(&self, session: SessionId) -> Result<Duration> {
+        self.counters.renewals.fetch_add(1, Ordering::SeqCst);
         self.inner.keep_alive(session).await
     }
 
     async fn close_session(&self, session: SessionId) -> Result<()> {
+        self.write();
         self.inner.close_session(session).await
     }
 
@@ -125,6 +145,7 @@ impl Store for CountingStore {
     }
 
     async fn resign(&self, grant: &Grant) -> Result<()> {
+        self.write();
         self.inner.resign(grant).await
     }
 
@@ -161,6 +182,7 @@ impl Store for CountingStore {
         name: &str,
         text: &str,
     ) -> Result<()> {
+        self.write();
         self.inner.put_note(session, election, name, text).await
     }
 
@@ -171,6 +193,7 @@ impl Store for CountingStore {
         name: &str,
         text: &str,
     ) -> Result<bool> {
+        self.write();
         self.inner.amend_note(session, election, name, text).await
     }
 
@@ -180,6 +203,7 @@ impl Store for CountingStore {
         election: &ElectionName,
         name: &str,
     ) -> Result<()> {
+        self.write();
         self.inner.delete_note(session, election, name).await
     }
 

@@ -1,0 +1,609 @@
+//! Many responsibilities at scale, on every store, in one table.
+//!
+//! `cargo bench -p leasehold --bench groups [-- --held 1,10000
+//! --contenders 1000 --rounds 20 --shards 256 --stores sqlite,etcd,zookeeper,postgres]`
+//!
+//! Per store:
+//!
+//! - **held N**: one process (this one), one session, takes N elections
+//!   (`Elector::campaign`, 100 at a time) and then idles for five renewal
+//!   periods. Reported: the time to take them; the store requests per
+//!   renewal period while idle (renewals, and anything else); this
+//!   process's CPU while idle (user + system, share of one core) and its
+//!   resident memory grown per held election.
+//! - **contenders C**: C candidates in this process, each on its own
+//!   session over one shared store handle, campaign for one election. The
+//!   time to the first grant, then R handovers (the leader resigns): the
+//!   time from the release to the next grant (p50 / p99), and the store
+//!   requests of all candidates per handover, renewals excepted.
+//! - **group of S shards over 4 members** (each its own handle): time to
+//!   settle from a cold start (all four at once); a fourth member joining
+//!   three settled ones (time to settle, shards moved); a member killed as
+//!   `run` is killed — cut off from the store, its grants released and its
+//!   membership removed from another handle, as its guards do — (time to
+//!   settle, shards moved).
+//!
+//! Servers start on loopback (a 3-member etcd cluster, a standalone
+//! ZooKeeper, a PostgreSQL server; Debian's packages) and stop at the end;
+//! SQLite is a file in a temporary folder. Nothing asserts a timing.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use leasehold::store::{Store, StoreUrl};
+use leasehold::testing::{
+    CountingStore, Counts, EtcdCluster, FaultyStore, PostgresServer, ZooKeeperServer,
+};
+use leasehold::{CandidateId, ElectionName, Elector, LeaseConfig, Shards};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+/// Lease TTL of every session (renewal every second).
+const TTL: Duration = Duration::from_secs(3);
+/// How long one phase may take before the bench reports it unfinished.
+const CAP: Duration = Duration::from_secs(300);
+
+fn id(name: &str) -> CandidateId {
+    CandidateId::new(name).expect("id")
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1}", d.as_secs_f64() * 1e3)
+}
+
+fn elector(store: Arc<dyn Store>, name: &str) -> Elector {
+    Elector::new(store, id(name), LeaseConfig::with_ttl(TTL)).expect("config")
+}
+
+/// This process's CPU time (user + system) and resident memory.
+fn usage() -> (Duration, u64) {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which may hold spaces) in parentheses.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields
+        .get(11)
+        .and_then(|u| u.parse::<u64>().ok())
+        .unwrap_or(0)
+        + fields
+            .get(12)
+            .and_then(|s| s.parse::<u64>().ok())
+            .unwrap_or(0);
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    // USER_HZ is 100 on Linux; pages are 4 KiB here.
+    (Duration::from_millis(ticks * 10), pages * 4096)
+}
+
+fn requests(c: &Counts) -> u64 {
+    c.reads + c.watches + c.campaigns + c.writes
+}
+
+struct Held {
+    n: usize,
+    taken: String,
+    renewals_per_period: f64,
+    others_per_period: f64,
+    idle_cpu: String,
+    memory: String,
+}
+
+async fn held(url: &StoreUrl, n: usize) -> Held {
+    let handle = Arc::new(CountingStore::new(
+        leasehold::store::open(url).await.expect("open"),
+    ));
+    let (_, rss_before) = usage();
+    let elector = Arc::new(elector(Arc::clone(&handle) as Arc<dyn Store>, "holder"));
+    let started = Instant::now();
+    let gate = Arc::new(Semaphore::new(100));
+    let mut tasks = JoinSet::new();
+    for i in 0..n {
+        let (elector, gate) = (Arc::clone(&elector), Arc::clone(&gate));
+        tasks.spawn(async move {
+            let _permit = gate.acquire_owned().await.expect("gate");
+            let election = ElectionName::new(format!("held-{n}/{i}")).expect("name");
+            elector.campaign(&election).await
+        });
+    }
+    let mut leaderships = Vec::with_capacity(n);
+    let finished = tokio::time::timeout(CAP, async {
+        while let Some(done) = tasks.join_next().await {
+            if let Ok(Ok(leadership)) = done {
+                leaderships.push(leadership);
+            }
+        }
+    })
+    .await;
+    let took = started.elapsed();
+    let taken = match finished {
+        Ok(()) if leaderships.len() == n => format!(
+            "{:.2} s ({} ms each)",
+            took.as_secs_f64(),
+            ms(took / u32::try_from(n).unwrap_or(1))
+        ),
+        _ => format!("{} of {n} in {:.0} s", leaderships.len(), took.as_secs_f64()),
+    };
+    tasks.abort_all();
+    // Idle: let the watches settle, then five renewal periods.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let period = LeaseConfig::with_ttl(TTL).renew_every;
+    let (cpu_before, _) = usage();
+    let counts_before = handle.counts();
+    let idle_started = Instant::now();
+    tokio::time::sleep(period * 5).await;
+    let idle = idle_started.elapsed();
+    let (cpu_after, rss_after) = usage();
+    let counts_after = handle.counts();
+    let periods = idle.as_secs_f64() / period.as_secs_f64();
+    let renewals = (counts_after.renewals - counts_before.renewals) as f64 / periods;
+    let others = (requests(&counts_after) - requests(&counts_before)) as f64 / periods;
+    let cpu = (cpu_after - cpu_before).as_secs_f64() / idle.as_secs_f64() * 100.0;
+    let grown = rss_after.saturating_sub(rss_before);
+    let memory = if n > 1 {
+        format!(
+            "{:.1} KiB each",
+            grown as f64 / 1024.0 / leaderships.len().max(1) as f64
+        )
+    } else {
+        format!("{:.0} KiB", grown as f64 / 1024.0)
+    };
+    let _ = elector.close().await;
+    drop(leaderships);
+    Held {
+        n,
+        taken,
+        renewals_per_period: renewals,
+        others_per_period: others,
+        idle_cpu: format!("{cpu:.2} %"),
+        memory,
+    }
+}
+
+struct Contended {
+    contenders: usize,
+    first: String,
+    handover: String,
+    requests: String,
+}
+
+async fn contenders(url: &StoreUrl, c: usize, rounds: usize) -> Contended {
+    let handle = Arc::new(CountingStore::new(
+        leasehold::store::open(url).await.expect("open"),
+    ));
+    let election = ElectionName::new(format!("contended-{c}")).expect("name");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut loops = JoinSet::new();
+    let started = Instant::now();
+    for i in 0..c {
+        let elector = elector(Arc::clone(&handle) as Arc<dyn Store>, &format!("c{i}"));
+        let (election, tx) = (election.clone(), tx.clone());
+        loops.spawn(async move {
+            loop {
+                if let Ok(leadership) = elector.campaign(&election).await {
+                    let (done_tx, done) = tokio::sync::oneshot::channel::<()>();
+                    if tx.send((leadership, done_tx)).is_err() {
+                        return;
+                    }
+                    let _ = done.await;
+                }
+            }
+        });
+    }
+    let Ok(Some((leader, done))) = tokio::time::timeout(CAP, rx.recv()).await else {
+        return Contended {
+            contenders: c,
+            first: "none".into(),
+            handover: "-".into(),
+            requests: "-".into(),
+        };
+    };
+    let first = started.elapsed();
+    // Let every contender join the line before measuring handovers.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut times = Vec::new();
+    let mut ops = Vec::new();
+    let mut current = Some((leader, done));
+    for _ in 0..rounds {
+        let Some((leader, done)) = current.take() else {
+            break;
+        };
+        let before = handle.counts();
+        let released = Instant::now();
+        let _ = leader.resign().await;
+        let _ = done.send(());
+        match tokio::time::timeout(Duration::from_secs(30), rx.recv()).await {
+            Ok(Some(next)) => {
+                times.push(released.elapsed());
+                current = Some(next);
+            }
+            _ => break,
+        }
+        // The old leader joins the line again: part of the round's cost.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        ops.push(requests(&handle.counts()) - requests(&before));
+    }
+    loops.abort_all();
+    drop(current);
+    times.sort();
+    ops.sort_unstable();
+    let pick = |v: &[Duration], q: f64| {
+        v.get(((v.len() as f64 - 1.0) * q).round() as usize)
+            .map_or("-".into(), |d| ms(*d))
+    };
+    Contended {
+        contenders: c,
+        first: ms(first),
+        handover: format!("{} / {}", pick(&times, 0.5), pick(&times, 0.99)),
+        requests: ops
+            .get(ops.len() / 2)
+            .map_or("-".into(), ToString::to_string),
+    }
+}
+
+/// Who acts on each shard, as the members say, and how many grants.
+#[derive(Default)]
+struct Owners {
+    owners: Mutex<HashMap<u32, String>>,
+    gains: Mutex<usize>,
+}
+
+impl Owners {
+    fn loads(&self, names: &[&str]) -> Vec<usize> {
+        let owners = self.owners.lock().expect("owners");
+        names
+            .iter()
+            .map(|n| owners.values().filter(|o| o == n).count())
+            .collect()
+    }
+    fn gains(&self) -> usize {
+        *self.gains.lock().expect("gains")
+    }
+}
+
+struct GroupMember {
+    elector: Arc<Elector>,
+    faults: Arc<FaultyStore>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+async fn group_member(
+    url: &StoreUrl,
+    name: &'static str,
+    group: &ElectionName,
+    count: u32,
+    owners: &Arc<Owners>,
+) -> GroupMember {
+    let faults = Arc::new(FaultyStore::new(
+        leasehold::store::open(url).await.expect("open"),
+        Arc::new(leasehold::clock::TokioClock),
+    ));
+    let elector = Arc::new(elector(Arc::clone(&faults) as Arc<dyn Store>, name));
+    let (elector2, group, owners) = (Arc::clone(&elector), group.clone(), Arc::clone(owners));
+    let task = tokio::spawn(async move {
+        let mut shards = Shards::join(elector2, group, count).await.expect("join");
+        let mut held = JoinSet::new();
+        loop {
+            let Ok(shard) = shards.next().await else {
+                continue;
+            };
+            owners
+                .owners
+                .lock()
+                .expect("owners")
+                .insert(shard.index(), name.to_owned());
+            *owners.gains.lock().expect("gains") += 1;
+            let owners = Arc::clone(&owners);
+            held.spawn(async move {
+                tokio::select! {
+                    () = shard.revoked() => {}
+                    _ = shard.leadership().lost() => {}
+                }
+                {
+                    let mut map = owners.owners.lock().expect("owners");
+                    if map.get(&shard.index()).is_some_and(|o| o == name) {
+                        map.remove(&shard.index());
+                    }
+                }
+                let _ = shard.resign().await;
+            });
+        }
+    });
+    GroupMember {
+        elector,
+        faults,
+        task,
+    }
+}
+
+/// Waits until `names` own `want` each; the time it took.
+async fn settle(owners: &Owners, names: &[&str], want: &[usize], from: Instant) -> String {
+    let reached = tokio::time::timeout(CAP, async {
+        loop {
+            if owners.loads(names) == want {
+                return from.elapsed();
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    match reached {
+        Ok(took) => format!("{} ms", ms(took)),
+        Err(_) => format!("not in {CAP:?}: {:?}", owners.loads(names)),
+    }
+}
+
+fn shares(count: u32, members: usize) -> Vec<usize> {
+    let count = count as usize;
+    (0..members)
+        .map(|i| count / members + usize::from(i < count % members))
+        .collect()
+}
+
+struct Grouped {
+    cold: String,
+    join: String,
+    kill: String,
+}
+
+async fn group(url: &StoreUrl, count: u32) -> Grouped {
+    // Cold start: four at once.
+    let owners = Arc::new(Owners::default());
+    let cold_group = ElectionName::new(format!("cold-{count}")).expect("name");
+    let started = Instant::now();
+    let mut members = Vec::new();
+    for name in ["m0", "m1", "m2", "m3"] {
+        members.push(group_member(url, name, &cold_group, count, &owners).await);
+    }
+    let cold = settle(&owners, &["m0", "m1", "m2", "m3"], &shares(count, 4), started).await;
+    for m in members.drain(..) {
+        m.task.abort();
+        let _ = m.task.await;
+        let _ = m.elector.close().await;
+    }
+
+    // Three settled, then a fourth joins.
+    let owners = Arc::new(Owners::default());
+    let g = ElectionName::new(format!("moves-{count}")).expect("name");
+    for name in ["m0", "m1", "m2"] {
+        members.push(group_member(url, name, &g, count, &owners).await);
+    }
+    let mut three = shares(count, 3);
+    three.sort_unstable_by(|a, b| b.cmp(a));
+    let mut loads_settled = false;
+    for _ in 0..2000 {
+        let mut l = owners.loads(&["m0", "m1", "m2"]);
+        l.sort_unstable_by(|a, b| b.cmp(a));
+        if l == three {
+            loads_settled = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(loads_settled, "three members did not settle");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let gains = owners.gains();
+    let started = Instant::now();
+    members.push(group_member(url, "m3", &g, count, &owners).await);
+    let took = settle(&owners, &["m0", "m1", "m2", "m3"], &shares(count, 4), started).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let join = format!("{took}, {} moved", owners.gains() - gains);
+
+    // m3 killed as `run` is: cut off; its grants released and its
+    // membership removed from another handle, as its guards do.
+    let gains = owners.gains();
+    let started = Instant::now();
+    let dead = members.pop().expect("m3");
+    dead.faults.set_unavailable(true);
+    dead.task.abort();
+    let session = dead.elector.session().await.ok().map(|s| s.id());
+    owners.owners.lock().expect("owners").retain(|_, o| o != "m3");
+    let other = leasehold::store::open(url).await.expect("open");
+    if let Some(session) = session {
+        for k in 0..count {
+            let election = ElectionName::new(format!("{g}/shard/{k}")).expect("name");
+            if let Ok(Some(leader)) = other.leader(&election).await
+                && leader.candidate.as_str() == "m3"
+            {
+                let grant = leasehold::Grant {
+                    election,
+                    candidate: leader.candidate,
+                    session,
+                    token: leader.token,
+                };
+                let _ = other.release_orphaned(&grant).await;
+            }
+        }
+        let _ = other.delete_note(session, &g, "member").await;
+    }
+    let mut three = shares(count, 3);
+    // Which of the three has the extra shard depends on who held most.
+    let took = tokio::time::timeout(CAP, async {
+        loop {
+            let mut l = owners.loads(&["m0", "m1", "m2"]);
+            l.sort_unstable_by(|a, b| b.cmp(a));
+            three.sort_unstable_by(|a, b| b.cmp(a));
+            if l == three {
+                return started.elapsed();
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let kill = match took {
+        Ok(took) => format!("{} ms, {} moved", ms(took), owners.gains() - gains),
+        Err(_) => "not settled".into(),
+    };
+    for m in members {
+        m.task.abort();
+        let _ = m.task.await;
+        let _ = m.elector.close().await;
+    }
+    Grouped {
+        cold: format!("{cold} ({} shards)", count),
+        join,
+        kill,
+    }
+}
+
+fn arg(args: &[String], name: &str) -> Option<String> {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .cloned()
+}
+
+fn numbers(args: &[String], name: &str, default: &str) -> Vec<usize> {
+    arg(args, name)
+        .unwrap_or_else(|| default.into())
+        .split(',')
+        .map(|w| {
+            w.parse()
+                .unwrap_or_else(|_| panic!("{name} takes numbers, comma-separated"))
+        })
+        .collect()
+}
+
+struct StoreRows {
+    store: &'static str,
+    held: Vec<Held>,
+    contended: Vec<Contended>,
+    grouped: Option<Grouped>,
+}
+
+async fn run_store(
+    store: &'static str,
+    url: &str,
+    held_counts: &[usize],
+    contender_counts: &[usize],
+    rounds: usize,
+    count: u32,
+) -> StoreRows {
+    let url: StoreUrl = url.parse().expect("a valid store URL");
+    let mut rows = StoreRows {
+        store,
+        held: Vec::new(),
+        contended: Vec::new(),
+        grouped: None,
+    };
+    for &n in held_counts {
+        eprintln!("{store}: holding {n}");
+        rows.held.push(held(&url, n).await);
+    }
+    for &c in contender_counts {
+        eprintln!("{store}: {c} contenders");
+        rows.contended.push(contenders(&url, c, rounds).await);
+    }
+    if count > 0 {
+        eprintln!("{store}: a group of {count} shards");
+        rows.grouped = Some(group(&url, count).await);
+    }
+    rows
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let held_counts = numbers(&args, "--held", "1,10000");
+    let contender_counts = numbers(&args, "--contenders", "1000");
+    let rounds = numbers(&args, "--rounds", "20")[0];
+    let count = u32::try_from(numbers(&args, "--shards", "256")[0]).expect("--shards");
+    let stores = arg(&args, "--stores").unwrap_or_else(|| "sqlite,etcd,zookeeper,postgres".into());
+    let mut all = Vec::new();
+    let dir = tempfile::tempdir().expect("temporary folder");
+    for store in stores.split(',') {
+        let rows = match store {
+            "sqlite" => {
+                let url = format!("sqlite:{}/groups.db", dir.path().display());
+                run_store("sqlite", &url, &held_counts, &contender_counts, rounds, count).await
+            }
+            "etcd" => {
+                let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(3))
+                    .await
+                    .expect("etcd");
+                run_store(
+                    "etcd (3 members)",
+                    &cluster.url("/groups"),
+                    &held_counts,
+                    &contender_counts,
+                    rounds,
+                    count,
+                )
+                .await
+            }
+            "zookeeper" => {
+                let zk = tokio::task::spawn_blocking(ZooKeeperServer::start)
+                    .await
+                    .expect("zookeeper");
+                run_store(
+                    "zookeeper",
+                    &zk.url("/groups"),
+                    &held_counts,
+                    &contender_counts,
+                    rounds,
+                    count,
+                )
+                .await
+            }
+            "postgres" => {
+                let pg = tokio::task::spawn_blocking(PostgresServer::start)
+                    .await
+                    .expect("postgres");
+                run_store(
+                    "postgres",
+                    &format!("{}?schema=groups", pg.url()),
+                    &held_counts,
+                    &contender_counts,
+                    rounds,
+                    count,
+                )
+                .await
+            }
+            other => panic!("--stores: unknown store {other}"),
+        };
+        all.push(rows);
+    }
+    println!("\nTTL {TTL:?} (a renewal period of 1 s); one process\n");
+    println!(
+        "| store | held | time to take them | renewals / period | other requests / period | idle CPU | memory |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for rows in &all {
+        for h in &rows.held {
+            println!(
+                "| {} | {} | {} | {:.1} | {:.1} | {} | {} |",
+                rows.store,
+                h.n,
+                h.taken,
+                h.renewals_per_period,
+                h.others_per_period,
+                h.idle_cpu,
+                h.memory
+            );
+        }
+    }
+    println!(
+        "\n| store | contenders | first grant ms | handover ms p50 / p99 | requests / handover |"
+    );
+    println!("|---|---|---|---|---|");
+    for rows in &all {
+        for c in &rows.contended {
+            println!(
+                "| {} | {} | {} | {} | {} |",
+                rows.store, c.contenders, c.first, c.handover, c.requests
+            );
+        }
+    }
+    println!("\n| store | 4 members: cold start | a 4th joins 3 | one of 4 killed |");
+    println!("|---|---|---|---|");
+    for rows in &all {
+        if let Some(g) = &rows.grouped {
+            println!("| {} | {} | {} | {} |", rows.store, g.cold, g.join, g.kill);
+        }
+    }
+}

@@ -9,7 +9,6 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use leasehold::{CandidateId, ElectionName, Elector, Leadership, Shard, Shards};
 use nix::sys::signal::Signal;
 use tokio::sync::mpsc;
@@ -20,6 +19,9 @@ use crate::guard::{Launch, Supervised};
 use crate::metrics::{RunnerMetrics, StepDown};
 use crate::signals::{AnySignal, IgnoredSignals, PassedSignals, StopSignals};
 use crate::term::{Request, Requests, Term, TermEnd};
+
+/// Pause before joining again after the store did not answer.
+const RETRY_JOIN: Duration = Duration::from_secs(1);
 
 /// What `run` tells a shard's term.
 enum Control {
@@ -74,13 +76,22 @@ impl ShardRunner {
             metrics,
         } = self;
         let id = elector.candidate().clone();
-        let mut shards = tokio::select! {
-            joined = Shards::join(Arc::clone(&elector), group.clone(), count) => {
-                joined.with_context(|| format!("cannot join group {group}"))?
-            }
-            signal = signals.recv() => {
-                tracing::info!(%signal, "stopping before joining the group");
-                return Ok(ExitCode::SUCCESS);
+        let mut shards = loop {
+            tokio::select! {
+                joined = Shards::join(Arc::clone(&elector), group.clone(), count) => match joined {
+                    Ok(shards) => break shards,
+                    Err(error) if error.is_transient() => {
+                        tracing::warn!(%group, %error, retry_in = ?RETRY_JOIN, "cannot join the group yet; retrying");
+                        tokio::time::sleep(RETRY_JOIN).await;
+                    }
+                    Err(error) => {
+                        return Err(anyhow::Error::new(error).context(format!("cannot join group {group}")));
+                    }
+                },
+                signal = signals.recv() => {
+                    tracing::info!(%signal, "stopping before joining the group");
+                    return Ok(ExitCode::SUCCESS);
+                }
             }
         };
         metrics.follow_group(shards.view());

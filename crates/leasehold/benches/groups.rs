@@ -126,7 +126,11 @@ async fn held(url: &StoreUrl, n: usize) -> Held {
             took.as_secs_f64(),
             ms(took / u32::try_from(n).unwrap_or(1))
         ),
-        _ => format!("{} of {n} in {:.0} s", leaderships.len(), took.as_secs_f64()),
+        _ => format!(
+            "{} of {n} in {:.0} s",
+            leaderships.len(),
+            took.as_secs_f64()
+        ),
     };
     tasks.abort_all();
     // Idle: let the watches settle, then five renewal periods.
@@ -359,7 +363,13 @@ async fn group(url: &StoreUrl, count: u32) -> Grouped {
     for name in ["m0", "m1", "m2", "m3"] {
         members.push(group_member(url, name, &cold_group, count, &owners).await);
     }
-    let cold = settle(&owners, &["m0", "m1", "m2", "m3"], &shares(count, 4), started).await;
+    let cold = settle(
+        &owners,
+        &["m0", "m1", "m2", "m3"],
+        &shares(count, 4),
+        started,
+    )
+    .await;
     for m in members.drain(..) {
         m.task.abort();
         let _ = m.task.await;
@@ -389,7 +399,13 @@ async fn group(url: &StoreUrl, count: u32) -> Grouped {
     let gains = owners.gains();
     let started = Instant::now();
     members.push(group_member(url, "m3", &g, count, &owners).await);
-    let took = settle(&owners, &["m0", "m1", "m2", "m3"], &shares(count, 4), started).await;
+    let took = settle(
+        &owners,
+        &["m0", "m1", "m2", "m3"],
+        &shares(count, 4),
+        started,
+    )
+    .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let join = format!("{took}, {} moved", owners.gains() - gains);
 
@@ -401,7 +417,11 @@ async fn group(url: &StoreUrl, count: u32) -> Grouped {
     dead.faults.set_unavailable(true);
     dead.task.abort();
     let session = dead.elector.session().await.ok().map(|s| s.id());
-    owners.owners.lock().expect("owners").retain(|_, o| o != "m3");
+    owners
+        .owners
+        .lock()
+        .expect("owners")
+        .retain(|_, o| o != "m3");
     let other = leasehold::store::open(url).await.expect("open");
     if let Some(session) = session {
         for k in 0..count {
@@ -520,7 +540,15 @@ async fn main() {
         let rows = match store {
             "sqlite" => {
                 let url = format!("sqlite:{}/groups.db", dir.path().display());
-                run_store("sqlite", &url, &held_counts, &contender_counts, rounds, count).await
+                run_store(
+                    "sqlite",
+                    &url,
+                    &held_counts,
+                    &contender_counts,
+                    rounds,
+                    count,
+                )
+                .await
             }
             "etcd" => {
                 let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(3))

@@ -310,7 +310,12 @@ fn a_shard_member_serves_its_view() {
     let scratch = Scratch::new();
     let store = scratch.store_url();
     let addr = free_addr();
-    let _a = member(&store, &scratch, "a", &["--shards", "3", "--http", &addr.to_string()]);
+    let _a = member(
+        &store,
+        &scratch,
+        "a",
+        &["--shards", "3", "--http", &addr.to_string()],
+    );
     assert!(
         wait_until(20 * SECOND, || get(addr, "/metrics")
             .and_then(|(_, m)| sample(&m, "leasehold_shards_owned"))
@@ -325,6 +330,14 @@ fn a_shard_member_serves_its_view() {
     assert_eq!(status["group"]["members"][0]["owns"], 3, "{status}");
     assert_eq!(status["is_leader"], true, "{status}");
     let (_, metrics) = get(addr, "/metrics").expect("metrics");
-    assert_eq!(sample(&metrics, "leasehold_shards_gained_total"), Some(3.0), "{metrics}");
-    assert_eq!(sample(&metrics, "leasehold_group_members"), Some(1.0), "{metrics}");
+    assert_eq!(
+        sample(&metrics, "leasehold_shards_gained_total"),
+        Some(3.0),
+        "{metrics}"
+    );
+    assert_eq!(
+        sample(&metrics, "leasehold_group_members"),
+        Some(1.0),
+        "{metrics}"
+    );
 }

@@ -15,12 +15,20 @@
 //! Afterwards the history is checked against the invariants in
 //! [`invariants`], one file each. A failure names the seed and the command
 //! that replays it.
+//!
+//! With [`Scenario::shards`] set, the candidates are instead members of one
+//! group of shards ([`leasehold::Shards`]) under the same faults, and
+//! stopped gracefully now and then: each shard is its own election,
+//! checked as one, and the group must settle evenly over the live members
+//! once the faults end and after each later crash or return of a member.
 
 pub mod clock;
 pub mod history;
 pub mod invariants;
 pub mod link;
+mod sharded;
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -35,7 +43,7 @@ use leasehold::store::{
 use leasehold::{CandidateId, ElectionName, Elector, Error, LeaseConfig, Result, Session};
 
 use crate::clock::{DriftingClock, StoreClock};
-use crate::history::{Crash, History, Term, Write};
+use crate::history::{Crash, Granted, History, Term, Write};
 pub use crate::invariants::Violation;
 use crate::link::Link;
 use leasehold::testing::Rng;
@@ -66,6 +74,10 @@ pub struct Scenario {
     /// candidate, as if a stop were a death.
     pub witness_on_pause: bool,
     pub write_every: Duration,
+    /// A sharded run: each candidate joins one group of this many shards
+    /// ([`leasehold::Shards::join`]) instead of campaigning for one
+    /// election.
+    pub shards: Option<u32>,
 }
 
 impl Default for Scenario {
@@ -82,6 +94,7 @@ impl Default for Scenario {
             unfenced_resource: false,
             witness_on_pause: false,
             write_every: Duration::from_millis(100),
+            shards: None,
         }
     }
 }
@@ -90,6 +103,9 @@ impl Scenario {
     /// The command that replays `seed` of this scenario.
     pub fn replay_command(&self, seed: u64) -> String {
         let mut cmd = format!("cargo run -p leasehold-sim -- --seed {seed}");
+        if let Some(shards) = self.shards {
+            cmd.push_str(&format!(" --shards {shards}"));
+        }
         if self.unsafe_deadline {
             cmd.push_str(" --unsafe-deadline");
         }
@@ -172,10 +188,19 @@ impl Store for GrantLog {
         candidate: &CandidateId,
     ) -> Result<Grant> {
         let grant = self.store.campaign(session, election, candidate).await?;
-        let who = candidate_index(candidate);
+        let granted = Granted {
+            shard: shard_of(election),
+            candidate: candidate_index(candidate),
+            token: grant.token.0,
+        };
         let mut history = lock(&self.history);
-        if !history.grants.iter().any(|&(_, t)| t == grant.token.0) {
-            history.grants.push((who, grant.token.0));
+        // A campaign repeated after a lost reply gets the same grant again.
+        if !history
+            .grants
+            .iter()
+            .any(|g| g.shard == granted.shard && g.token == granted.token)
+        {
+            history.grants.push(granted);
         }
         Ok(grant)
     }
@@ -243,6 +268,16 @@ fn candidate_index(id: &CandidateId) -> usize {
         .unwrap_or(usize::MAX)
 }
 
+/// The shard an election is (`sim/shard/3` is 3); 0 for the plain run's
+/// one election.
+fn shard_of(election: &ElectionName) -> u32 {
+    election
+        .as_str()
+        .rsplit_once("/shard/")
+        .and_then(|(_, k)| k.parse().ok())
+        .unwrap_or(0)
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -256,7 +291,12 @@ struct OpenTerm {
     grant: Grant,
 }
 
-/// The writes a candidate has issued that have not reached the resource.
+/// A candidate's terms in progress, by shard (0 for the plain run's one
+/// election).
+type OpenTerms = Arc<Mutex<BTreeMap<u32, OpenTerm>>>;
+
+/// Tasks of a candidate: the writes it has issued that have not reached
+/// the resource, or a member's shard workers.
 type InFlight = Arc<Mutex<Vec<tokio::task::AbortHandle>>>;
 
 struct Slot {
@@ -264,19 +304,71 @@ struct Slot {
     link: Arc<Link>,
     clock: Arc<DriftingClock>,
     task: tokio::task::JoinHandle<()>,
-    open: Arc<Mutex<Option<OpenTerm>>>,
+    open: OpenTerms,
     writes: InFlight,
+    /// A member's shard workers (sharded runs), killed with it.
+    workers: InFlight,
+    /// Asks a member to stop gracefully (sharded runs).
+    stop: Option<tokio::sync::mpsc::UnboundedSender<()>>,
+    /// Down (crashed, or stopping gracefully) until restarted.
     crashed: bool,
+}
+
+/// What a candidate's fenced writes need.
+#[derive(Clone)]
+struct Writer {
+    index: usize,
+    link: Arc<Link>,
+    fence: Arc<MemoryFence>,
+    history: Arc<Mutex<History>>,
+    writes: InFlight,
+    unfenced: bool,
+    t0: Instant,
+}
+
+impl Writer {
+    /// Issues a write to `resource` with `token`, now: it crosses the
+    /// link, then the resource decides; the history records both times.
+    fn write(&self, shard: u32, resource: &str, token: u64) {
+        let (link, fence, history, t0) = (
+            Arc::clone(&self.link),
+            Arc::clone(&self.fence),
+            Arc::clone(&self.history),
+            self.t0,
+        );
+        let issued = Instant::now() - t0;
+        let (candidate, unfenced, resource) = (self.index, self.unfenced, resource.to_owned());
+        let write = tokio::spawn(async move {
+            link.hop().await;
+            let accepted = unfenced
+                || fence
+                    .fenced(&resource, leasehold::FencingToken(token), || ())
+                    .is_ok();
+            lock(&history).writes.push(Write {
+                shard,
+                candidate,
+                token,
+                issued,
+                decided: Instant::now() - t0,
+                accepted,
+            });
+        });
+        let mut writes = lock(&self.writes);
+        writes.retain(|w| !w.is_finished());
+        writes.push(write.abort_handle());
+    }
 }
 
 struct World {
     scenario: Scenario,
     t0: Instant,
     store: Arc<GrantLog>,
+    /// The election, or in a sharded run the group.
     election: ElectionName,
     fence: Arc<MemoryFence>,
     history: Arc<Mutex<History>>,
-    /// Planned handovers happen only while this is set.
+    /// Planned handovers (and, in a sharded run, a shard's rests) happen
+    /// only while this is set.
     handovers: Arc<std::sync::atomic::AtomicBool>,
 }
 
@@ -294,27 +386,55 @@ impl World {
         // Within the drift bound: up to 0.99·drift slow, or a little fast.
         let rate = rng.float(1.0 - 0.99 * leasehold::DEFAULT_DRIFT, 1.05);
         let clock = Arc::new(DriftingClock::new(rate));
-        let open = Arc::new(Mutex::new(None));
+        let open = OpenTerms::default();
         let writes = InFlight::default();
-        let task = tokio::spawn(candidate(Candidate {
+        let workers = InFlight::default();
+        let writer = Writer {
             index: i,
-            seed: rng.next_u64() ^ incarnation,
             link: Arc::clone(&link),
-            clock: Arc::clone(&clock),
-            ttl: self.scenario.ttl,
-            unsafe_deadline: self.scenario.unsafe_deadline,
-            write_every: self.scenario.write_every,
-            unfenced: self.scenario.unfenced_resource,
-            election: self.election.clone(),
             fence: Arc::clone(&self.fence),
             history: Arc::clone(&self.history),
-            open: Arc::clone(&open),
             writes: Arc::clone(&writes),
-            handovers: Arc::clone(&self.handovers),
-            // Candidates of three priorities: preemptions happen too.
-            priority: i64::try_from(i % 3).unwrap_or(0),
+            unfenced: self.scenario.unfenced_resource,
             t0: self.t0,
-        }));
+        };
+        let seed = rng.next_u64() ^ incarnation;
+        let (task, stop) = match self.scenario.shards {
+            None => {
+                let task = tokio::spawn(candidate(Candidate {
+                    seed,
+                    writer,
+                    clock: Arc::clone(&clock),
+                    ttl: self.scenario.ttl,
+                    unsafe_deadline: self.scenario.unsafe_deadline,
+                    write_every: self.scenario.write_every,
+                    election: self.election.clone(),
+                    open: Arc::clone(&open),
+                    handovers: Arc::clone(&self.handovers),
+                    // Candidates of three priorities: preemptions happen too.
+                    priority: i64::try_from(i % 3).unwrap_or(0),
+                }));
+                (task, None)
+            }
+            Some(count) => {
+                let (stop, stopped) = tokio::sync::mpsc::unbounded_channel();
+                let task = tokio::spawn(sharded::member(sharded::Member {
+                    seed,
+                    writer,
+                    clock: Arc::clone(&clock),
+                    ttl: self.scenario.ttl,
+                    unsafe_deadline: self.scenario.unsafe_deadline,
+                    write_every: self.scenario.write_every,
+                    group: self.election.clone(),
+                    count,
+                    open: Arc::clone(&open),
+                    workers: Arc::clone(&workers),
+                    rests: Arc::clone(&self.handovers),
+                    stop: stopped,
+                }));
+                (task, Some(stop))
+            }
+        };
         Slot {
             index: i,
             link,
@@ -322,22 +442,44 @@ impl World {
             task,
             open,
             writes,
+            workers,
+            stop,
             crashed: false,
+        }
+    }
+
+    /// Starts candidate `slot.index` again, as incarnation `incarnation`;
+    /// one still stopping gracefully is killed first.
+    fn restart(&self, slot: &mut Slot, incarnation: u64, rng: &mut Rng) {
+        if !slot.task.is_finished() {
+            self.crash(slot);
+        }
+        *slot = self.spawn(slot.index, incarnation, rng);
+    }
+
+    /// Asks a member to stop gracefully (sharded runs): it leaves the
+    /// group, ends the work of each shard it owns and releases it, and
+    /// closes its session. It is down until restarted.
+    fn stop(&self, slot: &mut Slot) {
+        if let Some(stop) = &slot.stop {
+            let _ = stop.send(());
+            slot.crashed = true;
+            lock(&self.history).graceful_stops += 1;
         }
     }
 
     /// A witnessed crash: the candidate's process dies on a live host. Its
     /// work stops at that instant (the host's witness kills the command
     /// first: writes not yet at the resource never get there), then, with
-    /// nothing of the candidate left to act, the witness releases the grant
-    /// it held, if it knew it held one.
+    /// nothing of the candidate left to act, the witness releases each
+    /// grant it held, if it knew it held it.
     fn crash_witnessed(&self, slot: &mut Slot) {
-        let grant = lock(&slot.open).as_ref().map(|t| t.grant.clone());
+        let grants = open_grants(slot);
         for write in lock(&slot.writes).drain(..) {
             write.abort();
         }
         self.crash(slot);
-        if let Some(grant) = grant {
+        for grant in grants {
             self.witness_release(slot, grant);
         }
     }
@@ -345,47 +487,65 @@ impl World {
     /// The witness releases `grant` (guarded by its token, so it can never
     /// remove a successor's grant), over the host's network: it retries
     /// while the host is cut off, and stops when the store no longer shows
-    /// the grant (`NotHolder`: expired, or released already).
+    /// the grant (`NotHolder`: expired, or released already). A shard's
+    /// witness then removes the dead member from its group, as `leasehold
+    /// run --shards` does, so that the others take its shards now rather
+    /// than once its session expires.
     fn witness_release(&self, slot: &Slot, grant: Grant) {
         let (link, history) = (Arc::clone(&slot.link), Arc::clone(&self.history));
+        let group = self.scenario.shards.map(|_| self.election.clone());
         let give_up = Instant::now() + self.scenario.ttl * 2;
         tokio::spawn(async move {
             loop {
                 match link.witness_resign(&grant).await {
                     Ok(()) => {
                         lock(&history).witness_releases += 1;
-                        return;
+                        break;
                     }
-                    Err(Error::NotHolder { .. }) => return,
+                    Err(Error::NotHolder { .. }) => break,
                     Err(_) if Instant::now() < give_up => {
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
                     Err(_) => return,
                 }
             }
+            let Some(group) = group else { return };
+            while link
+                .witness_delete_note(grant.session, &group, sharded::MEMBER_NOTE)
+                .await
+                .is_err()
+                && Instant::now() < give_up
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
         });
     }
 
     /// The mistake the checkers must catch (`witness_on_pause`): the
-    /// witness takes a stopped candidate for dead and releases its grant,
+    /// witness takes a stopped candidate for dead and releases its grants,
     /// while the candidate, paused, still believes it leads.
     fn release_paused(&self, slot: &Slot) {
-        let grant = lock(&slot.open).as_ref().map(|t| t.grant.clone());
-        if let Some(grant) = grant {
+        for grant in open_grants(slot) {
             self.witness_release(slot, grant);
         }
     }
 
-    /// Kills a candidate: its task stops, its link swallows everything,
-    /// and an open term ends now (or at its deadline, if that came first).
+    /// Kills a candidate: its task (and a member's shard workers) stops,
+    /// its link swallows everything, and each open term ends now (or at
+    /// its deadline, if that came first).
     fn crash(&self, slot: &mut Slot) {
         slot.link.crash();
         slot.task.abort();
+        for worker in lock(&slot.workers).drain(..) {
+            worker.abort();
+        }
         slot.crashed = true;
-        if let Some(term) = lock(&slot.open).take() {
+        let open = std::mem::take(&mut *lock(&slot.open));
+        for (shard, term) in open {
             let deadline = slot.clock.to_real(term.session.deadline()) - self.t0;
             let end = self.since_start().min(deadline).max(term.start);
             lock(&self.history).terms.push(Term {
+                shard,
                 candidate: slot.index,
                 token: term.token,
                 start: term.start,
@@ -395,23 +555,22 @@ impl World {
     }
 }
 
+/// The grants of a candidate's open terms.
+fn open_grants(slot: &Slot) -> Vec<Grant> {
+    lock(&slot.open).values().map(|t| t.grant.clone()).collect()
+}
+
 struct Candidate {
-    index: usize,
     seed: u64,
-    link: Arc<Link>,
+    writer: Writer,
     clock: Arc<DriftingClock>,
     ttl: Duration,
     unsafe_deadline: bool,
     write_every: Duration,
-    unfenced: bool,
     election: ElectionName,
-    fence: Arc<MemoryFence>,
-    history: Arc<Mutex<History>>,
-    open: Arc<Mutex<Option<OpenTerm>>>,
-    writes: InFlight,
+    open: OpenTerms,
     handovers: Arc<std::sync::atomic::AtomicBool>,
     priority: i64,
-    t0: Instant,
 }
 
 /// One candidate: campaign; while leader, write to the fenced resource;
@@ -419,9 +578,10 @@ struct Candidate {
 /// again.
 async fn candidate(c: Candidate) {
     let mut rng = Rng::new(c.seed);
-    let id = CandidateId::new(format!("c{}", c.index)).expect("valid id");
+    let (index, t0) = (c.writer.index, c.writer.t0);
+    let id = CandidateId::new(format!("c{index}")).expect("valid id");
     let mut elector = Elector::new(
-        Arc::clone(&c.link) as Arc<dyn Store>,
+        Arc::clone(&c.writer.link) as Arc<dyn Store>,
         id,
         LeaseConfig::with_ttl(c.ttl),
     )
@@ -441,13 +601,16 @@ async fn candidate(c: Candidate) {
             }
         };
         let token = leadership.token().0;
-        let start = since(c.t0);
-        *lock(&c.open) = Some(OpenTerm {
-            token,
-            start,
-            session: Arc::clone(leadership.session()),
-            grant: leadership.grant().clone(),
-        });
+        let start = since(t0);
+        lock(&c.open).insert(
+            0,
+            OpenTerm {
+                token,
+                start,
+                session: Arc::clone(leadership.session()),
+                grant: leadership.grant().clone(),
+            },
+        );
         let resign = loop {
             tokio::select! {
                 biased;
@@ -457,31 +620,19 @@ async fn candidate(c: Candidate) {
                     if !leadership.is_leader() {
                         continue;
                     }
-                    let (link, fence, history, t0) =
-                        (Arc::clone(&c.link), Arc::clone(&c.fence), Arc::clone(&c.history), c.t0);
-                    let issued = since(t0);
-                    let (index, unfenced) = (c.index, c.unfenced);
-                    let write = tokio::spawn(async move {
-                        link.hop().await;
-                        let accepted = unfenced
-                            || fence.fenced("object", leasehold::FencingToken(token), || ()).is_ok();
-                        lock(&history).writes.push(Write { candidate: index, token, issued, decided: since(t0), accepted });
-                    });
-                    let mut writes = lock(&c.writes);
-                    writes.retain(|w| !w.is_finished());
-                    writes.push(write.abort_handle());
-                    drop(writes);
+                    c.writer.write(0, "object", token);
                     if c.handovers.load(std::sync::atomic::Ordering::Relaxed) && rng.chance(0.01) {
                         break Release::Resign;
                     }
                 }
             }
         };
-        let deadline = c.clock.to_real(leadership.deadline()) - c.t0;
-        let end = since(c.t0).min(deadline).max(start);
-        lock(&c.open).take();
-        lock(&c.history).terms.push(Term {
-            candidate: c.index,
+        let deadline = c.clock.to_real(leadership.deadline()) - t0;
+        let end = since(t0).min(deadline).max(start);
+        lock(&c.open).remove(&0);
+        lock(&c.writer.history).terms.push(Term {
+            shard: 0,
+            candidate: index,
             token,
             start,
             end,
@@ -536,8 +687,19 @@ async fn simulate(seed: u64, scenario: &Scenario) -> History {
     let mut slots: Vec<Slot> = (0..scenario.candidates)
         .map(|i| world.spawn(i, 0, &mut rng))
         .collect();
-    let faults = fault_phase(&world, &mut slots, &store_clock, &mut rng, &mut witness_rng).await;
-    settle(&world, &mut slots, &mut rng).await;
+    let (faults, last_pause_end) =
+        fault_phase(&world, &mut slots, &store_clock, &mut rng, &mut witness_rng).await;
+    let healed = settle(&world, &mut slots, &mut rng).await;
+    if scenario.shards.is_some() {
+        // Healing lets no new message wait, but one already held by a
+        // pause waits out that pause: the faults end with the last one.
+        let faults_end = healed.max(last_pause_end - world.t0);
+        let windows = sharded::liveness(&world, &mut slots, &mut rng, faults_end).await;
+        let mut history = lock(&history).clone();
+        history.faults = faults;
+        history.windows = windows;
+        return history;
+    }
     let [crash, witnessed, chosen] = liveness(&world, &mut slots, &mut rng).await;
     let mut history = lock(&history).clone();
     history.faults = faults;
@@ -575,19 +737,21 @@ fn aftermath(history: &History, crash: Option<(usize, Duration)>, end: Duration)
 
 /// The fault phase: until `scenario.fault_phase` has passed, a random
 /// fault every 0.3–2.5 s (partitions of one candidate or of all, pauses,
-/// crashes with restarts, store clock jumps, message loss). Half the
-/// crashes, drawn from `witness_rng`, are witnessed. Returns how many
-/// faults it injected.
+/// crashes with restarts, store clock jumps, message loss, transfer
+/// requests; in a sharded run graceful stops with restarts instead of
+/// transfers). Half the crashes, drawn from `witness_rng`, are witnessed.
+/// Returns how many faults it injected, and when the last pause ends.
 async fn fault_phase(
     world: &World,
     slots: &mut [Slot],
     store_clock: &StoreClock,
     rng: &mut Rng,
     witness_rng: &mut Rng,
-) -> usize {
+) -> (usize, Instant) {
     let scenario = &world.scenario;
     let mut restarts: Vec<(Instant, usize)> = Vec::new();
     let mut faults = 0;
+    let mut last_pause_end = world.t0;
     // The store clock's forward steps, to keep their sum over any TTL
     // within the bound: the skew bound is how far the store's clock may
     // run ahead during one lease, not at each step.
@@ -604,7 +768,7 @@ async fn fault_phase(
             }
             tokio::time::sleep_until(at).await;
             restarts.remove(0);
-            slots[i] = world.spawn(i, faults as u64 + 1, rng);
+            world.restart(&mut slots[i], faults as u64 + 1, rng);
         }
         if next >= fault_end {
             break;
@@ -623,9 +787,9 @@ async fn fault_phase(
                 });
             }
             1 => {
-                slots[i]
-                    .link
-                    .pause_until(Instant::now() + rng.millis(500, 7000));
+                let until = Instant::now() + rng.millis(500, 7000);
+                slots[i].link.pause_until(until);
+                last_pause_end = last_pause_end.max(until);
                 if scenario.witness_on_pause {
                     world.release_paused(&slots[i]);
                 }
@@ -658,6 +822,14 @@ async fn fault_phase(
                 store_clock.jump(jump);
             }
             5 => slots[i].link.set_loss(0.1),
+            // A member is stopped (SIGTERM, a rolling deploy) and started
+            // again.
+            _ if scenario.shards.is_some() => {
+                if !slots[i].crashed {
+                    world.stop(&mut slots[i]);
+                    restarts.push((Instant::now() + rng.millis(500, 4000), i));
+                }
+            }
             // An operator asks for a transfer, to `i` or to the first in
             // line, and does not wait for it.
             _ => {
@@ -679,23 +851,25 @@ async fn fault_phase(
         }
     }
 
-    faults
+    (faults, last_pause_end)
 }
 
 /// Heals every link, restarts the crashed candidates, and lets the group
-/// settle for three TTLs without handovers.
-async fn settle(world: &World, slots: &mut [Slot], rng: &mut Rng) {
+/// settle for three TTLs without handovers. Returns when it healed.
+async fn settle(world: &World, slots: &mut [Slot], rng: &mut Rng) -> Duration {
     let scenario = &world.scenario;
     world
         .handovers
         .store(false, std::sync::atomic::Ordering::Relaxed);
     for (i, slot) in slots.iter_mut().enumerate() {
         if slot.crashed {
-            *slot = world.spawn(i, 1_000 + i as u64, rng);
+            world.restart(slot, 1_000 + i as u64, rng);
         }
         slot.link.heal();
     }
+    let healed = world.since_start();
     tokio::time::sleep(scenario.ttl * 3).await;
+    healed
 }
 
 /// A crash of the leader, and when, for the liveness check.

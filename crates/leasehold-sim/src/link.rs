@@ -155,6 +155,21 @@ impl Link {
             .await
     }
 
+    /// The host's witness removes the dead candidate's note `name` on
+    /// `election` (its membership of a group), over this link's network.
+    pub async fn witness_delete_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+    ) -> Result<()> {
+        self.call_as(
+            Caller::Witness,
+            self.store.delete_note(session, election, name),
+        )
+        .await
+    }
+
     /// A call of the candidate.
     async fn call<T>(&self, op: impl Future<Output = Result<T>>) -> Result<T> {
         self.call_as(Caller::Candidate, op).await

@@ -4,6 +4,7 @@
 //! cargo run --release -p leasehold-sim -- --seeds 100000          # a soak
 //! cargo run -p leasehold-sim -- --seed 42                          # replay one
 //! cargo run -p leasehold-sim -- --seeds 500 --unsafe-deadline      # the checkers are not blind
+//! cargo run -p leasehold-sim -- --seeds 100 --shards 8             # a group of 8 shards
 //! ```
 
 use std::process::ExitCode;
@@ -42,6 +43,13 @@ struct Args {
     /// time").
     #[arg(long)]
     witness_on_pause: bool,
+    /// Simulate a sharded group instead of one election: each candidate
+    /// joins one group of N shards (1 to 65536) and works on the shards it
+    /// is granted; every shard is checked as an election of its own, and
+    /// the group must settle evenly over the live members once the faults
+    /// end and after each later crash or return of a member.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=65_536))]
+    shards: Option<u32>,
     /// Largest forward step of the store's clock, in milliseconds; beyond
     /// the 100 ms skew bound safety is not promised. [default: 100]
     #[arg(long, value_name = "MS")]
@@ -61,6 +69,7 @@ fn main() -> ExitCode {
         unsafe_deadline: args.unsafe_deadline,
         unfenced_resource: args.unfenced,
         witness_on_pause: args.witness_on_pause,
+        shards: args.shards,
         ..Scenario::default()
     };
     if let Some(ms) = args.store_clock_step_ms {
@@ -84,6 +93,7 @@ fn main() -> ExitCode {
     let mut terms = 0;
     let mut writes = 0;
     let mut released = 0;
+    let (mut stops, mut rests) = (0, 0);
     for seed in start..end {
         match run(seed, &scenario) {
             Ok(history) => {
@@ -91,6 +101,8 @@ fn main() -> ExitCode {
                 terms += history.terms.len();
                 writes += history.writes.len();
                 released += history.witness_releases;
+                stops += history.graceful_stops;
+                rests += history.rests;
             }
             Err(failure) if keep_going => {
                 if failed == 0 {
@@ -107,6 +119,9 @@ fn main() -> ExitCode {
                         eprintln!("write {w:?}");
                     }
                     eprintln!("grants {:?}", failure.history.grants);
+                    for w in &failure.history.windows {
+                        eprintln!("window {w:?}");
+                    }
                 }
                 eprintln!("{failure}");
                 return ExitCode::FAILURE;
@@ -117,8 +132,14 @@ fn main() -> ExitCode {
         println!("{failed} of {count} seeds broke an invariant ({start}..{end})");
         return ExitCode::FAILURE;
     }
+    let group = match scenario.shards {
+        Some(shards) => format!(
+            " ({shards} shards per run; {stops} graceful stops, {rests} shards given back for a rest)"
+        ),
+        None => String::new(),
+    };
     println!(
-        "{count} seeds passed ({start}..{end}) in {:.1?}: {faults} faults injected, {released} grants released by a witness, {terms} terms of leadership, {writes} fenced writes",
+        "{count} seeds passed ({start}..{end}) in {:.1?}: {faults} faults injected, {released} grants released by a witness, {terms} terms of leadership, {writes} fenced writes{group}",
         began.elapsed()
     );
     ExitCode::SUCCESS

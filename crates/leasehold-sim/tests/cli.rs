@@ -25,6 +25,9 @@ fn bad_arguments_exit_2_and_run_nothing() {
         (&["--seed", "x"], "--seed"),
         (&["--start", "1.5"], "--start"),
         (&["--store-clock-step-ms", "soon"], "--store-clock-step-ms"),
+        (&["--shards", "0"], "--shards"),
+        (&["--shards", "65537"], "--shards"),
+        (&["--shards", "many"], "--shards"),
         (&["--bogus"], "--bogus"),
         (&["--seed", "1", "--seeds", "2"], "--seed"),
         (&["--seeds"], "--seeds"),
@@ -70,6 +73,7 @@ fn good_arguments_run_the_seeds_they_name() {
         "--unsafe-deadline",
         "--unfenced",
         "--store-clock-step-ms",
+        "--shards",
         "--history",
         "--keep-going",
     ] {
@@ -87,4 +91,20 @@ fn a_broken_invariant_exits_1() {
         "{}",
         text(&out.stderr)
     );
+}
+
+/// `--shards N` runs the sharded mode, and its failures name it in the
+/// replay command.
+#[test]
+fn the_sharded_mode_runs_from_the_binary() {
+    let out = sim(&["--seeds", "2", "--start", "5", "--shards", "8"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(stdout.starts_with("2 seeds passed (5..7)"), "{stdout}");
+    assert!(stdout.contains("8 shards per run"), "{stdout}");
+    let out = sim(&["--seeds", "1000", "--shards", "8", "--unfenced"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stdout));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("fenced writes never go back"), "{stderr}");
+    assert!(stderr.contains("--shards 8 --unfenced"), "{stderr}");
 }

@@ -5,11 +5,14 @@ use crate::history::History;
 
 pub fn check(history: &History) -> Result<(), Violation> {
     for pair in history.grants.windows(2) {
-        let ((_, a), (cb, b)) = (pair[0], pair[1]);
+        let (a, b) = (pair[0].token, pair[1].token);
         if b <= a {
             return Err(Violation {
                 invariant: "tokens strictly increase",
-                detail: format!("grant with token {b} (candidate {cb}) after token {a}"),
+                detail: format!(
+                    "grant with token {b} (candidate {}) after token {a}",
+                    pair[1].candidate
+                ),
             });
         }
     }

@@ -6,23 +6,16 @@
 //! crash or return of a member. Runs must be reproducible, and the
 //! per-shard checkers must catch deliberately broken setups.
 //!
-//! Known library bug, reported and not fixed here: the group's coordinator
-//! forgets a grant its own live session still holds in the store. That
-//! happens when a shard's campaign was granted but its reply was lost, or
-//! its campaign was withdrawn while the request was at the store, or the
-//! release after a revocation or a rest failed, and the shard is no longer
-//! assigned to that member. The member's session renews the grant and the
-//! member never acts on it nor releases it, so the shard's new owner waits
-//! until that session ends: about 8% of seeds (`--seed 13 --shards 8`,
-//! `--seed 21 --shards 8`). Such seeds break [`ORPHAN_GRANT`] and nothing
-//! else (the per-shard safety invariants are checked first), and they are
-//! listed rather than failed until the bug is fixed. Then
-//! `the_orphan_grant_bug_still_shows` fails, to remove this allowance.
+//! A member's session that holds a shard nobody acts on (an "orphan
+//! grant": a campaign whose reply was lost, a release that failed) breaks
+//! its own invariant (`invariants::ORPHAN_GRANT`); the coordinator releases such
+//! grants, and `seed_13_once_orphaned_a_grant` replays the seed that first
+//! showed one.
 
 use std::time::Duration;
 
 use leasehold_sim::history::{Settling, Term};
-use leasehold_sim::invariants::{self, ORPHAN_GRANT};
+use leasehold_sim::invariants;
 use leasehold_sim::{Failure, Scenario, run};
 
 const SHARDS: u32 = 8;
@@ -50,17 +43,12 @@ const PARTS: u64 = 2;
 
 /// Whether a failure is the known library bug (see the module's
 /// documentation), and nothing else.
-fn known_bug(failure: &Failure) -> bool {
-    failure.violation.invariant == ORPHAN_GRANT
-}
-
 fn all_hold(part: u64) {
     let scenario = sharded();
     let seeds = seeds(part, PARTS);
     let (mut faults, mut released, mut stops, mut rests) = (0, 0, 0, 0);
     let mut owned = vec![0usize; SHARDS as usize];
     let mut causes = Vec::new();
-    let mut orphaned = Vec::new();
     for seed in seeds.clone() {
         match run(seed, &scenario) {
             Ok(history) => {
@@ -78,16 +66,8 @@ fn all_hold(part: u64) {
                     history.member_errors
                 );
             }
-            Err(failure) if known_bug(&failure) => orphaned.push(failure.seed),
             Err(failure) => panic!("{failure}"),
         }
-    }
-    if !orphaned.is_empty() {
-        eprintln!(
-            "{} of {} seeds hit the known orphan-grant bug of the group coordinator: {orphaned:?}",
-            orphaned.len(),
-            seeds.end - seeds.start
-        );
     }
     assert!(faults > 0, "no faults were injected");
     assert!(stops > 0, "no member was stopped gracefully");
@@ -119,51 +99,51 @@ fn sharded_seeds_hold_every_invariant_part_2_of_2() {
     all_hold(1);
 }
 
-/// The same seed gives the same run, to the nanosecond: a failure's
-/// printed seed reproduces it (13 fails, with the known bug).
+/// The same seed gives the same run, to the nanosecond, passing or
+/// failing: a failure's printed seed reproduces it.
 #[test]
 fn a_sharded_seed_replays_exactly() {
-    let scenario = sharded();
-    let replay = |seed| match run(seed, &scenario) {
+    let replay = |seed, scenario: &Scenario| match run(seed, scenario) {
         Ok(history) => format!("{history:?}"),
         Err(failure) => format!("{failure}\n{:?}", failure.history),
     };
+    let scenario = sharded();
     for seed in [13, 7, 2026] {
-        assert_eq!(replay(seed), replay(seed), "seed {seed}");
+        assert_eq!(
+            replay(seed, &scenario),
+            replay(seed, &scenario),
+            "seed {seed}"
+        );
     }
-    let failure = run(13, &scenario).expect_err("seed 13 hits the known bug");
-    assert!(
-        failure
-            .to_string()
-            .contains("cargo run -p leasehold-sim -- --seed 13 --shards 8"),
-        "{failure}"
+    let broken = Scenario {
+        unsafe_deadline: true,
+        ..sharded()
+    };
+    let failing = first_failure(&broken).seed;
+    assert_eq!(
+        replay(failing, &broken),
+        replay(failing, &broken),
+        "seed {failing}"
     );
 }
 
-/// The known bug is still there: once it is fixed this fails, and the
-/// allowance for it in this file must go.
+/// Seeds that once left a grant of a live member's session unowned (a
+/// lost campaign reply, a failed release, a withdrawn campaign) now hold
+/// every invariant, `invariants::ORPHAN_GRANT` included.
 #[test]
-fn the_orphan_grant_bug_still_shows() {
+fn seed_13_once_orphaned_a_grant() {
     let scenario = sharded();
-    let failure = (0..200).find_map(|seed| run(seed, &scenario).err());
-    match failure {
-        Some(failure) if known_bug(&failure) => {
-            assert!(failure.violation.detail.contains("does not act on it"));
+    for seed in [13, 21, 76, 97, 134, 142] {
+        if let Err(failure) = run(seed, &scenario) {
+            panic!("{failure}");
         }
-        Some(failure) => panic!("{failure}"),
-        None => panic!(
-            "no seed of 0..200 shows the orphan-grant bug any more: if the group \
-             coordinator now releases (or takes back) the grants its own session holds, \
-             remove the allowance for it from tests/sharded.rs"
-        ),
     }
 }
 
-/// The first of up to 300 seeds of a broken setup that breaks an invariant
-/// other than the known bug's.
+/// The first of up to 300 seeds of a broken setup that breaks an invariant.
 fn first_failure(scenario: &Scenario) -> Box<Failure> {
     (0..300)
-        .find_map(|seed| run(seed, scenario).err().filter(|f| !known_bug(f)))
+        .find_map(|seed| run(seed, scenario).err())
         .unwrap_or_else(|| {
             panic!("300 seeds of a broken setup found nothing: the per-shard checkers are blind")
         })

@@ -7,7 +7,10 @@ use tokio::task::JoinSet;
 
 use crate::error::Result;
 use crate::names::ElectionName;
-use crate::store::{Leader, Store};
+use crate::store::{Leader, LeaderWatch, Store};
+
+/// How many watches open at once.
+const OPENING: usize = 32;
 
 /// The holders of a list of elections, kept up to date from one watch
 /// each; [`LeaderWatches::changed`] yields the index of each election
@@ -20,13 +23,25 @@ pub(crate) struct LeaderWatches {
 }
 
 impl LeaderWatches {
-    /// Opens a watch on each of `elections`, in order.
+    /// Opens a watch on each of `elections`, [`OPENING`] at a time.
     pub(crate) async fn open(store: &Arc<dyn Store>, elections: &[ElectionName]) -> Result<Self> {
         let (tx, changes) = mpsc::unbounded_channel();
         let mut tasks = JoinSet::new();
+        let mut watches: Vec<LeaderWatch> = Vec::with_capacity(elections.len());
+        for chunk in elections.chunks(OPENING) {
+            let mut opening = JoinSet::new();
+            for (i, election) in chunk.iter().enumerate() {
+                let (store, election) = (Arc::clone(store), election.clone());
+                opening.spawn(async move { (i, store.watch(&election).await) });
+            }
+            let mut opened: Vec<(usize, Result<LeaderWatch>)> = opening.join_all().await;
+            opened.sort_by_key(|(i, _)| *i);
+            for (_, watch) in opened {
+                watches.push(watch?);
+            }
+        }
         let mut holders = Vec::with_capacity(elections.len());
-        for (index, election) in elections.iter().enumerate() {
-            let mut watch = store.watch(election).await?;
+        for (index, mut watch) in watches.into_iter().enumerate() {
             holders.push(watch.borrow_and_update().clone());
             let tx = tx.clone();
             tasks.spawn(async move {

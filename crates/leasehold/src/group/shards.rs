@@ -4,7 +4,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
-use tokio::task::AbortHandle;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::{GroupKind, LeaderWatches, Member, assign, join, members};
@@ -13,7 +12,7 @@ use crate::elector::{Elector, Leadership};
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
 use crate::session::Session;
-use crate::store::{FencingToken, Leader, NoteWatch};
+use crate::store::{FencingToken, Grant, Leader, NoteWatch};
 use crate::watch;
 
 /// Pause before a shard's campaign is tried again after it failed.
@@ -83,6 +82,18 @@ struct Returned {
     index: u32,
     token: FencingToken,
     rest: Duration,
+    how: Given,
+}
+
+/// How a shard came back.
+#[derive(Debug)]
+enum Given {
+    /// Released (or found gone) by its holder.
+    Released,
+    /// Its holder's release failed: the grant may still be there.
+    NotReleased,
+    /// Dropped: the coordinator releases it.
+    Dropped(Leadership),
 }
 
 impl Shard {
@@ -138,10 +149,17 @@ impl Shard {
             Some(leadership) => {
                 let token = leadership.token();
                 let outcome = leadership.resign().await;
+                let how = match &outcome {
+                    Ok(()) | Err(Error::NotHolder { .. } | Error::SessionExpired(_)) => {
+                        Given::Released
+                    }
+                    Err(_) => Given::NotReleased,
+                };
                 let _ = self.returned.send(Returned {
                     index: self.index,
                     token,
                     rest: self.rest,
+                    how,
                 });
                 outcome
             }
@@ -152,12 +170,14 @@ impl Shard {
 
 impl Drop for Shard {
     fn drop(&mut self) {
-        // Dropping the leadership releases it in the background.
+        // The coordinator releases it, and campaigns for the shard again
+        // only once the release is done.
         if let Some(leadership) = self.leadership.take() {
             let _ = self.returned.send(Returned {
                 index: self.index,
                 token: leadership.token(),
                 rest: self.rest,
+                how: Given::Dropped(leadership),
             });
         }
     }
@@ -174,15 +194,17 @@ impl Shards {
         kind.check(&group)?;
         let store = Arc::clone(elector.store());
         let session = elector.session().await?;
-        join(&*store, session.id(), &group, kind, elector.candidate()).await?;
-        let notes = store.watch_notes(&group).await?;
+        // The shards' watches first: once this member's note shows, the
+        // others give up shards for it, which it must then see at once.
         let elections = (0..count)
             .map(|k| kind.election(&group, k))
             .collect::<Result<Vec<_>>>()?;
         let holders = LeaderWatches::open(&store, &elections).await?;
+        join(&*store, session.id(), &group, kind, elector.candidate()).await?;
+        let notes = store.watch_notes(&group).await?;
         let (gained_tx, gained) = mpsc::unbounded_channel();
         let (returned_tx, returned_rx) = mpsc::unbounded_channel();
-        let (granted_tx, granted_rx) = mpsc::unbounded_channel();
+        let (reports_tx, reports_rx) = mpsc::unbounded_channel();
         let (view_tx, view) = watch::channel(GroupView::default());
         let stop = CancellationToken::new();
         let coordinator = Coordinator {
@@ -198,8 +220,9 @@ impl Shards {
             gained: gained_tx,
             returned_tx,
             returned: returned_rx,
-            granted_tx,
-            granted: granted_rx,
+            reports_tx,
+            reports: reports_rx,
+            released: vec![None; count as usize],
             view: view_tx,
             stop: stop.clone(),
         };
@@ -241,9 +264,13 @@ impl Shards {
     /// anything; the shards handed out stay held until dropped or
     /// resigned. Close the elector ([`Elector::close`]) afterwards to
     /// leave the group at once (else it ends with the session).
-    pub async fn leave(mut self) {
-        if let Some(coordinator) = self.coordinator.take() {
-            coordinator.abort();
+    pub async fn leave(self) {
+        let Shards {
+            coordinator, _stop, ..
+        } = self;
+        // Stopped, the coordinator withdraws its campaigns before it ends.
+        drop(_stop);
+        if let Some(coordinator) = coordinator {
             let _ = coordinator.await;
         }
     }
@@ -254,20 +281,83 @@ impl Shards {
     }
 }
 
-/// Where this member is with one shard.
+/// Where this member is with one shard. At most one campaign, one
+/// [`Leadership`] and one release of a shard are under way at any time, so
+/// that no campaign on this member's session can return a grant that a
+/// release in flight is about to end.
 #[derive(Debug)]
 enum State {
-    /// Neither held nor asked for.
+    /// Neither held nor asked for, nothing in flight.
     Idle,
-    /// A campaign runs.
-    Campaigning(AbortHandle),
+    /// A campaign runs; cancelling it withdraws it.
+    Campaigning(CancellationToken),
+    /// A campaign was withdrawn: waiting for its task's last word (it may
+    /// have been granted meanwhile, and then is released).
+    Withdrawing,
     /// Handed out; the sender revokes it.
     Held {
         token: FencingToken,
         revoke: watch::Sender<bool>,
     },
+    /// A grant of this member's session is being released: a shard given
+    /// back, or a grant nothing acts on (a campaign whose reply was lost,
+    /// a release that failed). Then rests until `then`, if given.
+    Releasing {
+        token: FencingToken,
+        then: Option<Instant>,
+    },
     /// Given back with a rest: not asked for again before then.
     Resting(Instant),
+}
+
+/// What a campaign task or a release task reports.
+#[derive(Debug)]
+enum Report {
+    /// A campaign ended: granted, failed, or (`None`) withdrawn first.
+    Campaign(u32, Option<Result<Leadership>>),
+    /// A release ended; whether the grant is gone.
+    Released(u32, FencingToken, bool),
+}
+
+/// What a release task releases.
+enum ToRelease {
+    /// A leadership handed back without a release.
+    Leadership(Leadership),
+    /// A grant known by its token only.
+    Grant(Grant),
+}
+
+/// Releases a grant and reports whether it is gone (released, or already
+/// gone); stops trying when the member stops (the grant then ends with
+/// its session).
+async fn release(
+    store: Arc<dyn crate::store::Store>,
+    index: u32,
+    what: ToRelease,
+    reports: mpsc::UnboundedSender<Report>,
+    stop: CancellationToken,
+) {
+    let (token, outcome) = match what {
+        ToRelease::Leadership(leadership) => {
+            let token = leadership.token();
+            (token, leadership.resign().await)
+        }
+        ToRelease::Grant(grant) => {
+            let outcome = tokio::select! {
+                () = stop.cancelled() => return,
+                outcome = store.resign(&grant) => outcome,
+            };
+            (grant.token, outcome)
+        }
+    };
+    let gone = match outcome {
+        Ok(()) | Err(Error::NotHolder { .. } | Error::SessionExpired(_)) => true,
+        Err(error) => {
+            tracing::debug!(shard = index, %error, "releasing a shard failed");
+            false
+        }
+    };
+    let _ = reports.send(Report::Released(index, token, gone));
 }
 
 struct Coordinator {
@@ -283,8 +373,12 @@ struct Coordinator {
     gained: mpsc::UnboundedSender<Result<Shard>>,
     returned_tx: mpsc::UnboundedSender<Returned>,
     returned: mpsc::UnboundedReceiver<Returned>,
-    granted_tx: mpsc::UnboundedSender<(u32, Result<Leadership>)>,
-    granted: mpsc::UnboundedReceiver<(u32, Result<Leadership>)>,
+    reports_tx: mpsc::UnboundedSender<Report>,
+    reports: mpsc::UnboundedReceiver<Report>,
+    /// Per shard, the token of the last grant of this member's that a
+    /// release ended: a watch that still shows it is behind, not a grant
+    /// nothing acts on.
+    released: Vec<Option<FencingToken>>,
     view: watch::Sender<GroupView>,
     stop: CancellationToken,
 }
@@ -312,7 +406,7 @@ impl Coordinator {
                 () = self.gained.closed() => break,
                 changed = self.notes.changed() => if changed.is_err() { break },
                 _ = self.holders.changed() => {}
-                Some((index, outcome)) = self.granted.recv() => self.granted(index, outcome),
+                Some(report) = self.reports.recv() => self.report(report),
                 Some(returned) = self.returned.recv() => self.returned(returned),
                 () = clock.sleep_until(wake.unwrap_or_else(|| clock.now())), if wake.is_some() => {}
                 _ = session.lost() => {
@@ -324,8 +418,8 @@ impl Coordinator {
             }
         }
         for state in &self.states {
-            if let State::Campaigning(task) = state {
-                task.abort();
+            if let State::Campaigning(cancel) = state {
+                cancel.cancel();
             }
         }
     }
@@ -388,34 +482,75 @@ impl Coordinator {
             .zip(&self.states)
             .map(|(holder, state)| match state {
                 State::Held { .. } => Some(self.me.clone()),
+                // Being let go: not this member's any more.
+                State::Releasing { .. } => None,
                 _ => holder.as_ref().map(|h| h.candidate.clone()),
             })
             .collect();
         let target = assign(self.states.len(), &ids, &holders);
         let me = ids.iter().position(|c| *c == self.me);
         let now = self.elector.clock().now();
-        for (index, state) in self.states.iter_mut().enumerate() {
+        let session = self.session.id();
+        for index in 0..self.states.len() {
+            let shard = u32::try_from(index).unwrap_or(u32::MAX);
             let mine = me.is_some() && target[index] == me;
+            let state = &mut self.states[index];
             if let State::Resting(until) = state
                 && *until <= now
             {
                 *state = State::Idle;
             }
+            // A grant of this member's that nothing here acts on: released
+            // (a fresh campaign follows, with a new token).
+            let orphan = self.holders.holders()[index]
+                .as_ref()
+                .filter(|h| h.candidate == self.me && Some(h.token) != self.released[index])
+                .map(|h| h.token);
+            if let Some(token) = orphan
+                && let State::Idle | State::Resting(_) = state
+            {
+                let then = match state {
+                    State::Resting(until) => Some(*until),
+                    _ => None,
+                };
+                tracing::debug!(group = %self.group, shard = index, token = token.0,
+                    "releasing a grant of this member that nothing acts on");
+                let grant = Grant {
+                    election: self.elections[index].clone(),
+                    candidate: self.me.clone(),
+                    session,
+                    token,
+                };
+                *state = State::Releasing { token, then };
+                tokio::spawn(release(
+                    Arc::clone(self.elector.store()),
+                    shard,
+                    ToRelease::Grant(grant),
+                    self.reports_tx.clone(),
+                    self.stop.clone(),
+                ));
+                continue;
+            }
             match state {
                 State::Idle if mine => {
                     let elector = Arc::clone(&self.elector);
                     let election = self.elections[index].clone();
-                    let granted = self.granted_tx.clone();
-                    let shard = u32::try_from(index).unwrap_or(u32::MAX);
-                    let task = tokio::spawn(async move {
-                        let outcome = elector.campaign_direct(&election).await;
-                        let _ = granted.send((shard, outcome));
+                    let reports = self.reports_tx.clone();
+                    let cancel = CancellationToken::new();
+                    let cancelled = cancel.clone();
+                    tokio::spawn(async move {
+                        let outcome = tokio::select! {
+                            biased;
+                            () = cancelled.cancelled() => None,
+                            outcome = elector.campaign_direct(&election) => Some(outcome),
+                        };
+                        let _ = reports.send(Report::Campaign(shard, outcome));
                     });
-                    *state = State::Campaigning(task.abort_handle());
+                    *state = State::Campaigning(cancel);
                 }
-                State::Campaigning(task) if !mine => {
-                    task.abort();
-                    *state = State::Idle;
+                State::Campaigning(cancel) if !mine => {
+                    cancel.cancel();
+                    *state = State::Withdrawing;
                 }
                 State::Held { revoke, .. } if !mine && !*revoke.borrow() => {
                     tracing::info!(group = %self.group, shard = index, id = %self.me, "shard moves to another member; revoking it");
@@ -447,17 +582,64 @@ impl Coordinator {
         Ok(())
     }
 
-    fn granted(&mut self, index: u32, outcome: Result<Leadership>) {
+    /// Lets `what` go in a release task; the shard rests until `then`
+    /// once the release is done.
+    fn let_go(&mut self, index: u32, token: FencingToken, what: ToRelease, then: Option<Instant>) {
+        if let Some(state) = self.states.get_mut(index as usize) {
+            *state = State::Releasing { token, then };
+            tokio::spawn(release(
+                Arc::clone(self.elector.store()),
+                index,
+                what,
+                self.reports_tx.clone(),
+                self.stop.clone(),
+            ));
+        }
+    }
+
+    fn report(&mut self, report: Report) {
+        match report {
+            Report::Campaign(index, outcome) => self.campaigned(index, outcome),
+            Report::Released(index, token, gone) => {
+                let Some(state) = self.states.get_mut(index as usize) else {
+                    return;
+                };
+                let State::Releasing {
+                    token: releasing,
+                    then,
+                } = state
+                else {
+                    return;
+                };
+                if *releasing != token {
+                    return;
+                }
+                if gone {
+                    self.released[index as usize] = Some(token);
+                    *state = then.map_or(State::Idle, State::Resting);
+                } else {
+                    // Tried again after a pause: the shard rests meanwhile.
+                    let retry_at = self.elector.clock().now() + RETRY;
+                    let then = Some(then.map_or(retry_at, |t| t.max(retry_at)));
+                    let grant = Grant {
+                        election: self.elections[index as usize].clone(),
+                        candidate: self.me.clone(),
+                        session: self.session.id(),
+                        token,
+                    };
+                    self.let_go(index, token, ToRelease::Grant(grant), then);
+                }
+            }
+        }
+    }
+
+    fn campaigned(&mut self, index: u32, outcome: Option<Result<Leadership>>) {
         let Some(state) = self.states.get_mut(index as usize) else {
             return;
         };
-        if !matches!(state, State::Campaigning(_)) {
-            // Withdrawn meanwhile: a grant that came anyway is released
-            // when dropped here.
-            return;
-        }
+        let wanted = matches!(state, State::Campaigning(_));
         match outcome {
-            Ok(leadership) => {
+            Some(Ok(leadership)) if wanted && leadership.is_leader() => {
                 let (revoke, revoked) = watch::channel(false);
                 *state = State::Held {
                     token: leadership.token(),
@@ -472,16 +654,22 @@ impl Coordinator {
                     rest: Duration::ZERO,
                 };
                 // A member that stopped listening drops the shard, which
-                // releases it.
+                // comes back here to be released.
                 let _ = self.gained.send(Ok(shard));
             }
-            Err(error) => {
+            // Withdrawn meanwhile, or lost already: let go.
+            Some(Ok(leadership)) => {
+                let token = leadership.token();
+                self.let_go(index, token, ToRelease::Leadership(leadership), None);
+            }
+            Some(Err(error)) => {
                 tracing::warn!(group = %self.group, shard = index, %error, "campaign for a shard failed; retrying");
                 *state = State::Resting(self.elector.clock().now() + RETRY);
-                if !error.is_transient() && !matches!(error, Error::SessionExpired(_)) {
+                if wanted && !error.is_transient() && !matches!(error, Error::SessionExpired(_)) {
                     let _ = self.gained.send(Err(error));
                 }
             }
+            None => *state = State::Idle,
         }
     }
 
@@ -489,12 +677,38 @@ impl Coordinator {
         let Some(state) = self.states.get_mut(returned.index as usize) else {
             return;
         };
-        if matches!(state, State::Held { token, .. } if *token == returned.token) {
-            *state = if returned.rest.is_zero() {
-                State::Idle
-            } else {
-                State::Resting(self.elector.clock().now() + returned.rest)
-            };
+        if !matches!(state, State::Held { token, .. } if *token == returned.token) {
+            return;
+        }
+        let now = self.elector.clock().now();
+        let then = (!returned.rest.is_zero()).then(|| now + returned.rest);
+        match returned.how {
+            Given::Released => {
+                self.released[returned.index as usize] = Some(returned.token);
+                *state = then.map_or(State::Idle, State::Resting);
+            }
+            Given::NotReleased => {
+                let grant = Grant {
+                    election: self.elections[returned.index as usize].clone(),
+                    candidate: self.me.clone(),
+                    session: self.session.id(),
+                    token: returned.token,
+                };
+                self.let_go(
+                    returned.index,
+                    returned.token,
+                    ToRelease::Grant(grant),
+                    then,
+                );
+            }
+            Given::Dropped(leadership) => {
+                self.let_go(
+                    returned.index,
+                    returned.token,
+                    ToRelease::Leadership(leadership),
+                    then,
+                );
+            }
         }
     }
 }

@@ -491,9 +491,9 @@ impl Coordinator {
         let me = ids.iter().position(|c| *c == self.me);
         let now = self.elector.clock().now();
         let session = self.session.id();
-        for index in 0..self.states.len() {
+        for (index, assigned) in target.iter().enumerate() {
             let shard = u32::try_from(index).unwrap_or(u32::MAX);
-            let mine = me.is_some() && target[index] == me;
+            let mine = me.is_some() && *assigned == me;
             let state = &mut self.states[index];
             if let State::Resting(until) = state
                 && *until <= now

@@ -290,9 +290,11 @@ pub struct RunArgs {
 impl RunArgs {
     /// Refuses settings that do not go together.
     pub fn check(&self) -> Result<(), leasehold::Error> {
-        let group = if self.shards.is_some() {
+        let group = if let Some(n) = self.shards {
+            leasehold::group::GroupKind::Shards(n).check(&self.election.election)?;
             "--shards"
-        } else if self.slots.is_some() {
+        } else if let Some(k) = self.slots {
+            leasehold::group::GroupKind::Slots(k).check(&self.election.election)?;
             "--slots"
         } else {
             return Ok(());

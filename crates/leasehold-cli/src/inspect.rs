@@ -204,6 +204,7 @@ impl GroupJson {
 
     fn human(&self, name: &str) -> String {
         let unit = self.kind.trim_end_matches('s');
+        let kind = if self.count == 1 { unit } else { self.kind };
         let owned = self.owners.iter().filter(|o| o.owner.is_some()).count();
         let members: Vec<String> = self
             .members
@@ -211,9 +212,8 @@ impl GroupJson {
             .map(|m| format!("{} owns {}", m.id, m.owns))
             .collect();
         let mut text = format!(
-            "{name}: group of {} {}, {} member{}{}{}; {owned} of {} owned",
+            "{name}: group of {} {kind}, {} member{}{}{}; {owned} of {} owned",
             self.count,
-            self.kind,
             self.members.len(),
             if self.members.len() == 1 { "" } else { "s" },
             if members.is_empty() { "" } else { ": " },

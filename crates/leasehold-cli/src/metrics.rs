@@ -135,7 +135,7 @@ impl RunnerMetrics {
         };
         registry.register(
             "is_leader",
-            "1 while this runner holds the election, else 0",
+            "1 while this runner holds the election (with --shards: owns a shard), else 0",
             metrics.is_leader.clone(),
         );
         registry.register(
@@ -303,6 +303,8 @@ impl RunnerMetrics {
         if let Some(group) = self.group() {
             self.group_members
                 .set(i64::try_from(group.members.len()).unwrap_or(i64::MAX));
+            // A member leads while it owns a shard.
+            self.is_leader.set(i64::from(!group.mine.is_empty()));
         }
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;

@@ -81,9 +81,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         let shown: Vec<String> = bound.iter().map(ToString::to_string).collect();
         tracing::info!(addr = %shown.join(", "), "serving /status, /healthz and /metrics");
     }
-    if args.shards.is_none() && args.slots.is_none() {
-        refuse_a_group(&**elector.store(), &args.election.election).await?;
-    }
+    refuse_a_group(
+        &**elector.store(),
+        &args.election.election,
+        args.shards.is_none() && args.slots.is_none(),
+    )
+    .await?;
     if let Some(count) = args.shards {
         line_gauge.abort();
         let elector = Arc::new(elector);
@@ -415,19 +418,32 @@ impl crate::term::Requests for SingleRequests<'_> {
     }
 }
 
-/// Refuses to campaign for the election itself when replicas use its name
-/// for a group of shards or slots.
+/// Refuses a name that a group's members own: the election of one of its
+/// shards or slots (only members take those), and with `plain` the
+/// group's own name (its replicas use it for shards or slots).
 async fn refuse_a_group(
     store: &dyn leasehold::Store,
     election: &ElectionName,
+    plain: bool,
 ) -> anyhow::Result<()> {
-    let notes = match store.notes(election).await {
-        Ok(notes) => notes,
-        // A store that keeps no notes has no groups; one that cannot be
-        // read now is retried by the campaign.
-        Err(_) => return Ok(()),
+    // A store that keeps no notes has no groups; one that cannot be read
+    // now is retried by the campaign.
+    let kind_of = async |name: &ElectionName| {
+        store
+            .notes(name)
+            .await
+            .ok()
+            .and_then(|notes| leasehold::group::kind_of(&notes))
     };
-    if let Some(kind) = leasehold::group::kind_of(&notes) {
+    if let Some(parent) = leasehold::group::group_of(election)
+        && let Some(kind) = kind_of(&parent).await
+    {
+        return Err(leasehold::Error::Conflict(format!(
+            "{election} belongs to the group {parent} of {kind}: only its members take it"
+        ))
+        .into());
+    }
+    if plain && let Some(kind) = kind_of(election).await {
         let flag = match kind {
             leasehold::group::GroupKind::Shards(n) => format!("--shards {n}"),
             leasehold::group::GroupKind::Slots(n) => format!("--slots {n}"),

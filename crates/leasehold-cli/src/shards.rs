@@ -41,6 +41,39 @@ struct Settings {
     restart_delay: Duration,
     store: leasehold::StoreUrl,
     metrics: Arc<RunnerMetrics>,
+    /// Per shard whose command keeps exiting soon after it started, the
+    /// restart delay used last.
+    backoff: std::sync::Mutex<HashMap<u32, Duration>>,
+}
+
+/// A command that ran at least this long before it exited was no crash
+/// loop: its shard's restart delay goes back to `--restart-delay`.
+const RAN_LONG_ENOUGH: Duration = Duration::from_secs(10);
+/// The longest restart delay a crash-looping shard's command backs off to.
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+
+impl Settings {
+    /// How long shard `index` rests after its command exited, having run
+    /// `ran`: `--restart-delay`, doubled (from at least 100 ms, up to a
+    /// minute) for each exit in a row that came sooner than
+    /// [`RAN_LONG_ENOUGH`], so that commands that exit at once cannot keep
+    /// the runner (and the store) too busy to renew its lease.
+    fn restart_delay(&self, index: u32, ran: Duration) -> Duration {
+        let mut backoff = self.backoff.lock().unwrap_or_else(|p| p.into_inner());
+        if ran >= RAN_LONG_ENOUGH {
+            backoff.remove(&index);
+            return self.restart_delay;
+        }
+        let delay = match backoff.get(&index) {
+            None => self.restart_delay,
+            Some(last) => (*last * 2)
+                .max(Duration::from_millis(100))
+                .min(MAX_BACKOFF)
+                .max(self.restart_delay),
+        };
+        backoff.insert(index, delay);
+        delay
+    }
 }
 
 /// `run --shards N`.
@@ -105,6 +138,7 @@ impl ShardRunner {
             restart_delay,
             store,
             metrics,
+            backoff: std::sync::Mutex::new(HashMap::new()),
         });
         let mut terms = JoinSet::new();
         let mut controls: HashMap<u32, mpsc::UnboundedSender<Control>> = HashMap::new();
@@ -149,7 +183,15 @@ impl ShardRunner {
             Ok(None) | Err(_) => Signal::SIGTERM,
         };
         if !controls.is_empty() {
-            tracing::info!(%signal, commands = controls.len(), grace = ?settings.grace, "stopping every shard's command");
+            match &outcome {
+                Ok(Some(_)) => {
+                    tracing::info!(%signal, commands = controls.len(), grace = ?settings.grace, "stopping every shard's command");
+                }
+                _ => {
+                    tracing::info!(commands = controls.len(), grace = ?settings.grace,
+                        "stopping every other shard's command with SIGTERM");
+                }
+            }
         }
         for control in controls.values() {
             let _ = control.send(Control::Stop(signal));
@@ -231,6 +273,7 @@ async fn run_term(
         }
     };
     settings.metrics.shard_gained();
+    let started = tokio::time::Instant::now();
     tracing::info!(group = %settings.group, shard = index, %id, token = token.0, pgid = child.pgid, "owning shard; command started");
     let term = Term {
         election: &election,
@@ -249,12 +292,10 @@ async fn run_term(
     let code = child::exit_code(status);
     let (step_down, released) = match why {
         TermEnd::Exited => {
-            tracing::info!(shard = index, token = token.0, status = code, restart_in = ?settings.restart_delay,
+            let delay = settings.restart_delay(index, started.elapsed());
+            tracing::info!(shard = index, token = token.0, status = code, restart_in = ?delay,
                 "command exited; shard released, campaigning for it again after the restart delay");
-            (
-                StepDown::CommandExited,
-                shard.release_for(settings.restart_delay).await,
-            )
+            (StepDown::CommandExited, shard.release_for(delay).await)
         }
         TermEnd::Moved => {
             tracing::info!(

@@ -284,6 +284,25 @@ fn group_flags_are_checked() {
         let last = stderr(&out).lines().last().unwrap_or_default().to_owned();
         assert!(last.contains(said), "{args:?}: {}", stderr(&out));
     }
+    // A group's shard elections are its members' alone.
+    for args in [
+        &["-e", "jobs/shard/0"][..],
+        &["-e", "jobs/shard/1", "--shards", "2"],
+        &["-e", "jobs/slot/queue"],
+    ] {
+        let out = leasehold()
+            .args(["run", "--store", &store, "--id", "b"])
+            .args(args)
+            .args(["--", "true"])
+            .output()
+            .expect("spawn");
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
+        assert!(
+            stderr(&out).contains("belongs to the group jobs"),
+            "{args:?}: {}",
+            stderr(&out)
+        );
+    }
     assert_eq!(
         loads(&store, &["a", "b"]),
         (vec![3, 0], 3),
@@ -340,4 +359,40 @@ fn a_shard_member_serves_its_view() {
         Some(1.0),
         "{metrics}"
     );
+}
+
+/// A shard whose command keeps exiting at once backs off (from
+/// `--restart-delay`, doubling, up to a minute), so a crash loop cannot
+/// keep the runner too busy to renew its lease.
+#[test]
+fn a_crash_looping_shard_backs_off() {
+    let scratch = Scratch::new();
+    let store = scratch.store_url();
+    let mut runner = Proc::spawn(
+        leasehold()
+            .args([
+                "run",
+                "--election",
+                GROUP,
+                "--shards",
+                "1",
+                "--restart-delay",
+                "0s",
+            ])
+            .args(["--store", &store])
+            .args(["--", "sh", "-c", "echo start >> moves.log"])
+            .current_dir(scratch.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    std::thread::sleep(3 * SECOND);
+    runner.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(
+        runner.wait_for_exit(10 * SECOND).and_then(|s| s.code()),
+        Some(0)
+    );
+    let starts = read_lines(&scratch.path("moves.log")).len();
+    // 0 s, 0.1 s, 0.2 s, 0.4 s, 0.8 s, 1.6 s: at most 6 or 7 in 3 s
+    // (without the back-off, hundreds).
+    assert!((2..=10).contains(&starts), "{starts} starts in 3 s");
 }

@@ -78,17 +78,21 @@ impl GroupKind {
                 format!("{n}: between 1 and {MAX_SHARDS}"),
             ));
         }
-        self.election(group, n - 1)
-            .and(slot_queue(group))
-            .map(drop)
-            .map_err(|_| {
-                Error::invalid(
-                    "election name",
-                    format!(
-                        "{group:?} is too long for a group: its elections are named {group}/shard/N"
-                    ),
-                )
-            })
+        let longest = self.election(group, n - 1);
+        let limit = crate::names::MAX_NAME_LEN;
+        longest.and(slot_queue(group)).map(drop).map_err(|_| {
+            let kind = match self {
+                GroupKind::Shards(_) => "shard",
+                GroupKind::Slots(_) => "slot",
+            };
+            Error::invalid(
+                "election name",
+                format!(
+                    "{group:?} is too long for a group of {self}: its elections are named \
+                     {group}/{kind}/N, at most {limit} bytes"
+                ),
+            )
+        })
     }
 
     fn text(self, candidate: &CandidateId) -> String {
@@ -108,6 +112,16 @@ impl fmt::Display for GroupKind {
             GroupKind::Slots(n) => write!(f, "{n} slots"),
         }
     }
+}
+
+/// The group whose shard or slot `election` may be (`jobs` for
+/// `jobs/shard/7`, `pool` for `pool/slot/2` and `pool/slot/queue`).
+pub fn group_of(election: &ElectionName) -> Option<ElectionName> {
+    group_of_shard(election).or_else(|| {
+        let (group, index) = election.as_str().rsplit_once("/slot/")?;
+        (index == "queue" || index.parse::<u32>().is_ok()).then_some(())?;
+        ElectionName::new(group).ok()
+    })
 }
 
 /// The group whose shard `election` is (`jobs` for `jobs/shard/7`).

@@ -60,6 +60,7 @@ pub struct Shards {
     count: u32,
     gained: mpsc::UnboundedReceiver<Result<Shard>>,
     view: watch::Receiver<GroupView>,
+    elector: Arc<Elector>,
     coordinator: Option<tokio::task::JoinHandle<()>>,
     _stop: DropGuard,
 }
@@ -209,7 +210,7 @@ impl Shards {
         let stop = CancellationToken::new();
         let coordinator = Coordinator {
             me: elector.candidate().clone(),
-            elector,
+            elector: Arc::clone(&elector),
             group: group.clone(),
             kind,
             elections,
@@ -232,6 +233,7 @@ impl Shards {
             count,
             gained,
             view,
+            elector,
             coordinator: Some(coordinator),
             _stop: stop.drop_guard(),
         })
@@ -260,18 +262,32 @@ impl Shards {
         }
     }
 
-    /// Stops campaigning and returns once this member no longer asks for
-    /// anything; the shards handed out stay held until dropped or
-    /// resigned. Close the elector ([`Elector::close`]) afterwards to
-    /// leave the group at once (else it ends with the session).
+    /// Stops campaigning and leaves the group: returns once this member
+    /// no longer asks for anything and its note is gone, so that the
+    /// others take each of its shards as soon as it is released. The
+    /// shards handed out stay held until dropped or resigned.
     pub async fn leave(self) {
         let Shards {
-            coordinator, _stop, ..
+            coordinator,
+            _stop,
+            elector,
+            group,
+            ..
         } = self;
         // Stopped, the coordinator withdraws its campaigns before it ends.
         drop(_stop);
         if let Some(coordinator) = coordinator {
             let _ = coordinator.await;
+        }
+        // No member any more: the others take this member's shards as soon
+        // as each is released, not once the last of them is.
+        if let Ok(session) = elector.session().await
+            && let Err(error) = elector
+                .store()
+                .delete_note(session.id(), &group, super::MEMBER)
+                .await
+        {
+            tracing::debug!(%group, %error, "could not leave the group; it ends with the session");
         }
     }
 

@@ -304,3 +304,73 @@ pub async fn slots_hold_at_most_k(harness: &dyn StoreHarness) {
     .expect("five contenders took a slot three times each");
     assert_eq!(ownership.gains(), 15);
 }
+
+/// A member that leaves ([`Shards::leave`]) is no member at once, even
+/// while it still holds shards: the others campaign for each of its
+/// shards and take it as soon as it is released, one by one.
+pub async fn a_member_that_leaves_is_gone_at_once(harness: &dyn StoreHarness) {
+    let group = unique_election("leave");
+    let store = harness.open().await;
+    let a = Arc::new(
+        Elector::new(harness.open().await, id("a"), LeaseConfig::with_ttl(TTL)).expect("config"),
+    );
+    let b = Arc::new(
+        Elector::new(harness.open().await, id("b"), LeaseConfig::with_ttl(TTL)).expect("config"),
+    );
+    let mut shards_a = Shards::join(Arc::clone(&a), group.clone(), 2)
+        .await
+        .expect("a joins");
+    let mut shards_b = Shards::join(Arc::clone(&b), group.clone(), 2)
+        .await
+        .expect("b joins");
+    // Each ends up with one shard (a may take both first, then hand one over).
+    let mut held_a = Vec::new();
+    let first_b = timeout(PATIENCE, async {
+        loop {
+            tokio::select! {
+                shard = shards_a.next() => {
+                    let shard = shard.expect("a's shard");
+                    held_a.push(shard);
+                    // Revoked ones go back at once.
+                    let mut kept = Vec::new();
+                    for s in held_a.drain(..) {
+                        if s.is_revoked() { s.resign().await.expect("resign") } else { kept.push(s) }
+                    }
+                    held_a = kept;
+                }
+                shard = shards_b.next() => return shard.expect("b's shard"),
+                () = sleep(Duration::from_millis(50)) => {
+                    let mut kept = Vec::new();
+                    for s in held_a.drain(..) {
+                        if s.is_revoked() { s.resign().await.expect("resign") } else { kept.push(s) }
+                    }
+                    held_a = kept;
+                }
+            }
+        }
+    })
+    .await
+    .expect("b gets a shard");
+    let b_index = first_b.index();
+    let b_session = b.session().await.expect("session").id();
+    shards_b.leave().await;
+    let notes = store.notes(&group).await.expect("notes");
+    assert!(
+        crate::group::members(&notes)
+            .iter()
+            .all(|m| m.session != b_session),
+        "b left, yet is still a member: {notes:?}"
+    );
+    // b still holds its shard; a waits for it and takes it once released.
+    first_b.resign().await.expect("b releases");
+    timeout(PATIENCE, async {
+        while !held_a.iter().any(|s| s.index() == b_index) {
+            held_a.push(shards_a.next().await.expect("a's shard"));
+        }
+    })
+    .await
+    .expect("a takes b's shard once released");
+    drop(held_a);
+    let _ = a.close().await;
+    let _ = b.close().await;
+}

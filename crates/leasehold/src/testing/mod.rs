@@ -208,6 +208,7 @@ macro_rules! conformance_tests {
             shards_balance_and_move_only_what_they_must,
             a_group_refuses_another_count,
             slots_hold_at_most_k,
+            a_member_that_leaves_is_gone_at_once,
         );
     };
     (@cases $harness:expr; $($case:ident),* $(,)?) => {

@@ -148,8 +148,14 @@ fn run(args: cli::Args) -> anyhow::Result<ExitCode> {
     // One thread runs every task: the command is forked from this thread,
     // and PR_SET_PDEATHSIG fires when the *thread* that forked exits, so it
     // must be the one that lives as long as the process.
+    //
+    // Few blocking threads: the SQLite store's work queues for its one
+    // connection anyway, and every thread's stack is more for each fork of
+    // a guard to copy (with hundreds of them, `run --shards` spent its
+    // time forking and starved its own renewals).
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        .max_blocking_threads(16)
         .build()?;
     runtime.block_on(async move {
         match args.command {

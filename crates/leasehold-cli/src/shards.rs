@@ -318,7 +318,8 @@ async fn run_term(
                 status = code,
                 "renewals failing; shard given up before the lease deadline"
             );
-            (StepDown::AtRisk, shard.resign().await)
+            // Not asked for again at once: the lease is what is at risk.
+            (StepDown::AtRisk, shard.release_for(RETRY_JOIN).await)
         }
         TermEnd::Stopped(signal) => {
             tracing::info!(shard = index, token = token.0, %signal, status = code, "stopped; shard released");

@@ -203,6 +203,10 @@ struct Db {
     replaced: CancellationToken,
     why_replaced: OnceLock<&'static str>,
     wal_emptied: AtomicBool,
+    /// Renewals waiting for the connection: everything else lets them go
+    /// first ([`Db::conn`]), so that a busy process (hundreds of watches
+    /// reading after every change) never starves its own lease.
+    renewing: std::sync::atomic::AtomicUsize,
     /// Whether `-wal` and `-shm` existed before this handle opened the
     /// database: those that did not were created by its SQLite connection.
     wal_existed: bool,
@@ -673,6 +677,7 @@ impl Db {
             replaced: CancellationToken::new(),
             why_replaced: OnceLock::new(),
             wal_emptied: AtomicBool::new(false),
+            renewing: std::sync::atomic::AtomicUsize::new(0),
             wal_existed,
             shm_existed,
             verified: false,
@@ -727,9 +732,29 @@ impl Db {
     }
 
     fn conn(&self) -> MutexGuard<'_, Connection> {
+        // A renewal waiting goes first (bounded: a renewal holds the
+        // connection for one short transaction).
+        for _ in 0..1000 {
+            if self.renewing.load(Ordering::SeqCst) == 0 {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+        self.lock_conn()
+    }
+
+    fn lock_conn(&self) -> MutexGuard<'_, Connection> {
         // rusqlite rolls back an open transaction when it is dropped during a
         // panic, so the connection is consistent even if the lock is poisoned.
         self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The connection for a renewal, ahead of everything else waiting.
+    fn conn_for_renewal(&self) -> MutexGuard<'_, Connection> {
+        self.renewing.fetch_add(1, Ordering::SeqCst);
+        let conn = self.lock_conn();
+        self.renewing.fetch_sub(1, Ordering::SeqCst);
+        conn
     }
 
     fn err(&self) -> impl Fn(rusqlite::Error) -> Error + '_ {
@@ -1109,7 +1134,7 @@ impl Db {
             Error::Replaced(_) => Error::SessionExpired(session),
             other => other,
         };
-        let mut conn = self.conn();
+        let mut conn = self.conn_for_renewal();
         self.usable(&conn).map_err(expired)?;
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -1731,6 +1756,26 @@ fn why_cannot_open(path: &Path) -> String {
 
 impl Inner {
     /// Runs `op` on the blocking pool: SQLite calls may wait on the file lock.
+    /// Runs `op` on a thread of its own rather than on tokio's blocking
+    /// pool, whose queue hundreds of reads may fill (every watch of a busy
+    /// process reads after each change): for renewals, which must never
+    /// wait behind them.
+    async fn on_own_thread<T: Send + 'static>(
+        &self,
+        op: impl FnOnce(&Db) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let db = Arc::clone(&self.db);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name("leasehold-renewal".into())
+            .spawn(move || {
+                let _ = tx.send(op(&db));
+            })
+            .map_err(|e| Error::unavailable("cannot start a thread for the renewal", e))?;
+        rx.await
+            .map_err(|e| Error::unavailable("sqlite renewal thread failed", e))?
+    }
+
     async fn blocking<T: Send + 'static>(
         &self,
         op: impl FnOnce(&Db) -> Result<T> + Send + 'static,
@@ -1864,7 +1909,9 @@ impl Store for SqliteStore {
     }
 
     async fn keep_alive(&self, session: SessionId) -> Result<Duration> {
-        self.inner.blocking(move |db| db.keep_alive(session)).await
+        self.inner
+            .on_own_thread(move |db| db.keep_alive(session))
+            .await
     }
 
     async fn close_session(&self, session: SessionId) -> Result<()> {

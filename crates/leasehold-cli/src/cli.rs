@@ -66,11 +66,13 @@ pub enum Command {
     /// SIGTTIN, SIGTTOU (Ctrl-Z) are logged and ignored. If `run` itself dies, even by SIGKILL, its command's
     /// whole process group dies with it.
     Run(RunArgs),
-    /// Print the current leader of an election and its line of standbys.
+    /// Print the current leader of an election and its line of standbys; for a group of shards or
+    /// slots, its members and who owns each shard or slot.
     Status(StatusArgs),
     /// Print the leader of an election as a JSON line each time it changes.
     Observe(ObserveArgs),
-    /// List every election in the store with its leader.
+    /// List every election in the store with its leader (a group's shards and slots each as their
+    /// own election, NAME/shard/K and NAME/slot/K).
     List(ListArgs),
     /// Campaign, hold the election for a while, resign; prints one JSON line
     /// per event. A way to try leasehold and to probe a store.
@@ -323,7 +325,9 @@ pub struct StatusArgs {
     #[command(flatten)]
     pub store: StoreArgs,
     /// Print JSON: {"election":E,"leader":{"id":…,"token":N,"expires_in_ms":…}} or "leader":null,
-    /// and "candidates":[{"id":…,"priority":N},…], the waiting replicas in the order they would be granted.
+    /// and "candidates":[{"id":…,"priority":N},…], the waiting replicas in the order they would be granted;
+    /// for a group (`run --shards`, `run --slots`), "group":{"kind","count","members":[{"id","owns"}],
+    /// "owners":[{"index","election","owner"}]}.
     #[arg(long)]
     pub json: bool,
 }

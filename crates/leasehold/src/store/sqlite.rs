@@ -203,10 +203,10 @@ struct Db {
     replaced: CancellationToken,
     why_replaced: OnceLock<&'static str>,
     wal_emptied: AtomicBool,
-    /// Renewals waiting for the connection: everything else lets them go
-    /// first ([`Db::conn`]), so that a busy process (hundreds of watches
-    /// reading after every change) never starves its own lease.
-    renewing: std::sync::atomic::AtomicUsize,
+    /// Renewals waiting for the connection: everything else waits for them
+    /// to have it first ([`Db::conn`]), so that a busy process (many
+    /// watches reading after every change) never starves its own lease.
+    renewals: (Mutex<usize>, std::sync::Condvar),
     /// Whether `-wal` and `-shm` existed before this handle opened the
     /// database: those that did not were created by its SQLite connection.
     wal_existed: bool,
@@ -677,7 +677,7 @@ impl Db {
             replaced: CancellationToken::new(),
             why_replaced: OnceLock::new(),
             wal_emptied: AtomicBool::new(false),
-            renewing: std::sync::atomic::AtomicUsize::new(0),
+            renewals: (Mutex::new(0), std::sync::Condvar::new()),
             wal_existed,
             shm_existed,
             verified: false,
@@ -732,14 +732,14 @@ impl Db {
     }
 
     fn conn(&self) -> MutexGuard<'_, Connection> {
-        // A renewal waiting goes first (bounded: a renewal holds the
-        // connection for one short transaction).
-        for _ in 0..1000 {
-            if self.renewing.load(Ordering::SeqCst) == 0 {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_micros(50));
-        }
+        // A renewal waiting goes first (bounded: it holds the connection
+        // for one short transaction).
+        let (waiting, turn) = &self.renewals;
+        let waiting = waiting.lock().unwrap_or_else(|p| p.into_inner());
+        drop(
+            turn.wait_timeout_while(waiting, std::time::Duration::from_millis(100), |n| *n > 0)
+                .unwrap_or_else(|p| p.into_inner()),
+        );
         self.lock_conn()
     }
 
@@ -751,9 +751,11 @@ impl Db {
 
     /// The connection for a renewal, ahead of everything else waiting.
     fn conn_for_renewal(&self) -> MutexGuard<'_, Connection> {
-        self.renewing.fetch_add(1, Ordering::SeqCst);
+        let (waiting, turn) = &self.renewals;
+        *waiting.lock().unwrap_or_else(|p| p.into_inner()) += 1;
         let conn = self.lock_conn();
-        self.renewing.fetch_sub(1, Ordering::SeqCst);
+        *waiting.lock().unwrap_or_else(|p| p.into_inner()) -= 1;
+        turn.notify_all();
         conn
     }
 

@@ -271,13 +271,15 @@ pub struct RunArgs {
     /// is owned by exactly one of them, and every replica owns N/M of them
     /// (M replicas), moved only when replicas come or go. CMD runs once per
     /// owned shard, with LEASEHOLD_SHARD (0 to N-1) and LEASEHOLD_SHARDS in
-    /// its environment, and LEASEHOLD_TOKEN the shard's token.
+    /// its environment, and LEASEHOLD_TOKEN the shard's token. [default: the
+    /// whole election, no shards]
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(leasehold::group::MAX_SHARDS)), conflicts_with = "slots")]
     pub shards: Option<u32>,
     /// Hold one of K slots instead of the whole election: at most K
     /// replicas with the same --election and K run CMD at once, each with
     /// LEASEHOLD_SLOT (0 to K-1) and the slot's own token; a freed slot goes
-    /// to the replica waiting longest (highest --priority first).
+    /// to the replica waiting longest. [default: the whole election, no
+    /// slots]
     #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..=i64::from(leasehold::group::MAX_SHARDS)))]
     pub slots: Option<u32>,
     /// With --shards: how long a shard whose command exited stays released
@@ -302,7 +304,7 @@ impl RunArgs {
             return Ok(());
         };
         let refused = [
-            (self.shards.is_some() && self.priority != 0, "--priority"),
+            (self.priority != 0, "--priority"),
             (self.preempt_after.is_some(), "--preempt-after"),
             (!self.lock_delay.is_zero(), "--lock-delay"),
         ];

@@ -1,10 +1,10 @@
 //! Slots: at most `k` holders of a group at once, each slot an election
 //! with its own token.
 //!
-//! Waiters line up on one more election, `<group>/slot/queue`, with the
-//! line of standbys every election has ([`crate::line`]): its holder is
-//! the one waiter that watches the slots and takes the next free one,
-//! then releases the queue to the next in line. Only that waiter reads
+//! Waiters line up on one more election, `<group>/slot/queue`, in the
+//! store's own order of campaigns (each waits on the one ahead of it): its
+//! holder is the one waiter that watches the slots and takes the next
+//! free one, then releases the queue to the next. Only that waiter reads
 //! the slots, so a freed slot wakes one waiter, however many wait.
 
 use super::{GroupKind, LeaderWatches, join};
@@ -25,7 +25,7 @@ impl Elector {
     /// Resolves when this candidate holds one of `slots` slots of `group`
     /// (a semaphore: at most `slots` holders at once, each with its own
     /// strictly increasing token per slot). Waiters are served in the
-    /// order they came. Fails with [`Error::InvalidInput`] for a count of
+    /// order they came; this elector's priority does not apply. Fails with [`Error::InvalidInput`] for a count of
     /// 0 or above [`super::MAX_SHARDS`], and with [`Error::Conflict`] when
     /// the group's members asked for another count (or for shards).
     /// Dropping the future withdraws from the queue.
@@ -39,7 +39,7 @@ impl Elector {
         loop {
             let session = self.session().await?;
             join(&**self.store(), session.id(), group, kind, self.candidate()).await?;
-            let turn = self.campaign(&queue).await?;
+            let turn = self.campaign_direct(&queue).await?;
             let outcome = tokio::select! {
                 biased;
                 _ = turn.lost() => None,
@@ -61,33 +61,29 @@ impl Elector {
     async fn take_free_slot(&self, elections: &[ElectionName]) -> Result<Slot> {
         let mut holders = LeaderWatches::open(self.store(), elections).await?;
         loop {
-            let free = holders.holders().iter().position(Option::is_none);
+            // A watch may lag a grant the previous holder of the queue just
+            // got: a free slot is read again before it is asked for.
+            let mut free = None;
+            for (index, holder) in holders.holders().iter().enumerate() {
+                if holder.is_none() && self.store().leader(&elections[index]).await?.is_none() {
+                    free = Some(index);
+                    break;
+                }
+            }
             let Some(index) = free else {
                 holders.changed().await;
                 continue;
             };
-            // Only the queue's holder asks for a slot, so the slot is
-            // normally granted at once; should someone else take it first
-            // (a holder of the queue whose grant ended while it asked),
-            // look for another.
-            tokio::select! {
-                biased;
-                granted = self.campaign_direct(&elections[index]) => {
-                    let leadership = granted?;
-                    return Ok(Slot {
-                        index: u32::try_from(index).map_err(|_| Error::invalid("slot", "out of range"))?,
-                        leadership,
-                    });
-                }
-                () = async {
-                    loop {
-                        holders.changed().await;
-                        if holders.holders()[index].as_ref().is_some_and(|h| h.candidate != *self.candidate()) {
-                            return;
-                        }
-                    }
-                } => {}
-            }
+            // Only the queue's holder asks for a slot, so it is granted at
+            // once; should a holder of the queue whose grant ended while it
+            // asked have taken it first, this waits for that slot. (Never
+            // withdrawn: a campaign dropped as it reaches the store is what
+            // every store must handle, but the surest path is not to.)
+            let leadership = self.campaign_direct(&elections[index]).await?;
+            return Ok(Slot {
+                index: u32::try_from(index).map_err(|_| Error::invalid("slot", "out of range"))?,
+                leadership,
+            });
         }
     }
 }

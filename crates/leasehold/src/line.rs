@@ -295,7 +295,8 @@ pub(crate) async fn successor(
         notes.borrow_and_update();
         let fresh = store.notes(election).await?;
         let line = standbys(&fresh);
-        let expected = designated(&line)
+        let marked = designated(&line);
+        let expected = marked
             .or(named)
             .and_then(|s| line.into_iter().find(|w| w.session == s))
             .map(|w| w.candidate);
@@ -305,13 +306,17 @@ pub(crate) async fn successor(
         {
             return Ok(leader.clone());
         }
-        // A newer grant of another candidate than the one expected: a
-        // moment's (it is given back at once), or the end of another move
-        // that won (a concurrent transfer, a preemption), once it stays.
+        // A newer grant of another candidate than the one expected. While
+        // a leader's mark still names a standby that waits, whoever else
+        // holds gives the grant back (it reads the same mark as soon as
+        // the store grants it): wait for that, however long a loaded
+        // machine makes it. Without a mark (only the request named one),
+        // it is the end of another move that won (a concurrent transfer,
+        // a preemption), once it stays.
         let settle = async {
-            match &newer {
-                Some(_) => tokio::time::sleep(OTHER_MOVE_SETTLES).await,
-                None => std::future::pending().await,
+            match (&newer, marked) {
+                (Some(_), None) => tokio::time::sleep(OTHER_MOVE_SETTLES).await,
+                _ => std::future::pending().await,
             }
         };
         tokio::select! {

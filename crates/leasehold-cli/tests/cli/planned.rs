@@ -114,7 +114,12 @@ pub fn transfer_to_the_named_replica(store: &str, scratch: &Scratch) {
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(said.contains("c leads now"), "{said}");
     assert!(wait_until(10 * SECOND, || runs(scratch).len() == 2));
-    assert_eq!(runs(scratch)[1].1, "c", "the named replica must take over");
+    assert_eq!(
+        runs(scratch)[1].1,
+        "c",
+        "the named replica must take over: {said} {:?}",
+        read_lines(&scratch.path("moves.log"))
+    );
     // The old leader waits in line again, behind b.
     assert!(wait_until(10 * SECOND, || waiting_ids(store)
         == [("b".to_owned(), 0), ("a".to_owned(), 0)]));

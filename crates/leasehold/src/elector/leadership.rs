@@ -253,7 +253,7 @@ impl Leadership {
             let succeeded = async {
                 let mut leaders = store.watch(&grant.election).await?;
                 let mut notes = store.watch_notes(&grant.election).await?;
-                line::successor(
+                let successor = line::successor(
                     &*store,
                     &grant.election,
                     &mut leaders,
@@ -261,7 +261,22 @@ impl Leadership {
                     grant.token,
                     None,
                 )
-                .await
+                .await?;
+                // The chosen standby holds, but its campaign may not have
+                // seen the grant yet: withdrawing the mark now would make
+                // it withdraw from the store. Wait until it left the line.
+                loop {
+                    let still_waits = line::standbys(&notes.borrow_and_update()).iter().any(|w| {
+                        w.chosen_by == Some(grant.token) && w.candidate == successor.candidate
+                    });
+                    if !still_waits {
+                        return Ok::<_, Error>(successor);
+                    }
+                    notes.changed().await.map_err(|_| Error::Unavailable {
+                        reason: "the store's watch ended".into(),
+                        source: None,
+                    })?;
+                }
             };
             let _ = tokio::select! {
                 outcome = succeeded => outcome.map(drop),

@@ -10,7 +10,7 @@ use std::ffi::OsString;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
 
-use leasehold::store::{Password, Secret, Security};
+use leasehold::store::{Layout, Password, Secret, Security};
 use leasehold::{CandidateId, ElectionName, FencingToken, Grant, SessionId, StoreUrl};
 
 /// `run` → guard.
@@ -136,9 +136,10 @@ fn store_line(url: &StoreUrl) -> String {
             endpoints,
             prefix,
             security,
+            layout,
         } => {
             format!(
-                "etcd {} {} {}",
+                "etcd {} {layout} {} {}",
                 hex(prefix.as_bytes()),
                 security_words(security),
                 hex_list(endpoints)
@@ -148,9 +149,10 @@ fn store_line(url: &StoreUrl) -> String {
             endpoints,
             root,
             security,
+            layout,
         } => {
             format!(
-                "zk {} {} {}",
+                "zk {} {layout} {} {}",
                 hex(root.as_bytes()),
                 security_words(security),
                 hex_list(endpoints)
@@ -168,28 +170,43 @@ fn store_line(url: &StoreUrl) -> String {
     }
 }
 
+fn parse_layout(word: &str) -> Option<Layout> {
+    [
+        Layout::Leasehold,
+        Layout::Concurrency,
+        Layout::Curator,
+        Layout::Kazoo,
+    ]
+    .into_iter()
+    .find(|l| l.as_str() == word)
+}
+
 fn parse_store<'a>(words: &mut impl Iterator<Item = &'a str>) -> Option<StoreUrl> {
     let url = match words.next()? {
         "memory" => StoreUrl::Memory,
         "sqlite" => StoreUrl::Sqlite(PathBuf::from(OsString::from_vec(unhex(words.next()?)?))),
         "etcd" => {
             let prefix = unhex_string(words.next()?)?;
+            let layout = parse_layout(words.next()?)?;
             let security = parse_security(words)?;
             let endpoints = words.map(unhex_string).collect::<Option<Vec<_>>>()?;
             StoreUrl::Etcd {
                 endpoints,
                 prefix,
                 security,
+                layout,
             }
         }
         "zk" => {
             let root = unhex_string(words.next()?)?;
+            let layout = parse_layout(words.next()?)?;
             let security = parse_security(words)?;
             let endpoints = words.map(unhex_string).collect::<Option<Vec<_>>>()?;
             StoreUrl::ZooKeeper {
                 endpoints,
                 root,
                 security,
+                layout,
             }
         }
         "postgres" => {
@@ -299,6 +316,7 @@ mod tests {
             endpoints: vec!["127.0.0.1:1".into(), "127.0.0.1:2".into()],
             prefix: "/p x".into(),
             security: Security::none(),
+            layout: Layout::Leasehold,
         }));
         let mut secured = Security::none();
         secured.user = Some("u -".into());
@@ -308,8 +326,9 @@ mod tests {
         secured.key = Some("/k".into());
         round_trip(Order::Store(StoreUrl::Etcd {
             endpoints: vec!["127.0.0.1:1".into()],
-            prefix: "/p".into(),
+            prefix: "".into(),
             security: secured,
+            layout: Layout::Concurrency,
         }));
         let mut from_file = Security::none();
         from_file.user = Some("u".into());
@@ -318,6 +337,7 @@ mod tests {
             endpoints: vec!["h:1".into()],
             root: "/leasehold".into(),
             security: from_file,
+            layout: Layout::Kazoo,
         }));
         round_trip(Order::Store(StoreUrl::Postgres {
             url: "postgres://u:secret@h/db?x=1 2".into(),

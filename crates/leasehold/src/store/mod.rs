@@ -35,7 +35,7 @@ pub use crate::grant::{FencingToken, Grant, Leader, SessionId, SessionLease};
 pub use security::{Password, Secret, Security};
 #[cfg(feature = "postgres")]
 pub(crate) use url::postgres_connect;
-pub use url::{PgSslMode, StoreUrl, open, open_read_only, release_orphaned};
+pub use url::{Layout, PgSslMode, StoreUrl, open, open_read_only, release_orphaned};
 pub(crate) use watch_driver::{known_only, status_of};
 
 /// `session`'s key in a store that keeps session ids as signed 64-bit

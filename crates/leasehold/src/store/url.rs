@@ -43,20 +43,28 @@ pub enum StoreUrl {
     Etcd {
         /// `host:port` of each member to try.
         endpoints: Vec<String>,
-        /// Where leasehold's keys live (default `/leasehold`).
+        /// Where leasehold's keys live (default `/leasehold`; with
+        /// `?layout=concurrency`, the prefix elections are joined below,
+        /// default none).
         prefix: String,
         /// User, password and TLS files.
         security: Security,
+        /// How elections are laid out (`?layout=`).
+        layout: Layout,
     },
     /// `zk://[user[:password]@]host:port[,host:port…][/chroot][?password_file=PATH]`
     /// — a ZooKeeper ensemble.
     ZooKeeper {
         /// `host:port` of each server to try.
         endpoints: Vec<String>,
-        /// The node under which leasehold's nodes live (default `/leasehold`).
+        /// The node under which leasehold's nodes live (default `/leasehold`;
+        /// with `?layout=curator|kazoo`, the path elections are joined
+        /// below, default none).
         root: String,
         /// User and password (digest authentication).
         security: Security,
+        /// How elections are laid out (`?layout=`).
+        layout: Layout,
     },
     /// `postgres://…` or `postgresql://…` — a PostgreSQL database.
     Postgres {
@@ -67,6 +75,73 @@ pub enum StoreUrl {
         /// `leasehold`).
         schema: String,
     },
+}
+
+/// How a store lays out its elections: leasehold's own layout, or the
+/// wire layout of another election recipe, so that its clients and
+/// leasehold's take part in the same elections (`?layout=` of an etcd or
+/// ZooKeeper URL).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Layout {
+    /// leasehold's own keys or nodes under its prefix or root, with its
+    /// marker (the default).
+    #[default]
+    Leasehold,
+    /// etcd's `concurrency.Election` (Go clients, `etcdctl elect`).
+    Concurrency,
+    /// Apache Curator's `LeaderLatch` (ZooKeeper).
+    Curator,
+    /// kazoo's `Election` (ZooKeeper).
+    Kazoo,
+}
+
+impl Layout {
+    /// The `?layout=` value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Layout::Leasehold => "leasehold",
+            Layout::Concurrency => "concurrency",
+            Layout::Curator => "curator",
+            Layout::Kazoo => "kazoo",
+        }
+    }
+
+    /// Whether this is another recipe's layout (no notes: the recipe's
+    /// own order is the only line).
+    pub fn is_foreign(self) -> bool {
+        self != Layout::Leasehold
+    }
+
+    fn parse(cluster: Cluster, value: &str) -> Result<Layout, String> {
+        let (known, expected): (&[Layout], &str) = match cluster {
+            Cluster::Etcd => (
+                &[Layout::Leasehold, Layout::Concurrency],
+                "leasehold or concurrency (etcd's concurrency.Election, etcdctl elect)",
+            ),
+            Cluster::ZooKeeper => (
+                &[Layout::Leasehold, Layout::Curator, Layout::Kazoo],
+                "leasehold, curator (Curator's LeaderLatch) or kazoo (kazoo's Election)",
+            ),
+        };
+        known
+            .iter()
+            .copied()
+            .find(|l| l.as_str() == value)
+            .ok_or_else(|| {
+                format!(
+                    "{}:// URLs take ?layout={expected}, not {}",
+                    cluster.scheme(),
+                    quote(value)
+                )
+            })
+    }
+}
+
+impl fmt::Display for Layout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 const SCHEMES: &str = "sqlite:PATH, etcd://HOST:PORT[,HOST:PORT…][/PREFIX], \
@@ -279,8 +354,9 @@ impl Cluster {
             self.scheme(),
             self.path_name().to_uppercase(),
             match self {
-                Cluster::Etcd => "cacert=PATH&cert=PATH&key=PATH&password_file=PATH",
-                Cluster::ZooKeeper => "password_file=PATH",
+                Cluster::Etcd =>
+                    "cacert=PATH&cert=PATH&key=PATH&password_file=PATH&layout=leasehold|concurrency",
+                Cluster::ZooKeeper => "password_file=PATH&layout=leasehold|curator|kazoo",
             }
         )
     }
@@ -398,10 +474,11 @@ fn parse_cluster_options(
     cluster: Cluster,
     query: &str,
     security: &mut Security,
+    layout: &mut Layout,
 ) -> Result<(), String> {
     let known: &[&str] = match cluster {
-        Cluster::Etcd => CLUSTER_OPTIONS,
-        Cluster::ZooKeeper => &["password_file"],
+        Cluster::Etcd => &["cacert", "cert", "key", "password_file", "layout"],
+        Cluster::ZooKeeper => &["password_file", "layout"],
     };
     let mut seen: Vec<&str> = Vec::new();
     for pair in query.split('&') {
@@ -429,6 +506,10 @@ fn parse_cluster_options(
             return Err(format!("option {key:?} is given twice"));
         }
         seen.push(key);
+        if key == "layout" {
+            *layout = Layout::parse(cluster, value)?;
+            continue;
+        }
         if value.is_empty() {
             return Err(format!("option {key:?} names no file"));
         }
@@ -453,7 +534,10 @@ fn parse_cluster_options(
 /// `//[USER[:PASSWORD]@]HOST:PORT[,HOST:PORT…][/PATH][?OPTIONS]` after
 /// `scheme:`: the endpoints, the path (the default if none) and the
 /// security settings.
-fn parse_cluster(cluster: Cluster, rest: &str) -> Result<(Vec<String>, String, Security), String> {
+fn parse_cluster(
+    cluster: Cluster,
+    rest: &str,
+) -> Result<(Vec<String>, String, Security, Layout), String> {
     let scheme = cluster.scheme();
     let Some(rest) = rest.strip_prefix("//") else {
         return Err(format!("expected {}", cluster.grammar()));
@@ -485,8 +569,9 @@ fn parse_cluster(cluster: Cluster, rest: &str) -> Result<(Vec<String>, String, S
         Some((rest, query)) => (rest, Some(query)),
         None => (rest, None),
     };
+    let mut layout = Layout::Leasehold;
     if let Some(query) = query {
-        parse_cluster_options(cluster, query, &mut security)?;
+        parse_cluster_options(cluster, query, &mut security, &mut layout)?;
     }
     let (hosts, path) = match rest.find('/') {
         Some(i) => rest.split_at(i),
@@ -503,9 +588,21 @@ fn parse_cluster(cluster: Cluster, rest: &str) -> Result<(Vec<String>, String, S
         check_endpoint(endpoint)?;
         endpoints.push(endpoint.to_owned());
     }
-    let path = check_path(cluster, path)?;
+    // Another recipe's elections are joined below the path as its own
+    // clients name them: no path means none, not leasehold's default; on
+    // etcd, `/` alone is the root, so that `/E/` (an election a recipe's
+    // client names `/E`) can be reached as well as `E/`.
+    let path = if layout.is_foreign() && path.trim_end_matches('/').is_empty() {
+        if cluster == Cluster::Etcd && path == "/" {
+            "/".to_owned()
+        } else {
+            String::new()
+        }
+    } else {
+        check_path(cluster, path)?
+    };
     check_security(cluster, &security)?;
-    Ok((endpoints, path, security))
+    Ok((endpoints, path, security, layout))
 }
 
 /// The rules on a URL's security settings that hold for every kind of
@@ -567,7 +664,7 @@ fn check_security(cluster: Cluster, security: &Security) -> Result<(), String> {
 
 /// `?cacert=…&cert=…&key=…&password_file=…` as parsed back by
 /// [`parse_cluster_options`], or nothing.
-fn render_cluster_options(security: &Security) -> String {
+fn render_cluster_options(security: &Security, layout: Layout) -> String {
     let password_file = match &security.password {
         Some(Password::File(path)) => Some(path),
         _ => None,
@@ -585,6 +682,11 @@ fn render_cluster_options(security: &Security) -> String {
             out.push('=');
             out.push_str(&percent_encode(&path.to_string_lossy(), b"/"));
         }
+    }
+    if layout.is_foreign() {
+        out.push(if out.is_empty() { '?' } else { '&' });
+        out.push_str("layout=");
+        out.push_str(layout.as_str());
     }
     out
 }
@@ -608,6 +710,7 @@ fn check_cluster(
     endpoints: &[String],
     path: &str,
     security: &Security,
+    layout: Layout,
 ) -> Result<(), String> {
     if endpoints.is_empty() {
         return Err(format!(
@@ -623,6 +726,10 @@ fn check_cluster(
             ));
         }
         check_endpoint(endpoint)?;
+    }
+    Layout::parse(cluster, layout.as_str())?;
+    if layout.is_foreign() && (path.is_empty() || (cluster == Cluster::Etcd && path == "/")) {
+        return check_security(cluster, security);
     }
     if !path.starts_with('/') || path.ends_with('/') {
         return Err(format!(
@@ -1249,24 +1356,28 @@ impl StoreUrl {
                 endpoints,
                 prefix,
                 mut security,
+                layout,
             } => {
                 Self::add_password(&mut security, password).map_err(invalid)?;
                 Ok(StoreUrl::Etcd {
                     endpoints,
                     prefix,
                     security,
+                    layout,
                 })
             }
             StoreUrl::ZooKeeper {
                 endpoints,
                 root,
                 mut security,
+                layout,
             } => {
                 Self::add_password(&mut security, password).map_err(invalid)?;
                 Ok(StoreUrl::ZooKeeper {
                     endpoints,
                     root,
                     security,
+                    layout,
                 })
             }
             StoreUrl::Postgres { url, schema } => {
@@ -1321,6 +1432,15 @@ impl StoreUrl {
         Ok(())
     }
 
+    /// How the store lays out its elections: `?layout=` of an etcd or
+    /// ZooKeeper URL, leasehold's own for every other store.
+    pub fn layout(&self) -> Layout {
+        match self {
+            StoreUrl::Etcd { layout, .. } | StoreUrl::ZooKeeper { layout, .. } => *layout,
+            _ => Layout::Leasehold,
+        }
+    }
+
     /// Checks a URL built in code (rather than parsed) against the same
     /// grammar; [`open`] calls it before connecting.
     pub fn validate(&self) -> Result<()> {
@@ -1331,12 +1451,14 @@ impl StoreUrl {
                 endpoints,
                 prefix,
                 security,
-            } => check_cluster(Cluster::Etcd, endpoints, prefix, security),
+                layout,
+            } => check_cluster(Cluster::Etcd, endpoints, prefix, security, *layout),
             StoreUrl::ZooKeeper {
                 endpoints,
                 root,
                 security,
-            } => check_cluster(Cluster::ZooKeeper, endpoints, root, security),
+                layout,
+            } => check_cluster(Cluster::ZooKeeper, endpoints, root, security, *layout),
             StoreUrl::Postgres { url, schema } => PgUrl::parse(url).and_then(|pg| {
                 if pg.param("schema").is_some() {
                     return Err("the schema belongs in the schema field, not in the URL".into());
@@ -1361,31 +1483,34 @@ impl FromStr for StoreUrl {
             };
             return Err(invalid(format!("no scheme{hint}; expected {SCHEMES}")));
         };
-        let parsed = match scheme {
-            "memory" if rest.is_empty() => Ok(StoreUrl::Memory),
-            "memory" => Err("memory: takes nothing after the colon".to_owned()),
-            "sqlite" => parse_sqlite(rest),
-            "etcd" => parse_cluster(Cluster::Etcd, rest).map(|(endpoints, prefix, security)| {
-                StoreUrl::Etcd {
-                    endpoints,
-                    prefix,
-                    security,
-                }
-            }),
-            "zk" => parse_cluster(Cluster::ZooKeeper, rest).map(|(endpoints, root, security)| {
-                StoreUrl::ZooKeeper {
-                    endpoints,
-                    root,
-                    security,
-                }
-            }),
-            "postgres" | "postgresql" => parse_postgres(url),
-            other => Err(match shown_scheme(other) {
-                Some(scheme) => format!("unknown scheme {scheme:?}; expected {SCHEMES}"),
-                None => format!("no valid scheme; expected {SCHEMES}"),
-            }),
-        }
-        .map_err(invalid)?;
+        let parsed =
+            match scheme {
+                "memory" if rest.is_empty() => Ok(StoreUrl::Memory),
+                "memory" => Err("memory: takes nothing after the colon".to_owned()),
+                "sqlite" => parse_sqlite(rest),
+                "etcd" => parse_cluster(Cluster::Etcd, rest).map(
+                    |(endpoints, prefix, security, layout)| StoreUrl::Etcd {
+                        endpoints,
+                        prefix,
+                        security,
+                        layout,
+                    },
+                ),
+                "zk" => parse_cluster(Cluster::ZooKeeper, rest).map(
+                    |(endpoints, root, security, layout)| StoreUrl::ZooKeeper {
+                        endpoints,
+                        root,
+                        security,
+                        layout,
+                    },
+                ),
+                "postgres" | "postgresql" => parse_postgres(url),
+                other => Err(match shown_scheme(other) {
+                    Some(scheme) => format!("unknown scheme {scheme:?}; expected {SCHEMES}"),
+                    None => format!("no valid scheme; expected {SCHEMES}"),
+                }),
+            }
+            .map_err(invalid)?;
         parsed.validate()?;
         Ok(parsed)
     }
@@ -1405,23 +1530,25 @@ impl fmt::Display for StoreUrl {
                 endpoints,
                 prefix,
                 security,
+                layout,
             } => write!(
                 f,
                 "etcd://{}{}{prefix}{}",
                 render_credentials(security),
                 shown_endpoints(endpoints).join(","),
-                render_cluster_options(security)
+                render_cluster_options(security, *layout)
             ),
             StoreUrl::ZooKeeper {
                 endpoints,
                 root,
                 security,
+                layout,
             } => write!(
                 f,
                 "zk://{}{}{root}{}",
                 render_credentials(security),
                 shown_endpoints(endpoints).join(","),
-                render_cluster_options(security)
+                render_cluster_options(security, *layout)
             ),
             // Without the password, if the URL has one.
             StoreUrl::Postgres { url, schema } => {
@@ -1462,21 +1589,25 @@ impl fmt::Debug for StoreUrl {
                 endpoints,
                 prefix,
                 security,
+                layout,
             } => f
                 .debug_struct("Etcd")
                 .field("endpoints", &shown_endpoints(endpoints))
                 .field("prefix", prefix)
                 .field("security", security)
+                .field("layout", layout)
                 .finish(),
             StoreUrl::ZooKeeper {
                 endpoints,
                 root,
                 security,
+                layout,
             } => f
                 .debug_struct("ZooKeeper")
                 .field("endpoints", &shown_endpoints(endpoints))
                 .field("root", root)
                 .field("security", security)
+                .field("layout", layout)
                 .finish(),
             StoreUrl::Postgres { schema, .. } => f
                 .debug_struct("Postgres")
@@ -1530,10 +1661,14 @@ pub async fn open(url: &StoreUrl) -> Result<Arc<dyn Store>> {
             endpoints,
             prefix,
             security,
+            layout,
         } => {
             resolve_any("etcd", endpoints).await?;
             Ok(Arc::new(
-                crate::store::etcd::EtcdStore::connect(endpoints, prefix, security).await?,
+                crate::store::etcd::EtcdStore::connect_with_layout(
+                    endpoints, prefix, security, *layout,
+                )
+                .await?,
             ))
         }
         #[cfg(not(feature = "etcd"))]
@@ -1546,10 +1681,14 @@ pub async fn open(url: &StoreUrl) -> Result<Arc<dyn Store>> {
             endpoints,
             root,
             security,
+            layout,
         } => {
             resolve_any("ZooKeeper", endpoints).await?;
             Ok(Arc::new(
-                crate::store::zookeeper::ZkStore::connect(endpoints, root, security).await?,
+                crate::store::zookeeper::ZkStore::connect_with_layout(
+                    endpoints, root, security, *layout,
+                )
+                .await?,
             ))
         }
         #[cfg(not(feature = "zookeeper"))]
@@ -1584,10 +1723,11 @@ pub async fn release_orphaned(url: &StoreUrl, grant: &crate::store::Grant) -> Re
             endpoints,
             root,
             security,
+            layout,
         } => {
             resolve_any("ZooKeeper", endpoints).await?;
             Arc::new(crate::store::zookeeper::ZkStore::to_release(
-                endpoints, root, security,
+                endpoints, root, security, *layout,
             )?)
         }
         #[cfg(feature = "postgres")]
@@ -1636,11 +1776,15 @@ pub async fn open_read_only(url: &StoreUrl) -> Result<Arc<dyn Store>> {
         endpoints,
         prefix,
         security,
+        layout,
     } = url
     {
         resolve_any("etcd", endpoints).await?;
         return Ok(Arc::new(
-            crate::store::etcd::EtcdStore::connect_read_only(endpoints, prefix, security).await?,
+            crate::store::etcd::EtcdStore::connect_read_only_with_layout(
+                endpoints, prefix, security, *layout,
+            )
+            .await?,
         ));
     }
     #[cfg(feature = "zookeeper")]
@@ -1648,11 +1792,15 @@ pub async fn open_read_only(url: &StoreUrl) -> Result<Arc<dyn Store>> {
         endpoints,
         root,
         security,
+        layout,
     } = url
     {
         resolve_any("ZooKeeper", endpoints).await?;
         return Ok(Arc::new(
-            crate::store::zookeeper::ZkStore::connect_read_only(endpoints, root, security).await?,
+            crate::store::zookeeper::ZkStore::connect_read_only_with_layout(
+                endpoints, root, security, *layout,
+            )
+            .await?,
         ));
     }
     #[cfg(feature = "postgres")]
@@ -1702,6 +1850,7 @@ mod tests {
                 endpoints: vec!["10.0.0.1:2379".into(), "10.0.0.2:2379".into()],
                 prefix: "/team/jobs".into(),
                 security: Security::none(),
+                layout: Layout::Leasehold,
             })
         );
         assert_eq!(
@@ -1710,6 +1859,7 @@ mod tests {
                 endpoints: vec!["localhost:2379".into()],
                 prefix: "/leasehold".into(),
                 security: Security::none(),
+                layout: Layout::Leasehold,
             })
         );
         assert_eq!(
@@ -1720,8 +1870,68 @@ mod tests {
                 endpoints: vec!["[::1]:2379".into(), "db-1.example_x.org:65535".into()],
                 prefix: "/leasehold".into(),
                 security: Security::none(),
+                layout: Layout::Leasehold,
             })
         );
+    }
+
+    #[test]
+    fn parses_a_recipes_layout_and_shows_it_back() {
+        let parsed: StoreUrl = "etcd://h:1?layout=concurrency".parse().expect("valid");
+        assert_eq!(
+            parsed,
+            StoreUrl::Etcd {
+                endpoints: vec!["h:1".into()],
+                prefix: String::new(),
+                security: Security::none(),
+                layout: Layout::Concurrency,
+            },
+            "no path is no prefix in a recipe's layout, not leasehold's default"
+        );
+        assert_eq!(parsed.to_string(), "etcd://h:1?layout=concurrency");
+        // The root: elections `/E/`, as `etcdctl elect /E` names them.
+        let root: StoreUrl = "etcd://h:1/?layout=concurrency".parse().expect("valid");
+        assert!(matches!(&root, StoreUrl::Etcd { prefix, .. } if prefix == "/"));
+        assert_eq!(root.to_string(), "etcd://h:1/?layout=concurrency");
+        for url in [
+            "etcd://h:1/team/svc?layout=concurrency",
+            "etcd://h:1/p?cacert=/ca.pem&layout=concurrency",
+            "zk://h:1/app?layout=curator",
+            "zk://h:1?layout=kazoo",
+            "zk://h:1/app",
+        ] {
+            let parsed: StoreUrl = url.parse().expect(url);
+            assert_eq!(parsed.to_string(), url);
+            assert_eq!(parsed.to_string().parse::<StoreUrl>().ok(), Some(parsed));
+        }
+        assert_eq!(
+            "zk://h:1/app?layout=leasehold"
+                .parse::<StoreUrl>()
+                .map(|u| u.layout())
+                .ok(),
+            Some(Layout::Leasehold)
+        );
+        for bad in [
+            "etcd://h:1?layout=curator",
+            "etcd://h:1?layout=kazoo",
+            "zk://h:1?layout=concurrency",
+            "zk://h:1?layout=",
+            "zk://h:1?layout=Curator",
+            "etcd://h:1?layout=concurrency&layout=concurrency",
+        ] {
+            assert!(
+                matches!(bad.parse::<StoreUrl>(), Err(Error::InvalidInput { .. })),
+                "{bad} must be refused"
+            );
+        }
+        // Built in code: a recipe's layout for the wrong store is refused.
+        let wrong = StoreUrl::ZooKeeper {
+            endpoints: vec!["h:1".into()],
+            root: String::new(),
+            security: Security::none(),
+            layout: Layout::Concurrency,
+        };
+        assert!(wrong.validate().is_err());
     }
 
     #[test]
@@ -1732,6 +1942,7 @@ mod tests {
                 endpoints: vec!["a:2181".into(), "b:2181".into()],
                 root: "/leasehold".into(),
                 security: Security::none(),
+                layout: Layout::Leasehold,
             })
         );
         assert_eq!(
@@ -1942,6 +2153,7 @@ mod tests {
             endpoints,
             prefix,
             security,
+            layout: Layout::Leasehold,
         } = &parsed
         else {
             panic!("{parsed:?}");
@@ -2071,21 +2283,25 @@ mod tests {
                 endpoints: vec!["127.0.0.1:0".into()],
                 prefix: "/p".into(),
                 security: Security::none(),
+                layout: Layout::Leasehold,
             },
             StoreUrl::Etcd {
                 endpoints: vec!["u:Sup3rSecret@h:1".into()],
                 prefix: "/p".into(),
                 security: Security::none(),
+                layout: Layout::Leasehold,
             },
             StoreUrl::Etcd {
                 endpoints: vec![],
                 prefix: "/p".into(),
                 security: Security::none(),
+                layout: Layout::Leasehold,
             },
             StoreUrl::ZooKeeper {
                 endpoints: vec!["h:1".into()],
                 root: "/a/../b".into(),
                 security: Security::none(),
+                layout: Layout::Leasehold,
             },
             StoreUrl::Postgres {
                 url: "postgres://u:Sup3rSecret@h/db?foo=bar".into(),

@@ -1,4 +1,6 @@
-//! The ZooKeeper store: `zk://host:port[,host:port…][/chroot]`.
+//! The ZooKeeper store: `zk://host:port[,host:port…][/chroot]`, in
+//! leasehold's own layout of nodes (described first), or in the layout of
+//! another client's election recipe (`?layout=curator|kazoo`, below).
 //!
 //! - A leasehold session is a ZooKeeper session: its TTL is the session
 //!   timeout the server negotiated (ZooKeeper clamps the request between
@@ -37,6 +39,59 @@
 //! nodes among an election's candidates are skipped, with a warning. A
 //! store opened read-only ([`ZkStore::connect_read_only`]) writes nothing.
 //!
+//! Another recipe's layout (`zk://…[/PATH]?layout=curator|kazoo`): the
+//! store's candidates then stand in the same line as that recipe's own
+//! clients, with nodes named, ordered and watched as theirs are, so that
+//! leasehold replicas and, say, Java services on Curator elect one leader
+//! between them. Election `E` is the node `{PATH}/{E}` (`/{E}` without a
+//! path; a `/` in `E` nests it deeper), shared with the other clients:
+//! leasehold writes no marker there, makes no root of its own and checks
+//! none.
+//! - `curator` is Apache Curator's `LeaderLatch` (as in Curator 5.4). A
+//!   candidate is an ephemeral sequential node `_c_{uuid}-latch-{sequence}`
+//!   (Curator's protected name, the UUID random and its creator's), whose
+//!   data is the candidate id in UTF-8 (Curator's participant id). Every
+//!   child of the election's node stands in line (Curator skips none),
+//!   sorted by the text after the last `latch-` in its name, or by its
+//!   whole name if it has none: another program's node there can lead, or
+//!   hold everyone behind it, exactly as it does for Curator. Missing nodes
+//!   of the path are made as containers (the server deletes them once they
+//!   are empty again), as Curator makes them.
+//! - `kazoo` is kazoo's `Election`, that is its `Lock` (as in kazoo 2.8). A
+//!   candidate is an ephemeral sequential node `{uuid hex}__lock__{sequence}`
+//!   whose data is the candidate id (kazoo's identifier). Only the nodes
+//!   whose name ends in `__lock__` and a ten-digit sequence stand in line,
+//!   by that sequence; any other node (a read lock's `__rlock__`, another
+//!   recipe's) is no contender and holds nobody, as in kazoo. Missing nodes
+//!   of the path are made persistent, as kazoo's `ensure_path` makes them.
+//! - In both, the first in line leads and each waiter watches only the
+//!   node just ahead of it. The token is the leader's node's `czxid`:
+//!   ZooKeeper hands out sequences under a node in the order of the
+//!   transactions, so tokens grow from one leader to the next among nodes
+//!   the recipes name (a node another program names out of that order,
+//!   which only Curator's line admits, could lead with a lower one). The
+//!   leader shown is its node's data as text (invalid UTF-8 and control
+//!   characters replaced, cut to [`crate::MAX_NAME_LEN`] bytes, `(empty id)`
+//!   when empty). Its `expires_in` is the TTL of this store's session when
+//!   the node is ephemeral to one; otherwise ZooKeeper does not tell another
+//!   client's session timeout, and the session timeout the store's own
+//!   client negotiated stands for it, an estimate.
+//! - A session's node name (its UUID) is made at its first campaign in an
+//!   election and kept for the session's life: a campaign again after a
+//!   lost reply finds the node the server made, as the recipes' own retries
+//!   do, rather than add a second. A dropped campaign deletes its node. A
+//!   resign, and the release of a dead holder's grant, delete only the node
+//!   that is ephemeral to the grant's session and whose `czxid` is the
+//!   grant's token: leasehold never changes or deletes a node it did not
+//!   create.
+//! - The recipe's order is the only line: nothing else is kept there, so
+//!   notes (and what needs them: priorities, lock-delay, transfers, groups
+//!   of shards or slots), the record of releases and the list of elections
+//!   are [`Error::Unsupported`]; the elector then campaigns directly.
+//! - With credentials, the nodes leasehold makes there get the ACL below
+//!   too: the other clients must then use the same ZooKeeper user to join
+//!   an election whose node leasehold made.
+//!
 //! Authentication and ACLs (`zk://USER[:PASSWORD]@…`):
 //! - Every client the store opens (its reader, each session's, the one
 //!   that releases a dead holder's grant) adds the digest `USER:PASSWORD`
@@ -65,6 +120,7 @@
 //!   it again.
 
 mod notes;
+mod recipes;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -83,11 +139,13 @@ use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
 use crate::store::cleanup::OnDrop;
 use crate::store::security::Security;
+use crate::store::url::Layout;
 use crate::store::watch_driver::{self as leader_watch, Event, Source};
 use crate::store::{
     ElectionState, FencingToken, Grant, Leader, LeaderWatch, Note, NoteWatch, SessionId,
     SessionLease, StatusWatch, Store, known_only,
 };
+use recipes::Recipe;
 
 /// How ZooKeeper keeps a TTL: the session timeout, an `int` of
 /// milliseconds, which the server then negotiates into its own
@@ -131,6 +189,9 @@ struct Inner {
     /// Opened by [`ZkStore::connect_read_only`]: writes nothing and opens
     /// no session.
     read_only: bool,
+    /// The recipe whose layout the elections follow (`?layout=`), or
+    /// `None` for leasehold's own.
+    recipe: Option<Recipe>,
     /// The credentials every client adds at connect (the password is read
     /// anew each time).
     security: Security,
@@ -158,6 +219,9 @@ struct ZkSession {
     ended: CancellationToken,
     /// Elections this session was granted (and has not resigned).
     held: Mutex<HashSet<ElectionName>>,
+    /// In a recipe's layout, the prefix of this session's candidate node
+    /// in each election it campaigned in, and its latest campaign there.
+    recipe_campaigns: Mutex<recipes::RecipeCampaigns>,
 }
 
 impl ZkSession {
@@ -436,7 +500,21 @@ impl ZkStore {
     /// [`Error::IncompatibleSchema`], `/zookeeper` and malformed paths
     /// with [`Error::InvalidInput`]; nothing is written then.
     pub async fn connect(endpoints: &[String], root: &str, security: &Security) -> Result<Self> {
-        Self::open(endpoints, root, security, false).await
+        Self::connect_with_layout(endpoints, root, security, Layout::Leasehold).await
+    }
+
+    /// Connects as [`ZkStore::connect`] does, with the elections laid out
+    /// as `layout` says: [`Layout::Curator`] or [`Layout::Kazoo`] speak
+    /// those recipes below `root` (which may then be empty), with no check
+    /// of it and nothing written until a campaign (see the module
+    /// documentation).
+    pub async fn connect_with_layout(
+        endpoints: &[String],
+        root: &str,
+        security: &Security,
+        layout: Layout,
+    ) -> Result<Self> {
+        Self::open(endpoints, root, security, false, layout).await
     }
 
     /// Connects as [`ZkStore::connect`] does, for reading only: writes
@@ -447,34 +525,54 @@ impl ZkStore {
         root: &str,
         security: &Security,
     ) -> Result<Self> {
-        Self::open(endpoints, root, security, true).await
+        Self::connect_read_only_with_layout(endpoints, root, security, Layout::Leasehold).await
+    }
+
+    /// [`ZkStore::connect_read_only`] with a layout
+    /// ([`ZkStore::connect_with_layout`]); in a recipe's layout nothing is
+    /// checked, and an election nobody joined has no leader.
+    pub async fn connect_read_only_with_layout(
+        endpoints: &[String],
+        root: &str,
+        security: &Security,
+        layout: Layout,
+    ) -> Result<Self> {
+        Self::open(endpoints, root, security, true, layout).await
     }
 
     /// Connects only to release a dead holder's grant
     /// ([`crate::store::release_orphaned`]): no check of the root (the
     /// holder's process made it); the release deletes only a candidate
-    /// node named for the holder's session and carrying its token.
+    /// node named for the holder's session (in a recipe's layout: ephemeral
+    /// to it) and carrying its token.
     pub(crate) fn to_release(
         endpoints: &[String],
         root: &str,
         security: &Security,
+        layout: Layout,
     ) -> Result<Self> {
         Ok(ZkStore {
-            inner: Arc::new(Inner::new(endpoints, root, security, false)?),
+            inner: Arc::new(Inner::new(endpoints, root, security, false, layout)?),
         })
     }
 
+    /// Connects the store's own client; in leasehold's layout, checks (and
+    /// unless read-only, makes) the root. A recipe's layout has no root of
+    /// leasehold's to check: its path is shared with the recipe's clients.
     async fn open(
         endpoints: &[String],
         root: &str,
         security: &Security,
         read_only: bool,
+        layout: Layout,
     ) -> Result<Self> {
         let store = ZkStore {
-            inner: Arc::new(Inner::new(endpoints, root, security, read_only)?),
+            inner: Arc::new(Inner::new(endpoints, root, security, read_only, layout)?),
         };
         let reader = store.inner.reader().await?;
-        store.inner.open_root(&reader).await?;
+        if store.inner.recipe.is_none() {
+            store.inner.open_root(&reader).await?;
+        }
         Ok(store)
     }
 }
@@ -545,6 +643,9 @@ impl ZkStore {
         session: SessionId,
         election: &ElectionName,
     ) -> Result<usize> {
+        if self.inner.recipe.is_some() {
+            return self.inner.recipe_candidate_nodes(session, election).await;
+        }
         let client = self.inner.reader().await?;
         let children = match request(
             "list candidates",
@@ -581,7 +682,13 @@ impl Inner {
     /// The store's state before any connection: refuses a malformed root,
     /// TLS settings and a user without a password (or a password without a
     /// user).
-    fn new(endpoints: &[String], root: &str, security: &Security, read_only: bool) -> Result<Self> {
+    fn new(
+        endpoints: &[String],
+        root: &str,
+        security: &Security,
+        read_only: bool,
+        layout: Layout,
+    ) -> Result<Self> {
         if security.tls() || security.cert.is_some() || security.key.is_some() {
             return Err(Error::invalid(
                 "ZooKeeper store URL",
@@ -608,11 +715,22 @@ impl Inner {
             }
         };
         let root = root.trim_end_matches('/');
-        check_root(root)?;
+        if !matches!(layout, Layout::Leasehold | Layout::Curator | Layout::Kazoo) {
+            return Err(Error::invalid(
+                "ZooKeeper store URL",
+                format!("ZooKeeper speaks ?layout=leasehold, curator or kazoo, not {layout}"),
+            ));
+        }
+        let recipe = Recipe::of(layout);
+        // A recipe's elections may be joined right below `/`.
+        if recipe.is_none() || !root.is_empty() {
+            check_root(root)?;
+        }
         Ok(Inner {
             cluster: endpoints.join(","),
             root: root.to_owned(),
             read_only,
+            recipe,
             security: security.clone(),
             user: security.user.clone(),
             acls: node_acls(authenticated),
@@ -1106,7 +1224,10 @@ impl Inner {
     /// The leader of `election`, read with the store's own client.
     async fn read_leader(&self, election: &ElectionName) -> Result<Option<Leader>> {
         let client = self.reader().await?;
-        self.leader_via(&client, election).await
+        match self.recipe {
+            Some(recipe) => self.recipe_leader_via(recipe, &client, election).await,
+            None => self.leader_via(&client, election).await,
+        }
     }
 
     /// A persistent watch on `election`'s node, set before a first read so
@@ -1118,12 +1239,16 @@ impl Inner {
         client: &Client,
         election: &ElectionName,
     ) -> Result<zookeeper_client::PersistentWatcher> {
+        let dir = match self.recipe {
+            Some(_) => self.recipe_dir(election)?,
+            None => self.election_dir(election),
+        };
         request(
             "watch the election",
-            client.watch(&self.election_dir(election), AddWatchMode::Persistent),
+            client.watch(&dir, AddWatchMode::Persistent),
         )
         .await?
-        .map_err(|e| self.failed("watch the election", &self.election_dir(election), e))
+        .map_err(|e| self.failed("watch the election", &dir, e))
     }
 
     /// The leader of `election` as `client` reads it: the lowest candidate
@@ -1444,6 +1569,7 @@ impl Store for ZkStore {
             renewed,
             ended: CancellationToken::new(),
             held: Mutex::new(HashSet::new()),
+            recipe_campaigns: Mutex::new(HashMap::new()),
         });
         self.inner
             .sessions
@@ -1508,6 +1634,11 @@ impl Store for ZkStore {
         election: &ElectionName,
         candidate: &CandidateId,
     ) -> Result<Grant> {
+        if let Some(recipe) = self.inner.recipe {
+            return (self.inner)
+                .recipe_campaign(recipe, session, election, candidate)
+                .await;
+        }
         let (zk, client) = self.inner.live_session(session)?;
         let dir = self.inner.election_dir(election);
         let line = Line {
@@ -1559,7 +1690,15 @@ impl Store for ZkStore {
         let Ok((zk, client)) = self.inner.live_session(grant.session) else {
             return Err(not_holder(grant));
         };
-        self.inner.delete_grant_node(&client, grant).await?;
+        match self.inner.recipe {
+            Some(recipe) => {
+                let prefix = zk.known_recipe_prefix(&grant.election);
+                (self.inner)
+                    .recipe_delete_grant_node(recipe, &client, grant, prefix.as_deref())
+                    .await?;
+            }
+            None => self.inner.delete_grant_node(&client, grant).await?,
+        }
         zk.held
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -1572,9 +1711,19 @@ impl Store for ZkStore {
     /// children of the election's node delete an ephemeral node in it (with
     /// credentials, the same identity: every replica of a store uses one);
     /// the version check and the token make it this grant's node alone.
+    ///
+    /// In a recipe's layout, the node deleted is the one ephemeral to the
+    /// grant's session and created by the grant's transaction (its token).
     async fn release_orphaned(&self, grant: &Grant) -> Result<()> {
         let client = self.inner.reader().await?;
-        self.inner.delete_grant_node(&client, grant).await
+        match self.inner.recipe {
+            Some(recipe) => {
+                (self.inner)
+                    .recipe_delete_grant_node(recipe, &client, grant, None)
+                    .await
+            }
+            None => self.inner.delete_grant_node(&client, grant).await,
+        }
     }
 
     async fn put_note(
@@ -1584,6 +1733,7 @@ impl Store for ZkStore {
         name: &str,
         text: &str,
     ) -> Result<()> {
+        self.inner.own_layout("a note")?;
         self.inner.put_note(session, election, name, text).await
     }
 
@@ -1593,6 +1743,7 @@ impl Store for ZkStore {
         election: &ElectionName,
         name: &str,
     ) -> Result<()> {
+        self.inner.own_layout("a note")?;
         self.inner.delete_note(session, election, name).await
     }
 
@@ -1603,6 +1754,7 @@ impl Store for ZkStore {
         name: &str,
         text: &str,
     ) -> Result<bool> {
+        self.inner.own_layout("a note")?;
         self.inner.amend_note(session, election, name, text).await
     }
 
@@ -1612,20 +1764,24 @@ impl Store for ZkStore {
         election: &ElectionName,
         name: &str,
     ) -> Result<NoteWatch> {
+        self.inner.own_layout("a note")?;
         self.inner
             .start_notes_watch(election, Some((session, name)))
             .await
     }
 
     async fn notes(&self, election: &ElectionName) -> Result<Vec<Note>> {
+        self.inner.own_layout("the line of standbys")?;
         self.inner.read_notes(election).await
     }
 
     async fn watch_notes(&self, election: &ElectionName) -> Result<NoteWatch> {
+        self.inner.own_layout("the line of standbys")?;
         self.inner.start_notes_watch(election, None).await
     }
 
     async fn last_release(&self, election: &ElectionName) -> Result<Option<FencingToken>> {
+        self.inner.own_layout("the record of releases")?;
         self.inner.last_release(election).await
     }
 
@@ -1653,6 +1809,7 @@ impl Store for ZkStore {
     }
 
     async fn elections(&self) -> Result<Vec<ElectionState>> {
+        self.inner.own_layout("listing elections")?;
         let client = self.inner.reader().await?;
         let nodes = match request(
             "list elections",

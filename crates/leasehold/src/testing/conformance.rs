@@ -935,3 +935,74 @@ pub async fn releases_are_recorded_and_expiries_are_not(harness: &dyn StoreHarne
         "closing a session must not be recorded as a release"
     );
 }
+
+/// A store laid out as another election recipe keeps no notes: the
+/// recipe's own order is the only line. So what needs them is refused with
+/// [`Error::Unsupported`], never silently wrong: priorities and lock-delay
+/// (at the campaign), transfer requests, groups of shards or slots, and
+/// the list of elections. A plain campaign still works alongside.
+pub async fn a_recipe_layout_refuses_what_only_leasehold_keeps(harness: &dyn StoreHarness) {
+    let store = harness.open().await;
+    let election = unique_election("recipe");
+    let lease = store
+        .open_session(Duration::from_secs(5))
+        .await
+        .expect("session");
+    assert!(matches!(
+        store.put_note(lease.id, &election, "cand", "0 - a").await,
+        Err(Error::Unsupported(_))
+    ));
+    assert!(matches!(
+        store.notes(&election).await,
+        Err(Error::Unsupported(_))
+    ));
+    assert!(matches!(
+        store.elections().await,
+        Err(Error::Unsupported(_))
+    ));
+    let prioritized = Elector::new(
+        Arc::clone(&store),
+        CandidateId::new("high").expect("id"),
+        LeaseConfig::with_ttl(Duration::from_secs(5)),
+    )
+    .expect("config")
+    .with_priority(5);
+    match prioritized.campaign(&election).await {
+        Err(Error::Unsupported(message)) => {
+            assert!(message.contains("priorit"), "{message}")
+        }
+        other => panic!("a priority must be refused in a recipe's layout, got {other:?}"),
+    }
+    let plain = Arc::new(
+        Elector::new(
+            Arc::clone(&store),
+            CandidateId::new("plain").expect("id"),
+            LeaseConfig::with_ttl(Duration::from_secs(5)),
+        )
+        .expect("config"),
+    );
+    let leadership = plain.campaign(&election).await.expect("a plain campaign");
+    match crate::line::request_transfer(
+        &store,
+        &election,
+        None,
+        Duration::from_secs(5),
+        Duration::from_secs(1),
+    )
+    .await
+    {
+        Err(Error::Unsupported(_)) => {}
+        other => panic!("a transfer must be refused in a recipe's layout, got {other:?}"),
+    }
+    match crate::group::Shards::join(Arc::clone(&plain), unique_election("recipe-group"), 4).await {
+        Err(Error::Unsupported(_)) => {}
+        other => panic!(
+            "a group must be refused in a recipe's layout, got {:?}",
+            other.map(|_| ())
+        ),
+    }
+    leadership.resign().await.expect("resign");
+    let _ = plain.close().await;
+    let _ = prioritized.close().await;
+    store.close_session(lease.id).await.expect("close");
+}

@@ -211,6 +211,30 @@ macro_rules! conformance_tests {
             a_member_that_leaves_is_gone_at_once,
         );
     };
+    // A store laid out as another election recipe (`?layout=`): every
+    // case of one election, and the refusal of what only leasehold's own
+    // layout keeps (notes: the line, transfers, priorities, groups; the
+    // list of elections).
+    (@recipe $harness:expr) => {
+        $crate::conformance_tests!(@cases $harness;
+            one_winner_among_concurrent_candidates,
+            tokens_strictly_increase,
+            no_takeover_before_expiry,
+            renewal_after_expiry_fails,
+            resign_never_removes_a_successor,
+            an_orphaned_grant_is_released_from_another_handle,
+            observe_sees_leader_release_and_successor,
+            watch_ignores_renewals,
+            watch_retries_a_failed_read,
+            closing_a_session_releases_its_grants,
+            cancelled_campaign_does_not_hold,
+            invalid_input_is_rejected,
+            elector_loses_leadership_when_renewals_fail,
+            elector_steps_down_before_a_successor_is_granted,
+            watch_status_is_unknown_while_reads_fail,
+            a_recipe_layout_refuses_what_only_leasehold_keeps,
+        );
+    };
     (@cases $harness:expr; $($case:ident),* $(,)?) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

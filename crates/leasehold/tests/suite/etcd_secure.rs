@@ -86,7 +86,8 @@ async fn connect(url: &str) -> leasehold::Result<EtcdStore> {
             endpoints,
             prefix,
             security,
-        } => EtcdStore::connect(&endpoints, &prefix, &security).await,
+            layout,
+        } => EtcdStore::connect_with_layout(&endpoints, &prefix, &security, layout).await,
         other => panic!("not etcd: {other:?}"),
     }
 }

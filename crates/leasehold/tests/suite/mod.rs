@@ -1,6 +1,7 @@
 mod elector_time;
 mod etcd;
 mod etcd_api;
+mod etcd_concurrency;
 mod etcd_secure;
 mod examples;
 mod fence;
@@ -11,3 +12,4 @@ mod sqlite;
 mod sqlite_crash;
 mod zookeeper;
 mod zookeeper_auth;
+mod zookeeper_recipes;

@@ -38,6 +38,23 @@
 //! `{16 hex digits}` naming the lease attached to it, holding a candidate
 //! id; anything else is skipped, with a warning. A store opened read-only
 //! ([`EtcdStore::connect_read_only`]) writes nothing, not even the marker.
+//!
+//! `?layout=concurrency` ([`Layout::Concurrency`]) lays elections out as
+//! etcd's own `concurrency.Election` does, so that its clients (Go services,
+//! `etcdctl elect`) and leasehold's contend in one election:
+//! - Election `E` is the key prefix `{prefix}/E/` (`E/` without a prefix,
+//!   `/E/` with the prefix `/`), the name taken as it is. A candidate is `E/{lease id in lower-case
+//!   hex, unpadded}` with the lease attached and the candidate id as its
+//!   value (the recipe's proposal), created only if absent.
+//! - Every key under `E/` is a candidate, whoever wrote it, since the
+//!   recipe counts them all: the lowest create revision leads, and its
+//!   value is shown as the leader's id, its create revision as the token.
+//!   A waiter waits for the deletion of the key just ahead of it, as the
+//!   recipe's waiters do, so the two kinds of clients wait in one line.
+//! - Nothing else of leasehold's is written anywhere: no marker, no notes,
+//!   no record of releases. So what needs them — the line of standbys with
+//!   priorities, lock-delay, transfers, groups, the list of elections — is
+//!   refused ([`Error::Unsupported`]); the recipe's order is the only line.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -51,6 +68,7 @@ use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
 use crate::store::cleanup::OnDrop;
 use crate::store::security::Security;
+use crate::store::url::Layout;
 use crate::store::watch_driver::{self as leader_watch, Event, Source};
 use crate::store::{
     ElectionState, FencingToken, Grant, Leader, LeaderWatch, Note, NoteWatch, SessionId,
@@ -107,6 +125,8 @@ pub struct EtcdStore {
     keepers: Arc<Mutex<HashMap<i64, KeepAlive>>>,
     /// Opened by [`EtcdStore::connect_read_only`]: opens no session.
     read_only: bool,
+    /// leasehold's own layout, or etcd's `concurrency.Election`.
+    layout: Layout,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -219,6 +239,29 @@ fn candidate_of(election_prefix: &str, kv: &KeyValue) -> Option<CandidateId> {
     CandidateId::new(std::str::from_utf8(&kv.value).ok()?).ok()
 }
 
+/// The candidate a key under an election's prefix stands for in etcd's
+/// `concurrency.Election`: every key there is a candidate (the recipe
+/// skips none), and its value is its proposal. A proposal that is no valid
+/// candidate id is shown as well as it can be.
+fn proposal_of(election_prefix: &str, kv: &KeyValue) -> Option<CandidateId> {
+    kv.key.strip_prefix(election_prefix.as_bytes())?;
+    let text: String = String::from_utf8_lossy(&kv.value)
+        .chars()
+        .map(|c| if c.is_control() { '\u{fffd}' } else { c })
+        .collect();
+    let mut end = text.len().min(crate::names::MAX_NAME_LEN);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    CandidateId::new(&text[..end])
+        .or_else(|_| CandidateId::new("(empty proposal)"))
+        .ok()
+}
+
+/// How long a candidate key without a lease is shown to have left: it
+/// never expires (a year stands for that).
+const NO_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
+
 /// The layout version a marker key records; `Corrupt` if it is not one.
 fn marker_version(kv: &KeyValue) -> Result<i64> {
     std::str::from_utf8(&kv.value)
@@ -256,8 +299,22 @@ impl EtcdStore {
     /// is, and one written by a newer leasehold with
     /// [`Error::IncompatibleSchema`].
     pub async fn connect(endpoints: &[String], prefix: &str, security: &Security) -> Result<Self> {
-        let store = Self::reach(endpoints, prefix, security, false).await?;
-        store.open_space().await?;
+        Self::connect_with_layout(endpoints, prefix, security, Layout::Leasehold).await
+    }
+
+    /// Connects as [`EtcdStore::connect`] does, with the elections laid
+    /// out as `layout` says: [`Layout::Concurrency`] speaks etcd's
+    /// `concurrency.Election` below `prefix` (which may then be empty).
+    pub async fn connect_with_layout(
+        endpoints: &[String],
+        prefix: &str,
+        security: &Security,
+        layout: Layout,
+    ) -> Result<Self> {
+        let store = Self::reach(endpoints, prefix, security, false, layout).await?;
+        if layout == Layout::Leasehold {
+            store.open_space().await?;
+        }
         warn_if_unencrypted(security);
         Ok(store)
     }
@@ -270,8 +327,21 @@ impl EtcdStore {
         prefix: &str,
         security: &Security,
     ) -> Result<Self> {
-        let store = Self::reach(endpoints, prefix, security, true).await?;
-        store.open_space().await?;
+        Self::connect_read_only_with_layout(endpoints, prefix, security, Layout::Leasehold).await
+    }
+
+    /// [`EtcdStore::connect_read_only`] with a layout
+    /// ([`EtcdStore::connect_with_layout`]).
+    pub async fn connect_read_only_with_layout(
+        endpoints: &[String],
+        prefix: &str,
+        security: &Security,
+        layout: Layout,
+    ) -> Result<Self> {
+        let store = Self::reach(endpoints, prefix, security, true, layout).await?;
+        if layout == Layout::Leasehold {
+            store.open_space().await?;
+        }
         warn_if_unencrypted(security);
         Ok(store)
     }
@@ -281,9 +351,16 @@ impl EtcdStore {
         prefix: &str,
         security: &Security,
         read_only: bool,
+        layout: Layout,
     ) -> Result<Self> {
         if endpoints.is_empty() {
             return Err(Error::invalid("etcd endpoints", "none given"));
+        }
+        if !matches!(layout, Layout::Leasehold | Layout::Concurrency) {
+            return Err(Error::invalid(
+                "store URL",
+                format!("etcd speaks ?layout=leasehold or concurrency, not {layout}"),
+            ));
         }
         if let (Some(user), None) = (&security.user, &security.password) {
             // Not silently dropped: etcd would then take the client
@@ -297,12 +374,19 @@ impl EtcdStore {
                 ),
             ));
         }
-        let prefix = prefix.trim_end_matches('/').to_owned();
+        // In etcd's recipe layout `/` alone is the root (elections `/E/`),
+        // unlike no prefix at all (elections `E/`).
+        let prefix = if layout == Layout::Concurrency && prefix == "/" {
+            prefix.to_owned()
+        } else {
+            prefix.trim_end_matches('/').to_owned()
+        };
         Ok(EtcdStore {
             members: Arc::new(Members::new(endpoints, security, &format!("{prefix}/"))?),
             prefix,
             keepers: Default::default(),
             read_only,
+            layout,
         })
     }
 
@@ -571,7 +655,8 @@ impl EtcdStore {
                 .and_then(|rest| rest.rsplit_once('/'))
                 .and_then(|(escaped, _)| ElectionName::new(escaped.replace("%2F", "/")).ok())
                 .is_some_and(|election| {
-                    candidate_of(&self.election_prefix(&election), kv).is_some()
+                    self.candidate_in(&self.election_prefix(&election), kv)
+                        .is_some()
                 });
             !candidate
         });
@@ -588,7 +673,18 @@ impl EtcdStore {
 
     /// `{prefix}/e/{election}/`; slashes in the name are escaped so that no
     /// election's keys fall under another's prefix.
+    ///
+    /// In etcd's `concurrency` layout: `{prefix}/{election}/`, or
+    /// `{election}/` without a prefix, the name taken as it is — the prefix
+    /// `concurrency.NewElection` (and `etcdctl elect`) is given.
     fn election_prefix(&self, election: &ElectionName) -> String {
+        if self.layout == Layout::Concurrency {
+            return if self.prefix.is_empty() {
+                format!("{election}/")
+            } else {
+                format!("{}/{election}/", self.prefix.trim_end_matches('/'))
+            };
+        }
         format!(
             "{}/e/{}/",
             self.prefix,
@@ -596,8 +692,39 @@ impl EtcdStore {
         )
     }
 
+    /// A session's candidate key: named by its lease, in 16 hex digits, or
+    /// in etcd's `concurrency` layout as that recipe names it (`%x`).
     fn candidate_key(&self, election: &ElectionName, session: SessionId) -> String {
+        if self.layout == Layout::Concurrency {
+            return format!("{}{:x}", self.election_prefix(election), session.0);
+        }
         format!("{}{:016x}", self.election_prefix(election), session.0)
+    }
+
+    /// The candidate `kv` stands for among the keys under
+    /// `election_prefix`, if any: leasehold's own layout skips keys it did
+    /// not write; etcd's recipe counts every key.
+    fn candidate_in(&self, election_prefix: &str, kv: &KeyValue) -> Option<CandidateId> {
+        match self.layout {
+            Layout::Concurrency => proposal_of(election_prefix, kv),
+            _ => candidate_of(election_prefix, kv),
+        }
+    }
+
+    /// Refuses what needs state of leasehold's own besides the candidate
+    /// keys (notes, the record of releases, the list of elections) in
+    /// etcd's `concurrency` layout, where nothing but candidates may live
+    /// under an election's prefix.
+    fn own_layout(&self, what: &str) -> Result<()> {
+        if self.layout == Layout::Concurrency {
+            return Err(Error::Unsupported(format!(
+                "{what} needs leasehold's own layout; with ?layout=concurrency etcd's \
+                 recipe decides alone (its order of candidates is the only line), so \
+                 priorities, lock-delay, transfers, shards, slots and listing elections \
+                 are not available"
+            )));
+        }
+        Ok(())
     }
 
     fn known_key_prefix(&self) -> String {
@@ -653,7 +780,7 @@ impl EtcdStore {
         let Some(first) = found.kvs.into_iter().next() else {
             return Ok((None, revision));
         };
-        if let Some(candidate) = candidate_of(&prefix, &first) {
+        if let Some(candidate) = self.candidate_in(&prefix, &first) {
             return Ok((Some((first, candidate)), revision));
         }
         // A key leasehold did not write: read the whole range, at the same
@@ -672,7 +799,7 @@ impl EtcdStore {
         let first = all
             .kvs
             .into_iter()
-            .find_map(|kv| candidate_of(&prefix, &kv).map(|c| (kv, c)));
+            .find_map(|kv| self.candidate_in(&prefix, &kv).map(|c| (kv, c)));
         Ok((first, revision))
     }
 
@@ -706,7 +833,7 @@ impl EtcdStore {
         let Some(next) = kvs.next() else {
             return Ok((Ok(None), revision));
         };
-        if candidate_of(&prefix, &next).is_some() {
+        if self.candidate_in(&prefix, &next).is_some() {
             return Ok((Ok(Some(next)), revision));
         }
         warn_foreign(&next);
@@ -724,12 +851,20 @@ impl EtcdStore {
             .kvs
             .into_iter()
             .filter(|kv| kv.create_revision < my_revision)
-            .find(|kv| candidate_of(&prefix, kv).is_some());
+            .find(|kv| self.candidate_in(&prefix, kv).is_some());
         Ok((Ok(ahead), revision))
     }
 
     async fn to_leader(&self, kv: &KeyValue, candidate: CandidateId) -> Result<Leader> {
         let id = kv.lease;
+        if id <= 0 {
+            // A key put without a lease (only another program writes one).
+            return Ok(Leader {
+                candidate,
+                token: FencingToken::from_stored(kv.create_revision),
+                expires_in: NO_LEASE,
+            });
+        }
         let ttl = self
             .members
             .call("lease time-to-live", |link| async move {
@@ -769,6 +904,9 @@ impl EtcdStore {
     ) -> Result<(i64, bool)> {
         let lease = session_key(session)?;
         let key = self.candidate_key(election, session);
+        if self.layout == Layout::Concurrency {
+            return self.create_proposal(session, lease, key, candidate).await;
+        }
         let known = self.known_key(election);
         let marker = self.marker_key();
         // Most campaigns are for an election the store has seen before.
@@ -793,6 +931,50 @@ impl EtcdStore {
             reason: format!("etcd campaign: the keys of election {election} kept changing"),
             source: None,
         })
+    }
+
+    /// Creates `session`'s candidate key as etcd's `Campaign` does: only if
+    /// absent, with the lease attached and the candidate id as proposal.
+    /// Its create revision, and whether this call created it.
+    async fn create_proposal(
+        &self,
+        session: SessionId,
+        lease: i64,
+        key: String,
+        candidate: &CandidateId,
+    ) -> Result<(i64, bool)> {
+        let txn = TxnRequest {
+            compare: vec![created_at(key.clone(), 0)],
+            success: vec![put(key.clone(), candidate.as_str(), lease)],
+            failure: vec![get(key.clone())],
+        };
+        let done = match self.txn("campaign", txn).await {
+            Err(error) if error.is_lease_not_found() => {
+                return Err(Error::SessionExpired(session));
+            }
+            other => other?,
+        };
+        if done.succeeded {
+            return Ok((revision_of(done.header.as_ref()), true));
+        }
+        let mine = done.responses.into_iter().find_map(|r| match r.response {
+            Some(pb::response_op::Response::ResponseRange(range)) => range.kvs.into_iter().next(),
+            _ => None,
+        });
+        match mine {
+            Some(kv) if kv.lease == lease => Ok((kv.create_revision, false)),
+            Some(kv) => Err(Error::Corrupt(format!(
+                "etcd key {} was not written by this session; leasehold does not overwrite it",
+                shown(&kv.key)
+            ))),
+            None => Err(Error::Unavailable {
+                reason: format!(
+                    "etcd campaign: the key {} kept changing",
+                    shown(key.as_bytes())
+                ),
+                source: None,
+            }),
+        }
     }
 
     /// Why the candidate key was not created, from the failed
@@ -1162,9 +1344,25 @@ impl Store for EtcdStore {
     async fn resign(&self, grant: &Grant) -> Result<()> {
         let key = self.candidate_key(&grant.election, grant.session);
         let token = grant.token.to_i64_saturating();
+        let mut success = vec![delete(key.clone())];
+        if self.layout != Layout::Concurrency {
+            success.push(self.record_release(&grant.election, token));
+        }
+        let mut compare = vec![created_at(key.clone(), token)];
+        if self.layout == Layout::Concurrency {
+            // Another program's put on the key (which keeps its create
+            // revision) makes it that program's: it is not deleted.
+            compare.push(pb::Compare {
+                result: CompareResult::Equal as i32,
+                target: CompareTarget::Lease as i32,
+                key: key.into_bytes(),
+                target_union: Some(TargetUnion::Lease(session_key(grant.session)?)),
+                range_end: Vec::new(),
+            });
+        }
         let txn = TxnRequest {
-            compare: vec![created_at(key.clone(), token)],
-            success: vec![delete(key), self.record_release(&grant.election, token)],
+            compare,
+            success,
             failure: Vec::new(),
         };
         if !self.txn("resign", txn).await?.succeeded {
@@ -1183,6 +1381,7 @@ impl Store for EtcdStore {
         name: &str,
         text: &str,
     ) -> Result<()> {
+        self.own_layout("a note")?;
         self.put_note_in(session, election, name, text).await
     }
 
@@ -1192,6 +1391,7 @@ impl Store for EtcdStore {
         election: &ElectionName,
         name: &str,
     ) -> Result<()> {
+        self.own_layout("a note")?;
         self.delete_note_in(session, election, name).await
     }
 
@@ -1202,6 +1402,7 @@ impl Store for EtcdStore {
         name: &str,
         text: &str,
     ) -> Result<bool> {
+        self.own_layout("a note")?;
         self.amend_note_in(session, election, name, text).await
     }
 
@@ -1211,18 +1412,22 @@ impl Store for EtcdStore {
         election: &ElectionName,
         name: &str,
     ) -> Result<NoteWatch> {
+        self.own_layout("a note")?;
         self.watch_notes_of(election, Some((session, name))).await
     }
 
     async fn notes(&self, election: &ElectionName) -> Result<Vec<Note>> {
+        self.own_layout("the line of standbys")?;
         Ok(self.notes_at(election, None).await?.0)
     }
 
     async fn watch_notes(&self, election: &ElectionName) -> Result<NoteWatch> {
+        self.own_layout("the line of standbys")?;
         self.watch_notes_of(election, None).await
     }
 
     async fn last_release(&self, election: &ElectionName) -> Result<Option<FencingToken>> {
+        self.own_layout("the record of releases")?;
         self.last_release_in(election).await
     }
 
@@ -1244,6 +1449,7 @@ impl Store for EtcdStore {
     }
 
     async fn elections(&self) -> Result<Vec<ElectionState>> {
+        self.own_layout("listing elections")?;
         let prefix = self.known_key_prefix();
         let known = self.range("get", range_of_prefix(&prefix)).await?;
         let mut states = Vec::new();

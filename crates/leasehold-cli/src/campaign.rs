@@ -12,6 +12,9 @@ use crate::signals::{AnySignal, IgnoredSignals, PassedSignals, StopSignals};
 pub async fn run(args: CampaignArgs) -> anyhow::Result<ExitCode> {
     let store = args.election.store.open().await?;
     let candidate = args.election.candidate();
+    // A group's name, or one of its shards or slots, belongs to its
+    // members, as for `run`.
+    crate::run::refuse_a_group(&*store, &args.election.election, true).await?;
     let elector = Elector::new(store, candidate.clone(), args.election.lease_config())?;
     // SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGPWR — and, as there is no
     // command to pass them to, the signals `run` passes to its command

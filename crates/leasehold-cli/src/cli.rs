@@ -121,12 +121,19 @@ pub enum Command {
 /// Where elections are decided.
 #[derive(Debug, ClapArgs)]
 pub struct StoreArgs {
-    /// The store URL: sqlite:PATH, etcd://[USER@]HOST:PORT[,HOST:PORT…][/PREFIX][?cacert=PATH&cert=PATH&key=PATH],
-    /// zk://[USER@]HOST:PORT[,HOST:PORT…][/CHROOT],
+    /// The store URL: sqlite:PATH, etcd://[USER@]HOST:PORT[,HOST:PORT…][/PREFIX][?cacert=PATH&cert=PATH&key=PATH&layout=L],
+    /// zk://[USER@]HOST:PORT[,HOST:PORT…][/CHROOT][?layout=L],
     /// postgres://USER@HOST[:PORT]/DB[?schema=NAME&sslmode=verify-full&sslrootcert=PATH…]
     /// or memory:. A password goes in LEASEHOLD_STORE_PASSWORD or a file
     /// (?password_file=PATH), rather than in the URL, where ps and shell
-    /// history show it. [default: sqlite:$XDG_STATE_HOME/leasehold/leasehold.db]
+    /// history show it. To share elections with other clients, etcd takes
+    /// ?layout=concurrency (etcd's concurrency.Election, etcdctl elect: the
+    /// election is the key prefix PREFIX/ELECTION) and ZooKeeper
+    /// ?layout=curator (Curator's LeaderLatch) or ?layout=kazoo (kazoo's
+    /// Election), on the path CHROOT/ELECTION; those take no --priority,
+    /// --preempt-after, --lock-delay, --shards, --slots, transfer or list.
+    /// (L=leasehold, the default, is leasehold's own layout.)
+    /// [default: sqlite:$XDG_STATE_HOME/leasehold/leasehold.db]
     #[arg(long, env = "LEASEHOLD_STORE", hide_env_values = true, value_parser = StoreUrlParser)]
     pub store: Option<StoreUrl>,
 }
@@ -294,6 +301,19 @@ pub struct RunArgs {
 impl RunArgs {
     /// Refuses settings that do not go together.
     pub fn check(&self) -> Result<(), leasehold::Error> {
+        let layout = self.election.store.store.as_ref().map(StoreUrl::layout);
+        if let Some(layout) = layout.filter(|l| l.is_foreign()) {
+            let needs_notes = [
+                (self.priority != 0, "--priority"),
+                (self.preempt_after.is_some(), "--preempt-after"),
+                (!self.lock_delay.is_zero(), "--lock-delay"),
+                (self.shards.is_some(), "--shards"),
+                (self.slots.is_some(), "--slots"),
+            ];
+            if let Some((_, flag)) = needs_notes.iter().find(|(set, _)| *set) {
+                return Err(foreign_layout_refuses(flag, layout));
+            }
+        }
         let group = if let Some(n) = self.shards {
             leasehold::group::GroupKind::Shards(n).check(&self.election.election)?;
             "--shards"
@@ -315,6 +335,19 @@ impl RunArgs {
             }),
             None => Ok(()),
         }
+    }
+}
+
+/// `what` needs leasehold's own layout: in another recipe's, that
+/// recipe's order of candidates is the only line, which its own clients
+/// follow without knowing of priorities, transfers or groups.
+pub fn foreign_layout_refuses(what: &str, layout: leasehold::store::Layout) -> leasehold::Error {
+    leasehold::Error::InvalidInput {
+        what: "options",
+        reason: format!(
+            "{what} needs leasehold's own layout: with ?layout={layout} leasehold keeps \
+             nothing but the recipe's candidates, whose order alone decides"
+        ),
     }
 }
 

@@ -330,8 +330,18 @@ pub async fn observe(args: ObserveArgs) -> anyhow::Result<ExitCode> {
 }
 
 pub async fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
+    let layout = args.store.url()?.layout();
+    if layout.is_foreign() {
+        return Err(crate::cli::foreign_layout_refuses(
+            "list (the store holds other programs' elections too; name one with status --election E)",
+            layout,
+        )
+        .into());
+    }
     let store = args.store.open_read_only().await?;
-    let elections = store.elections().await?;
+    let mut elections = store.elections().await?;
+    // Numbers in names in numeric order: shard/2 before shard/10.
+    elections.sort_by(|a, b| natural_order(a.election.as_str(), b.election.as_str()));
     let mut statuses: Vec<Status<'_>> = Vec::with_capacity(elections.len());
     for e in &elections {
         let mut status = Status::new(&e.election, e.leader.as_ref());
@@ -369,4 +379,68 @@ pub async fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
     }
     print_line(&table)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Orders names as a reader expects: runs of digits by their value, the
+/// rest byte by byte (`shard/2` before `shard/10`).
+fn natural_order(a: &str, b: &str) -> std::cmp::Ordering {
+    fn chunks(s: &str) -> Vec<(bool, &str)> {
+        let mut out = Vec::new();
+        let mut start = 0;
+        let bytes = s.as_bytes();
+        for i in 1..=bytes.len() {
+            if i == bytes.len() || bytes[i].is_ascii_digit() != bytes[start].is_ascii_digit() {
+                out.push((bytes[start].is_ascii_digit(), &s[start..i]));
+                start = i;
+            }
+        }
+        out
+    }
+    let (left, right) = (chunks(a), chunks(b));
+    for (l, r) in left.iter().zip(&right) {
+        let ordering = match (l, r) {
+            ((true, l), (true, r)) => {
+                let (l, r) = (l.trim_start_matches('0'), r.trim_start_matches('0'));
+                l.len().cmp(&r.len()).then_with(|| l.cmp(r))
+            }
+            ((_, l), (_, r)) => l.cmp(r),
+        };
+        if ordering.is_ne() {
+            return ordering;
+        }
+    }
+    left.len().cmp(&right.len()).then_with(|| a.cmp(b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::natural_order;
+
+    #[test]
+    fn names_sort_with_their_numbers_by_value() {
+        let mut names = vec![
+            "jobs/shard/10",
+            "jobs/shard/2",
+            "jobs",
+            "a",
+            "jobs/shard/02x",
+            "b1",
+            "b01",
+            "x",
+        ];
+        names.sort_by(|a, b| natural_order(a, b));
+        assert_eq!(
+            names,
+            [
+                "a",
+                "b01",
+                "b1",
+                "jobs",
+                "jobs/shard/2",
+                "jobs/shard/02x",
+                "jobs/shard/10",
+                "x"
+            ]
+        );
+    }
 }

@@ -421,7 +421,7 @@ impl crate::term::Requests for SingleRequests<'_> {
 /// Refuses a name that a group's members own: the election of one of its
 /// shards or slots (only members take those), and with `plain` the
 /// group's own name (its replicas use it for shards or slots).
-async fn refuse_a_group(
+pub(crate) async fn refuse_a_group(
     store: &dyn leasehold::Store,
     election: &ElectionName,
     plain: bool,

@@ -12,6 +12,10 @@ use crate::cli::TransferArgs;
 const REQUEST_TTL: std::time::Duration = std::time::Duration::from_secs(30);
 
 pub async fn run(args: TransferArgs) -> anyhow::Result<ExitCode> {
+    let layout = args.store.url()?.layout();
+    if layout.is_foreign() {
+        return Err(crate::cli::foreign_layout_refuses("transfer", layout).into());
+    }
     // Nothing leads in a SQLite store that does not exist: say so, as
     // `status` does, rather than create one at a mistyped path.
     if matches!(args.store.url()?, leasehold::store::StoreUrl::Sqlite(_)) {

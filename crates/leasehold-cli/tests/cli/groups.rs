@@ -303,6 +303,15 @@ fn group_flags_are_checked() {
             stderr(&out)
         );
     }
+    // `campaign` too: neither the group's name nor one of its shards.
+    for name in [GROUP, "jobs/shard/2"] {
+        let out = leasehold()
+            .args(["campaign", "-e", name, "--store", &store, "--id", "b"])
+            .output()
+            .expect("spawn");
+        assert_eq!(out.status.code(), Some(1), "{name}: {}", stderr(&out));
+        assert!(stderr(&out).contains("group"), "{name}: {}", stderr(&out));
+    }
     assert_eq!(
         loads(&store, &["a", "b"]),
         (vec![3, 0], 3),

@@ -265,3 +265,67 @@ fn planned_move_flags_are_checked_and_explained() {
         assert!(help.contains(flag), "{flag} missing from transfer --help");
     }
 }
+
+/// In another recipe's layout the recipe's order is the only line: what
+/// needs leasehold's notes is refused up front, in one line, exit 2,
+/// before any store is reached (the URLs name a port nothing listens on).
+#[test]
+fn recipe_layouts_refuse_what_their_recipe_cannot_honour() {
+    let port = leasehold::testing::free_port();
+    let etcd = format!("etcd://127.0.0.1:{port}/svc?layout=concurrency");
+    let zk = format!("zk://127.0.0.1:{port}/svc?layout=curator");
+    let kazoo = format!("zk://127.0.0.1:{port}?layout=kazoo");
+    let cases: [(&[&str], &str); 8] = [
+        (&["run", "--store", &etcd, "--priority", "5"], "--priority"),
+        (
+            &["run", "--store", &zk, "--lock-delay", "2s"],
+            "--lock-delay",
+        ),
+        (
+            &["run", "--store", &kazoo, "--preempt-after", "1s"],
+            "--preempt-after",
+        ),
+        (&["run", "--store", &etcd, "--shards", "4"], "--shards"),
+        (&["run", "--store", &zk, "--slots", "2"], "--slots"),
+        (&["transfer", "--store", &etcd], "transfer"),
+        (&["transfer", "--store", &kazoo], "transfer"),
+        (&["list", "--store", &zk], "list"),
+    ];
+    for (args, named) in cases {
+        let mut cmd = leasehold();
+        cmd.args(args);
+        if args[0] != "list" {
+            cmd.args(["--election", "jobs"]);
+        }
+        if args[0] == "run" {
+            cmd.args(["--", "true"]);
+        }
+        let out = cmd.output().expect("spawn");
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+        assert!(
+            err.contains(named) && err.contains("own layout"),
+            "{args:?} must name {named} and why: {err}"
+        );
+    }
+    for (url, wrong) in [
+        (format!("etcd://127.0.0.1:{port}?layout=curator"), "curator"),
+        (
+            format!("zk://127.0.0.1:{port}?layout=concurrency"),
+            "concurrency",
+        ),
+        (format!("zk://127.0.0.1:{port}?layout="), "\"\""),
+    ] {
+        let out = leasehold()
+            .args(["status", "--election", "jobs", "--store", &url])
+            .output()
+            .expect("spawn");
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{url}: {err}");
+        assert!(
+            err.contains("layout") && err.contains(wrong),
+            "{url}: {err}"
+        );
+    }
+}

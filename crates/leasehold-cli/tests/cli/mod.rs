@@ -6,6 +6,7 @@ mod groups;
 mod guard;
 mod harness;
 mod hostile;
+mod interop;
 mod messages;
 mod multi_process;
 mod operability;

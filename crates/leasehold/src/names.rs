@@ -100,6 +100,26 @@ impl CandidateId {
         Ok(CandidateId(id))
     }
 
+    /// The id another election recipe's client wrote (`data`, which that
+    /// client may make anything), shown as well as it can be: invalid
+    /// UTF-8 and control characters replaced, cut to [`MAX_NAME_LEN`]
+    /// bytes, `empty` when there is nothing.
+    #[cfg(any(feature = "etcd", feature = "zookeeper"))]
+    pub(crate) fn shown(data: &[u8], empty: &'static str) -> Self {
+        let text: String = String::from_utf8_lossy(data)
+            .chars()
+            .map(|c| if c.is_control() { '\u{fffd}' } else { c })
+            .collect();
+        let mut end = text.len().min(MAX_NAME_LEN);
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        match &text[..end] {
+            "" => CandidateId(empty.to_owned()),
+            shown => CandidateId(shown.to_owned()),
+        }
+    }
+
     /// `<hostname>-<pid>`, the default id of this process.
     pub fn default_for_process() -> Self {
         let host = nix::unistd::gethostname()

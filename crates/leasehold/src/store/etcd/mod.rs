@@ -245,17 +245,7 @@ fn candidate_of(election_prefix: &str, kv: &KeyValue) -> Option<CandidateId> {
 /// candidate id is shown as well as it can be.
 fn proposal_of(election_prefix: &str, kv: &KeyValue) -> Option<CandidateId> {
     kv.key.strip_prefix(election_prefix.as_bytes())?;
-    let text: String = String::from_utf8_lossy(&kv.value)
-        .chars()
-        .map(|c| if c.is_control() { '\u{fffd}' } else { c })
-        .collect();
-    let mut end = text.len().min(crate::names::MAX_NAME_LEN);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    CandidateId::new(&text[..end])
-        .or_else(|_| CandidateId::new("(empty proposal)"))
-        .ok()
+    Some(CandidateId::shown(&kv.value, "(empty proposal)"))
 }
 
 /// How long a candidate key without a lease is shown to have left: it

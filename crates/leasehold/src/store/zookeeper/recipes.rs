@@ -185,17 +185,7 @@ fn hyphenated(uuid: u128) -> String {
 /// invalid UTF-8 and control characters replaced, cut to
 /// [`crate::names::MAX_NAME_LEN`] bytes, `(empty id)` when empty.
 fn shown_id(data: &[u8]) -> CandidateId {
-    let text: String = String::from_utf8_lossy(data)
-        .chars()
-        .map(|c| if c.is_control() { '\u{fffd}' } else { c })
-        .collect();
-    let mut end = text.len().min(crate::names::MAX_NAME_LEN);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    CandidateId::new(&text[..end])
-        .or_else(|_| CandidateId::new("(empty id)"))
-        .unwrap_or_else(|_| CandidateId::default_for_process())
+    CandidateId::shown(data, "(empty id)")
 }
 
 impl ZkSession {

@@ -141,13 +141,16 @@ impl ShardRunner {
             backoff: std::sync::Mutex::new(HashMap::new()),
         });
         let mut terms = JoinSet::new();
-        let mut controls: HashMap<u32, mpsc::UnboundedSender<Control>> = HashMap::new();
+        // Every running term's control, with its shard. A shard's next term
+        // may start while its last one still ends (its release): both are
+        // kept, and a term's entry goes once its receiver is gone.
+        let mut controls: Vec<(u32, mpsc::UnboundedSender<Control>)> = Vec::new();
         let outcome = loop {
             tokio::select! {
                 shard = shards.next() => match shard {
                     Ok(shard) => {
                         let (tx, rx) = mpsc::unbounded_channel();
-                        controls.insert(shard.index(), tx);
+                        controls.push((shard.index(), tx));
                         terms.spawn(run_term(Arc::clone(&settings), shard, rx));
                     }
                     Err(error) if error.is_transient() => {
@@ -156,8 +159,8 @@ impl ShardRunner {
                     Err(error) => break Err(anyhow::Error::new(error).context(format!("group {}", settings.group))),
                 },
                 Some(done) = terms.join_next() => {
-                    if let Ok((index, cannot_start)) = done {
-                        controls.remove(&index);
+                    controls.retain(|(_, control)| !control.is_closed());
+                    if let Ok((_, cannot_start)) = done {
                         if cannot_start {
                             break Ok(None);
                         }
@@ -168,7 +171,7 @@ impl ShardRunner {
                     if controls.is_empty() {
                         tracing::info!(%signal, "no command is running; signal ignored");
                     }
-                    for control in controls.values() {
+                    for (_, control) in &controls {
                         let _ = control.send(Control::Pass(signal));
                     }
                 }
@@ -193,7 +196,7 @@ impl ShardRunner {
                 }
             }
         }
-        for control in controls.values() {
+        for (_, control) in &controls {
             let _ = control.send(Control::Stop(signal));
         }
         while terms.join_next().await.is_some() {}

@@ -20,7 +20,7 @@ const WORKER: &str = r#"K="${LEASEHOLD_SHARD:-$LEASEHOLD_SLOT}"
 exec 9>"lock-$K"
 flock -n 9 || echo "double $K $LEASEHOLD_TOKEN $LEASEHOLD_ID" >> moves.log
 trap 'echo "stop $K $LEASEHOLD_TOKEN $LEASEHOLD_ID" >> moves.log; exit 0' TERM
-echo "start $K $LEASEHOLD_TOKEN $LEASEHOLD_ID $LEASEHOLD_SHARDS$LEASEHOLD_SLOTS $LEASEHOLD_ELECTION" >> moves.log
+echo "start $K $LEASEHOLD_TOKEN $LEASEHOLD_ID $LEASEHOLD_SHARDS$LEASEHOLD_SLOTS $LEASEHOLD_ELECTION $$" >> moves.log
 while :; do sleep 0.05 9>&-; done"#;
 
 fn member(store: &str, scratch: &Scratch, id: &str, extra: &[&str]) -> Proc {
@@ -64,22 +64,38 @@ fn loads(store: &str, ids: &[&str]) -> (Vec<u64>, usize) {
 type Started = (String, String, String);
 
 /// Commands running now, from the log: a start not yet followed by a stop
-/// of the same shard and token, less `dead` (a SIGKILLed replica's
-/// commands never log their stop).
+/// of the same shard and token whose process is still there, less `dead`
+/// (a SIGKILLed replica's commands never log their stop, and neither does
+/// a command killed at once because its grant was lost).
 fn running(scratch: &Scratch, dead: &[Started]) -> Vec<Started> {
-    let mut now: Vec<Started> = Vec::new();
+    let mut now: Vec<(Started, Option<String>)> = Vec::new();
     for line in read_lines(&scratch.path("moves.log")) {
         let parts: Vec<&str> = line.split(' ').collect();
         match parts.as_slice() {
-            ["start", k, token, id, ..] => {
-                now.push((k.to_string(), token.to_string(), id.to_string()));
+            ["start", k, token, id, rest @ ..] => {
+                let pid = rest.get(2).map(|p| p.to_string());
+                now.push(((k.to_string(), token.to_string(), id.to_string()), pid));
             }
-            ["stop", k, token, _] => now.retain(|(k2, t2, _)| !(k2 == k && t2 == token)),
+            ["stop", k, token, _] => now.retain(|((k2, t2, _), _)| !(k2 == k && t2 == token)),
             _ => {}
         }
     }
-    now.retain(|s| !dead.contains(s));
-    now
+    now.into_iter()
+        .filter(|(_, pid)| pid.as_ref().is_none_or(|pid| alive(pid)))
+        .map(|(started, _)| started)
+        .filter(|s| !dead.contains(s))
+        .collect()
+}
+
+/// Whether process `pid` exists and has not exited (a zombie has).
+fn alive(pid: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            stat.rsplit_once(") ")
+                .and_then(|(_, rest)| rest.chars().next())
+        })
+        .is_some_and(|state| state != 'Z' && state != 'X')
 }
 
 /// No command ran while another held its shard; every shard's tokens grew.
@@ -107,9 +123,10 @@ fn settled(store: &str, scratch: &Scratch, ids: &[&str], want: &[u64], dead: &[S
     assert!(
         wait_until(30 * SECOND, || loads(store, ids) == (want.to_vec(), total)
             && running(scratch, dead).len() == total),
-        "{ids:?} did not settle at {want:?}: status says {:?}, running {:?}",
+        "{ids:?} did not settle at {want:?}: status says {:?}, running {:?}; log {:?}",
         loads(store, ids),
-        running(scratch, dead)
+        running(scratch, dead),
+        read_lines(&scratch.path("moves.log"))
     );
 }
 
@@ -136,16 +153,17 @@ pub fn twelve_shards_over_three_replicas(store: &str, scratch: &Scratch) {
     let log = read_lines(&scratch.path("moves.log"));
     assert!(
         log.iter()
-            .any(|l| l.starts_with("start ") && l.ends_with(" 12 jobs/shard/0")),
+            .any(|l| l.starts_with("start ") && l.contains(" 12 jobs/shard/0 ")),
         "a shard's command sees LEASEHOLD_SHARDS and its own election: {log:?}"
     );
 
-    b.signal(nix::sys::signal::Signal::SIGKILL);
+    // b's commands, alive now: SIGKILLed with b, they never log a stop.
     let dead: Vec<Started> = running(scratch, &[])
         .into_iter()
         .filter(|(_, _, id)| id == "b")
         .collect();
     assert_eq!(dead.len(), 4);
+    b.signal(nix::sys::signal::Signal::SIGKILL);
     settled(&store, scratch, &["a", "c"], &[6, 6], &dead);
     assert_never_doubly_owned(scratch);
 

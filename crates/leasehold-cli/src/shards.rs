@@ -160,10 +160,8 @@ impl ShardRunner {
                 },
                 Some(done) = terms.join_next() => {
                     controls.retain(|(_, control)| !control.is_closed());
-                    if let Ok((_, cannot_start)) = done {
-                        if cannot_start {
-                            break Ok(None);
-                        }
+                    if let Ok((_, true)) = done {
+                        break Ok(None);
                     }
                 }
                 signal = signals.recv() => break Ok(Some(signal)),

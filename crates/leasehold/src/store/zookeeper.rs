@@ -1588,9 +1588,18 @@ impl Store for ZkStore {
     async fn keep_alive(&self, session: SessionId) -> Result<Duration> {
         let (zk, client) = self.inner.live_session(session)?;
         let sent = Instant::now();
-        let outcome = zk.ask("renew the session", client.check_stat("/")).await?;
+        // A `sync`, not a read: a follower cut off from the ensemble's
+        // leader answers reads on its own until it notices (`syncLimit`
+        // ticks, 10 s with ZooKeeper's usual settings), while the leader,
+        // which alone expires sessions, never hears of them. A sync passes
+        // through the leader, so a cut-off follower cannot confirm one.
+        let outcome = zk.ask("renew the session", client.sync("/")).await?;
         match outcome {
-            Ok(_) => {
+            Ok(()) => {
+                // The leader hears of this renewal with the follower's next
+                // heartbeat, within half a tick; a partition in that window
+                // strands it at the follower (see DESIGN, "Faults of the
+                // stores").
                 zk.renewed.send_replace(sent);
                 Ok(zk.ttl)
             }

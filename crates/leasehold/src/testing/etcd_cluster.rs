@@ -375,6 +375,238 @@ impl EtcdCluster {
     }
 }
 
+impl EtcdCluster {
+    /// Whether member `i` runs (was not killed, or was started again).
+    pub fn is_running(&self, i: usize) -> bool {
+        self.members[i].process.is_some()
+    }
+
+    /// The client URLs of the members that run.
+    fn running_endpoints(&self) -> Vec<String> {
+        (0..self.members.len())
+            .filter(|&i| self.is_running(i))
+            .map(|i| self.client_url(i))
+            .collect()
+    }
+
+    /// Runs `etcdctl` (API 3) against `endpoints` (URLs) only, as `root`
+    /// on a secured cluster; its standard output. Panics if it fails.
+    fn etcdctl_on(&self, endpoints: &[String], args: &[&str]) -> String {
+        self.try_etcdctl_on(endpoints, args)
+            .unwrap_or_else(|why| panic!("etcdctl {endpoints:?} {args:?}: {why}"))
+    }
+
+    /// [`EtcdCluster::etcdctl_on`], its standard error if it fails.
+    fn try_etcdctl_on(&self, endpoints: &[String], args: &[&str]) -> Result<String, String> {
+        let mut command = Command::new("etcdctl");
+        command
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={}", endpoints.join(",")));
+        if let Some(secured) = &self.secured {
+            command
+                .arg(format!("--cacert={}", secured.trusted_ca.display()))
+                .arg(format!("--cert={}", secured.admin.cert.display()))
+                .arg(format!("--key={}", secured.admin.key.display()));
+        }
+        let out = command
+            .args(args)
+            .output()
+            .expect("etcdctl (Debian's etcd-client) runs");
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).trim().to_owned())
+        }
+    }
+
+    /// Member `i`'s client URL.
+    fn client_url(&self, i: usize) -> String {
+        format!(
+            "{}://127.0.0.1:{}",
+            self.scheme(),
+            self.members[i].client_port
+        )
+    }
+
+    /// The cluster's current revision: a linearizable read through the
+    /// members that run.
+    pub fn revision(&self) -> i64 {
+        let out = self.etcdctl_on(
+            &self.running_endpoints(),
+            &["get", "/leasehold-test-revision-probe", "-w", "json"],
+        );
+        json_number(&out, "revision")
+            .and_then(|r| i64::try_from(r).ok())
+            .unwrap_or_else(|| panic!("no revision in etcdctl's answer: {out}"))
+    }
+
+    /// Member `i`'s own revision (what it has applied, read from that
+    /// member alone: `etcdctl endpoint status`).
+    pub fn member_revision(&self, i: usize) -> i64 {
+        let out = self.etcdctl_on(&[self.client_url(i)], &["endpoint", "status", "-w", "json"]);
+        json_number(&out, "revision")
+            .and_then(|r| i64::try_from(r).ok())
+            .unwrap_or_else(|| panic!("no revision in etcdctl's answer: {out}"))
+    }
+
+    /// The member that is the raft leader now, as the members that run
+    /// report it; `None` while they have none or do not agree.
+    pub fn raft_leader(&self) -> Option<usize> {
+        let mut leader = None;
+        for i in (0..self.members.len()).filter(|&i| self.is_running(i)) {
+            let out = self
+                .try_etcdctl_on(&[self.client_url(i)], &["endpoint", "status", "-w", "json"])
+                .ok()?;
+            let (me, theirs) = (
+                json_number(&out, "member_id")?,
+                json_number(&out, "leader")?,
+            );
+            if me == theirs {
+                if leader.is_some() {
+                    return None;
+                }
+                leader = Some(i);
+            }
+        }
+        leader
+    }
+
+    /// Puts `value` at `key` through the members that run; the revision
+    /// of the write.
+    pub fn put(&self, key: &str, value: &str) -> i64 {
+        let out = self.etcdctl_on(
+            &self.running_endpoints(),
+            &["put", key, value, "-w", "json"],
+        );
+        json_number(&out, "revision")
+            .and_then(|r| i64::try_from(r).ok())
+            .unwrap_or_else(|| panic!("no revision in etcdctl's answer: {out}"))
+    }
+
+    /// Compacts the key-value history up to `revision` (`etcdctl
+    /// compaction --physical`), and waits until every member that runs
+    /// has applied the compaction (a read of that member alone at an
+    /// earlier revision is refused): a watch from an earlier revision is
+    /// then refused as compacted, whichever member it reaches.
+    pub fn compact(&self, revision: i64) {
+        self.etcdctl_on(
+            &self.running_endpoints(),
+            &["compaction", "--physical", &revision.to_string()],
+        );
+        if revision <= 1 {
+            return;
+        }
+        let earlier = format!("--rev={}", revision - 1);
+        let until = Instant::now() + Duration::from_secs(30);
+        for i in (0..self.members.len()).filter(|&i| self.is_running(i)) {
+            let probe = ["get", "/", earlier.as_str(), "--consistency=s"];
+            loop {
+                match self.try_etcdctl_on(&[self.client_url(i)], &probe) {
+                    Err(why) if why.contains("compacted") => break,
+                    other => assert!(
+                        Instant::now() < until,
+                        "member {} has not applied the compaction at {revision}: {other:?}",
+                        self.members[i].name
+                    ),
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    /// Defragments every member that runs, one at a time (`etcdctl
+    /// defrag`; a member answers nothing while it defragments).
+    pub fn defrag(&self) {
+        for i in (0..self.members.len()).filter(|&i| self.is_running(i)) {
+            self.etcdctl_on(&[self.client_url(i)], &["defrag"]);
+        }
+    }
+
+    /// Replaces member `i` by a new one with an empty data folder, as an
+    /// operator replaces a member whose disk died: SIGKILLs it,
+    /// removes it from the cluster (`etcdctl member remove`), wipes its
+    /// data folder, adds a new member of the same name on a new peer port
+    /// (`etcdctl member add`) and starts it with
+    /// `--initial-cluster-state existing`, on the same client port, so
+    /// that clients given the old endpoint reach the new member. Waits
+    /// until it is healthy (it has caught up with the cluster's log).
+    pub fn replace(&mut self, i: usize) {
+        self.kill(i);
+        let others: Vec<String> = (0..self.members.len())
+            .filter(|&j| j != i && self.is_running(j))
+            .map(|j| self.client_url(j))
+            .collect();
+        let name = self.members[i].name.clone();
+        // A reconfiguration is refused while the cluster elects a leader,
+        // and (etcd's `--strict-reconfig-check`) until its leader has been
+        // connected to a quorum for 5 s; one whose answer was lost may
+        // have been made all the same. So: until `member list` shows it
+        // made, at most 30 s.
+        let until = Instant::now() + Duration::from_secs(30);
+        let listed = |cluster: &Self| loop {
+            match cluster.try_etcdctl_on(&others, &["member", "list"]) {
+                Ok(listed) => return listed,
+                Err(why) if Instant::now() < until => {
+                    eprintln!("etcdctl member list: {why}; again");
+                    std::thread::sleep(Duration::from_millis(250));
+                }
+                Err(why) => panic!("etcdctl member list: {why}"),
+            }
+        };
+        let old_peer = format!("http://127.0.0.1:{}", self.members[i].peer_port);
+        loop {
+            let list = listed(self);
+            // `ID, status, name, peer URLs, client URLs, is learner`
+            let Some(id) = list
+                .lines()
+                .map(|line| line.split(", ").collect::<Vec<_>>())
+                .find(|fields| fields.get(3) == Some(&old_peer.as_str()))
+                .and_then(|fields| fields.first().map(|id| (*id).to_owned()))
+            else {
+                break;
+            };
+            if let Err(why) = self.try_etcdctl_on(&others, &["member", "remove", &id]) {
+                assert!(Instant::now() < until, "etcdctl member remove: {why}");
+                eprintln!("etcdctl member remove: {why}; again");
+                std::thread::sleep(Duration::from_millis(250));
+            }
+        }
+        let data = self.dir.join(&name);
+        if data.exists() {
+            std::fs::remove_dir_all(&data).expect("wipe the member's data folder");
+        }
+        self.members[i].peer_port = super::free_port();
+        let peer = format!("http://127.0.0.1:{}", self.members[i].peer_port);
+        while !listed(self).contains(&peer) {
+            let add = [
+                "member",
+                "add",
+                name.as_str(),
+                &format!("--peer-urls={peer}"),
+            ];
+            if let Err(why) = self.try_etcdctl_on(&others, &add) {
+                assert!(Instant::now() < until, "etcdctl member add: {why}");
+                eprintln!("etcdctl member add: {why}; again");
+                std::thread::sleep(Duration::from_millis(250));
+            }
+        }
+        self.spawn(i, "existing");
+        self.wait_ready(Duration::from_secs(30));
+    }
+}
+
+/// The first number after `"key":` in `json` (etcdctl's JSON output), as
+/// etcdctl writes unsigned 64-bit ids and revisions.
+fn json_number(json: &str, key: &str) -> Option<u64> {
+    let at = json.find(&format!("\"{key}\":"))? + key.len() + 3;
+    let digits: String = json[at..]
+        .trim_start()
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().ok()
+}
+
 impl Drop for EtcdCluster {
     fn drop(&mut self) {
         for i in 0..self.members.len() {

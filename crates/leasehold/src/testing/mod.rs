@@ -13,6 +13,8 @@ mod planned;
 mod postgres_server;
 mod rng;
 #[cfg(feature = "zookeeper")]
+mod zookeeper_ensemble;
+#[cfg(feature = "zookeeper")]
 mod zookeeper_server;
 
 use std::sync::Arc;
@@ -27,8 +29,10 @@ pub use counting::{CountingStore, Counts};
 pub use etcd_cluster::EtcdCluster;
 pub use faults::FaultyStore;
 #[cfg(feature = "postgres")]
-pub use postgres_server::{PostgresServer, SECURED_HBA};
+pub use postgres_server::{PostgresServer, SECURED_HBA, Shutdown};
 pub use rng::Rng;
+#[cfg(feature = "zookeeper")]
+pub use zookeeper_ensemble::ZooKeeperEnsemble;
 #[cfg(feature = "zookeeper")]
 pub use zookeeper_server::ZooKeeperServer;
 

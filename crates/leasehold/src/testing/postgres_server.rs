@@ -35,6 +35,38 @@ hostssl all  certuser  127.0.0.1/32   cert
 hostssl all  all       127.0.0.1/32   scram-sha-256
 ";
 
+/// How [`PostgresServer::stop_with`] and [`PostgresServer::restart_with`]
+/// shut the server down (PostgreSQL's shutdown modes, as `pg_ctl stop -m`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shutdown {
+    /// SIGINT: the postmaster refuses new connections, ends every backend
+    /// (their transactions abort), writes a shutdown checkpoint and exits;
+    /// the next start needs no recovery.
+    Fast,
+    /// SIGQUIT: the postmaster ends every backend at once and exits
+    /// without a checkpoint, as after a crash; the next start replays the
+    /// write-ahead log.
+    Immediate,
+}
+
+impl Shutdown {
+    fn signal(self) -> nix::sys::signal::Signal {
+        match self {
+            Shutdown::Fast => nix::sys::signal::Signal::SIGINT,
+            Shutdown::Immediate => nix::sys::signal::Signal::SIGQUIT,
+        }
+    }
+
+    /// How long the postmaster may take to exit before it is killed.
+    fn patience(self) -> Duration {
+        match self {
+            // A checkpoint of a test's few rows; generous for a busy host.
+            Shutdown::Fast => Duration::from_secs(30),
+            Shutdown::Immediate => Duration::from_secs(5),
+        }
+    }
+}
+
 /// The folder with `initdb` and `postgres`: Debian's newest
 /// `/usr/lib/postgresql/N/bin`, or `PATH`.
 fn bin_dir() -> Option<PathBuf> {
@@ -266,6 +298,20 @@ impl PostgresServer {
         self.spawn();
     }
 
+    /// Shuts the server down in `mode` and starts it again on the same port
+    /// and data, returning once it accepts connections. Connections are
+    /// cut; committed data survives.
+    pub fn restart_with(&mut self, mode: Shutdown) {
+        self.stop_with(mode);
+        self.spawn();
+    }
+
+    /// [`PostgresServer::restart_with`] a fast shutdown ([`Shutdown::Fast`],
+    /// SIGINT).
+    pub fn restart_fast(&mut self) {
+        self.restart_with(Shutdown::Fast);
+    }
+
     /// Starts the server again after [`PostgresServer::stop`], on the same
     /// port and data.
     pub fn start_again(&mut self) {
@@ -277,15 +323,25 @@ impl PostgresServer {
     /// Stops the server at once (SIGQUIT, as after a crash): connections
     /// are cut and new ones refused until [`PostgresServer::start_again`].
     pub fn stop(&mut self) {
+        self.stop_with(Shutdown::Immediate);
+    }
+
+    /// [`PostgresServer::stop_with`] a fast shutdown ([`Shutdown::Fast`],
+    /// SIGINT); [`PostgresServer::stop`] is the immediate one.
+    pub fn stop_fast(&mut self) {
+        self.stop_with(Shutdown::Fast);
+    }
+
+    /// Shuts the server down in `mode` and waits for the postmaster to
+    /// exit (killing it if it takes too long); new connections are refused
+    /// until [`PostgresServer::start_again`].
+    pub fn stop_with(&mut self, mode: Shutdown) {
         if let Some(mut child) = self.process.take() {
-            // SIGQUIT: immediate shutdown; the postmaster ends its backends.
+            // The postmaster ends its backends itself, in either mode.
             if let Ok(pid) = i32::try_from(child.id()) {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGQUIT,
-                );
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), mode.signal());
             }
-            let until = Instant::now() + Duration::from_secs(5);
+            let until = Instant::now() + mode.patience();
             while Instant::now() < until && matches!(child.try_wait(), Ok(None)) {
                 std::thread::sleep(Duration::from_millis(20));
             }

@@ -21,8 +21,7 @@
 //! ran: an overlap the checker finds between two commands happened.
 
 use std::fs::File;
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -31,23 +30,9 @@ use std::time::Duration;
 use leasehold::clock::host_monotonic_ns;
 use nix::sys::signal::{SigSet, Signal};
 
-fn put(addr: &str, path: &str, token: &str, body: &str) -> std::io::Result<u16> {
-    let mut stream = TcpStream::connect(addr)?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        stream,
-        "PUT {path} HTTP/1.1\r\nHost: {addr}\r\nFencing-Token: {token}\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )?;
-    let mut reply = String::new();
-    stream.read_to_string(&mut reply)?;
-    reply
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| std::io::Error::other(format!("not an HTTP reply: {reply:?}")))
-}
+#[path = "shared/fenced_put.rs"]
+mod fenced_put;
+use fenced_put::put;
 
 /// The end stamp, rewritten in place: fixed width, so a later stamp
 /// always covers an earlier one entirely.

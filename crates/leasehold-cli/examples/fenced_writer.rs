@@ -11,27 +11,12 @@
 //! writer is a zombie, so it stops writing and waits for its supervisor to
 //! end it — the store's refusal, not the lease, is what stopped its writes.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::io::Write;
 use std::time::Duration;
 
-fn put(addr: &str, path: &str, token: &str, body: &str) -> std::io::Result<u16> {
-    let mut stream = TcpStream::connect(addr)?;
-    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(
-        stream,
-        "PUT {path} HTTP/1.1\r\nHost: {addr}\r\nFencing-Token: {token}\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )?;
-    let mut reply = String::new();
-    stream.read_to_string(&mut reply)?;
-    reply
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| std::io::Error::other(format!("not an HTTP reply: {reply:?}")))
-}
+#[path = "shared/fenced_put.rs"]
+mod fenced_put;
+use fenced_put::put;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();

@@ -11,6 +11,7 @@ use nix::sys::signal::Signal;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
     PauseRunnerAndCommand,
+    PauseReplica,
     StopRunnerAlone,
     KillRunner,
     TermRunner,
@@ -23,11 +24,12 @@ pub enum Fault {
 
 impl Fault {
     /// The faults aimed at runners, on every store.
-    pub const RUNNER: [Fault; 5] = [
+    pub const RUNNER: [Fault; 6] = [
         Fault::KillRunner,
         Fault::TermRunner,
         Fault::StopRunnerAlone,
         Fault::PauseRunnerAndCommand,
+        Fault::PauseReplica,
         Fault::CutRunnerOff,
     ];
 
@@ -35,6 +37,7 @@ impl Fault {
     pub fn name(self) -> &'static str {
         match self {
             Fault::PauseRunnerAndCommand => "faults_sigstop_runner_and_command",
+            Fault::PauseReplica => "faults_sigstop_runner_guard_and_command",
             Fault::StopRunnerAlone => "faults_sigstop_runner_alone",
             Fault::KillRunner => "faults_sigkill_runner",
             Fault::TermRunner => "faults_sigterm_runner",

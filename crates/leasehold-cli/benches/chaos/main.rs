@@ -3,7 +3,8 @@
 //! `leasehold run` replicas whose commands write through the fenced object
 //! store; and a nemesis that, for a bounded time, hits the runners — a
 //! SIGKILL (the runner is started again), a SIGTERM (the same), a SIGSTOP
-//! of a runner and its command's group, a SIGSTOP of a runner alone while
+//! of a runner and its command's group, or of the whole replica (runner,
+//! guard and command, as a frozen VM), a SIGSTOP of a runner alone while
 //! its command runs on, a cut of its links to the store — and the store:
 //! SIGKILL or SIGSTOP of an etcd or ZooKeeper member (the ensemble's
 //! leader half of the time on ZooKeeper), a fast or an immediate shutdown
@@ -198,14 +199,26 @@ impl Chaos {
             });
         }
         let what = match fault {
-            Fault::PauseRunnerAndCommand => {
-                // A stop-the-world pause of the runner and its command.
+            Fault::PauseRunnerAndCommand | Fault::PauseReplica => {
+                // A stop-the-world pause of the runner and its command;
+                // of the whole replica (its guard too, as when a VM or a
+                // container is frozen) for PauseReplica. Only then can the
+                // command outlive its lease: the guard kills it at the
+                // deadline otherwise, even while it is stopped.
                 let d = rng.millis(1000, 4000);
                 let started = host_monotonic_ns();
                 let runner = self.runner_pid(i);
                 let group = self.lives.running_of(i);
+                let guards: Vec<Pid> = if fault == Fault::PauseReplica {
+                    group.iter().filter_map(|&g| parent_of(g)).collect()
+                } else {
+                    Vec::new()
+                };
                 if let Some(pid) = runner {
                     let _ = kill(pid, Signal::SIGSTOP);
+                }
+                for &guard in &guards {
+                    let _ = kill(guard, Signal::SIGSTOP);
                 }
                 for &g in &group {
                     let _ = killpg(Pid::from_raw(g), Signal::SIGSTOP);
@@ -219,11 +232,18 @@ impl Chaos {
                 if rng.chance(0.5) {
                     self.wait(Duration::from_millis(200));
                 }
+                for &guard in &guards {
+                    let _ = kill(guard, Signal::SIGCONT);
+                }
                 if let Some(pid) = runner {
                     let _ = kill(pid, Signal::SIGCONT);
                 }
                 self.replicas[i].paused.push((started, host_monotonic_ns()));
-                format!("pause r{i} {d:?}")
+                if fault == Fault::PauseReplica {
+                    format!("pause r{i} with its guard {d:?}")
+                } else {
+                    format!("pause r{i} {d:?}")
+                }
             }
             Fault::StopRunnerAlone => {
                 // Nobody can know a stopped runner is dead, so nothing may
@@ -306,6 +326,14 @@ impl Chaos {
     }
 }
 
+/// A process's parent (the guard, for a command).
+fn parent_of(pid: i32) -> Option<Pid> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(") ")?;
+    let ppid = rest.split_whitespace().nth(1)?.parse().ok()?;
+    Some(Pid::from_raw(ppid))
+}
+
 fn main() {
     let seconds = arg("--seconds", 60) as u64;
     let store_name = arg_text("--store").unwrap_or_else(|| "etcd".into());
@@ -379,7 +407,8 @@ fn main() {
                 Some(l) if rng.chance(AIM_AT_THE_LEADER) => l,
                 _ => any,
             };
-            let kind = Fault::RUNNER[usize::try_from(rng.below(5)).expect("kind")];
+            let kind = Fault::RUNNER
+                [usize::try_from(rng.below(Fault::RUNNER.len() as u64)).expect("kind")];
             chaos.runner_fault(kind, i, &mut rng);
         } else {
             let kinds = chaos.cluster.faults();

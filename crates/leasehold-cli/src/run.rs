@@ -258,6 +258,24 @@ impl Runner {
     /// Runs the command while `leadership` lasts.
     async fn lead(&mut self, leadership: Leadership, slot: Option<u32>) -> anyhow::Result<Next> {
         let token = leadership.token();
+        // Granted while renewals failed (the store answered the campaign,
+        // but no renewal has been confirmed since the outage): the lease
+        // is already so close to its deadline that the command would be
+        // asked to stop as soon as it started. Wait for a renewal first,
+        // at most until the deadline.
+        let at_risk = self.grace.min(self.elector.config().renew_every);
+        let deadline = leadership.deadline();
+        if deadline.saturating_duration_since(tokio::time::Instant::now()) <= at_risk {
+            tokio::select! {
+                _ = leadership.deadline_after(deadline) => {}
+                reason = leadership.lost() => {
+                    tracing::warn!(election = %self.election, id = %self.elector.candidate(), token = token.0, %reason,
+                        "granted, but lost before a renewal was confirmed; the command was not started; campaigning again");
+                    release(leadership).await;
+                    return Ok(Next::Campaign);
+                }
+            }
+        }
         // The token belongs to the election held: with --slots, the slot's.
         let mut env = vec![
             ("LEASEHOLD_ELECTION", leadership.election().to_string()),

@@ -156,22 +156,7 @@ impl EtcdCluster {
     /// Runs Debian's `etcdctl` (API 3) against the cluster, as `root` on a
     /// secured one; its standard output. Panics if it fails.
     pub fn etcdctl(&self, args: &[&str]) -> String {
-        let mut command = Command::new("etcdctl");
-        command
-            .env("ETCDCTL_API", "3")
-            .arg(format!("--endpoints={}", self.client_urls().join(",")));
-        if let Some(secured) = &self.secured {
-            command
-                .arg(format!("--cacert={}", secured.trusted_ca.display()))
-                .arg(format!("--cert={}", secured.admin.cert.display()))
-                .arg(format!("--key={}", secured.admin.key.display()));
-        }
-        let out = command
-            .args(args)
-            .output()
-            .expect("etcdctl (Debian's etcd-client) runs");
-        assert!(out.status.success(), "etcdctl {args:?}: {out:?}");
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        self.etcdctl_on(&self.client_urls(), args)
     }
 
     /// A rotation on a secured cluster: stops the member, gives it a new

@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use leasehold::store::{Store, StoreUrl};
 use leasehold::testing::{
-    CountingStore, Counts, EtcdCluster, FaultyStore, PostgresServer, ZooKeeperServer,
+    CountingStore, Counts, EtcdCluster, FaultyStore, PostgresServer, ZooKeeperServer, watch_reads,
 };
 use leasehold::{CandidateId, ElectionName, Elector, LeaseConfig, Shards};
 use tokio::sync::Semaphore;
@@ -80,8 +80,11 @@ fn usage() -> (Duration, u64) {
     (Duration::from_millis(ticks * 10), pages * 4096)
 }
 
-fn requests(c: &Counts) -> u64 {
-    c.reads + c.watches + c.campaigns + c.writes
+/// Store requests other than renewals: those made through the store's
+/// API, and the reads watch tasks make on their own (counted for every
+/// store in this process: the bench runs one store at a time).
+fn requests(c: &Counts, watch_reads: u64) -> u64 {
+    c.reads + c.watches + c.campaigns + c.writes + watch_reads
 }
 
 struct Held {
@@ -91,6 +94,8 @@ struct Held {
     others_per_period: f64,
     idle_cpu: String,
     memory: String,
+    /// How many of the elections taken are still led after the idle time.
+    leading: usize,
 }
 
 async fn held(url: &StoreUrl, n: usize) -> Held {
@@ -138,14 +143,18 @@ async fn held(url: &StoreUrl, n: usize) -> Held {
     let period = LeaseConfig::with_ttl(TTL).renew_every;
     let (cpu_before, _) = usage();
     let counts_before = handle.counts();
+    let reads_before = watch_reads();
     let idle_started = Instant::now();
     tokio::time::sleep(period * 5).await;
     let idle = idle_started.elapsed();
     let (cpu_after, rss_after) = usage();
     let counts_after = handle.counts();
+    let reads_after = watch_reads();
     let periods = idle.as_secs_f64() / period.as_secs_f64();
     let renewals = (counts_after.renewals - counts_before.renewals) as f64 / periods;
-    let others = (requests(&counts_after) - requests(&counts_before)) as f64 / periods;
+    let others = (requests(&counts_after, reads_after) - requests(&counts_before, reads_before))
+        as f64
+        / periods;
     let cpu = (cpu_after - cpu_before).as_secs_f64() / idle.as_secs_f64() * 100.0;
     let grown = rss_after.saturating_sub(rss_before);
     let memory = if n > 1 {
@@ -156,9 +165,11 @@ async fn held(url: &StoreUrl, n: usize) -> Held {
     } else {
         format!("{:.0} KiB", grown as f64 / 1024.0)
     };
+    let leading = leaderships.iter().filter(|l| l.is_leader()).count();
     let _ = elector.close().await;
     drop(leaderships);
     Held {
+        leading,
         n,
         taken,
         renewals_per_period: renewals,
@@ -216,7 +227,7 @@ async fn contenders(url: &StoreUrl, c: usize, rounds: usize) -> Contended {
         let Some((leader, done)) = current.take() else {
             break;
         };
-        let before = handle.counts();
+        let (before, reads_before) = (handle.counts(), watch_reads());
         let released = Instant::now();
         let _ = leader.resign().await;
         let _ = done.send(());
@@ -229,7 +240,7 @@ async fn contenders(url: &StoreUrl, c: usize, rounds: usize) -> Contended {
         }
         // The old leader joins the line again: part of the round's cost.
         tokio::time::sleep(Duration::from_millis(200)).await;
-        ops.push(requests(&handle.counts()) - requests(&before));
+        ops.push(requests(&handle.counts(), watch_reads()) - requests(&before, reads_before));
     }
     loops.abort_all();
     drop(current);
@@ -511,11 +522,11 @@ async fn run_store(
         contended: Vec::new(),
         grouped: None,
     };
-    for &n in held_counts {
+    for &n in held_counts.iter().filter(|&&n| n > 0) {
         eprintln!("{store}: holding {n}");
         rows.held.push(held(&url, n).await);
     }
-    for &c in contender_counts {
+    for &c in contender_counts.iter().filter(|&&c| c > 0) {
         eprintln!("{store}: {c} contenders");
         rows.contended.push(contenders(&url, c, rounds).await);
     }
@@ -598,20 +609,21 @@ async fn main() {
     }
     println!("\nTTL {TTL:?} (a renewal period of 1 s); one process\n");
     println!(
-        "| store | held | time to take them | renewals / period | other requests / period | idle CPU | memory |"
+        "| store | held | time to take them | renewals / period | other requests / period | idle CPU | memory | still leading after |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     for rows in &all {
         for h in &rows.held {
             println!(
-                "| {} | {} | {} | {:.1} | {:.1} | {} | {} |",
+                "| {} | {} | {} | {:.1} | {:.1} | {} | {} | {} |",
                 rows.store,
                 h.n,
                 h.taken,
                 h.renewals_per_period,
                 h.others_per_period,
                 h.idle_cpu,
-                h.memory
+                h.memory,
+                h.leading
             );
         }
     }

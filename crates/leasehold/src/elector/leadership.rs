@@ -332,7 +332,7 @@ impl Monitor {
     async fn open_watch(&mut self) -> Option<LeaderWatch> {
         let election = &self.grant.election;
         loop {
-            match self.store.watch(election).await {
+            match self.store.watch_grant(&self.grant).await {
                 Ok(watch) => return Some(watch),
                 Err(error) => {
                     tracing::warn!(%election, %error, "cannot watch the election; retrying");

@@ -3,10 +3,13 @@
 //! anything was committed and when the current holder's session expires.
 //! So waiters sleep until either happens, never on a fixed polling period.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use crate::watch;
 
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
@@ -15,8 +18,115 @@ use crate::store::watch_driver::{self as leader_watch, Event, Source};
 use crate::store::{FencingToken, Grant, Leader, Note, NoteWatch, SessionId, StatusWatch};
 use async_trait::async_trait;
 
-/// Bumped whenever anything in the store may have changed.
-pub(crate) type Changes = crate::watch::Receiver<u64>;
+/// What wakes a local store's waiters and watches: a bump of everything
+/// (anything may have changed: another process wrote, a holder's process
+/// died) or of one election (this process wrote to it). A write to one
+/// election thus wakes only that election's waiters and watches, so a
+/// process holding N elections does not read N of them at every grant.
+#[derive(Debug)]
+pub(crate) struct ChangeHub {
+    /// Bumped when anything may have changed. In an `Arc` so that threads
+    /// may hold it weakly (SQLite's watches of holders' processes).
+    all: Arc<watch::Sender<u64>>,
+    /// One channel per election someone waits on or watches, bumped when
+    /// this process wrote to it.
+    each: Mutex<Each>,
+}
+
+#[derive(Debug, Default)]
+struct Each {
+    channels: HashMap<ElectionName, watch::Sender<u64>>,
+    /// Channels nobody listens to are dropped when the map reaches this.
+    prune_at: usize,
+}
+
+/// The smallest [`Each::prune_at`].
+const PRUNE_AT: usize = 64;
+
+fn bump(tx: &watch::Sender<u64>) {
+    tx.send_modify(|v| *v = v.wrapping_add(1));
+}
+
+impl ChangeHub {
+    pub(crate) fn new() -> Self {
+        ChangeHub {
+            all: Arc::new(watch::channel(0).0),
+            each: Mutex::new(Each {
+                channels: HashMap::new(),
+                prune_at: PRUNE_AT,
+            }),
+        }
+    }
+
+    fn each(&self) -> std::sync::MutexGuard<'_, Each> {
+        // Every mutation is one map operation: nothing half-done to recover.
+        self.each.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Anything may have changed: wakes every waiter and watch.
+    pub(crate) fn everything(&self) {
+        bump(&self.all);
+    }
+
+    /// This process wrote to `election`: wakes its waiters and watches.
+    pub(crate) fn touched(&self, election: &ElectionName) {
+        let mut each = self.each();
+        if let Some(tx) = each.channels.get(election) {
+            if tx.receiver_count() == 0 {
+                each.channels.remove(election);
+            } else {
+                bump(tx);
+            }
+        }
+    }
+
+    /// The channel bumped for everything, for those that hold it weakly.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+    pub(crate) fn all(&self) -> &Arc<watch::Sender<u64>> {
+        &self.all
+    }
+
+    /// What wakes a waiter on, or a watch of, `election`.
+    pub(crate) fn subscribe(&self, election: &ElectionName) -> Changes {
+        let all = self.all.subscribe();
+        let mut each = self.each();
+        if each.channels.len() >= each.prune_at {
+            each.channels.retain(|_, tx| tx.receiver_count() > 0);
+            each.prune_at = (each.channels.len() * 2).max(PRUNE_AT);
+        }
+        let one = each
+            .channels
+            .entry(election.clone())
+            .or_insert_with(|| watch::channel(0).0)
+            .subscribe();
+        Changes { all, one }
+    }
+}
+
+/// Wakes when anything in the store, or one election, may have changed
+/// (see [`ChangeHub`]).
+#[derive(Debug)]
+pub(crate) struct Changes {
+    all: watch::Receiver<u64>,
+    one: watch::Receiver<u64>,
+}
+
+impl Changes {
+    /// Marks what is now as seen.
+    pub(crate) fn mark_seen(&mut self) {
+        self.all.mark_unchanged();
+        self.one.mark_unchanged();
+    }
+
+    /// Waits for a change not yet seen; `Err` once the store is gone.
+    pub(crate) async fn changed(&mut self) -> std::result::Result<(), watch::error::RecvError> {
+        tokio::select! {
+            biased;
+            changed = self.all.changed() => changed,
+            changed = self.one.changed() => changed,
+        }
+    }
+}
 
 /// One compare-and-swap attempt's outcome.
 #[derive(Debug)]
@@ -48,8 +158,8 @@ const READ_RETRY: Duration = Duration::from_millis(250);
 
 #[async_trait]
 pub(crate) trait LocalBackend: Send + Sync + 'static {
-    /// A receiver that changes whenever the store may have changed.
-    fn changes(&self) -> Changes;
+    /// What wakes a waiter on, or a watch of, `election`.
+    fn changes(&self, election: &ElectionName) -> Changes;
     /// One atomic acquisition attempt.
     async fn try_acquire(
         &self,
@@ -86,11 +196,11 @@ pub(crate) async fn campaign<B: LocalBackend + ?Sized>(
     election: &ElectionName,
     candidate: &CandidateId,
 ) -> Result<Grant> {
-    let mut changes = backend.changes();
+    let mut changes = backend.changes(election);
     loop {
         // Mark the current version seen *before* attempting, so a change made
         // between the attempt and the wait still wakes us.
-        changes.borrow_and_update();
+        changes.mark_seen();
         match backend.try_acquire(session, election, candidate).await? {
             Attempt::Granted(grant, expired) => {
                 match expired {
@@ -139,7 +249,7 @@ impl<B: LocalBackend> Source for LocalWatch<B> {
     async fn read(&mut self) -> Result<Option<Leader>> {
         // Mark the current version seen *before* reading, so a change made
         // during the read still wakes the watch.
-        self.changes.borrow_and_update();
+        self.changes.mark_seen();
         self.backend.read_leader(&self.election).await
     }
 
@@ -155,18 +265,20 @@ impl<B: LocalBackend> Source for LocalWatch<B> {
     }
 }
 
-/// Watches `election` (see [`leader_watch::start`]).
+/// Watches `election`; with `held`, for the holder of that grant (see
+/// [`leader_watch::start`]).
 pub(crate) async fn watch_status<B: LocalBackend>(
     backend: Arc<B>,
     election: &ElectionName,
+    held: Option<FencingToken>,
 ) -> Result<StatusWatch> {
-    let changes = backend.changes();
+    let changes = backend.changes(election);
     let source = LocalWatch {
         backend,
         election: election.clone(),
         changes,
     };
-    leader_watch::start(source, election).await
+    leader_watch::start(source, election, held).await
 }
 
 /// One note: its session and name.
@@ -186,7 +298,7 @@ impl<B: LocalBackend> NoteSource for LocalNotes<B> {
     const RETRY: Duration = READ_RETRY;
 
     async fn read(&mut self) -> Result<(Vec<Note>, Option<Duration>)> {
-        self.changes.borrow_and_update();
+        self.changes.mark_seen();
         self.backend
             .read_notes(&self.election, self.only.as_ref())
             .await
@@ -211,7 +323,7 @@ pub(crate) async fn watch_notes<B: LocalBackend>(
     election: &ElectionName,
     only: Option<(SessionId, &str)>,
 ) -> Result<NoteWatch> {
-    let changes = backend.changes();
+    let changes = backend.changes(election);
     let source = LocalNotes {
         backend,
         election: election.clone(),

@@ -9,14 +9,13 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::watch;
 use async_trait::async_trait;
 
 use crate::clock::{Clock, Instant, TokioClock};
 use crate::config::StoreTtl;
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
-use crate::store::local::{self, Attempt, Changes, Expired, LocalBackend};
+use crate::store::local::{self, Attempt, ChangeHub, Changes, Expired, LocalBackend};
 use crate::store::{
     ElectionState, FencingToken, Grant, Leader, LeaderWatch, Note, NoteWatch, SessionId,
     SessionLease, StatusWatch, Store, check_note, known_only,
@@ -39,7 +38,7 @@ pub struct MemoryStore {
 struct Inner {
     clock: Arc<dyn Clock>,
     state: Mutex<State>,
-    changes: watch::Sender<u64>,
+    changes: ChangeHub,
 }
 
 #[derive(Debug, Default)]
@@ -137,7 +136,7 @@ impl MemoryStore {
                     next_session: 1,
                     ..State::default()
                 }),
-                changes: watch::channel(0).0,
+                changes: ChangeHub::new(),
             }),
         }
     }
@@ -151,15 +150,22 @@ impl Inner {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Anything may have changed (a session closed with its grants and
+    /// notes): wakes every waiter and watch.
     fn changed(&self) {
-        self.changes.send_modify(|v| *v = v.wrapping_add(1));
+        self.changes.everything();
+    }
+
+    /// `election` was written: wakes its waiters and watches.
+    fn touched(&self, election: &ElectionName) {
+        self.changes.touched(election);
     }
 }
 
 #[async_trait]
 impl LocalBackend for Inner {
-    fn changes(&self) -> Changes {
-        self.changes.subscribe()
+    fn changes(&self, election: &ElectionName) -> Changes {
+        self.changes.subscribe(election)
     }
 
     async fn try_acquire(
@@ -195,7 +201,7 @@ impl LocalBackend for Inner {
         };
         entry.holder = Some(grant.clone());
         drop(state);
-        self.changed();
+        self.touched(election);
         Ok(Attempt::Granted(grant, expired))
     }
 
@@ -287,7 +293,7 @@ impl Store for MemoryStore {
             election.last_release = Some(grant.token);
         }
         drop(state);
-        self.inner.changed();
+        self.inner.touched(&grant.election);
         Ok(())
     }
 
@@ -327,7 +333,7 @@ impl Store for MemoryStore {
             }),
         }
         drop(state);
-        self.inner.changed();
+        self.inner.touched(election);
         Ok(())
     }
 
@@ -342,7 +348,7 @@ impl Store for MemoryStore {
             notes.retain(|n| n.session != session || n.name != name);
         }
         drop(state);
-        self.inner.changed();
+        self.inner.touched(election);
         Ok(())
     }
 
@@ -368,7 +374,7 @@ impl Store for MemoryStore {
         };
         note.text = text.to_owned();
         drop(state);
-        self.inner.changed();
+        self.inner.touched(election);
         Ok(true)
     }
 
@@ -407,7 +413,14 @@ impl Store for MemoryStore {
     }
 
     async fn watch_status(&self, election: &ElectionName) -> Result<StatusWatch> {
-        local::watch_status(Arc::clone(&self.inner), election).await
+        local::watch_status(Arc::clone(&self.inner), election, None).await
+    }
+
+    async fn watch_grant(&self, grant: &Grant) -> Result<LeaderWatch> {
+        Ok(known_only(
+            local::watch_status(Arc::clone(&self.inner), &grant.election, Some(grant.token))
+                .await?,
+        ))
     }
 
     async fn elections(&self) -> Result<Vec<ElectionState>> {

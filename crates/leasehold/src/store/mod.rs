@@ -244,6 +244,17 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// published.
     async fn watch(&self, election: &ElectionName) -> Result<LeaderWatch>;
 
+    /// Watches the election of `grant` for its holder, the holder itself
+    /// (a leader's monitor): as [`Store::watch`], but while `grant` holds,
+    /// the watch does not read the store again at its expiry, since the
+    /// holder's session ends its leadership at its own deadline; so holding
+    /// many elections costs no request per election per renewal period.
+    ///
+    /// The default is [`Store::watch`].
+    async fn watch_grant(&self, grant: &Grant) -> Result<LeaderWatch> {
+        self.watch(&grant.election).await
+    }
+
     /// Watches `election` as [`Store::watch`] does, and also publishes
     /// [`LeaderStatus::Unknown`] when the store cannot be read (it is
     /// unreachable, or the connection the watch relies on is lost), then the

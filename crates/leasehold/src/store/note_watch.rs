@@ -66,6 +66,8 @@ async fn drive<S: NoteSource>(
             () = &mut at_expiry => {}
         }
         let read = loop {
+            #[cfg(feature = "testing")]
+            super::watch_driver::count_watch_read(&election);
             match source.read().await {
                 Ok(read) => break read,
                 Err(error) => {

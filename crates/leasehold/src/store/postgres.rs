@@ -199,6 +199,23 @@ fn check_schema_name(schema: &str) -> Result<()> {
 }
 
 impl PostgresStore {
+    /// A watch of `election`; with `held`, for the holder of that grant
+    /// (see [`leader_watch::start`]).
+    async fn watch_held(
+        &self,
+        election: &ElectionName,
+        held: Option<FencingToken>,
+    ) -> Result<StatusWatch> {
+        let source = PgWatch {
+            inner: Arc::clone(&self.inner),
+            election: election.clone(),
+            // Subscribed before the first read, so that no change between
+            // the two is missed.
+            notices: self.inner.notices.subscribe(),
+        };
+        leader_watch::start(source, election, held).await
+    }
+
     /// Connects to the database at `url` (a libpq-style URL) and creates
     /// leasehold's tables in `schema` on first use, or checks them. A
     /// schema that exists but was not created by leasehold is refused with
@@ -986,14 +1003,13 @@ impl Store for PostgresStore {
     }
 
     async fn watch_status(&self, election: &ElectionName) -> Result<StatusWatch> {
-        let source = PgWatch {
-            inner: Arc::clone(&self.inner),
-            election: election.clone(),
-            // Subscribed before the first read, so that no change between
-            // the two is missed.
-            notices: self.inner.notices.subscribe(),
-        };
-        leader_watch::start(source, election).await
+        self.watch_held(election, None).await
+    }
+
+    async fn watch_grant(&self, grant: &Grant) -> Result<LeaderWatch> {
+        Ok(known_only(
+            self.watch_held(&grant.election, Some(grant.token)).await?,
+        ))
     }
 
     async fn elections(&self) -> Result<Vec<ElectionState>> {

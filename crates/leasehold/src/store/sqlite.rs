@@ -71,7 +71,7 @@ use crate::config::{CheckedTtl, StoreTtl};
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
 use crate::store::cleanup::OnDrop;
-use crate::store::local::{self, Attempt, Changes, Expired, LocalBackend};
+use crate::store::local::{self, Attempt, ChangeHub, Changes, Expired, LocalBackend};
 use crate::store::{
     ElectionState, FencingToken, Grant, Leader, LeaderWatch, Note, NoteWatch, SessionId,
     SessionLease, StatusWatch, Store, known_only, session_key,
@@ -173,9 +173,10 @@ pub struct SqliteStore {
 #[derive(Debug)]
 struct Inner {
     db: Arc<Db>,
-    /// In an `Arc` so that the threads watching holders' processes can hold
-    /// it weakly (see `liveness`).
-    changes: Arc<watch::Sender<u64>>,
+    /// Wakes waiters and watches: of one election after this process wrote
+    /// to it, of all after another process wrote (see `notify`) or a
+    /// holder's process died (see `liveness`).
+    changes: Arc<ChangeHub>,
     notifier: OnceLock<()>,
     stop_notifier: CancellationToken,
     _stop_on_drop: DropGuard,
@@ -207,6 +208,9 @@ struct Db {
     /// to have it first ([`Db::conn`]), so that a busy process (many
     /// watches reading after every change) never starves its own lease.
     renewals: (Mutex<usize>, std::sync::Condvar),
+    /// Campaigns' attempts waiting for the next transaction: attempts made
+    /// at once share one transaction, and so one synced commit.
+    attempts: Mutex<AttemptQueue>,
     /// Whether `-wal` and `-shm` existed before this handle opened the
     /// database: those that did not were created by its SQLite connection.
     wal_existed: bool,
@@ -295,6 +299,35 @@ impl Tried {
     }
 }
 
+/// Attempts waiting to be made (see [`Db::attempt_queued`]).
+#[derive(Default)]
+struct AttemptQueue {
+    waiting: Vec<QueuedAttempt>,
+    /// Whether a thread is making the waiting attempts; it takes new ones
+    /// until none is left.
+    running: bool,
+}
+
+impl std::fmt::Debug for AttemptQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AttemptQueue")
+            .field("waiting", &self.waiting.len())
+            .field("running", &self.running)
+            .finish()
+    }
+}
+
+/// One campaign's attempt, and where its outcome goes.
+struct QueuedAttempt {
+    session: SessionId,
+    election: ElectionName,
+    candidate: CandidateId,
+    outcome: tokio::sync::oneshot::Sender<Result<Tried>>,
+}
+
+/// At most this many attempts share a transaction.
+const ATTEMPTS_PER_TRANSACTION: usize = 256;
+
 /// A live holder as read from the database.
 struct Holder {
     candidate: String,
@@ -333,7 +366,7 @@ impl SqliteStore {
         Ok(SqliteStore {
             inner: Arc::new(Inner {
                 db,
-                changes: Arc::new(watch::channel(0).0),
+                changes: Arc::new(ChangeHub::new()),
                 notifier: OnceLock::new(),
                 _stop_on_drop: stop_notifier.clone().drop_guard(),
                 stop_notifier,
@@ -678,6 +711,7 @@ impl Db {
             why_replaced: OnceLock::new(),
             wal_emptied: AtomicBool::new(false),
             renewals: (Mutex::new(0), std::sync::Condvar::new()),
+            attempts: Mutex::new(AttemptQueue::default()),
             wal_existed,
             shm_existed,
             verified: false,
@@ -729,6 +763,14 @@ impl Db {
             let identity = self.inspect()?;
             self.settle(identity)
         })
+    }
+
+    /// `PRAGMA data_version` of this connection: it changes only when
+    /// another connection commits. `None` if it cannot be read.
+    fn data_version(&self) -> Option<i64> {
+        self.conn()
+            .query_row("PRAGMA data_version", [], |row| row.get(0))
+            .ok()
     }
 
     fn conn(&self) -> MutexGuard<'_, Connection> {
@@ -1207,7 +1249,108 @@ impl Db {
         Ok(())
     }
 
-    /// One acquisition attempt; `true` with a grant that this call created.
+    /// Queues an acquisition attempt; the first attempt queued while no
+    /// thread makes them starts one, which makes every attempt waiting
+    /// (up to [`ATTEMPTS_PER_TRANSACTION`] at a time) in one transaction,
+    /// so that campaigns made at once share one synced commit. Resolves
+    /// with the attempt's outcome.
+    fn attempt_queued(
+        self: &Arc<Self>,
+        session: SessionId,
+        election: ElectionName,
+        candidate: CandidateId,
+    ) -> tokio::sync::oneshot::Receiver<Result<Tried>> {
+        let (outcome, received) = tokio::sync::oneshot::channel();
+        let start = {
+            let mut queue = self.attempts.lock().unwrap_or_else(|p| p.into_inner());
+            queue.waiting.push(QueuedAttempt {
+                session,
+                election,
+                candidate,
+                outcome,
+            });
+            !std::mem::replace(&mut queue.running, true)
+        };
+        if start {
+            let db = Arc::clone(self);
+            tokio::task::spawn_blocking(move || db.make_queued_attempts());
+        }
+        received
+    }
+
+    /// Makes the queued attempts until none is left.
+    fn make_queued_attempts(&self) {
+        /// Should an attempt panic, the next one queued starts a thread
+        /// again (the panicking batch's campaigns fail: their outcomes'
+        /// senders are dropped).
+        struct Stopped<'a>(&'a Mutex<AttemptQueue>);
+        impl Drop for Stopped<'_> {
+            fn drop(&mut self) {
+                if std::thread::panicking() {
+                    self.0.lock().unwrap_or_else(|p| p.into_inner()).running = false;
+                }
+            }
+        }
+        let _stopped = Stopped(&self.attempts);
+        loop {
+            let batch: Vec<QueuedAttempt> = {
+                let mut queue = self.attempts.lock().unwrap_or_else(|p| p.into_inner());
+                if queue.waiting.is_empty() {
+                    queue.running = false;
+                    return;
+                }
+                let n = queue.waiting.len().min(ATTEMPTS_PER_TRANSACTION);
+                queue.waiting.drain(..n).collect()
+            };
+            let outcomes = if batch.len() == 1 {
+                vec![self.try_acquire(batch[0].session, &batch[0].election, &batch[0].candidate)]
+            } else {
+                // A failure of the shared transaction committed nothing:
+                // each attempt is then made alone, and fails (or not) alone.
+                self.try_acquire_together(&batch).unwrap_or_else(|_| {
+                    batch
+                        .iter()
+                        .map(|a| self.try_acquire(a.session, &a.election, &a.candidate))
+                        .collect()
+                })
+            };
+            for (attempt, outcome) in batch.into_iter().zip(outcomes) {
+                // A campaign gone meanwhile: its receiver's owner releases
+                // what it was granted (see `Inner::try_acquire`).
+                let _ = attempt.outcome.send(outcome);
+            }
+        }
+    }
+
+    /// Several acquisition attempts in one transaction, each in a savepoint
+    /// of its own: an attempt that fails leaves nothing behind and does not
+    /// fail the others.
+    fn try_acquire_together(&self, batch: &[QueuedAttempt]) -> Result<Vec<Result<Tried>>> {
+        self.writable()?;
+        let mut conn = self.conn();
+        self.usable(&conn)?;
+        let mut tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(self.err())?;
+        let now = monotonic_ns();
+        let mut outcomes = Vec::with_capacity(batch.len());
+        for a in batch {
+            let savepoint = tx.savepoint().map_err(self.err())?;
+            let outcome = self.attempt(&savepoint, a.session, &a.election, &a.candidate, now);
+            if outcome.is_ok() {
+                savepoint.commit().map_err(self.err())?;
+            }
+            outcomes.push(outcome);
+        }
+        if outcomes.iter().any(|o| o.as_ref().is_ok_and(|t| t.fresh)) {
+            self.usable(&tx)?;
+            tx.commit().map_err(self.err())?;
+            self.announce();
+        }
+        Ok(outcomes)
+    }
+
+    /// One acquisition attempt, in a transaction of its own.
     fn try_acquire(
         &self,
         session: SessionId,
@@ -1220,11 +1363,30 @@ impl Db {
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(self.err())?;
-        let now = monotonic_ns();
-        self.session_alive(&tx, session, now)?;
+        let tried = self.attempt(&tx, session, election, candidate, monotonic_ns())?;
+        if tried.fresh {
+            self.usable(&tx)?;
+            tx.commit().map_err(self.err())?;
+            self.announce();
+        }
+        Ok(tried)
+    }
+
+    /// One acquisition attempt inside the transaction `tx` (at monotonic
+    /// time `now`); `fresh` with a grant that it wrote, which the caller
+    /// commits.
+    fn attempt(
+        &self,
+        tx: &Connection,
+        session: SessionId,
+        election: &ElectionName,
+        candidate: &CandidateId,
+        now: i64,
+    ) -> Result<Tried> {
+        self.session_alive(tx, session, now)?;
         let mut dead_pid = None;
         if let Some(holder) = self
-            .live_holder(&tx, election.as_str(), now)
+            .live_holder(tx, election.as_str(), now)
             .map_err(self.err())?
         {
             if SessionId::from_stored(holder.session) == session {
@@ -1234,7 +1396,7 @@ impl Db {
             let held = Attempt::Held {
                 expires_in: duration_ns(holder.expires_in_ns),
             };
-            match self.holder_process(&tx, holder.session)? {
+            match self.holder_process(tx, holder.session)? {
                 (Process::Untested, _) => return Ok(Tried::existing(held)),
                 (Process::Alive, _) => {
                     return Ok(Tried {
@@ -1292,9 +1454,6 @@ impl Db {
                 |r| r.get(0),
             )
             .map_err(self.err())?;
-        self.usable(&tx)?;
-        tx.commit().map_err(self.err())?;
-        self.announce();
         let grant = Grant {
             election: election.clone(),
             candidate: candidate.clone(),
@@ -1788,8 +1947,9 @@ impl Inner {
             .map_err(|e| Error::unavailable("sqlite worker failed", e))?
     }
 
-    fn written(&self) {
-        self.changes.send_modify(|v| *v = v.wrapping_add(1));
+    /// This process wrote to `election`.
+    fn written(&self, election: &ElectionName) {
+        self.changes.touched(election);
     }
 
     /// Starts the inotify watch of the database's folder, once: it bumps
@@ -1811,11 +1971,34 @@ impl Inner {
                 // (it takes the connection, which a statement may hold).
                 tokio::task::spawn_blocking(move || db.empty_wal(&db.conn()));
             };
+            // A write to the notify file may be this connection's own,
+            // whose waiters were woken already: all are woken only when
+            // another connection committed since the last look
+            // (`PRAGMA data_version`, which only others' commits change).
+            let db = Arc::downgrade(&self.db);
+            let seen = Arc::new(Mutex::new(None::<i64>));
+            let foreign = move || -> Pin<Box<dyn Future<Output = bool> + Send>> {
+                let (db, seen) = (db.clone(), Arc::clone(&seen));
+                Box::pin(async move {
+                    let looked = tokio::task::spawn_blocking(move || {
+                        let db = db.upgrade()?;
+                        let version = db.data_version();
+                        let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
+                        let foreign = version.is_none() || *seen != version;
+                        *seen = version;
+                        Some(foreign)
+                    })
+                    .await;
+                    // Unknown (the store is gone, the read failed): wake all.
+                    looked.ok().flatten().unwrap_or(true)
+                })
+            };
             notify::spawn(
                 &self.db.path,
-                (*self.changes).clone(),
+                (**self.changes.all()).clone(),
                 self.stop_notifier.clone(),
                 file_event,
+                foreign,
             );
         });
     }
@@ -1823,9 +2006,9 @@ impl Inner {
 
 #[async_trait]
 impl LocalBackend for Inner {
-    fn changes(&self) -> Changes {
+    fn changes(&self, election: &ElectionName) -> Changes {
         self.watch_files();
-        self.changes.subscribe()
+        self.changes.subscribe(election)
     }
 
     async fn try_acquire(
@@ -1834,15 +2017,15 @@ impl LocalBackend for Inner {
         election: &ElectionName,
         candidate: &CandidateId,
     ) -> Result<Attempt> {
-        let db = Arc::clone(&self.db);
-        let (election, candidate) = (election.clone(), candidate.clone());
-        let pending =
-            tokio::task::spawn_blocking(move || db.try_acquire(session, &election, &candidate));
+        let pending = self
+            .db
+            .attempt_queued(session, election.clone(), candidate.clone());
         // Dropped before the attempt's outcome is returned, the campaign
         // releases the grant the attempt made, so that a cancelled campaign
         // never leaves the session holding the election (the [`Store`]
         // cancellation obligation).
         let db = Arc::clone(&self.db);
+        let changes = Arc::clone(&self.changes);
         let mut guard = OnDrop::new(pending, |pending| async move {
             if let Ok(Ok(Tried {
                 attempt: Attempt::Granted(grant, _),
@@ -1850,7 +2033,9 @@ impl LocalBackend for Inner {
                 ..
             })) = pending.await
             {
+                let election = grant.election.clone();
                 let released = tokio::task::spawn_blocking(move || db.resign(&grant)).await;
+                changes.touched(&election);
                 tracing::debug!(?released, "released the grant of a cancelled campaign");
             }
         });
@@ -1862,12 +2047,12 @@ impl LocalBackend for Inner {
             watch,
         } = outcome.map_err(|e| Error::unavailable("sqlite worker failed", e))??;
         if fresh {
-            self.written();
+            self.written(election);
         }
         // The campaign marked `changes` seen before this attempt: if the
         // holder's process dies from here on, the bump wakes it.
         if let (Some(holder), Some(liveness)) = (watch, &self.db.liveness) {
-            liveness.watch(holder, Arc::downgrade(&self.changes));
+            liveness.watch(holder, Arc::downgrade(self.changes.all()));
         }
         Ok(attempt)
     }
@@ -1886,7 +2071,7 @@ impl LocalBackend for Inner {
         // was marked seen, so no death from here on is missed).
         if let Some(liveness) = &self.db.liveness {
             for session in alive {
-                liveness.watch(session, Arc::downgrade(&self.changes));
+                liveness.watch(session, Arc::downgrade(self.changes.all()));
             }
         }
         Ok((notes, expiry))
@@ -1920,7 +2105,8 @@ impl Store for SqliteStore {
         self.inner
             .blocking(move |db| db.close_session(session))
             .await?;
-        self.inner.written();
+        // Its grants and notes, on any number of elections, are gone.
+        self.inner.changes.everything();
         Ok(())
     }
 
@@ -1936,7 +2122,7 @@ impl Store for SqliteStore {
     async fn resign(&self, grant: &Grant) -> Result<()> {
         let owned = grant.clone();
         self.inner.blocking(move |db| db.resign(&owned)).await?;
-        self.inner.written();
+        self.inner.written(&grant.election);
         Ok(())
     }
 
@@ -1947,11 +2133,11 @@ impl Store for SqliteStore {
         name: &str,
         text: &str,
     ) -> Result<()> {
-        let (election, name, text) = (election.clone(), name.to_owned(), text.to_owned());
+        let (owned, name, text) = (election.clone(), name.to_owned(), text.to_owned());
         self.inner
-            .blocking(move |db| db.put_note(session, &election, &name, &text))
+            .blocking(move |db| db.put_note(session, &owned, &name, &text))
             .await?;
-        self.inner.written();
+        self.inner.written(election);
         Ok(())
     }
 
@@ -1961,11 +2147,11 @@ impl Store for SqliteStore {
         election: &ElectionName,
         name: &str,
     ) -> Result<()> {
-        let (election, name) = (election.clone(), name.to_owned());
+        let (owned, name) = (election.clone(), name.to_owned());
         self.inner
-            .blocking(move |db| db.delete_note(session, &election, &name))
+            .blocking(move |db| db.delete_note(session, &owned, &name))
             .await?;
-        self.inner.written();
+        self.inner.written(election);
         Ok(())
     }
 
@@ -1976,13 +2162,13 @@ impl Store for SqliteStore {
         name: &str,
         text: &str,
     ) -> Result<bool> {
-        let (election, name, text) = (election.clone(), name.to_owned(), text.to_owned());
+        let (owned, name, text) = (election.clone(), name.to_owned(), text.to_owned());
         let amended = self
             .inner
-            .blocking(move |db| db.amend_note(session, &election, &name, &text))
+            .blocking(move |db| db.amend_note(session, &owned, &name, &text))
             .await?;
         if amended {
-            self.inner.written();
+            self.inner.written(election);
         }
         Ok(amended)
     }
@@ -2019,7 +2205,14 @@ impl Store for SqliteStore {
         // Not ended by a replaced file (see `watch_status`): a leader's
         // monitor learns of that from `session_ended`, with its reason.
         Ok(known_only(
-            local::watch_status(Arc::clone(&self.inner), election).await?,
+            local::watch_status(Arc::clone(&self.inner), election, None).await?,
+        ))
+    }
+
+    async fn watch_grant(&self, grant: &Grant) -> Result<LeaderWatch> {
+        Ok(known_only(
+            local::watch_status(Arc::clone(&self.inner), &grant.election, Some(grant.token))
+                .await?,
         ))
     }
 
@@ -2028,7 +2221,7 @@ impl Store for SqliteStore {
     /// [`Error::Replaced`], so a watcher learns why from its next read
     /// instead of waiting for an answer that never comes.
     async fn watch_status(&self, election: &ElectionName) -> Result<StatusWatch> {
-        let mut status = local::watch_status(Arc::clone(&self.inner), election).await?;
+        let mut status = local::watch_status(Arc::clone(&self.inner), election, None).await?;
         let replaced = self.inner.db.replaced.clone();
         let (tx, rx) = watch::channel(status.borrow_and_update().clone());
         tokio::spawn(async move {

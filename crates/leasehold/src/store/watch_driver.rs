@@ -11,7 +11,7 @@ use crate::watch;
 use crate::error::{Error, Result};
 use crate::grant::Leader;
 use crate::names::ElectionName;
-use crate::store::{LeaderStatus, LeaderWatch, StatusWatch};
+use crate::store::{FencingToken, LeaderStatus, LeaderWatch, StatusWatch};
 
 /// A value a watch task publishes: a [`LeaderWatch`]'s `Option<Leader>`
 /// or a [`StatusWatch`]'s [`LeaderStatus`], so that every backend's watch
@@ -73,8 +73,11 @@ pub(crate) async fn watch_read<T>(
     read: impl Future<Output = Result<T>>,
 ) -> Result<T> {
     #[cfg(feature = "testing")]
-    if let Some(error) = injected_watch_read_failure(election) {
-        return Err(error);
+    {
+        count_watch_read(election);
+        if let Some(error) = injected_watch_read_failure(election) {
+            return Err(error);
+        }
     }
     #[cfg(not(feature = "testing"))]
     let _ = election;
@@ -185,13 +188,22 @@ const EXPIRY_SLACK: Duration = Duration::from_millis(1);
 /// holder unknown meanwhile; publishes only a change of grant (a renewal,
 /// the same token and candidate, is none); and ends once every receiver is
 /// gone.
+///
+/// `held` is the token of the grant the watcher holds itself, if it does (a
+/// leader's monitor, [`crate::store::Store::watch_grant`]): while that
+/// grant is the holder, the task does not re-read at its expiry. The
+/// holder's own session ends its leadership at the deadline whatever the
+/// store says, and any other change of holder comes as an event; so a
+/// process holding N elections sends no request per election per renewal
+/// period.
 pub(crate) async fn start<S: Source>(
     mut source: S,
     election: &ElectionName,
+    held: Option<FencingToken>,
 ) -> Result<StatusWatch> {
     let first = source.read().await?;
     let (tx, rx) = watch::channel(LeaderStatus::Known(first.clone()));
-    tokio::spawn(drive(source, tx, election.clone(), first));
+    tokio::spawn(drive(source, tx, election.clone(), first, held));
     Ok(rx)
 }
 
@@ -200,8 +212,9 @@ async fn drive<S: Source>(
     tx: watch::Sender<LeaderStatus>,
     election: ElectionName,
     first: Option<Leader>,
+    held: Option<FencingToken>,
 ) {
-    let mut at_expiry = expiry(&source, first.as_ref());
+    let mut at_expiry = expiry(&source, first.as_ref(), held);
     loop {
         tokio::select! {
             biased;
@@ -220,20 +233,23 @@ async fn drive<S: Source>(
         let Some(leader) = read_until_ok(&mut source, &tx, &election).await else {
             return;
         };
-        at_expiry = expiry(&source, leader.as_ref());
+        at_expiry = expiry(&source, leader.as_ref(), held);
         publish_leader(&tx, leader);
     }
 }
 
 /// Resolves just after `leader`'s session expires unless renewed; never
-/// without a leader.
+/// without a leader, nor while the leader is the grant `held`.
 fn expiry<S: Source>(
     source: &S,
     leader: Option<&Leader>,
+    held: Option<FencingToken>,
 ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
     match leader {
-        Some(leader) => source.sleep(leader.expires_in + EXPIRY_SLACK),
-        None => Box::pin(std::future::pending()),
+        Some(leader) if Some(leader.token) != held => {
+            source.sleep(leader.expires_in + EXPIRY_SLACK)
+        }
+        _ => Box::pin(std::future::pending()),
     }
 }
 
@@ -276,10 +292,42 @@ async fn read_until_ok<S: Source>(
     }
 }
 
-/// Watch reads of one election made to fail, and how many did.
+/// Reads made by the watch tasks of every store in this process.
+#[cfg(feature = "testing")]
+static WATCH_READS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Counts a watch task's read of `election`.
+#[cfg(feature = "testing")]
+pub(crate) fn count_watch_read(election: &ElectionName) {
+    WATCH_READS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    watch_read_faults()
+        .entry(election.clone())
+        .or_default()
+        .reads += 1;
+}
+
+/// How many reads the watch tasks of every store in this process made
+/// after their first (which opening the watch makes): the store requests
+/// a [`crate::testing::CountingStore`] cannot see, since a watch's task
+/// makes them on its own.
+#[cfg(feature = "testing")]
+pub fn watch_reads() -> u64 {
+    WATCH_READS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// How many reads the watch tasks of this process made of `election`
+/// after their first (leader and notes watches alike).
+#[cfg(feature = "testing")]
+pub fn watch_reads_of(election: &ElectionName) -> u64 {
+    watch_read_faults().get(election).map_or(0, |f| f.reads)
+}
+
+/// Watch reads of one election: how many were made, whether they are made
+/// to fail, and how many did.
 #[cfg(feature = "testing")]
 #[derive(Debug, Default)]
 struct WatchReadFault {
+    reads: u64,
     failing: bool,
     failed: u64,
 }

@@ -575,6 +575,27 @@ impl ZkStore {
         }
         Ok(store)
     }
+
+    /// A watch of `election`; with `held`, for the holder of that grant
+    /// (see [`leader_watch::start`]).
+    async fn watch_held(
+        &self,
+        election: &ElectionName,
+        held: Option<FencingToken>,
+    ) -> Result<StatusWatch> {
+        let client = self.inner.reader().await?;
+        // Set before the first read, so that no change between the two is
+        // missed.
+        let watcher = self.inner.watch_election(&client, election).await?;
+        let source = ZkWatch {
+            inner: Arc::clone(&self.inner),
+            election: election.clone(),
+            watcher: Some(watcher),
+            disconnected: false,
+            rewatch_failed: false,
+        };
+        leader_watch::start(source, election, held).await
+    }
 }
 
 impl ZkStore {
@@ -1803,18 +1824,13 @@ impl Store for ZkStore {
     }
 
     async fn watch_status(&self, election: &ElectionName) -> Result<StatusWatch> {
-        let client = self.inner.reader().await?;
-        // Set before the first read, so that no change between the two is
-        // missed.
-        let watcher = self.inner.watch_election(&client, election).await?;
-        let source = ZkWatch {
-            inner: Arc::clone(&self.inner),
-            election: election.clone(),
-            watcher: Some(watcher),
-            disconnected: false,
-            rewatch_failed: false,
-        };
-        leader_watch::start(source, election).await
+        self.watch_held(election, None).await
+    }
+
+    async fn watch_grant(&self, grant: &Grant) -> Result<LeaderWatch> {
+        Ok(known_only(
+            self.watch_held(&grant.election, Some(grant.token)).await?,
+        ))
     }
 
     async fn elections(&self) -> Result<Vec<ElectionState>> {

@@ -10,7 +10,7 @@ use tokio::time::{Instant, timeout};
 
 use super::{
     FaultyStore, StoreHarness, fail_watch_reads, failed_watch_reads, heal_watch_reads,
-    unique_election,
+    unique_election, watch_reads_of,
 };
 use crate::clock::TokioClock;
 use crate::config::LeaseConfig;
@@ -369,6 +369,85 @@ pub async fn watch_ignores_renewals(harness: &dyn StoreHarness) {
     )
     .await
     .expect("watch open");
+}
+
+/// A process holding many elections keeps them with its renewals alone:
+/// its leaders' watches read the store when their own election changes,
+/// never once per election per renewal period, nor when this process takes
+/// another election; yet a grant taken from under one of them still ends
+/// that leadership at once, the others going on.
+pub async fn a_holder_of_many_reads_nothing_per_period(harness: &dyn StoreHarness) {
+    const HELD: usize = 10;
+    const TTL: Duration = Duration::from_secs(2);
+    let store = harness.open().await;
+    let elector = Elector::new(
+        Arc::clone(&store),
+        candidate("holder"),
+        LeaseConfig::with_ttl(TTL),
+    )
+    .expect("config");
+    let base = unique_election("many");
+    let name = |i: usize| ElectionName::new(format!("{base}-{i}")).expect("valid name");
+    let mut held = Vec::new();
+    for i in 0..HELD {
+        held.push(
+            within("campaign", elector.campaign(&name(i)))
+                .await
+                .expect("campaign"),
+        );
+    }
+    // The monitors open their watches in the background.
+    tokio::time::sleep(TTL / 2).await;
+    let reads = |held: &[crate::Leadership]| -> Vec<u64> {
+        held.iter().map(|l| watch_reads_of(l.election())).collect()
+    };
+    let before = reads(&held);
+    // Two and a half TTLs: a watch that re-read at its holder's expiry
+    // would have read at least twice.
+    tokio::time::sleep(TTL * 5 / 2).await;
+    for i in HELD..HELD + 5 {
+        let more = within("campaign", elector.campaign(&name(i)))
+            .await
+            .expect("campaign");
+        held.push(more);
+    }
+    let after = reads(&held);
+    for ((leadership, before), after) in held.iter().zip(&before).zip(&after) {
+        assert!(
+            leadership.is_leader(),
+            "{} was lost while held: {:?}",
+            leadership.election(),
+            leadership.lost_reason()
+        );
+        assert_eq!(
+            after - before,
+            0,
+            "{}: its holder's watch read the store {} times while its election did not \
+             change (over 2.5 TTLs, and as this process took 5 more elections)",
+            leadership.election(),
+            after - before
+        );
+    }
+    // Still listening: the grant released from another handle (as a
+    // runner's guard does) ends that leadership, and only that one.
+    let other = harness.open().await;
+    let victim = held.remove(0);
+    other
+        .release_orphaned(victim.grant())
+        .await
+        .expect("release from another handle");
+    within("the holder learns its grant is gone", victim.lost()).await;
+    for leadership in &held {
+        assert!(
+            leadership.is_leader(),
+            "{} ended with another election's grant: {:?}",
+            leadership.election(),
+            leadership.lost_reason()
+        );
+    }
+    drop(victim);
+    drop(held);
+    let _ = elector.close().await;
 }
 
 /// A watch's read that fails (here inside the backend, after the store

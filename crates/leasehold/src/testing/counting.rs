@@ -166,6 +166,10 @@ impl Store for CountingStore {
         Ok(self.counted(self.inner.watch_status(election).await?))
     }
 
+    async fn watch_grant(&self, grant: &Grant) -> Result<LeaderWatch> {
+        Ok(self.counted(self.inner.watch_grant(grant).await?))
+    }
+
     async fn elections(&self) -> Result<Vec<ElectionState>> {
         self.read();
         self.inner.elections().await

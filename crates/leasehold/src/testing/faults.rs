@@ -141,6 +141,11 @@ impl Store for FaultyStore {
         self.inner.watch_status(election).await
     }
 
+    async fn watch_grant(&self, grant: &Grant) -> Result<LeaderWatch> {
+        self.check()?;
+        self.inner.watch_grant(grant).await
+    }
+
     async fn elections(&self) -> Result<Vec<ElectionState>> {
         self.check()?;
         self.inner.elections().await

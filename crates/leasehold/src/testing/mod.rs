@@ -22,7 +22,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
 
-pub use crate::store::watch_driver::{fail_watch_reads, failed_watch_reads, heal_watch_reads};
+pub use crate::store::watch_driver::{
+    fail_watch_reads, failed_watch_reads, heal_watch_reads, watch_reads, watch_reads_of,
+};
 pub use certs::{CertFiles, TestCa, Usage};
 pub use counting::{CountingStore, Counts};
 #[cfg(feature = "etcd")]
@@ -189,6 +191,7 @@ macro_rules! conformance_tests {
             an_orphaned_grant_is_released_from_another_handle,
             observe_sees_leader_release_and_successor,
             watch_ignores_renewals,
+            a_holder_of_many_reads_nothing_per_period,
             watch_retries_a_failed_read,
             closing_a_session_releases_its_grants,
             cancelled_campaign_does_not_hold,
@@ -229,6 +232,7 @@ macro_rules! conformance_tests {
             an_orphaned_grant_is_released_from_another_handle,
             observe_sees_leader_release_and_successor,
             watch_ignores_renewals,
+            a_holder_of_many_reads_nothing_per_period,
             watch_retries_a_failed_read,
             closing_a_session_releases_its_grants,
             cancelled_campaign_does_not_hold,

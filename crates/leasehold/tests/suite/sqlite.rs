@@ -645,3 +645,83 @@ fn a_symbolic_link_is_checked_where_it_leads() {
         std::fs::canonicalize(&ours).expect("real path")
     );
 }
+
+/// Campaigns made at once through one handle share transactions (one synced
+/// commit for many attempts). Within them each attempt stands alone: among
+/// sessions racing for one election exactly one is granted, the others
+/// wait; a session that ended is refused without failing the attempts
+/// made with it; and every other election is granted once, with token 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attempts_made_together_stand_alone() {
+    use std::time::Duration;
+
+    use leasehold::ElectionName;
+
+    let harness = SqliteHarness::new();
+    let store = harness.open().await;
+    let contested = ElectionName::new("together/contested").expect("name");
+    let ended = store
+        .open_session(Duration::from_secs(30))
+        .await
+        .expect("session");
+    store.close_session(ended.id).await.expect("close");
+    let mut sessions = Vec::new();
+    for _ in 0..20 {
+        sessions.push(
+            store
+                .open_session(Duration::from_secs(30))
+                .await
+                .expect("session")
+                .id,
+        );
+    }
+    for round in 0..5_u64 {
+        let (won, mut winners) = tokio::sync::mpsc::unbounded_channel();
+        let mut racing = tokio::task::JoinSet::new();
+        for (i, &session) in sessions.iter().enumerate() {
+            let (store, contested, won) = (Arc::clone(&store), contested.clone(), won.clone());
+            racing.spawn(async move {
+                let who = candidate(&format!("c{i}"));
+                let own = ElectionName::new(format!("together/{round}/{i}")).expect("name");
+                let mine = store.campaign(session, &own, &who).await;
+                let mine = mine.expect("an election nobody else wants is granted");
+                assert_eq!(mine.token.0, 1, "{mine:?}");
+                let _ = won.send(store.campaign(session, &contested, &who).await);
+            });
+        }
+        let refused = store
+            .campaign(
+                ended.id,
+                &ElectionName::new(format!("together/{round}/ended")).expect("name"),
+                &candidate("gone"),
+            )
+            .await;
+        assert!(
+            matches!(refused, Err(Error::SessionExpired(_))),
+            "a campaign on an ended session: {refused:?}"
+        );
+        let first = tokio::time::timeout(Duration::from_secs(15), winners.recv())
+            .await
+            .expect("the free election is granted")
+            .expect("a winner")
+            .expect("campaign");
+        assert_eq!(first.token.0, round + 1, "{first:?}");
+        // Any other grant would come with the first.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        racing.abort_all();
+        while let Some(joined) = racing.join_next().await {
+            if let Err(error) = joined
+                && error.is_panic()
+            {
+                std::panic::resume_unwind(error.into_panic());
+            }
+        }
+        drop(won);
+        let mut others = Vec::new();
+        while let Some(other) = winners.recv().await {
+            others.push(other);
+        }
+        assert!(others.is_empty(), "granted with {first:?}: {others:?}");
+        store.resign(&first).await.expect("resign");
+    }
+}

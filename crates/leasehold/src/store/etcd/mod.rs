@@ -1430,12 +1430,13 @@ impl Store for EtcdStore {
     }
 
     async fn watch_status(&self, election: &ElectionName) -> Result<StatusWatch> {
-        let source = EtcdWatch {
-            store: self.clone(),
-            election: election.clone(),
-            from: 0,
-        };
-        leader_watch::start(source, election).await
+        self.watch_held(election, None).await
+    }
+
+    async fn watch_grant(&self, grant: &Grant) -> Result<LeaderWatch> {
+        Ok(known_only(
+            self.watch_held(&grant.election, Some(grant.token)).await?,
+        ))
     }
 
     async fn elections(&self) -> Result<Vec<ElectionState>> {
@@ -1460,6 +1461,23 @@ impl Store for EtcdStore {
             states.push(ElectionState { election, leader });
         }
         Ok(states)
+    }
+}
+
+impl EtcdStore {
+    /// A watch of `election`; with `held`, for the holder of that grant
+    /// (see [`leader_watch::start`]).
+    async fn watch_held(
+        &self,
+        election: &ElectionName,
+        held: Option<FencingToken>,
+    ) -> Result<StatusWatch> {
+        let source = EtcdWatch {
+            store: self.clone(),
+            election: election.clone(),
+            from: 0,
+        };
+        leader_watch::start(source, election, held).await
     }
 }
 

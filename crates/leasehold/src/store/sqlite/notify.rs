@@ -36,6 +36,7 @@ use std::io::Write;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -383,11 +384,15 @@ impl NotifyFile {
 /// have changed, until `stop` is cancelled. `file_event` is called when the
 /// database file's name is created, deleted or moved (or, without inotify,
 /// on every period), so that the store can check it still uses that file.
+/// A write to the notify file bumps `changes` only if `foreign` says that
+/// another connection wrote since it last looked (this process's own
+/// writes wake their own waiters).
 pub(super) fn spawn(
     path: &Path,
     changes: watch::Sender<u64>,
     stop: CancellationToken,
     file_event: impl Fn() + Send + 'static,
+    foreign: impl Fn() -> Pin<Box<dyn Future<Output = bool> + Send>> + Send + 'static,
 ) {
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
@@ -429,7 +434,7 @@ pub(super) fn spawn(
                     if moved {
                         file_event();
                     }
-                    if relevant || moved {
+                    if moved || (relevant && foreign().await) {
                         changes.send_modify(|v| *v = v.wrapping_add(1));
                     }
                 }

@@ -103,8 +103,16 @@ async fn held(url: &StoreUrl, n: usize) -> Held {
         leasehold::store::open(url).await.expect("open"),
     ));
     let (_, rss_before) = usage();
-    let elector = Arc::new(elector(Arc::clone(&handle) as Arc<dyn Store>, "holder"));
     let started = Instant::now();
+    let elector = Arc::new(
+        elector(Arc::clone(&handle) as Arc<dyn Store>, "holder").with_renewal_observer(
+            leasehold::RenewalObserver::new(move |event| {
+                if std::env::var_os("GROUPS_TRACE").is_some() {
+                    eprintln!("{:.3} {event:?}", started.elapsed().as_secs_f64());
+                }
+            }),
+        ),
+    );
     let gate = Arc::new(Semaphore::new(100));
     let mut tasks = JoinSet::new();
     for i in 0..n {
@@ -165,6 +173,13 @@ async fn held(url: &StoreUrl, n: usize) -> Held {
     } else {
         format!("{:.0} KiB", grown as f64 / 1024.0)
     };
+    let mut lost: HashMap<String, usize> = HashMap::new();
+    for reason in leaderships.iter().filter_map(|l| l.lost_reason()) {
+        *lost.entry(reason.to_string()).or_default() += 1;
+    }
+    if !lost.is_empty() {
+        eprintln!("held {n}: leaderships lost by the end: {lost:?}");
+    }
     let leading = leaderships.iter().filter(|l| l.is_leader()).count();
     let _ = elector.close().await;
     drop(leaderships);

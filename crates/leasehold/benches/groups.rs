@@ -8,9 +8,12 @@
 //! - **held N**: one process (this one), one session, takes N elections
 //!   (`Elector::campaign`, 100 at a time) and then idles for five renewal
 //!   periods. Reported: the time to take them; the store requests per
-//!   renewal period while idle (renewals, and anything else); this
-//!   process's CPU while idle (user + system, share of one core) and its
-//!   resident memory grown per held election.
+//!   renewal period while idle (renewals, and anything else, the reads
+//!   watches make on their own included); this process's CPU while idle
+//!   (user + system, share of one core), its resident memory grown per
+//!   held election, and how many of the elections are still led at the
+//!   end (why the others were lost goes to stderr; `GROUPS_TRACE=1` prints
+//!   every renewal and the runtime's worst lateness).
 //! - **contenders C**: C candidates in this process, each on its own
 //!   session over one shared store handle, campaign for one election. The
 //!   time to the first grant, then R handovers (the leader resigns): the
@@ -113,6 +116,22 @@ async fn held(url: &StoreUrl, n: usize) -> Held {
             }),
         ),
     );
+    // How late a timer fires on this runtime while the elections are taken.
+    let lateness = Arc::new(Mutex::new((Duration::ZERO, Duration::ZERO)));
+    let probe = {
+        let lateness = Arc::clone(&lateness);
+        tokio::spawn(async move {
+            loop {
+                let asked = Instant::now();
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                let late = asked.elapsed().saturating_sub(Duration::from_millis(10));
+                let mut worst = lateness.lock().unwrap_or_else(|p| p.into_inner());
+                if late > worst.0 {
+                    *worst = (late, started.elapsed());
+                }
+            }
+        })
+    };
     let gate = Arc::new(Semaphore::new(100));
     let mut tasks = JoinSet::new();
     for i in 0..n {
@@ -133,6 +152,11 @@ async fn held(url: &StoreUrl, n: usize) -> Held {
     })
     .await;
     let took = started.elapsed();
+    probe.abort();
+    if std::env::var_os("GROUPS_TRACE").is_some() {
+        let (late, at) = *lateness.lock().unwrap_or_else(|p| p.into_inner());
+        eprintln!("held {n}: a 10 ms timer fired up to {late:?} late (at {at:?})");
+    }
     let taken = match finished {
         Ok(()) if leaderships.len() == n => format!(
             "{:.2} s ({} ms each)",

@@ -84,6 +84,14 @@ struct Shared {
     state: watch::Sender<SessionState>,
     /// Each grant's step-down signal, by election and token.
     grants: Mutex<GrantSignals>,
+    /// What the core asked of the renewal task (send a renewal, give one
+    /// up, close the session) in answer to another caller's event: the
+    /// core looks at the time at every event, so a grant taken just as a
+    /// renewal falls due asks for that renewal. `kick` wakes the task to
+    /// take them; were they dropped, no renewal would go out until the
+    /// deadline ended the session.
+    for_renewer: Mutex<Vec<LeaseAction>>,
+    kick: tokio::sync::Notify,
 }
 
 /// Locks `mutex`; a panic elsewhere while it was held leaves the lease core
@@ -103,6 +111,21 @@ impl Shared {
 
     /// [`Shared::apply`] at `now`.
     fn apply_at(&self, now: Instant, event: LeaseEvent) -> (Instant, Vec<LeaseAction>) {
+        self.apply_as(now, event, false)
+    }
+
+    /// [`Shared::apply_at`] for the renewal task itself, which gets every
+    /// action left, its own included.
+    fn apply_by_renewer(&self, now: Instant, event: LeaseEvent) -> Vec<LeaseAction> {
+        self.apply_as(now, event, true).1
+    }
+
+    fn apply_as(
+        &self,
+        now: Instant,
+        event: LeaseEvent,
+        by_renewer: bool,
+    ) -> (Instant, Vec<LeaseAction>) {
         let mut core = lock(&self.core);
         let actions = core.handle(now.into_std(), event);
         let deadline = Instant::from_std(core.deadline());
@@ -131,6 +154,15 @@ impl Shared {
                     left.push(LeaseAction::Release { election, token });
                 }
                 LeaseAction::Deadline(_) | LeaseAction::WakeAt(_) => {}
+                action @ (LeaseAction::Renew
+                | LeaseAction::RenewalAbandoned { .. }
+                | LeaseAction::CloseSession)
+                    if !by_renewer =>
+                {
+                    lock(&self.for_renewer).push(action);
+                    // A permit if the task is not waiting: never lost.
+                    self.kick.notify_one();
+                }
                 other => left.push(other),
             }
         }
@@ -224,6 +256,8 @@ impl Session {
             id: lease.id,
             state,
             grants: Mutex::new(BTreeMap::new()),
+            for_renewer: Mutex::new(Vec::new()),
+            kick: tokio::sync::Notify::new(),
         });
         let stop = CancellationToken::new();
         let renewer = Renewer {
@@ -403,8 +437,9 @@ impl Renewer {
     async fn run(self) {
         let id = self.shared.id;
         let mut in_flight: Option<InFlight> = None;
-        let (_, first) = self.shared.apply(LeaseEvent::Tick);
-        let mut actions = first;
+        let mut actions = self
+            .shared
+            .apply_by_renewer(self.shared.clock.now(), LeaseEvent::Tick);
         loop {
             if self.execute(actions, &mut in_flight).await {
                 return;
@@ -417,8 +452,9 @@ impl Renewer {
                 biased;
                 () = self.stop.cancelled() => return,
                 () = self.store.session_ended(id) => {
-                    self.shared.apply(LeaseEvent::SessionEnded).1
+                    self.shared.apply_by_renewer(self.shared.clock.now(), LeaseEvent::SessionEnded)
                 }
+                () = self.shared.kick.notified() => std::mem::take(&mut *lock(&self.shared.for_renewer)),
                 outcome = async {
                     match in_flight.as_mut() {
                         Some((_, renewal)) => renewal.await,
@@ -433,7 +469,7 @@ impl Renewer {
                     // hair early (rounding) must not make the core see an
                     // instant before the one it asked for, again and again.
                     let now = self.shared.clock.now().max(wake);
-                    self.shared.apply_at(now, LeaseEvent::Tick).1
+                    self.shared.apply_by_renewer(now, LeaseEvent::Tick)
                 }
             };
         }
@@ -468,7 +504,7 @@ impl Renewer {
                 }
             }
         };
-        self.shared.apply(event).1
+        self.shared.apply_by_renewer(self.shared.clock.now(), event)
     }
 
     /// Does what the core asked; `true` once the session is over.

@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::lease::LostReason;
 use crate::line;
 use crate::names::{CandidateId, ElectionName};
-use crate::session::{GrantSignal, Session, SessionState};
+use crate::session::{GrantSignal, Session};
 use crate::store::{FencingToken, Grant, LeaderWatch, Store};
 use crate::watch;
 
@@ -50,7 +50,7 @@ impl Leadership {
             grant: grant.clone(),
             store: Arc::clone(&store),
             session: Arc::clone(&session),
-            state: session.subscribe(),
+            lost: lost.clone(),
             stop: stop.clone(),
         };
         tokio::spawn(monitor.run());
@@ -324,7 +324,10 @@ struct Monitor {
     grant: Grant,
     store: Arc<dyn Store>,
     session: Arc<Session>,
-    state: watch::Receiver<SessionState>,
+    /// The grant's own step-down signal (set when the session ends too):
+    /// not the session's state, whose every renewal would wake the
+    /// monitors of all the session's grants.
+    lost: GrantSignal,
     stop: CancellationToken,
 }
 
@@ -341,10 +344,10 @@ impl Monitor {
             tokio::select! {
                 biased;
                 () = self.stop.cancelled() => return None,
-                changed = self.state.changed() => if changed.is_err() { return None },
+                changed = self.lost.changed() => if changed.is_err() { return None },
                 () = self.session.sleep(WATCH_RETRY) => {}
             }
-            if self.state.borrow().ended.is_some() {
+            if self.lost.borrow().is_some() {
                 return None;
             }
         }
@@ -355,7 +358,7 @@ impl Monitor {
             return;
         };
         loop {
-            if self.state.borrow_and_update().ended.is_some() {
+            if self.lost.borrow_and_update().is_some() {
                 return;
             }
             let holder = holders.borrow_and_update().clone();
@@ -371,7 +374,7 @@ impl Monitor {
             tokio::select! {
                 biased;
                 () = self.stop.cancelled() => return,
-                changed = self.state.changed() => if changed.is_err() { return },
+                changed = self.lost.changed() => if changed.is_err() { return },
                 changed = holders.changed() => if changed.is_err() {
                     self.session.supersede(&self.grant, true);
                     return;

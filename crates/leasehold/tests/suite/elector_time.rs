@@ -377,3 +377,43 @@ async fn a_clock_that_wakes_early_neither_spins_nor_misses_the_deadline() {
         deadline - lost_at
     );
 }
+
+/// A renewal that falls due just as this process takes another election
+/// still goes out. The lease core looks at the time at every event, so the
+/// grant's event is what asks for the renewal; the renewal task must hear
+/// of it (it once did not: no renewal went out until the deadline ended
+/// the session, and with it every leadership, which a process taking
+/// thousands of elections at once hit every time).
+#[tokio::test(start_paused = true)]
+async fn a_renewal_due_as_an_election_is_taken_still_goes_out() {
+    let ttl = ms(3000);
+    let s = setup(ttl);
+    let base = unique_election("due");
+    let period = LeaseConfig::with_ttl(ttl).renew_every;
+    let mut held = vec![
+        s.elector
+            .campaign(&leasehold::ElectionName::new(format!("{base}-0")).expect("name"))
+            .await
+            .expect("campaign"),
+    ];
+    let started = Instant::now();
+    for round in 1..=6_u32 {
+        // To the instant the next renewal falls due (the clock moves
+        // without running anyone), then take an election at once.
+        let due = started + period * round;
+        tokio::time::advance(due.saturating_duration_since(Instant::now())).await;
+        let election = leasehold::ElectionName::new(format!("{base}-{round}")).expect("name");
+        held.push(s.elector.campaign(&election).await.expect("campaign"));
+    }
+    // Two TTLs more: without renewals the deadline passes within one.
+    tokio::time::sleep(ttl * 2).await;
+    for leadership in &held {
+        assert!(
+            leadership.is_leader(),
+            "{} lost: {:?} (renewals sent: {})",
+            leadership.election(),
+            leadership.lost_reason(),
+            s.faulty.keep_alives_sent()
+        );
+    }
+}

@@ -43,7 +43,8 @@ struct Each {
 /// The smallest [`Each::prune_at`].
 const PRUNE_AT: usize = 64;
 
-fn bump(tx: &watch::Sender<u64>) {
+/// Wakes the receivers of a change counter.
+pub(crate) fn bump(tx: &watch::Sender<u64>) {
     tx.send_modify(|v| *v = v.wrapping_add(1));
 }
 

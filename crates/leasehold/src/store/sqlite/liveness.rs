@@ -424,7 +424,7 @@ fn wait_for_release(file: &File, byte: i64, key: (FileKey, i64)) {
     match waited {
         Ok(_) => {
             for waker in wakers.iter().filter_map(Weak::upgrade) {
-                waker.send_modify(|v| *v = v.wrapping_add(1));
+                crate::store::local::bump(&waker);
             }
         }
         // Not woken: the waiters wake at the holder's expiry, and a failure

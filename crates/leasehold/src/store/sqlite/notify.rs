@@ -435,7 +435,7 @@ pub(super) fn spawn(
                         file_event();
                     }
                     if moved || (relevant && foreign().await) {
-                        changes.send_modify(|v| *v = v.wrapping_add(1));
+                        crate::store::local::bump(&changes);
                     }
                 }
                 Err(Errno::EAGAIN) => ready.clear_ready(),
@@ -501,7 +501,7 @@ fn fallback(
                 () = stop.cancelled() => return,
                 _ = tick.tick() => {
                     file_event();
-                    changes.send_modify(|v| *v = v.wrapping_add(1));
+                    crate::store::local::bump(&changes);
                 }
             }
         }

@@ -170,6 +170,25 @@ struct GrantLog {
     history: Arc<Mutex<History>>,
 }
 
+impl GrantLog {
+    fn record(&self, grant: &Grant) {
+        let granted = Granted {
+            shard: shard_of(&grant.election),
+            candidate: candidate_index(&grant.candidate),
+            token: grant.token.0,
+        };
+        let mut history = lock(&self.history);
+        // A campaign repeated after a lost reply gets the same grant again.
+        if !history
+            .grants
+            .iter()
+            .any(|g| g.shard == granted.shard && g.token == granted.token)
+        {
+            history.grants.push(granted);
+        }
+    }
+}
+
 #[async_trait]
 impl Store for GrantLog {
     async fn open_session(&self, ttl: Duration) -> Result<SessionLease> {
@@ -188,19 +207,21 @@ impl Store for GrantLog {
         candidate: &CandidateId,
     ) -> Result<Grant> {
         let grant = self.store.campaign(session, election, candidate).await?;
-        let granted = Granted {
-            shard: shard_of(election),
-            candidate: candidate_index(candidate),
-            token: grant.token.0,
-        };
-        let mut history = lock(&self.history);
-        // A campaign repeated after a lost reply gets the same grant again.
-        if !history
-            .grants
-            .iter()
-            .any(|g| g.shard == granted.shard && g.token == granted.token)
-        {
-            history.grants.push(granted);
+        self.record(&grant);
+        Ok(grant)
+    }
+    async fn try_campaign_unwaited(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        candidate: &CandidateId,
+    ) -> Result<Option<Grant>> {
+        let grant = self
+            .store
+            .try_campaign_unwaited(session, election, candidate)
+            .await?;
+        if let Some(grant) = &grant {
+            self.record(grant);
         }
         Ok(grant)
     }

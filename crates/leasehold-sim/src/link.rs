@@ -230,6 +230,19 @@ impl Store for Link {
             .await
     }
 
+    async fn try_campaign_unwaited(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        candidate: &CandidateId,
+    ) -> Result<Option<Grant>> {
+        self.call(
+            self.store
+                .try_campaign_unwaited(session, election, candidate),
+        )
+        .await
+    }
+
     async fn resign(&self, grant: &Grant) -> Result<()> {
         self.call(self.store.resign(grant)).await
     }

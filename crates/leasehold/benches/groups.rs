@@ -87,7 +87,7 @@ fn usage() -> (Duration, u64) {
 /// API, and the reads watch tasks make on their own (counted for every
 /// store in this process: the bench runs one store at a time).
 fn requests(c: &Counts, watch_reads: u64) -> u64 {
-    c.reads + c.watches + c.campaigns + c.writes + watch_reads
+    c.reads + c.watches + c.campaigns + c.unwaited + c.writes + watch_reads
 }
 
 struct Held {

@@ -41,7 +41,7 @@ fn median<T: Ord + Copy>(samples: &mut [T]) -> T {
 }
 
 fn total(counts: &Counts) -> u64 {
-    counts.reads + counts.wakes + counts.campaigns
+    counts.reads + counts.wakes + counts.campaigns + counts.unwaited
 }
 
 struct Row {

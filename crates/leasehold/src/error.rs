@@ -126,7 +126,7 @@ impl Error {
         }
     }
 
-    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "etcd"))]
     pub(crate) fn unavailable(
         reason: impl Into<String>,
         source: impl std::error::Error + Send + Sync + 'static,

@@ -23,6 +23,17 @@ impl Elector {
         election: &ElectionName,
     ) -> Result<(Grant, bool)> {
         let sid = session.id();
+        // Nobody holds it and nobody waits: taken with one request, no
+        // note. Not with a lock-delay, which must first learn how the last
+        // holder left.
+        if self.planned.lock_delay.is_zero()
+            && let Some(grant) = self
+                .store
+                .try_campaign_unwaited(sid, election, &self.candidate)
+                .await?
+        {
+            return Ok((grant, true));
+        }
         match self.join_line(session, election).await {
             Err(Error::Unsupported(what)) => {
                 if self.planned.priority != 0 || !self.planned.lock_delay.is_zero() {

@@ -161,12 +161,17 @@ const READ_RETRY: Duration = Duration::from_millis(250);
 pub(crate) trait LocalBackend: Send + Sync + 'static {
     /// What wakes a waiter on, or a watch of, `election`.
     fn changes(&self, election: &ElectionName) -> Changes;
-    /// One atomic acquisition attempt.
+    /// One atomic acquisition attempt. `unwaited`: only if nobody holds
+    /// the election, this session neither, and no live session keeps a
+    /// note on it ([`Store::try_campaign_unwaited`]); else `Held`.
+    ///
+    /// [`Store::try_campaign_unwaited`]: crate::store::Store::try_campaign_unwaited
     async fn try_acquire(
         &self,
         session: SessionId,
         election: &ElectionName,
         candidate: &CandidateId,
+        unwaited: bool,
     ) -> Result<Attempt>;
     /// The current leader.
     async fn read_leader(&self, election: &ElectionName) -> Result<Option<Leader>>;
@@ -202,27 +207,12 @@ pub(crate) async fn campaign<B: LocalBackend + ?Sized>(
         // Mark the current version seen *before* attempting, so a change made
         // between the attempt and the wait still wakes us.
         changes.mark_seen();
-        match backend.try_acquire(session, election, candidate).await? {
+        match backend
+            .try_acquire(session, election, candidate, false)
+            .await?
+        {
             Attempt::Granted(grant, expired) => {
-                match expired {
-                    Some(Expired {
-                        candidate: leader,
-                        token,
-                        dead_pid: Some(pid),
-                    }) => {
-                        tracing::info!(%election, id = %candidate, expired_leader = %leader, expired_token = token.0, expired_pid = pid,
-                            "the previous leader's process is gone (the kernel released its session's lock on this host); taking over without waiting for its lease");
-                    }
-                    Some(Expired {
-                        candidate: leader,
-                        token,
-                        dead_pid: None,
-                    }) => {
-                        tracing::info!(%election, id = %candidate, expired_leader = %leader, expired_token = token.0,
-                            "the previous leader's lease expired; taking over");
-                    }
-                    None => {}
-                }
+                log_expired(expired, election, candidate);
                 return Ok(grant);
             }
             Attempt::Held { expires_in } => {
@@ -233,6 +223,48 @@ pub(crate) async fn campaign<B: LocalBackend + ?Sized>(
                 }
             }
         }
+    }
+}
+
+/// [`crate::store::Store::try_campaign_unwaited`] on a local store.
+pub(crate) async fn try_campaign_unwaited<B: LocalBackend + ?Sized>(
+    backend: &B,
+    session: SessionId,
+    election: &ElectionName,
+    candidate: &CandidateId,
+) -> Result<Option<Grant>> {
+    match backend
+        .try_acquire(session, election, candidate, true)
+        .await?
+    {
+        Attempt::Granted(grant, expired) => {
+            log_expired(expired, election, candidate);
+            Ok(Some(grant))
+        }
+        Attempt::Held { .. } => Ok(None),
+    }
+}
+
+/// Tells how the holder before a grant left, if it did not release.
+fn log_expired(expired: Option<Expired>, election: &ElectionName, candidate: &CandidateId) {
+    match expired {
+        Some(Expired {
+            candidate: leader,
+            token,
+            dead_pid: Some(pid),
+        }) => {
+            tracing::info!(%election, id = %candidate, expired_leader = %leader, expired_token = token.0, expired_pid = pid,
+                "the previous leader's process is gone (the kernel released its session's lock on this host); taking over without waiting for its lease");
+        }
+        Some(Expired {
+            candidate: leader,
+            token,
+            dead_pid: None,
+        }) => {
+            tracing::info!(%election, id = %candidate, expired_leader = %leader, expired_token = token.0,
+                "the previous leader's lease expired; taking over");
+        }
+        None => {}
     }
 }
 

@@ -173,6 +173,7 @@ impl LocalBackend for Inner {
         session: SessionId,
         election: &ElectionName,
         candidate: &CandidateId,
+        unwaited: bool,
     ) -> Result<Attempt> {
         let now = self.clock.now();
         let mut state = self.state();
@@ -180,10 +181,15 @@ impl LocalBackend for Inner {
             return Err(Error::SessionExpired(session));
         }
         if let Some((holder, left)) = state.live_holder(election, now) {
-            if holder.session == session {
+            if holder.session == session && !unwaited {
                 return Ok(Attempt::Granted(holder, None));
             }
             return Ok(Attempt::Held { expires_in: left });
+        }
+        if unwaited && !state.live_notes(election, None, now).0.is_empty() {
+            return Ok(Attempt::Held {
+                expires_in: Duration::ZERO,
+            });
         }
         let entry = state.elections.entry(election.clone()).or_default();
         // A holder still recorded but not live: its session expired.
@@ -276,6 +282,15 @@ impl Store for MemoryStore {
         candidate: &CandidateId,
     ) -> Result<Grant> {
         local::campaign(&*self.inner, session, election, candidate).await
+    }
+
+    async fn try_campaign_unwaited(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        candidate: &CandidateId,
+    ) -> Result<Option<Grant>> {
+        local::try_campaign_unwaited(&*self.inner, session, election, candidate).await
     }
 
     async fn resign(&self, grant: &Grant) -> Result<()> {

@@ -217,6 +217,27 @@ pub trait Store: Send + Sync + fmt::Debug {
         candidate: &CandidateId,
     ) -> Result<Grant>;
 
+    /// One acquisition attempt that never waits, for a campaign that may
+    /// skip the line of standbys ([`crate::line`]) because nobody is in
+    /// it: grants `election` to `session` only if nobody holds it (this
+    /// session neither) and no live session keeps a note on it, both
+    /// checked atomically with the grant; otherwise `None`, having
+    /// written nothing. So an uncontended campaign costs one request, and
+    /// a candidate waiting in line is never overtaken. Fails with
+    /// [`crate::Error::SessionExpired`] once the session has ended.
+    ///
+    /// The cancellation obligation of [`Store::campaign`] holds. The
+    /// default never grants: the caller takes the line.
+    async fn try_campaign_unwaited(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        candidate: &CandidateId,
+    ) -> Result<Option<Grant>> {
+        let _ = (session, election, candidate);
+        Ok(None)
+    }
+
     /// Releases `grant` if, and only if, it is still the current grant of its
     /// election; otherwise fails with [`crate::Error::NotHolder`].
     async fn resign(&self, grant: &Grant) -> Result<()>;

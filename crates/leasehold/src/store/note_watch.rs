@@ -56,7 +56,8 @@ async fn drive<S: NoteSource>(
         tokio::select! {
             biased;
             () = tx.closed() => return,
-            event = source.changed() => match event {
+            // Boxed, as in `watch_driver`: a waiting task holds a pointer.
+            event = Box::pin(source.changed()) => match event {
                 Event::Changed => {}
                 Event::Unavailable(error) => {
                     tracing::debug!(%election, %error, "the notes watch cannot hear from the store");
@@ -68,7 +69,7 @@ async fn drive<S: NoteSource>(
         let read = loop {
             #[cfg(feature = "testing")]
             super::watch_driver::count_watch_read(&election);
-            match source.read().await {
+            match Box::pin(source.read()).await {
                 Ok(read) => break read,
                 Err(error) => {
                     tracing::debug!(%election, %error, "re-reading the notes failed; retrying");

@@ -322,6 +322,8 @@ struct QueuedAttempt {
     session: SessionId,
     election: ElectionName,
     candidate: CandidateId,
+    /// Only if nobody holds or waits (see `Db::attempt`).
+    unwaited: bool,
     outcome: tokio::sync::oneshot::Sender<Result<Tried>>,
 }
 
@@ -1259,6 +1261,7 @@ impl Db {
         session: SessionId,
         election: ElectionName,
         candidate: CandidateId,
+        unwaited: bool,
     ) -> tokio::sync::oneshot::Receiver<Result<Tried>> {
         let (outcome, received) = tokio::sync::oneshot::channel();
         let start = {
@@ -1267,6 +1270,7 @@ impl Db {
                 session,
                 election,
                 candidate,
+                unwaited,
                 outcome,
             });
             !std::mem::replace(&mut queue.running, true)
@@ -1303,16 +1307,12 @@ impl Db {
                 queue.waiting.drain(..n).collect()
             };
             let outcomes = if batch.len() == 1 {
-                vec![self.try_acquire(batch[0].session, &batch[0].election, &batch[0].candidate)]
+                vec![self.try_acquire(&batch[0])]
             } else {
                 // A failure of the shared transaction committed nothing:
                 // each attempt is then made alone, and fails (or not) alone.
-                self.try_acquire_together(&batch).unwrap_or_else(|_| {
-                    batch
-                        .iter()
-                        .map(|a| self.try_acquire(a.session, &a.election, &a.candidate))
-                        .collect()
-                })
+                self.try_acquire_together(&batch)
+                    .unwrap_or_else(|_| batch.iter().map(|a| self.try_acquire(a)).collect())
             };
             for (attempt, outcome) in batch.into_iter().zip(outcomes) {
                 // A campaign gone meanwhile: its receiver's owner releases
@@ -1336,7 +1336,7 @@ impl Db {
         let mut outcomes = Vec::with_capacity(batch.len());
         for a in batch {
             let savepoint = tx.savepoint().map_err(self.err())?;
-            let outcome = self.attempt(&savepoint, a.session, &a.election, &a.candidate, now);
+            let outcome = self.attempt(&savepoint, a, now);
             if outcome.is_ok() {
                 savepoint.commit().map_err(self.err())?;
             }
@@ -1351,19 +1351,14 @@ impl Db {
     }
 
     /// One acquisition attempt, in a transaction of its own.
-    fn try_acquire(
-        &self,
-        session: SessionId,
-        election: &ElectionName,
-        candidate: &CandidateId,
-    ) -> Result<Tried> {
+    fn try_acquire(&self, a: &QueuedAttempt) -> Result<Tried> {
         self.writable()?;
         let mut conn = self.conn();
         self.usable(&conn)?;
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(self.err())?;
-        let tried = self.attempt(&tx, session, election, candidate, monotonic_ns())?;
+        let tried = self.attempt(&tx, a, monotonic_ns())?;
         if tried.fresh {
             self.usable(&tx)?;
             tx.commit().map_err(self.err())?;
@@ -1374,28 +1369,27 @@ impl Db {
 
     /// One acquisition attempt inside the transaction `tx` (at monotonic
     /// time `now`); `fresh` with a grant that it wrote, which the caller
-    /// commits.
-    fn attempt(
-        &self,
-        tx: &Connection,
-        session: SessionId,
-        election: &ElectionName,
-        candidate: &CandidateId,
-        now: i64,
-    ) -> Result<Tried> {
+    /// commits. An `unwaited` attempt grants only if nobody holds the
+    /// election, its own session neither, and no live session keeps a
+    /// note on it (so none waits in line).
+    fn attempt(&self, tx: &Connection, a: &QueuedAttempt, now: i64) -> Result<Tried> {
+        let (session, election, candidate) = (a.session, &a.election, &a.candidate);
         self.session_alive(tx, session, now)?;
         let mut dead_pid = None;
         if let Some(holder) = self
             .live_holder(tx, election.as_str(), now)
             .map_err(self.err())?
         {
-            if SessionId::from_stored(holder.session) == session {
-                let grant = holder.into_grant(&self.path, election, session)?;
-                return Ok(Tried::existing(Attempt::Granted(grant, None)));
-            }
             let held = Attempt::Held {
                 expires_in: duration_ns(holder.expires_in_ns),
             };
+            if SessionId::from_stored(holder.session) == session {
+                if a.unwaited {
+                    return Ok(Tried::existing(held));
+                }
+                let grant = holder.into_grant(&self.path, election, session)?;
+                return Ok(Tried::existing(Attempt::Granted(grant, None)));
+            }
             match self.holder_process(tx, holder.session)? {
                 (Process::Untested, _) => return Ok(Tried::existing(held)),
                 (Process::Alive, _) => {
@@ -1422,6 +1416,11 @@ impl Db {
                     dead_pid = Some(pid);
                 }
             }
+        }
+        if a.unwaited && self.anyone_waits(tx, election, now)? {
+            return Ok(Tried::existing(Attempt::Held {
+                expires_in: Duration::ZERO,
+            }));
         }
         // A holder still recorded but not live was never released: its
         // session expired.
@@ -1465,6 +1464,20 @@ impl Db {
             fresh: true,
             watch: None,
         })
+    }
+
+    /// Whether a live session keeps a note on `election` (at monotonic
+    /// time `now`): a candidate waits in line, or a transfer is asked.
+    fn anyone_waits(&self, conn: &Connection, election: &ElectionName, now: i64) -> Result<bool> {
+        if !has_table(conn, "notes").map_err(self.err())? {
+            return Ok(false);
+        }
+        conn.prepare_cached(
+            "SELECT 1 FROM notes n JOIN sessions s ON s.id = n.session
+             WHERE n.election = ?1 AND s.boot_id = ?3 AND s.expires_at_ns > ?2 LIMIT 1",
+        )
+        .and_then(|mut stmt| stmt.exists(params![election.as_str(), now, self.boot_id]))
+        .map_err(self.err())
     }
 
     /// What the kernel says of the process of the holder `session`, and
@@ -2016,10 +2029,11 @@ impl LocalBackend for Inner {
         session: SessionId,
         election: &ElectionName,
         candidate: &CandidateId,
+        unwaited: bool,
     ) -> Result<Attempt> {
-        let pending = self
-            .db
-            .attempt_queued(session, election.clone(), candidate.clone());
+        let pending =
+            self.db
+                .attempt_queued(session, election.clone(), candidate.clone(), unwaited);
         // Dropped before the attempt's outcome is returned, the campaign
         // releases the grant the attempt made, so that a cancelled campaign
         // never leaves the session holding the election (the [`Store`]
@@ -2117,6 +2131,15 @@ impl Store for SqliteStore {
         candidate: &CandidateId,
     ) -> Result<Grant> {
         local::campaign(&*self.inner, session, election, candidate).await
+    }
+
+    async fn try_campaign_unwaited(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        candidate: &CandidateId,
+    ) -> Result<Option<Grant>> {
+        local::try_campaign_unwaited(&*self.inner, session, election, candidate).await
     }
 
     async fn resign(&self, grant: &Grant) -> Result<()> {

@@ -216,10 +216,13 @@ async fn drive<S: Source>(
 ) {
     let mut at_expiry = expiry(&source, first.as_ref(), held);
     loop {
+        // The store's futures are boxed, here and in the read: a task
+        // that waits then holds a pointer, not their largest state (a
+        // process holding thousands of elections keeps this many tasks).
         tokio::select! {
             biased;
             () = tx.closed() => return,
-            event = source.changed() => match event {
+            event = Box::pin(source.changed()) => match event {
                 Event::Changed => {}
                 Event::Unavailable(error) => {
                     tracing::debug!(%election, %error, "the watch cannot hear from the store");
@@ -263,7 +266,7 @@ async fn read_until_ok<S: Source>(
 ) -> Option<Option<Leader>> {
     let mut warned = false;
     loop {
-        match watch_read(election, source.read()).await {
+        match watch_read(election, Box::pin(source.read())).await {
             Ok(leader) => return Some(leader),
             Err(error) => {
                 // A refusal, or a password file gone bad, will not pass by

@@ -27,6 +27,9 @@ pub struct Counts {
     pub wakes: u64,
     /// Campaigns sent to the store.
     pub campaigns: u64,
+    /// Attempts that take an election only if nobody holds or waits for
+    /// it ([`Store::try_campaign_unwaited`]).
+    pub unwaited: u64,
     /// Renewals (keep-alives) sent to the store.
     pub renewals: u64,
     /// Other writes: sessions opened and closed, releases, notes put,
@@ -51,6 +54,7 @@ struct Counters {
     watches: AtomicU64,
     wakes: Arc<AtomicU64>,
     campaigns: AtomicU64,
+    unwaited: AtomicU64,
     renewals: AtomicU64,
     writes: AtomicU64,
 }
@@ -79,6 +83,7 @@ impl CountingStore {
             watches: c.watches.load(Ordering::SeqCst),
             wakes: c.wakes.load(Ordering::SeqCst),
             campaigns: c.campaigns.load(Ordering::SeqCst),
+            unwaited: c.unwaited.load(Ordering::SeqCst),
             renewals: c.renewals.load(Ordering::SeqCst),
             writes: c.writes.load(Ordering::SeqCst),
         }
@@ -142,6 +147,18 @@ impl Store for CountingStore {
     ) -> Result<Grant> {
         self.counters.campaigns.fetch_add(1, Ordering::SeqCst);
         self.inner.campaign(session, election, candidate).await
+    }
+
+    async fn try_campaign_unwaited(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        candidate: &CandidateId,
+    ) -> Result<Option<Grant>> {
+        self.counters.unwaited.fetch_add(1, Ordering::SeqCst);
+        self.inner
+            .try_campaign_unwaited(session, election, candidate)
+            .await
     }
 
     async fn resign(&self, grant: &Grant) -> Result<()> {

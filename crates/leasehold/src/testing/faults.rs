@@ -116,6 +116,18 @@ impl Store for FaultyStore {
         self.inner.campaign(session, election, candidate).await
     }
 
+    async fn try_campaign_unwaited(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        candidate: &CandidateId,
+    ) -> Result<Option<Grant>> {
+        self.check()?;
+        self.inner
+            .try_campaign_unwaited(session, election, candidate)
+            .await
+    }
+
     async fn resign(&self, grant: &Grant) -> Result<()> {
         self.check()?;
         self.inner.resign(grant).await

@@ -83,6 +83,12 @@ pub trait StoreHarness: Send + Sync {
 
     /// Whether the data survives dropping every handle and opening again.
     fn durable(&self) -> bool;
+
+    /// Whether the store grants an uncontended campaign with one request
+    /// ([`Store::try_campaign_unwaited`]) rather than never (the default).
+    fn campaigns_unwaited(&self) -> bool {
+        false
+    }
 }
 
 /// A [`StoreHarness`] over a running server (an [`EtcdCluster`], a
@@ -119,6 +125,16 @@ impl<S: Send + Sync> StoreHarness for ServerHarness<S> {
 
     fn durable(&self) -> bool {
         true
+    }
+
+    fn campaigns_unwaited(&self) -> bool {
+        matches!(
+            self.url,
+            crate::store::StoreUrl::Etcd {
+                layout: crate::store::Layout::Leasehold,
+                ..
+            }
+        )
     }
 }
 
@@ -212,6 +228,7 @@ macro_rules! conformance_tests {
             the_highest_priority_standby_is_granted_first,
             lock_delay_after_expiry_not_after_release,
             a_transfer_wakes_only_the_front_of_the_line,
+            an_unwaited_campaign_takes_only_a_free_election,
             shards_balance_and_move_only_what_they_must,
             a_group_refuses_another_count,
             slots_hold_at_most_k,

@@ -430,3 +430,137 @@ pub async fn a_transfer_wakes_only_the_front_of_the_line(harness: &dyn StoreHarn
         task.abort();
     }
 }
+
+/// An uncontended campaign takes a free election with one request
+/// ([`Store::try_campaign_unwaited`]), never one that anybody holds (its
+/// own session included) or waits for, and writes nothing when it does
+/// not take it; a campaign dropped on the way never leaves its session
+/// holding the election; and [`Elector::campaign`] uses it.
+pub async fn an_unwaited_campaign_takes_only_a_free_election(harness: &dyn StoreHarness) {
+    let election = unique_election("unwaited");
+    let (a, b) = (harness.open().await, harness.open().await);
+    let sa = a.open_session(TTL).await.expect("open").id;
+    let sb = b.open_session(TTL).await.expect("open").id;
+    let (ida, idb) = (id("a"), id("b"));
+    // Somebody waits in line (or asks for a transfer): a note.
+    b.put_note(sb, &election, line::CANDIDATE, "0 - b")
+        .await
+        .expect("put");
+    let tried = a.try_campaign_unwaited(sa, &election, &ida).await;
+    assert_eq!(
+        tried.expect("attempt"),
+        None,
+        "an unwaited campaign overtook a standby waiting in line"
+    );
+    assert_eq!(
+        a.leader(&election).await.expect("read"),
+        None,
+        "an attempt that was not granted wrote a grant"
+    );
+    b.delete_note(sb, &election, line::CANDIDATE)
+        .await
+        .expect("delete");
+    let first = a
+        .try_campaign_unwaited(sa, &election, &ida)
+        .await
+        .expect("attempt");
+    if !harness.campaigns_unwaited() {
+        assert_eq!(first, None, "this store's default never grants");
+        return;
+    }
+    let first = first.expect("a free election that nobody waits for was not taken");
+    assert_eq!(
+        a.leader(&election).await.expect("read").map(|l| l.token),
+        Some(first.token)
+    );
+    let by_b = b.try_campaign_unwaited(sb, &election, &idb).await;
+    assert_eq!(
+        by_b.expect("attempt"),
+        None,
+        "rule 1 broken: an unwaited campaign took a held election"
+    );
+    let again = a.try_campaign_unwaited(sa, &election, &ida).await;
+    assert_eq!(
+        again.expect("attempt"),
+        None,
+        "an unwaited campaign took up its own session's grant"
+    );
+    a.resign(&first).await.expect("resign");
+    let second = b
+        .try_campaign_unwaited(sb, &election, &idb)
+        .await
+        .expect("attempt")
+        .expect("a released election was not taken");
+    assert!(
+        second.token > first.token,
+        "rule 2 broken: token {} after {}",
+        second.token.0,
+        first.token.0
+    );
+    b.resign(&second).await.expect("resign");
+
+    // Dropped on the way: polled once (the request leaves), then dropped.
+    // On an election the store knows already, as most campaigns are.
+    let mut dropped = 0;
+    for _ in 0..5 {
+        let mut attempt = a.try_campaign_unwaited(sa, &election, &ida);
+        let polled =
+            std::future::poll_fn(|cx| std::task::Poll::Ready(attempt.as_mut().poll(cx))).await;
+        drop(attempt);
+        match polled {
+            std::task::Poll::Ready(granted) => {
+                // Done at the first poll (an in-process store).
+                let granted = granted.expect("attempt").expect("free");
+                a.resign(&granted).await.expect("resign");
+            }
+            std::task::Poll::Pending => {
+                dropped += 1;
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                assert_eq!(
+                    a.leader(&election).await.expect("read"),
+                    None,
+                    "a dropped unwaited campaign left its session holding the election"
+                );
+            }
+        }
+    }
+    assert!(
+        dropped > 0 || !harness.durable(),
+        "no attempt was dropped on the way: the case tested nothing"
+    );
+
+    a.close_session(sa).await.expect("close");
+    assert!(
+        matches!(
+            a.try_campaign_unwaited(sa, &election, &ida).await,
+            Err(Error::SessionExpired(_))
+        ),
+        "an ended session's unwaited campaign was not refused"
+    );
+    an_uncontended_campaign_is_one_request(harness).await;
+}
+
+/// An uncontended [`Elector::campaign`] holds after one request: no note
+/// put, nothing else written.
+async fn an_uncontended_campaign_is_one_request(harness: &dyn StoreHarness) {
+    let election = unique_election("one-request");
+    let counting = Arc::new(CountingStore::new(harness.open().await));
+    let store: Arc<dyn Store> = counting.clone();
+    let elector = Elector::new(store, id("solo"), LeaseConfig::with_ttl(TTL)).expect("config");
+    elector.session().await.expect("session");
+    let before = counting.counts();
+    let leadership = within("an uncontended campaign", elector.campaign(&election))
+        .await
+        .expect("campaign");
+    let after = counting.counts();
+    assert_eq!(
+        (
+            after.unwaited - before.unwaited,
+            after.campaigns - before.campaigns,
+            after.writes - before.writes
+        ),
+        (1, 0, 0),
+        "an uncontended campaign made other requests than one attempt (unwaited, campaigns, writes)"
+    );
+    leadership.resign().await.expect("resign");
+}

@@ -333,3 +333,61 @@ async fn tokens_are_renewed_and_password_files_reread() {
     assert!(handle.authentications() > after_ttl);
     handle.resign(&grant).await.expect("resign");
 }
+
+/// A handle's watches share one stream, opened with the token of its
+/// time. Once etcd forgot that token it refuses the waits created on that
+/// stream; the handle then opens a new stream (with a new token), so a
+/// watch opened before still hears every change after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watches_outlive_a_forgotten_token() {
+    let secured = Secured::start(Some(Duration::from_secs(2))).await;
+    secured.cluster.add_user("app", PASSWORD, Some("/watches/"));
+    let (cacert, cert, key) = secured.client_files("app");
+    let url = secured.url(
+        &format!("app:{PASSWORD}"),
+        "/watches",
+        &tls_query(&cacert, &cert, &key),
+    );
+    let store: Arc<dyn Store> = Arc::new(connect(&url).await.expect("connect"));
+    let election = unique_election("watches");
+    let mut leaders = store.watch(&election).await.expect("watch");
+    assert_eq!(*leaders.borrow_and_update(), None);
+    // Idle past the token's TTL: etcd forgets it.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    for round in 0..3 {
+        let grant = leasehold::testing::campaign_on_new_session(
+            &*store,
+            &election,
+            "a",
+            Duration::from_secs(10),
+        )
+        .await;
+        let seen = tokio::time::timeout(
+            Duration::from_secs(15),
+            leaders.wait_for(|l| l.as_ref().map(|l| l.token) == Some(grant.token)),
+        )
+        .await
+        .map(|seen| seen.is_ok());
+        assert!(
+            matches!(seen, Ok(true)),
+            "round {round}: the watch did not hear the grant"
+        );
+        store.resign(&grant).await.expect("resign");
+        let seen = tokio::time::timeout(Duration::from_secs(15), leaders.wait_for(Option::is_none))
+            .await
+            .map(|seen| seen.is_ok());
+        assert!(
+            matches!(seen, Ok(true)),
+            "round {round}: the watch did not hear the release"
+        );
+    }
+    // Heard by a watch again, not by reading over and over on a stream
+    // etcd refuses.
+    let before = leasehold::testing::watch_reads_of(&election);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        leasehold::testing::watch_reads_of(&election) - before,
+        0,
+        "the watch reads the store while nothing changes"
+    );
+}

@@ -18,6 +18,10 @@ impl StoreHarness for MemoryHarness {
     fn durable(&self) -> bool {
         false
     }
+
+    fn campaigns_unwaited(&self) -> bool {
+        true
+    }
 }
 
 leasehold::conformance_tests!(async { MemoryHarness(MemoryStore::new()) });

@@ -31,6 +31,10 @@ impl StoreHarness for SqliteHarness {
     fn durable(&self) -> bool {
         true
     }
+
+    fn campaigns_unwaited(&self) -> bool {
+        true
+    }
 }
 
 leasehold::conformance_tests!(async { SqliteHarness::new() });

@@ -400,7 +400,7 @@ pub struct TxnResponse {
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct WatchRequest {
-    #[prost(oneof = "watch_request::RequestUnion", tags = "1")]
+    #[prost(oneof = "watch_request::RequestUnion", tags = "1, 2")]
     pub request_union: ::core::option::Option<watch_request::RequestUnion>,
 }
 /// Nested message and enum types in `WatchRequest`.
@@ -409,7 +409,14 @@ pub mod watch_request {
     pub enum RequestUnion {
         #[prost(message, tag = "1")]
         CreateRequest(super::WatchCreateRequest),
+        #[prost(message, tag = "2")]
+        CancelRequest(super::WatchCancelRequest),
     }
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct WatchCancelRequest {
+    #[prost(int64, tag = "1")]
+    pub watch_id: i64,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct WatchCreateRequest {

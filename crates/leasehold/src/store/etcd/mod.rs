@@ -78,9 +78,11 @@ use crate::store::{
 mod client;
 mod connect;
 mod notes;
+mod watch_hub;
 
 pub use client::ATTEMPT_TIMEOUT;
-use client::{EtcdError, KeepAlive, Members, Watch, describe, prefix_end};
+use client::{EtcdError, KeepAlive, Members, prefix_end};
+use watch_hub::{WatchHub, Woken};
 
 /// The messages and client stubs generated from `proto/etcd.proto`.
 #[allow(
@@ -127,6 +129,8 @@ pub struct EtcdStore {
     read_only: bool,
     /// leasehold's own layout, or etcd's `concurrency.Election`.
     layout: Layout,
+    /// Every watch of this handle, on one stream.
+    watches: Arc<WatchHub>,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -377,6 +381,7 @@ impl EtcdStore {
             keepers: Default::default(),
             read_only,
             layout,
+            watches: Default::default(),
         })
     }
 
@@ -1014,39 +1019,12 @@ impl EtcdStore {
         }
     }
 
-    /// Waits until `key` is deleted, watching from `from_revision`. Returns
-    /// early (to re-read) if the watch breaks or was compacted away.
+    /// Waits for the first change of `key` from `from_revision` on (its
+    /// deletion, mostly); returns early if the watch cannot be kept. The
+    /// caller reads again either way.
     async fn wait_deleted(&self, key: &str, from_revision: i64) {
-        let opened = match self.members.link(0).await {
-            Ok(link) => Watch::open(link, key.as_bytes().to_vec(), Vec::new(), from_revision)
-                .await
-                .map_err(|status| describe(&status)),
-            Err(error) => Err(Error::from(error).to_string()),
-        };
-        let mut watch = match opened {
-            Ok(watch) => watch,
-            Err(error) => {
-                tracing::debug!(%error, key, "watch failed; re-reading");
-                tokio::time::sleep(WATCH_RETRY).await;
-                return;
-            }
-        };
-        loop {
-            match watch.changed().await {
-                Some(events) => {
-                    if events
-                        .iter()
-                        .any(|e| e.r#type == pb::event::EventType::Delete as i32)
-                    {
-                        return;
-                    }
-                }
-                None => {
-                    tokio::time::sleep(WATCH_RETRY).await;
-                    return;
-                }
-            }
-        }
+        self.next_events_in(key.as_bytes().to_vec(), Vec::new(), from_revision)
+            .await;
     }
 
     /// One keep-alive round trip on the session's stream, (re)opening the
@@ -1151,15 +1129,12 @@ impl EtcdStore {
     /// end is `key` alone) from revision `from`, or after a pause if the
     /// watch cannot be opened.
     async fn next_events_in(&self, key: Vec<u8>, range_end: Vec<u8>, from: i64) {
-        let opened = match self.members.link(0).await {
-            Ok(link) => Watch::open(link, key, range_end, from).await.ok(),
-            Err(_) => None,
-        };
-        match opened {
-            Some(mut watch) => {
-                let _ = watch.changed().await;
-            }
-            None => tokio::time::sleep(WATCH_RETRY).await,
+        let woken = self
+            .watches
+            .next_change(&self.members, key, range_end, from)
+            .await;
+        if woken == Woken::Broken {
+            tokio::time::sleep(WATCH_RETRY).await;
         }
     }
 }
@@ -1329,6 +1304,76 @@ impl Store for EtcdStore {
                 }
             }
         }
+    }
+
+    /// One transaction: `session`'s candidate key is created only if the
+    /// election has no key at all (nobody holds it or waits in etcd's
+    /// order) and no note (nobody waits in leasehold's line). The
+    /// transaction runs as a task of its own, so that a campaign dropped
+    /// while it is on its way still learns whether it landed, and
+    /// withdraws exactly the key it created.
+    async fn try_campaign_unwaited(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        candidate: &CandidateId,
+    ) -> Result<Option<Grant>> {
+        if self.layout == Layout::Concurrency {
+            return Ok(None);
+        }
+        let lease = session_key(session)?;
+        let key = self.candidate_key(election, session);
+        let known = self.known_key(election);
+        let candidates = range_of_prefix(&self.election_prefix(election));
+        let notes = range_of_prefix(&self.notes_prefix(election));
+        // Most campaigns are for an election the store has seen before;
+        // else its `known` key is created too, on a second try.
+        for known_exists in [true, false] {
+            let mut txn = candidate_txn(
+                &key,
+                &known,
+                &self.marker_key(),
+                candidate,
+                lease,
+                known_exists,
+            );
+            txn.compare.push(no_key_in(&candidates));
+            txn.compare.push(no_key_in(&notes));
+            txn.failure = vec![get(known.clone())];
+            let store = self.clone();
+            let attempt = tokio::spawn(async move { store.txn("campaign", txn).await });
+            let (store, withdrawn) = (self.clone(), key.clone());
+            let mut guard = OnDrop::new(attempt, move |attempt| async move {
+                if let Ok(Ok(done)) = attempt.await
+                    && done.succeeded
+                {
+                    withdraw(store, withdrawn, revision_of(done.header.as_ref())).await;
+                }
+            });
+            let done = guard.get_mut().await;
+            guard.disarm();
+            let done = match done.map_err(|e| Error::unavailable("etcd campaign task failed", e))? {
+                Err(error) if error.is_lease_not_found() => {
+                    return Err(Error::SessionExpired(session));
+                }
+                other => other?,
+            };
+            if done.succeeded {
+                return Ok(Some(Grant {
+                    election: election.clone(),
+                    candidate: candidate.clone(),
+                    session,
+                    token: FencingToken::from_stored(revision_of(done.header.as_ref())),
+                }));
+            }
+            let known_there = done.responses.iter().any(|r| {
+                matches!(&r.response, Some(pb::response_op::Response::ResponseRange(range)) if !range.kvs.is_empty())
+            });
+            if known_there || !known_exists {
+                break;
+            }
+        }
+        Ok(None)
     }
 
     async fn resign(&self, grant: &Grant) -> Result<()> {

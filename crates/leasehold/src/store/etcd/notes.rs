@@ -20,7 +20,7 @@ use crate::store::{FencingToken, Note, NoteWatch, SessionId, check_note, session
 impl EtcdStore {
     /// `{prefix}/n/{election}/`, slashes in the name escaped as in
     /// [`EtcdStore::election_prefix`].
-    fn notes_prefix(&self, election: &ElectionName) -> String {
+    pub(super) fn notes_prefix(&self, election: &ElectionName) -> String {
         format!(
             "{}/n/{}/",
             self.prefix,

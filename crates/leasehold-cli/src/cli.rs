@@ -289,14 +289,18 @@ pub struct RunArgs {
     /// slots]
     #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..=i64::from(leasehold::group::MAX_SHARDS)))]
     pub slots: Option<u32>,
-    /// With --shards: how long a shard whose command exited stays released
-    /// before this replica campaigns for it again (`run` keeps running).
-    #[arg(long, env = "LEASEHOLD_RESTART_DELAY", hide_env_values = true, default_value = "1s", value_parser = parse_duration, allow_hyphen_values = true)]
-    pub restart_delay: Duration,
+    /// With --shards only: how long a shard whose command exited stays
+    /// released before this replica campaigns for it again (`run` keeps
+    /// running). [default: 1s]
+    #[arg(long, env = "LEASEHOLD_RESTART_DELAY", hide_env_values = true, value_parser = parse_duration, allow_hyphen_values = true)]
+    pub restart_delay: Option<Duration>,
     /// The command to run while leader, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<OsString>,
 }
+
+/// A shard's restart delay without `--restart-delay`.
+pub const DEFAULT_RESTART_DELAY: Duration = Duration::from_secs(1);
 
 impl RunArgs {
     /// Refuses settings that do not go together.
@@ -320,10 +324,20 @@ impl RunArgs {
         } else if let Some(k) = self.slots {
             leasehold::group::GroupKind::Slots(k).check(&self.election.election)?;
             "--slots"
+        } else if self.restart_delay.is_some() {
+            return Err(leasehold::Error::InvalidInput {
+                what: "options",
+                reason: "--restart-delay (or LEASEHOLD_RESTART_DELAY) applies only with --shards"
+                    .into(),
+            });
         } else {
             return Ok(());
         };
         let refused = [
+            (
+                self.slots.is_some() && self.restart_delay.is_some(),
+                "--restart-delay",
+            ),
             (self.priority != 0, "--priority"),
             (self.preempt_after.is_some(), "--preempt-after"),
             (!self.lock_delay.is_zero(), "--lock-delay"),

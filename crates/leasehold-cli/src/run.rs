@@ -96,7 +96,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             count,
             command: args.command,
             grace: args.grace,
-            restart_delay: args.restart_delay,
+            restart_delay: args
+                .restart_delay
+                .unwrap_or(crate::cli::DEFAULT_RESTART_DELAY),
             signals: StopSignals::install()?,
             passed: PassedSignals::install()?,
             ignored: IgnoredSignals::install()?,

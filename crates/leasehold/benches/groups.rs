@@ -102,9 +102,7 @@ struct Held {
 }
 
 async fn held(url: &StoreUrl, n: usize) -> Held {
-    let handle = Arc::new(CountingStore::new(
-        leasehold::store::open(url).await.expect("open"),
-    ));
+    let handle = Arc::new(CountingStore::new(open_patiently(url).await));
     let (_, rss_before) = usage();
     let started = Instant::now();
     let elector = Arc::new(
@@ -226,9 +224,7 @@ struct Contended {
 }
 
 async fn contenders(url: &StoreUrl, c: usize, rounds: usize) -> Contended {
-    let handle = Arc::new(CountingStore::new(
-        leasehold::store::open(url).await.expect("open"),
-    ));
+    let handle = Arc::new(CountingStore::new(open_patiently(url).await));
     let election = ElectionName::new(format!("contended-{c}")).expect("name");
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     let mut loops = JoinSet::new();
@@ -325,6 +321,23 @@ struct GroupMember {
     task: tokio::task::JoinHandle<()>,
 }
 
+/// Opens `url`, trying again for up to 30 s: a store can be slow to
+/// answer just after the held phase let go of 10,000 elections at once
+/// (etcd deleting their keys with the lease).
+async fn open_patiently(url: &StoreUrl) -> Arc<dyn Store> {
+    let start = Instant::now();
+    loop {
+        match leasehold::store::open(url).await {
+            Ok(store) => return store,
+            Err(error) if start.elapsed() < Duration::from_secs(30) => {
+                eprintln!("opening the store failed, trying again: {error}");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(error) => panic!("open: {error}"),
+        }
+    }
+}
+
 async fn group_member(
     url: &StoreUrl,
     name: &'static str,
@@ -333,7 +346,7 @@ async fn group_member(
     owners: &Arc<Owners>,
 ) -> GroupMember {
     let faults = Arc::new(FaultyStore::new(
-        leasehold::store::open(url).await.expect("open"),
+        open_patiently(url).await,
         Arc::new(leasehold::clock::TokioClock),
     ));
     let elector = Arc::new(elector(Arc::clone(&faults) as Arc<dyn Store>, name));
@@ -472,7 +485,7 @@ async fn group(url: &StoreUrl, count: u32) -> Grouped {
         .lock()
         .expect("owners")
         .retain(|_, o| o != "m3");
-    let other = leasehold::store::open(url).await.expect("open");
+    let other = open_patiently(url).await;
     if let Some(session) = session {
         for k in 0..count {
             let election = ElectionName::new(format!("{g}/shard/{k}")).expect("name");

@@ -266,6 +266,8 @@ fn group_flags_are_checked() {
         &["--shards", "65537"],
         &["--shards", "2", "--priority", "1"],
         &["--slots", "2", "--lock-delay", "1s"],
+        &["--restart-delay", "2s"],
+        &["--slots", "2", "--restart-delay", "2s"],
     ] {
         let out = leasehold()
             .args(["run", "--election", GROUP, "--store", &store])

@@ -1468,10 +1468,9 @@ impl Db {
 
     /// Whether a live session keeps a note on `election` (at monotonic
     /// time `now`): a candidate waits in line, or a transfer is asked.
+    /// Only attempts ask, on a writable handle, whose opening created the
+    /// notes table.
     fn anyone_waits(&self, conn: &Connection, election: &ElectionName, now: i64) -> Result<bool> {
-        if !has_table(conn, "notes").map_err(self.err())? {
-            return Ok(false);
-        }
         conn.prepare_cached(
             "SELECT 1 FROM notes n JOIN sessions s ON s.id = n.session
              WHERE n.election = ?1 AND s.boot_id = ?3 AND s.expires_at_ns > ?2 LIMIT 1",

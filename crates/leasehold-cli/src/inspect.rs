@@ -290,31 +290,46 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
 /// then the true state once it answers again. A store that can never be
 /// watched again (a SQLite file replaced under it) ends the watch: exit 1,
 /// saying why in one line.
+///
+/// On a group's name (`run --shards`, `run --slots`) each line also holds
+/// the group: its members and each shard's or slot's owner, printed again
+/// whenever a member joins or leaves or an owner changes.
 pub async fn observe(args: ObserveArgs) -> anyhow::Result<ExitCode> {
     let store = args.store.open_read_only().await?;
     let mut watch = store.watch_status(&args.election).await?;
+    let mut group = GroupWatch::new(&*store, &args.election).await?;
     let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let election = &args.election;
-    let mut printed: Option<LeaderStatus> = None;
+    let mut printed: Option<(LeaderStatus, Option<GroupSeen>)> = None;
     loop {
         let current = watch.borrow_and_update().clone();
-        if printed.as_ref().is_none_or(|p| !p.same_as(&current)) {
-            let line = match &current {
-                LeaderStatus::Known(leader) => {
-                    if printed.as_ref().is_some_and(LeaderStatus::is_unknown) {
-                        tracing::info!(%election, "the store answers again");
-                    }
-                    Status::new(election, leader.as_ref())
-                }
-                LeaderStatus::Unknown { error } => {
+        let seen = group.seen(&*store, election).await?;
+        let changed = printed.as_ref().is_none_or(|(status, group)| {
+            !status.same_as(&current) || !GroupSeen::same(group.as_ref(), seen.as_ref())
+        });
+        if changed {
+            if printed
+                .as_ref()
+                .is_some_and(|(status, _)| status.is_unknown() && !current.is_unknown())
+            {
+                tracing::info!(%election, "the store answers again");
+            }
+            let unknown = match &current {
+                LeaderStatus::Unknown { error } => Some(error.clone()),
+                LeaderStatus::Known(_) => seen.as_ref().and_then(GroupSeen::unknown),
+            };
+            let mut line = match &unknown {
+                Some(error) => {
                     tracing::warn!(%election, %error,
                         "the store does not answer; the leader is unknown until it does");
                     Status::unknown(election, error)
                 }
+                None => Status::new(election, current.leader()),
             };
+            line.group = seen.as_ref().map(GroupSeen::json);
             print_line(&serde_json::to_string(&line)?)?;
-            printed = Some(current);
+            printed = Some((current, seen));
         }
         tokio::select! {
             changed = watch.changed() => if changed.is_err() {
@@ -323,8 +338,146 @@ pub async fn observe(args: ObserveArgs) -> anyhow::Result<ExitCode> {
                 store.leader(election).await?;
                 anyhow::bail!("the store stopped reporting changes")
             },
+            () = group.changed() => {}
             _ = interrupt.recv() => return Ok(ExitCode::SUCCESS),
             _ = terminate.recv() => return Ok(ExitCode::SUCCESS),
+        }
+    }
+}
+
+/// What `observe` watches of a group: its members' notes and, once it has
+/// members, each shard's or slot's election. Any change wakes
+/// [`GroupWatch::changed`].
+struct GroupWatch {
+    /// `None` on a store that keeps no notes, and so no groups.
+    notes: Option<leasehold::NoteWatch>,
+    /// The kind the watched elections are for, and their watches.
+    owners: Option<(leasehold::group::GroupKind, Vec<leasehold::StatusWatch>)>,
+    /// Woken by the tasks that wait on the elections' watches.
+    wake: std::sync::Arc<tokio::sync::Notify>,
+    forwarders: tokio::task::JoinSet<()>,
+}
+
+/// The group as `observe` last saw it.
+struct GroupSeen {
+    kind: leasehold::group::GroupKind,
+    members: Vec<leasehold::group::Member>,
+    owners: Vec<(ElectionName, LeaderStatus)>,
+}
+
+impl GroupSeen {
+    fn same(a: Option<&Self>, b: Option<&Self>) -> bool {
+        match (a, b) {
+            (None, None) => true,
+            (Some(a), Some(b)) => {
+                a.kind == b.kind
+                    && a.members.len() == b.members.len()
+                    && a.members
+                        .iter()
+                        .zip(&b.members)
+                        .all(|(a, b)| a.candidate == b.candidate)
+                    && a.owners.len() == b.owners.len()
+                    && a.owners
+                        .iter()
+                        .zip(&b.owners)
+                        .all(|((_, a), (_, b))| a.same_as(b))
+            }
+            _ => false,
+        }
+    }
+
+    /// Why an owner is unknown, if one is.
+    fn unknown(&self) -> Option<String> {
+        self.owners.iter().find_map(|(_, status)| match status {
+            LeaderStatus::Unknown { error } => Some(error.clone()),
+            LeaderStatus::Known(_) => None,
+        })
+    }
+
+    fn json(&self) -> GroupJson {
+        let holders = self
+            .owners
+            .iter()
+            .map(|(name, status)| (name.clone(), status.leader().cloned()))
+            .collect();
+        GroupJson::new(self.kind, &self.members, holders)
+    }
+}
+
+impl GroupWatch {
+    async fn new(store: &dyn leasehold::Store, group: &ElectionName) -> anyhow::Result<Self> {
+        let notes = match store.watch_notes(group).await {
+            Ok(notes) => Some(notes),
+            Err(leasehold::Error::Unsupported(_)) => None,
+            Err(error) => return Err(error.into()),
+        };
+        Ok(GroupWatch {
+            notes,
+            owners: None,
+            wake: std::sync::Arc::default(),
+            forwarders: tokio::task::JoinSet::new(),
+        })
+    }
+
+    /// The group now, if the name has members; watches its elections from
+    /// the first time it has, and again if its kind changes (the group
+    /// emptied and formed anew).
+    async fn seen(
+        &mut self,
+        store: &dyn leasehold::Store,
+        group: &ElectionName,
+    ) -> anyhow::Result<Option<GroupSeen>> {
+        let Some(notes) = self.notes.as_mut() else {
+            return Ok(None);
+        };
+        let members = leasehold::group::members(&notes.borrow_and_update());
+        let Some(kind) = members.first().map(|m| m.kind) else {
+            return Ok(None);
+        };
+        let members: Vec<_> = members.into_iter().filter(|m| m.kind == kind).collect();
+        if self.owners.as_ref().is_none_or(|(k, _)| *k != kind) {
+            self.forwarders.abort_all();
+            let mut watches = Vec::with_capacity(kind.count() as usize);
+            for k in 0..kind.count() {
+                let watch = store.watch_status(&kind.election(group, k)?).await?;
+                let wake = self.wake.clone();
+                let mut forward = watch.clone();
+                self.forwarders.spawn(async move {
+                    while forward.changed().await.is_ok() {
+                        wake.notify_one();
+                    }
+                });
+                watches.push(watch);
+            }
+            self.owners = Some((kind, watches));
+        }
+        let owners = match &self.owners {
+            Some((_, watches)) => (0..kind.count())
+                .zip(watches)
+                .map(|(k, w)| Ok((kind.election(group, k)?, w.borrow().clone())))
+                .collect::<leasehold::Result<Vec<_>>>()?,
+            None => Vec::new(),
+        };
+        Ok(Some(GroupSeen {
+            kind,
+            members,
+            owners,
+        }))
+    }
+
+    /// Resolves when the members or an owner may have changed; never on a
+    /// store without notes.
+    async fn changed(&mut self) {
+        let Some(notes) = self.notes.as_mut() else {
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            changed = notes.changed() => if changed.is_err() {
+                // The notes' watch ended for good; the leader's watch says
+                // why. Only the owners' changes can wake this from now.
+                self.notes = None;
+            },
+            () = self.wake.notified() => {}
         }
     }
 }

@@ -390,6 +390,98 @@ fn a_shard_member_serves_its_view() {
     );
 }
 
+/// `observe` on a group's name prints the group again whenever a member
+/// joins or leaves or a shard changes owner: its members, how many shards
+/// each owns, and each shard's owner with its token.
+#[test]
+fn observe_follows_a_groups_members_and_owners() {
+    let scratch = Scratch::new();
+    let store = scratch.store_url();
+    let a = member(&store, &scratch, "a", &["--shards", "2"]);
+    assert!(
+        wait_until(20 * SECOND, || loads(&store, &["a"]) == (vec![2], 2)),
+        "a never took both shards"
+    );
+    let mut observer = Proc::spawn(
+        leasehold()
+            .args(["observe", "--election", GROUP, "--store", &store])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null()),
+    );
+    let stdout = observer.child.stdout.take().expect("stdout");
+    let (lines_tx, lines) = std::sync::mpsc::channel::<serde_json::Value>();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let value = serde_json::from_str(&line).expect("observe prints JSON lines");
+            if lines_tx.send(value).is_err() {
+                return;
+            }
+        }
+    });
+    // Each member's count of shards, as one line of `observe` says.
+    let owns = |line: &serde_json::Value| -> Vec<(String, u64)> {
+        line["group"]["members"]
+            .as_array()
+            .map(|members| {
+                members
+                    .iter()
+                    .map(|m| {
+                        (
+                            m["id"].as_str().unwrap_or("?").to_owned(),
+                            m["owns"].as_u64().unwrap_or(0),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let until = |want: &[(&str, u64)]| -> serde_json::Value {
+        let deadline = std::time::Instant::now() + 30 * SECOND;
+        let mut seen = Vec::new();
+        while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+            let Ok(line) = lines.recv_timeout(left) else {
+                break;
+            };
+            assert_eq!(line["election"], GROUP, "{line}");
+            assert_eq!(line["group"]["kind"], "shards", "{line}");
+            assert_eq!(line["group"]["count"], 2, "{line}");
+            let got = owns(&line);
+            if got
+                .iter()
+                .map(|(id, n)| (id.as_str(), *n))
+                .eq(want.iter().copied())
+            {
+                return line;
+            }
+            seen.push(line);
+        }
+        panic!("observe never printed {want:?}; it printed {seen:?}");
+    };
+    let first = until(&[("a", 2)]);
+    let owners = first["group"]["owners"].as_array().expect("owners");
+    assert_eq!(owners.len(), 2, "{first}");
+    for (k, owner) in owners.iter().enumerate() {
+        assert_eq!(owner["index"], k, "{first}");
+        assert_eq!(owner["election"], format!("{GROUP}/shard/{k}"), "{first}");
+        assert_eq!(owner["owner"]["id"], "a", "{first}");
+        assert!(owner["owner"]["token"].as_u64().is_some(), "{first}");
+    }
+    let b = member(&store, &scratch, "b", &["--shards", "2"]);
+    until(&[("a", 1), ("b", 1)]);
+    b.signal(nix::sys::signal::Signal::SIGTERM);
+    until(&[("a", 2)]);
+    observer.signal(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(
+        observer.wait_for_exit(10 * SECOND).and_then(|s| s.code()),
+        Some(0)
+    );
+    drop(a);
+}
+
 /// A shard whose command keeps exiting at once backs off (from
 /// `--restart-delay`, doubling, up to a minute), so a crash loop cannot
 /// keep the runner too busy to renew its lease.

@@ -18,7 +18,8 @@
 //!   session over one shared store handle, campaign for one election. The
 //!   time to the first grant, then R handovers (the leader resigns): the
 //!   time from the release to the next grant (p50 / p99), and the store
-//!   requests of all candidates per handover, renewals excepted.
+//!   requests of all candidates per handover, renewals excepted
+//!   (`GROUPS_TRACE=1` prints each handover's by kind).
 //! - **group of S shards over 4 members** (each its own handle): time to
 //!   settle from a cold start (all four at once); a fourth member joining
 //!   three settled ones (time to settle, shards moved); a member killed as
@@ -275,7 +276,19 @@ async fn contenders(url: &StoreUrl, c: usize, rounds: usize) -> Contended {
         }
         // The old leader joins the line again: part of the round's cost.
         tokio::time::sleep(Duration::from_millis(200)).await;
-        ops.push(requests(&handle.counts(), watch_reads()) - requests(&before, reads_before));
+        let (after, reads_after) = (handle.counts(), watch_reads());
+        if std::env::var_os("GROUPS_TRACE").is_some() {
+            eprintln!(
+                "handover: reads {} watches {} campaigns {} unwaited {} writes {} watch reads {}",
+                after.reads - before.reads,
+                after.watches - before.watches,
+                after.campaigns - before.campaigns,
+                after.unwaited - before.unwaited,
+                after.writes - before.writes,
+                reads_after - reads_before
+            );
+        }
+        ops.push(requests(&after, reads_after) - requests(&before, reads_before));
     }
     loops.abort_all();
     drop(current);

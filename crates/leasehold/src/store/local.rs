@@ -20,22 +20,38 @@ use async_trait::async_trait;
 
 /// What wakes a local store's waiters and watches: a bump of everything
 /// (anything may have changed: another process wrote, a holder's process
-/// died) or of one election (this process wrote to it). A write to one
-/// election thus wakes only that election's waiters and watches, so a
-/// process holding N elections does not read N of them at every grant.
+/// died) or of one [`Topic`] (this process wrote to it). A write to one
+/// election's holder thus wakes only that election's waiters and leader
+/// watches, so a process holding N elections does not read N of them at
+/// every grant; and a write to one note wakes only the watches of that
+/// note and of the election's whole line, so a line of C standbys, each
+/// watching its own note and the one ahead, does not read C notes at
+/// every step of the line.
 #[derive(Debug)]
 pub(crate) struct ChangeHub {
     /// Bumped when anything may have changed. In an `Arc` so that threads
     /// may hold it weakly (SQLite's watches of holders' processes).
     all: Arc<watch::Sender<u64>>,
-    /// One channel per election someone waits on or watches, bumped when
+    /// One channel per topic someone waits on or watches, bumped when
     /// this process wrote to it.
     each: Mutex<Each>,
 }
 
+/// What a local store's write changed, and what a waiter or watch waits
+/// on.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Topic {
+    /// The holder of an election: grants and releases.
+    Holder(ElectionName),
+    /// Any note on an election: what a watch of the whole line waits on.
+    Notes(ElectionName),
+    /// One note: its election, session and name.
+    Note(ElectionName, SessionId, String),
+}
+
 #[derive(Debug, Default)]
 struct Each {
-    channels: HashMap<ElectionName, watch::Sender<u64>>,
+    channels: HashMap<Topic, watch::Sender<u64>>,
     /// Channels nobody listens to are dropped when the map reaches this.
     prune_at: usize,
 }
@@ -69,16 +85,28 @@ impl ChangeHub {
         bump(&self.all);
     }
 
-    /// This process wrote to `election`: wakes its waiters and watches.
-    pub(crate) fn touched(&self, election: &ElectionName) {
+    /// This process wrote to `topic`: wakes its waiters and watches.
+    fn touched(&self, topic: &Topic) {
         let mut each = self.each();
-        if let Some(tx) = each.channels.get(election) {
+        if let Some(tx) = each.channels.get(topic) {
             if tx.receiver_count() == 0 {
-                each.channels.remove(election);
+                each.channels.remove(topic);
             } else {
                 bump(tx);
             }
         }
+    }
+
+    /// This process granted or released `election`.
+    pub(crate) fn holder_written(&self, election: &ElectionName) {
+        self.touched(&Topic::Holder(election.clone()));
+    }
+
+    /// This process put, amended or deleted `session`'s note `name` on
+    /// `election`.
+    pub(crate) fn note_written(&self, election: &ElectionName, session: SessionId, name: &str) {
+        self.touched(&Topic::Notes(election.clone()));
+        self.touched(&Topic::Note(election.clone(), session, name.to_owned()));
     }
 
     /// The channel bumped for everything, for those that hold it weakly.
@@ -87,8 +115,8 @@ impl ChangeHub {
         &self.all
     }
 
-    /// What wakes a waiter on, or a watch of, `election`.
-    pub(crate) fn subscribe(&self, election: &ElectionName) -> Changes {
+    /// What wakes a waiter on, or a watch of, `topic`.
+    pub(crate) fn subscribe(&self, topic: Topic) -> Changes {
         let all = self.all.subscribe();
         let mut each = self.each();
         if each.channels.len() >= each.prune_at {
@@ -97,14 +125,14 @@ impl ChangeHub {
         }
         let one = each
             .channels
-            .entry(election.clone())
+            .entry(topic)
             .or_insert_with(|| watch::channel(0).0)
             .subscribe();
         Changes { all, one }
     }
 }
 
-/// Wakes when anything in the store, or one election, may have changed
+/// Wakes when anything in the store, or one topic, may have changed
 /// (see [`ChangeHub`]).
 #[derive(Debug)]
 pub(crate) struct Changes {
@@ -159,8 +187,15 @@ const READ_RETRY: Duration = Duration::from_millis(250);
 
 #[async_trait]
 pub(crate) trait LocalBackend: Send + Sync + 'static {
-    /// What wakes a waiter on, or a watch of, `election`.
-    fn changes(&self, election: &ElectionName) -> Changes;
+    /// What wakes a waiter on, or a watch of, `topic`.
+    fn changes(&self, topic: Topic) -> Changes;
+    /// How long `session` is known to live without reading the store: a
+    /// session this handle renews, until the deadline its last renewal
+    /// set; `None` when not known (another handle's or process's).
+    fn known_alive(&self, session: SessionId) -> Option<Duration> {
+        let _ = session;
+        None
+    }
     /// One atomic acquisition attempt. `unwaited`: only if nobody holds
     /// the election, this session neither, and no live session keeps a
     /// note on it ([`Store::try_campaign_unwaited`]); else `Held`.
@@ -202,7 +237,7 @@ pub(crate) async fn campaign<B: LocalBackend + ?Sized>(
     election: &ElectionName,
     candidate: &CandidateId,
 ) -> Result<Grant> {
-    let mut changes = backend.changes(election);
+    let mut changes = backend.changes(Topic::Holder(election.clone()));
     loop {
         // Mark the current version seen *before* attempting, so a change made
         // between the attempt and the wait still wakes us.
@@ -305,7 +340,7 @@ pub(crate) async fn watch_status<B: LocalBackend>(
     election: &ElectionName,
     held: Option<FencingToken>,
 ) -> Result<StatusWatch> {
-    let changes = backend.changes(election);
+    let changes = backend.changes(Topic::Holder(election.clone()));
     let source = LocalWatch {
         backend,
         election: election.clone(),
@@ -347,6 +382,17 @@ impl<B: LocalBackend> NoteSource for LocalNotes<B> {
     fn sleep(&self, duration: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         self.backend.sleep(duration)
     }
+
+    fn known_alive(&self, notes: &[Note]) -> Option<Duration> {
+        notes
+            .iter()
+            .map(|n| self.backend.known_alive(n.session))
+            .try_fold(None, |least: Option<Duration>, left| {
+                let left = left?;
+                Some(Some(least.map_or(left, |least| least.min(left))))
+            })
+            .flatten()
+    }
 }
 
 /// Watches the notes on `election`, or with `only` that one note (see
@@ -356,11 +402,15 @@ pub(crate) async fn watch_notes<B: LocalBackend>(
     election: &ElectionName,
     only: Option<(SessionId, &str)>,
 ) -> Result<NoteWatch> {
-    let changes = backend.changes(election);
+    let only = only.map(|(session, name)| (session, name.to_owned()));
+    let changes = backend.changes(match &only {
+        Some((session, name)) => Topic::Note(election.clone(), *session, name.clone()),
+        None => Topic::Notes(election.clone()),
+    });
     let source = LocalNotes {
         backend,
         election: election.clone(),
-        only: only.map(|(session, name)| (session, name.to_owned())),
+        only,
         changes,
     };
     note_watch::start(source, election).await

@@ -15,7 +15,7 @@ use crate::clock::{Clock, Instant, TokioClock};
 use crate::config::StoreTtl;
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
-use crate::store::local::{self, Attempt, ChangeHub, Changes, Expired, LocalBackend};
+use crate::store::local::{self, Attempt, ChangeHub, Changes, Expired, LocalBackend, Topic};
 use crate::store::{
     ElectionState, FencingToken, Grant, Leader, LeaderWatch, Note, NoteWatch, SessionId,
     SessionLease, StatusWatch, Store, check_note, known_only,
@@ -156,16 +156,24 @@ impl Inner {
         self.changes.everything();
     }
 
-    /// `election` was written: wakes its waiters and watches.
+    /// `election` was granted or released: wakes its waiters and leader
+    /// watches.
     fn touched(&self, election: &ElectionName) {
-        self.changes.touched(election);
+        self.changes.holder_written(election);
     }
 }
 
 #[async_trait]
 impl LocalBackend for Inner {
-    fn changes(&self, election: &ElectionName) -> Changes {
-        self.changes.subscribe(election)
+    fn changes(&self, topic: Topic) -> Changes {
+        self.changes.subscribe(topic)
+    }
+
+    fn known_alive(&self, session: SessionId) -> Option<Duration> {
+        // This store holds every session: how long one lives is known
+        // without a read (zero once it ended).
+        let now = self.clock.now();
+        Some(self.state().alive(session, now).unwrap_or_default())
     }
 
     async fn try_acquire(
@@ -348,7 +356,7 @@ impl Store for MemoryStore {
             }),
         }
         drop(state);
-        self.inner.touched(election);
+        self.inner.changes.note_written(election, session, name);
         Ok(())
     }
 
@@ -363,7 +371,7 @@ impl Store for MemoryStore {
             notes.retain(|n| n.session != session || n.name != name);
         }
         drop(state);
-        self.inner.touched(election);
+        self.inner.changes.note_written(election, session, name);
         Ok(())
     }
 
@@ -389,7 +397,7 @@ impl Store for MemoryStore {
         };
         note.text = text.to_owned();
         drop(state);
-        self.inner.touched(election);
+        self.inner.changes.note_written(election, session, name);
         Ok(true)
     }
 

@@ -31,6 +31,15 @@ pub(crate) trait NoteSource: Send + 'static {
 
     /// Sleeps on the store's clock.
     fn sleep(&self, duration: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+
+    /// How long every session keeping `notes` is known to live on without
+    /// a read (sessions this handle renews itself); `None` if one is not
+    /// known, or there are no notes. At the expiry a read gave, the watch
+    /// reads again only if this does not push the expiry on.
+    fn known_alive(&self, notes: &[Note]) -> Option<Duration> {
+        let _ = notes;
+        None
+    }
 }
 
 /// Reads the notes once (so a failure to read is the caller's error) and
@@ -64,7 +73,15 @@ async fn drive<S: NoteSource>(
                 }
                 Event::Ended => return,
             },
-            () = &mut at_expiry => {}
+            () = &mut at_expiry => {
+                // Sessions that this handle renews since the read live on:
+                // no read until their new deadline.
+                let known = source.known_alive(&tx.borrow());
+                if let Some(left) = known.filter(|left| !left.is_zero()) {
+                    at_expiry = wake_at(&source, Some(left));
+                    continue;
+                }
+            }
         }
         let read = loop {
             #[cfg(feature = "testing")]

@@ -50,6 +50,7 @@
 //! - [`SqliteStore::open_read_only`] creates nothing, writes nothing, and
 //!   reports a missing or empty file as [`Error::NotFound`].
 
+use std::collections::HashMap;
 use std::fs::{File, Metadata, OpenOptions};
 use std::future::Future;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
@@ -71,7 +72,7 @@ use crate::config::{CheckedTtl, StoreTtl};
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
 use crate::store::cleanup::OnDrop;
-use crate::store::local::{self, Attempt, ChangeHub, Changes, Expired, LocalBackend};
+use crate::store::local::{self, Attempt, ChangeHub, Changes, Expired, LocalBackend, Topic};
 use crate::store::{
     ElectionState, FencingToken, Grant, Leader, LeaderWatch, Note, NoteWatch, SessionId,
     SessionLease, StatusWatch, Store, known_only, session_key,
@@ -177,6 +178,11 @@ struct Inner {
     /// to it, of all after another process wrote (see `notify`) or a
     /// holder's process died (see `liveness`).
     changes: Arc<ChangeHub>,
+    /// The deadline that this handle's last renewal of each of its
+    /// sessions set: until then a session is known to live without a read
+    /// (`LocalBackend::known_alive`), so the notes watches of a line whose
+    /// sessions this process renews do not read at each session's expiry.
+    renewed: Mutex<HashMap<SessionId, tokio::time::Instant>>,
     notifier: OnceLock<()>,
     stop_notifier: CancellationToken,
     _stop_on_drop: DropGuard,
@@ -369,6 +375,7 @@ impl SqliteStore {
             inner: Arc::new(Inner {
                 db,
                 changes: Arc::new(ChangeHub::new()),
+                renewed: Mutex::default(),
                 notifier: OnceLock::new(),
                 _stop_on_drop: stop_notifier.clone().drop_guard(),
                 stop_notifier,
@@ -1959,9 +1966,19 @@ impl Inner {
             .map_err(|e| Error::unavailable("sqlite worker failed", e))?
     }
 
-    /// This process wrote to `election`.
+    /// Records (`Some`) or forgets (`None`) the deadline of `session`.
+    fn renewed(&self, session: SessionId, deadline: Option<tokio::time::Instant>) {
+        // Every mutation is one map operation: nothing half-done to recover.
+        let mut renewed = self.renewed.lock().unwrap_or_else(|p| p.into_inner());
+        match deadline {
+            Some(deadline) => renewed.insert(session, deadline),
+            None => renewed.remove(&session),
+        };
+    }
+
+    /// This process granted or released `election`.
     fn written(&self, election: &ElectionName) {
-        self.changes.touched(election);
+        self.changes.holder_written(election);
     }
 
     /// Starts the inotify watch of the database's folder, once: it bumps
@@ -2018,9 +2035,15 @@ impl Inner {
 
 #[async_trait]
 impl LocalBackend for Inner {
-    fn changes(&self, election: &ElectionName) -> Changes {
+    fn changes(&self, topic: Topic) -> Changes {
         self.watch_files();
-        self.changes.subscribe(election)
+        self.changes.subscribe(topic)
+    }
+
+    fn known_alive(&self, session: SessionId) -> Option<Duration> {
+        let renewed = self.renewed.lock().unwrap_or_else(|p| p.into_inner());
+        let deadline = *renewed.get(&session)?;
+        Some(deadline.saturating_duration_since(tokio::time::Instant::now()))
     }
 
     async fn try_acquire(
@@ -2048,7 +2071,7 @@ impl LocalBackend for Inner {
             {
                 let election = grant.election.clone();
                 let released = tokio::task::spawn_blocking(move || db.resign(&grant)).await;
-                changes.touched(&election);
+                changes.holder_written(&election);
                 tracing::debug!(?released, "released the grant of a cancelled campaign");
             }
         });
@@ -2105,16 +2128,26 @@ impl LocalBackend for Inner {
 impl Store for SqliteStore {
     async fn open_session(&self, ttl: Duration) -> Result<SessionLease> {
         let ttl = TTL.check(ttl)?;
-        self.inner.blocking(move |db| db.open_session(ttl)).await
+        // Read before the request: the store's deadline is no earlier.
+        let sent = tokio::time::Instant::now();
+        let lease = self.inner.blocking(move |db| db.open_session(ttl)).await?;
+        self.inner.renewed(lease.id, Some(sent + lease.ttl));
+        Ok(lease)
     }
 
     async fn keep_alive(&self, session: SessionId) -> Result<Duration> {
-        self.inner
+        let sent = tokio::time::Instant::now();
+        let renewed = self
+            .inner
             .on_own_thread(move |db| db.keep_alive(session))
-            .await
+            .await;
+        self.inner
+            .renewed(session, renewed.as_ref().ok().map(|left| sent + *left));
+        renewed
     }
 
     async fn close_session(&self, session: SessionId) -> Result<()> {
+        self.inner.renewed(session, None);
         self.inner
             .blocking(move |db| db.close_session(session))
             .await?;
@@ -2155,11 +2188,11 @@ impl Store for SqliteStore {
         name: &str,
         text: &str,
     ) -> Result<()> {
-        let (owned, name, text) = (election.clone(), name.to_owned(), text.to_owned());
+        let (owned, owned_name, text) = (election.clone(), name.to_owned(), text.to_owned());
         self.inner
-            .blocking(move |db| db.put_note(session, &owned, &name, &text))
+            .blocking(move |db| db.put_note(session, &owned, &owned_name, &text))
             .await?;
-        self.inner.written(election);
+        self.inner.changes.note_written(election, session, name);
         Ok(())
     }
 
@@ -2169,11 +2202,11 @@ impl Store for SqliteStore {
         election: &ElectionName,
         name: &str,
     ) -> Result<()> {
-        let (owned, name) = (election.clone(), name.to_owned());
+        let (owned, owned_name) = (election.clone(), name.to_owned());
         self.inner
-            .blocking(move |db| db.delete_note(session, &owned, &name))
+            .blocking(move |db| db.delete_note(session, &owned, &owned_name))
             .await?;
-        self.inner.written(election);
+        self.inner.changes.note_written(election, session, name);
         Ok(())
     }
 
@@ -2184,13 +2217,13 @@ impl Store for SqliteStore {
         name: &str,
         text: &str,
     ) -> Result<bool> {
-        let (owned, name, text) = (election.clone(), name.to_owned(), text.to_owned());
+        let (owned, owned_name, text) = (election.clone(), name.to_owned(), text.to_owned());
         let amended = self
             .inner
-            .blocking(move |db| db.amend_note(session, &owned, &name, &text))
+            .blocking(move |db| db.amend_note(session, &owned, &owned_name, &text))
             .await?;
         if amended {
-            self.inner.written(election);
+            self.inner.changes.note_written(election, session, name);
         }
         Ok(amended)
     }

@@ -30,6 +30,7 @@ pub use counting::{CountingStore, Counts};
 #[cfg(feature = "etcd")]
 pub use etcd_cluster::EtcdCluster;
 pub use faults::FaultyStore;
+pub use planned::a_line_on_one_handle_reads_only_at_its_front;
 #[cfg(feature = "postgres")]
 pub use postgres_server::{PostgresServer, SECURED_HBA, Shutdown};
 pub use rng::Rng;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::{Instant, timeout};
 
-use super::{CountingStore, Counts, StoreHarness, unique_election};
+use super::{CountingStore, Counts, StoreHarness, unique_election, watch_reads_of};
 use crate::config::LeaseConfig;
 use crate::elector::{Elector, HandoverCause, Leadership};
 use crate::error::Error;
@@ -429,6 +429,72 @@ pub async fn a_transfer_wakes_only_the_front_of_the_line(harness: &dyn StoreHarn
     for task in tasks {
         task.abort();
     }
+}
+
+/// No herd on one handle: standbys that share one store handle (one
+/// process) with the leader, each on its own session, wait in line. While they wait
+/// (2.5 TTLs) and over a handover (the leader resigns, the first in line
+/// takes the election, the line moves up), the watches of the line read
+/// the store fewer times than there are standbys: only the front and the
+/// one behind a note that changed read. A write to one note that woke
+/// every standby's watches, or watches that each read at their sessions'
+/// expiry, would read at least twice per standby. (The local stores, whose
+/// watches are woken by the handle itself. Another process's write still
+/// wakes every watch of a SQLite handle: it cannot tell what changed.)
+pub async fn a_line_on_one_handle_reads_only_at_its_front(harness: &dyn StoreHarness) {
+    const WAITERS: usize = 12;
+    const SHORT: Duration = Duration::from_secs(2);
+    let election = unique_election("one-handle-line");
+    let shared = harness.open().await;
+    let config = LeaseConfig::with_ttl(SHORT);
+    let leader = Elector::new(Arc::clone(&shared), id("leader"), config).expect("config");
+    let leadership = within("leader campaigns", leader.campaign(&election))
+        .await
+        .expect("campaign");
+    let mut tasks = Vec::new();
+    let mut electors = Vec::new();
+    for i in 0..WAITERS {
+        let elector = Arc::new(
+            Elector::new(Arc::clone(&shared), id(&format!("w{i}")), config).expect("config"),
+        );
+        tasks.push(join(Arc::clone(&elector), &election, &shared).await);
+        electors.push(elector);
+    }
+    // The standbys open their watches.
+    tokio::time::sleep(SHORT / 2).await;
+    let before = watch_reads_of(&election);
+    tokio::time::sleep(SHORT * 5 / 2).await;
+    let idle = watch_reads_of(&election) - before;
+    assert!(
+        idle < WAITERS as u64,
+        "{WAITERS} standbys on one handle read the store {idle} times in 2.5 TTLs of waiting"
+    );
+    let before = watch_reads_of(&election);
+    leadership.resign().await.expect("resign");
+    let next = within("the first in line takes over", tasks.remove(0))
+        .await
+        .expect("task");
+    // The line moves up: the new front watches the whole line.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let handover = watch_reads_of(&election) - before;
+    assert!(
+        handover < WAITERS as u64,
+        "a handover read the store {handover} times in the watches of {WAITERS} standbys \
+         on one handle"
+    );
+    assert_eq!(
+        next.grant().candidate,
+        id("w0"),
+        "the first in line must take over"
+    );
+    next.resign().await.expect("resign");
+    for task in tasks {
+        task.abort();
+    }
+    for elector in electors {
+        let _ = elector.close().await;
+    }
+    let _ = leader.close().await;
 }
 
 /// An uncontended campaign takes a free election with one request

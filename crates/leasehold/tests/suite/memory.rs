@@ -25,3 +25,13 @@ impl StoreHarness for MemoryHarness {
 }
 
 leasehold::conformance_tests!(async { MemoryHarness(MemoryStore::new()) });
+
+/// The local stores' watches are woken by the handle itself: a line on one
+/// handle must not herd (see the case).
+#[tokio::test]
+async fn a_line_on_one_handle_reads_only_at_its_front() {
+    leasehold::testing::a_line_on_one_handle_reads_only_at_its_front(&MemoryHarness(
+        MemoryStore::new(),
+    ))
+    .await;
+}

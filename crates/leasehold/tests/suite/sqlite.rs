@@ -39,6 +39,13 @@ impl StoreHarness for SqliteHarness {
 
 leasehold::conformance_tests!(async { SqliteHarness::new() });
 
+/// The local stores' watches are woken by the handle itself: a line on one
+/// handle must not herd (see the case).
+#[tokio::test]
+async fn a_line_on_one_handle_reads_only_at_its_front() {
+    leasehold::testing::a_line_on_one_handle_reads_only_at_its_front(&SqliteHarness::new()).await;
+}
+
 #[test]
 fn a_directory_is_refused() {
     let dir = tempfile::tempdir().expect("temp dir");

@@ -235,12 +235,19 @@ async fn contenders(url: &StoreUrl, c: usize, rounds: usize) -> Contended {
         let (election, tx) = (election.clone(), tx.clone());
         loops.spawn(async move {
             loop {
-                if let Ok(leadership) = elector.campaign(&election).await {
-                    let (done_tx, done) = tokio::sync::oneshot::channel::<()>();
-                    if tx.send((leadership, done_tx)).is_err() {
-                        return;
+                match elector.campaign(&election).await {
+                    Ok(leadership) => {
+                        let (done_tx, done) = tokio::sync::oneshot::channel::<()>();
+                        if tx.send((leadership, done_tx)).is_err() {
+                            return;
+                        }
+                        let _ = done.await;
                     }
-                    let _ = done.await;
+                    Err(error) => {
+                        if std::env::var_os("GROUPS_TRACE").is_some() {
+                            eprintln!("campaign failed: {error}");
+                        }
+                    }
                 }
             }
         });

@@ -183,6 +183,9 @@ struct Inner {
     /// (`LocalBackend::known_alive`), so the notes watches of a line whose
     /// sessions this process renews do not read at each session's expiry.
     renewed: Mutex<HashMap<SessionId, tokio::time::Instant>>,
+    /// Renewals asked for and not yet sent: one thread renews all that
+    /// are waiting in one transaction (see `Inner::renew`).
+    renewing: Arc<Mutex<RenewalQueue>>,
     notifier: OnceLock<()>,
     stop_notifier: CancellationToken,
     _stop_on_drop: DropGuard,
@@ -376,6 +379,7 @@ impl SqliteStore {
                 db,
                 changes: Arc::new(ChangeHub::new()),
                 renewed: Mutex::default(),
+                renewing: Arc::default(),
                 notifier: OnceLock::new(),
                 _stop_on_drop: stop_notifier.clone().drop_guard(),
                 stop_notifier,
@@ -1179,45 +1183,78 @@ impl Db {
         })
     }
 
-    /// A renewal; once the file was replaced the session is gone with it
-    /// ([`Error::SessionExpired`]), so that its leaders step down at once.
-    fn keep_alive(&self, session: SessionId) -> Result<Duration> {
+    /// Renewals of `sessions` in one transaction (one synced commit for
+    /// all of them), each result in the order asked. Once the file was
+    /// replaced a session is gone with it ([`Error::SessionExpired`]), so
+    /// that its leaders step down at once.
+    fn keep_alive(&self, sessions: &[SessionId]) -> Vec<Result<Duration>> {
+        match self.renew_all(sessions) {
+            Ok(rows) => rows
+                .into_iter()
+                .zip(sessions)
+                .map(|(ttl_ms, &session)| match ttl_ms {
+                    Some(ms) => Ok(Duration::from_millis(ms.unsigned_abs())),
+                    None => {
+                        // Gone or past its expiry, which the shared monotonic
+                        // clock never takes back: no one will test its lock
+                        // again.
+                        self.release_lock(session);
+                        Err(Error::SessionExpired(session))
+                    }
+                })
+                .collect(),
+            Err(error) => match sessions {
+                [session] => vec![Err(renewal_error(error, *session))],
+                _ => sessions
+                    .iter()
+                    .map(|&session| Err(renewal_error(shared_error(&error), session)))
+                    .collect(),
+            },
+        }
+    }
+
+    /// The granted TTL of each session renewed, `None` for one that is
+    /// gone or past its expiry.
+    fn renew_all(&self, sessions: &[SessionId]) -> Result<Vec<Option<i64>>> {
         self.writable()?;
-        let expired = |error: Error| match error {
-            Error::Replaced(_) => Error::SessionExpired(session),
-            other => other,
-        };
         let mut conn = self.conn_for_renewal();
-        self.usable(&conn).map_err(expired)?;
+        self.usable(&conn)?;
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(self.err())?;
         let now = monotonic_ns();
-        let renewed: Option<(i64, i64)> = tx
-            .query_row(
-                "UPDATE sessions SET expires_at_ns = ?3 + ttl_ms * 1000000
-                 WHERE id = ?1 AND boot_id = ?2 AND expires_at_ns > ?3
-                 RETURNING ttl_ms, expires_at_ns",
-                params![session_key(session)?, self.boot_id, now],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .optional()
-            .map_err(self.err())?;
-        self.usable(&tx).map_err(expired)?;
-        // Before the commit: the lock must outlast the row's new expiry.
-        if let (Some((_, expires_at_ns)), Ok(key)) = (renewed, session_key(session)) {
-            liveness::Liveness::renewed(key, expires_at_ns);
-        }
-        tx.commit().map_err(self.err())?;
-        match renewed {
-            Some((ms, _)) => Ok(Duration::from_millis(ms.unsigned_abs())),
-            None => {
-                // Gone or past its expiry, which the shared monotonic clock
-                // never takes back: no one will test its lock again.
-                self.release_lock(session);
-                Err(Error::SessionExpired(session))
+        let mut rows = Vec::with_capacity(sessions.len());
+        {
+            let mut update = tx
+                .prepare_cached(
+                    "UPDATE sessions SET expires_at_ns = ?3 + ttl_ms * 1000000
+                     WHERE id = ?1 AND boot_id = ?2 AND expires_at_ns > ?3
+                     RETURNING ttl_ms, expires_at_ns",
+                )
+                .map_err(self.err())?;
+            for &session in sessions {
+                // An id SQLite never issued names no session.
+                let Ok(key) = session_key(session) else {
+                    rows.push(None);
+                    continue;
+                };
+                let renewed: Option<(i64, i64)> = update
+                    .query_row(params![key, self.boot_id, now], |r| {
+                        Ok((r.get(0)?, r.get(1)?))
+                    })
+                    .optional()
+                    .map_err(self.err())?;
+                // Before the commit: the lock must outlast the row's new
+                // expiry.
+                if let Some((_, expires_at_ns)) = renewed {
+                    liveness::Liveness::renewed(key, expires_at_ns);
+                }
+                rows.push(renewed.map(|(ttl_ms, _)| ttl_ms));
             }
         }
+        self.usable(&tx)?;
+        tx.commit().map_err(self.err())?;
+        Ok(rows)
     }
 
     /// Closing a session of a replaced file is not an error: the file that
@@ -1934,24 +1971,93 @@ fn why_cannot_open(path: &Path) -> String {
     }
 }
 
+/// A lock whose holder panicked: every change under it is one assignment
+/// or one `Vec` operation, so nothing is left half-done.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Renewals waiting for the renewal thread, and whether it runs.
+#[derive(Debug, Default)]
+struct RenewalQueue {
+    pending: Vec<(SessionId, tokio::sync::oneshot::Sender<Result<Duration>>)>,
+    running: bool,
+}
+
+/// The renewal thread: renews, in one transaction, every renewal waiting,
+/// until none is; then it ends (the next renewal starts another).
+fn renew_while_asked(db: &Db, queue: &Mutex<RenewalQueue>) {
+    loop {
+        let batch = {
+            let mut queue = lock(queue);
+            if queue.pending.is_empty() {
+                queue.running = false;
+                return;
+            }
+            std::mem::take(&mut queue.pending)
+        };
+        let sessions: Vec<SessionId> = batch.iter().map(|(session, _)| *session).collect();
+        for ((_, waiter), renewed) in batch.into_iter().zip(db.keep_alive(&sessions)) {
+            let _ = waiter.send(renewed);
+        }
+    }
+}
+
+/// A renewal that failed because the file was replaced ends the session:
+/// the file that held it is no longer the store.
+fn renewal_error(error: Error, session: SessionId) -> Error {
+    match error {
+        Error::Replaced(_) => Error::SessionExpired(session),
+        other => other,
+    }
+}
+
+/// The failure of a transaction that renewed several sessions, for each of
+/// them: the same kind where it matters (a replaced file), else the same
+/// words.
+fn shared_error(error: &Error) -> Error {
+    match error {
+        Error::Replaced(what) => Error::Replaced(what.clone()),
+        other => Error::Unavailable {
+            reason: other.to_string(),
+            source: None,
+        },
+    }
+}
+
 impl Inner {
-    /// Runs `op` on the blocking pool: SQLite calls may wait on the file lock.
-    /// Runs `op` on a thread of its own rather than on tokio's blocking
-    /// pool, whose queue hundreds of reads may fill (every watch of a busy
-    /// process reads after each change): for renewals, which must never
-    /// wait behind them.
-    async fn on_own_thread<T: Send + 'static>(
-        &self,
-        op: impl FnOnce(&Db) -> Result<T> + Send + 'static,
-    ) -> Result<T> {
-        let db = Arc::clone(&self.db);
+    /// Renews `session`. Renewals run on a thread of their own rather
+    /// than on tokio's blocking pool, whose queue hundreds of reads may
+    /// fill (every watch of a busy process reads after each change), so
+    /// they never wait behind them; and the renewals asked for while one
+    /// transaction runs go together in the next, so a thousand sessions
+    /// of one process cost a few commits a period rather than a thousand.
+    async fn renew(&self, session: SessionId) -> Result<Duration> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        std::thread::Builder::new()
-            .name("leasehold-renewal".into())
-            .spawn(move || {
-                let _ = tx.send(op(&db));
-            })
-            .map_err(|e| Error::unavailable("cannot start a thread for the renewal", e))?;
+        let start = {
+            let mut queue = lock(&self.renewing);
+            queue.pending.push((session, tx));
+            !std::mem::replace(&mut queue.running, true)
+        };
+        if start {
+            let (db, queue) = (Arc::clone(&self.db), Arc::clone(&self.renewing));
+            let spawned = std::thread::Builder::new()
+                .name("leasehold-renewal".into())
+                .spawn(move || renew_while_asked(&db, &queue));
+            if let Err(e) = spawned {
+                let pending = {
+                    let mut queue = lock(&self.renewing);
+                    queue.running = false;
+                    std::mem::take(&mut queue.pending)
+                };
+                for (_, waiter) in pending {
+                    let _ = waiter.send(Err(Error::Unavailable {
+                        reason: format!("cannot start a thread for the renewal: {e}"),
+                        source: None,
+                    }));
+                }
+            }
+        }
         rx.await
             .map_err(|e| Error::unavailable("sqlite renewal thread failed", e))?
     }
@@ -2137,10 +2243,7 @@ impl Store for SqliteStore {
 
     async fn keep_alive(&self, session: SessionId) -> Result<Duration> {
         let sent = tokio::time::Instant::now();
-        let renewed = self
-            .inner
-            .on_own_thread(move |db| db.keep_alive(session))
-            .await;
+        let renewed = self.inner.renew(session).await;
         self.inner
             .renewed(session, renewed.as_ref().ok().map(|left| sent + *left));
         renewed

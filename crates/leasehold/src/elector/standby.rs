@@ -79,7 +79,7 @@ impl Elector {
             if let Some(ahead) = ahead
                 && line::chosen(&notes) != Some(sid)
             {
-                marked = self.wait_behind(sid, ahead.session, election).await?;
+                marked = self.wait_behind(sid, ahead, election).await?;
             }
             // A leader's mark is the handover's critical path: straight
             // to the front, which reads the whole line as it opens its
@@ -103,13 +103,19 @@ impl Elector {
             .await
     }
 
-    /// Waits, behind the standby whose session is `ahead`, until that one
-    /// leaves the line (`false`) or a leader marks this candidate as its
-    /// choice (`true`). Changes of any other note never reach it.
+    /// Waits, behind the standby `ahead` (as the line read showed it),
+    /// until that one leaves the line or its note is no longer the one
+    /// read (`false`), or a leader marks this candidate as its choice
+    /// (`true`). Changes of any other note never reach it.
+    ///
+    /// A note put again (its candidate's campaign failed and started over,
+    /// a delete and a put that one read of the store saw as one) stands
+    /// later in the line: the candidate may now wait behind this one, and
+    /// waiting on would close a ring in which nobody is first.
     async fn wait_behind(
         &self,
         sid: crate::grant::SessionId,
-        ahead: crate::grant::SessionId,
+        ahead: &line::Standby,
         election: &ElectionName,
     ) -> Result<bool> {
         let mut own = self
@@ -118,7 +124,7 @@ impl Elector {
             .await?;
         let mut front = self
             .store
-            .watch_note(ahead, election, line::CANDIDATE)
+            .watch_note(ahead.session, election, line::CANDIDATE)
             .await?;
         loop {
             let mine = line::standbys(&own.borrow_and_update());
@@ -128,7 +134,10 @@ impl Elector {
                 None => return Ok(false),
                 Some(_) => {}
             }
-            if front.borrow_and_update().is_empty() {
+            let still_ahead = line::standbys(&front.borrow_and_update())
+                .first()
+                .is_some_and(|now| now.order == ahead.order && now.priority == ahead.priority);
+            if !still_ahead {
                 return Ok(false);
             }
             tokio::select! {
@@ -332,5 +341,88 @@ impl Drop for LeaveLine {
                 }
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::LeaseConfig;
+    use crate::names::CandidateId;
+    use crate::store::memory::MemoryStore;
+
+    const TTL: Duration = Duration::from_secs(30);
+
+    async fn join(
+        store: &dyn Store,
+        election: &ElectionName,
+        who: &str,
+    ) -> crate::grant::SessionId {
+        let session = store.open_session(TTL).await.expect("a session").id;
+        let id = CandidateId::new(who).expect("valid id");
+        store
+            .put_note(
+                session,
+                election,
+                line::CANDIDATE,
+                &line::candidate_note(0, &id),
+            )
+            .await
+            .expect("a note");
+        session
+    }
+
+    /// `a` waits first in line, `b` behind it. `a`'s campaign fails and
+    /// starts over: its note is deleted and put again, which `b`'s watch
+    /// may see as one change (the read after a broken etcd watch did),
+    /// and `a` now waits behind `b`. `b` must stop waiting for `a`, or
+    /// neither is ever first.
+    #[tokio::test]
+    async fn a_standby_ahead_that_joined_the_line_again_is_not_waited_for() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let election = ElectionName::new("ring").expect("valid name");
+        let a = join(&*store, &election, "a").await;
+        let b = join(&*store, &election, "b").await;
+        let read = line::line(&*store, &election).await.expect("the line");
+        let ahead = read[0].clone();
+        assert_eq!((ahead.session, read[1].session), (a, b));
+
+        let elector = Elector::new(
+            Arc::clone(&store),
+            CandidateId::new("b").expect("valid id"),
+            LeaseConfig::with_ttl(TTL),
+        )
+        .expect("config");
+        // While `a`'s note is the one read, `b` waits.
+        let waiting = tokio::time::timeout(
+            Duration::from_millis(200),
+            elector.wait_behind(b, &ahead, &election),
+        )
+        .await;
+        assert!(waiting.is_err(), "b stopped waiting for a: {waiting:?}");
+
+        store
+            .delete_note(a, &election, line::CANDIDATE)
+            .await
+            .expect("delete");
+        let id = CandidateId::new("a").expect("valid id");
+        store
+            .put_note(a, &election, line::CANDIDATE, &line::candidate_note(0, &id))
+            .await
+            .expect("put again");
+        let now = line::line(&*store, &election).await.expect("the line");
+        assert_eq!((now[0].session, now[1].session), (b, a), "a joined again");
+
+        let waited = tokio::time::timeout(
+            Duration::from_secs(10),
+            elector.wait_behind(b, &ahead, &election),
+        )
+        .await;
+        assert!(
+            matches!(waited, Ok(Ok(false))),
+            "b still waits behind a, which waits behind b: {waited:?}"
+        );
     }
 }

@@ -224,6 +224,10 @@ struct Contended {
     requests: String,
 }
 
+/// How long a contender whose campaign failed waits before the next one
+/// (the runner's pause).
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+
 async fn contenders(url: &StoreUrl, c: usize, rounds: usize) -> Contended {
     let handle = Arc::new(CountingStore::new(open_patiently(url).await));
     let election = ElectionName::new(format!("contended-{c}")).expect("name");
@@ -247,6 +251,9 @@ async fn contenders(url: &StoreUrl, c: usize, rounds: usize) -> Contended {
                         if std::env::var_os("GROUPS_TRACE").is_some() {
                             eprintln!("campaign failed: {error}");
                         }
+                        // As `leasehold run` does: a thousand contenders
+                        // retrying at once would be a herd of their own.
+                        tokio::time::sleep(RETRY_AFTER).await;
                     }
                 }
             }

@@ -293,9 +293,15 @@ fn crashes_hand_over(site: &Site) {
     );
     assert!(!alive(command), "leasehold's command outlived its runner");
     let _ = lh.wait_for_exit(START);
-    let err = std::fs::read_to_string(scratch.path("lh-1.err")).unwrap_or_default();
+    // The guard logs once the store confirmed the release, which may be
+    // after foreign-2 saw it: its line may still be on the way.
+    let said = || {
+        std::fs::read_to_string(scratch.path("lh-1.err"))
+            .unwrap_or_default()
+            .contains("released the election for the next candidate")
+    };
     assert!(
-        err.contains("released the election for the next candidate"),
+        wait_until(START, said),
         "the guard did not say it released\n{}",
         report(dir)
     );

@@ -300,12 +300,13 @@ pub async fn the_highest_priority_standby_is_granted_first(harness: &dyn StoreHa
 pub async fn lock_delay_after_expiry_not_after_release(harness: &dyn StoreHarness) {
     let election = unique_election("lock-delay");
     let store = harness.open().await;
-    // A holder that stops renewing: a session nobody keeps alive.
+    // A holder that stops renewing: a session nobody keeps alive. Its
+    // opening is its only renewal, so its TTL runs from before it was sent.
+    let sent = Instant::now();
     let short = store
         .open_session(Duration::from_secs(1))
         .await
         .expect("open");
-    let sent = Instant::now();
     let expired = within(
         "campaign",
         store.campaign(short.id, &election, &id("vanishing")),

@@ -94,10 +94,11 @@ struct Shared {
     kick: tokio::sync::Notify,
 }
 
-/// Locks `mutex`; a panic elsewhere while it was held leaves the lease core
-/// consistent (each `handle` call completes or changes nothing that
-/// matters for safety), so a poisoned lock is used as it is.
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+/// Locks `mutex`, using a poisoned lock as it is: for state that a panic
+/// while the lock was held cannot leave half-changed. The lease core is
+/// such state (each `handle` call completes or changes nothing that
+/// matters for safety).
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 

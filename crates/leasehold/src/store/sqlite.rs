@@ -58,6 +58,8 @@ use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use crate::session::lock;
 use std::time::Duration;
 
 use crate::watch;
@@ -1971,13 +1973,9 @@ fn why_cannot_open(path: &Path) -> String {
     }
 }
 
-/// A lock whose holder panicked: every change under it is one assignment
-/// or one `Vec` operation, so nothing is left half-done.
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Renewals waiting for the renewal thread, and whether it runs.
+/// Renewals waiting for the renewal thread, and whether it runs. Every
+/// change under its lock is one assignment or one `Vec` operation, so a
+/// lock whose holder panicked is used as it is ([`lock`]).
 #[derive(Debug, Default)]
 struct RenewalQueue {
     pending: Vec<(SessionId, tokio::sync::oneshot::Sender<Result<Duration>>)>,
@@ -2422,5 +2420,47 @@ impl Store for SqliteStore {
     async fn session_ended(&self, _session: SessionId) {
         self.inner.watch_files();
         self.inner.db.replaced.cancelled().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Renewals that share one transaction each get their own answer: a
+    /// session past its expiry ends alone, the live one is renewed, and an
+    /// id SQLite never issued names no session.
+    #[tokio::test]
+    async fn renewals_in_one_transaction_are_answered_each_alone() {
+        let dir = tempfile::tempdir().expect("a temporary folder");
+        let store = SqliteStore::open(dir.path().join("leasehold.db")).expect("open");
+        let short = store
+            .open_session(Duration::from_millis(100))
+            .await
+            .expect("a short session");
+        let long = store
+            .open_session(Duration::from_secs(30))
+            .await
+            .expect("a long session");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let never = SessionId(u64::MAX);
+        let db = Arc::clone(&store.inner.db);
+        let sessions = [short.id, long.id, never];
+        let renewed = tokio::task::spawn_blocking(move || db.keep_alive(&sessions))
+            .await
+            .expect("the renewal");
+        assert_eq!(renewed.len(), 3);
+        assert!(
+            matches!(renewed[0], Err(Error::SessionExpired(id)) if id == short.id),
+            "{:?}",
+            renewed[0]
+        );
+        assert_eq!(
+            renewed[1].as_ref().ok().copied(),
+            Some(Duration::from_secs(30))
+        );
+        assert!(renewed[2].is_err(), "{:?}", renewed[2]);
+        // The live session was renewed, not ended with the expired one.
+        assert!(store.keep_alive(long.id).await.is_ok());
     }
 }

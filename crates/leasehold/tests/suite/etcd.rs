@@ -511,6 +511,45 @@ async fn keys_leasehold_did_not_write_are_never_taken_for_a_leader_nor_overwritt
     );
 }
 
+/// A handle whose connection carries nothing for seconds keeps its watch
+/// stream, so its waits read nothing while nothing changes. etcd closes a
+/// connection whose pings come closer together than its minimum (5 s
+/// unless set); pings a second apart had every wait of an idle handle read
+/// the store again every few seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_handle_keeps_its_watches_without_reading() {
+    let cluster = cluster().await;
+    let store = EtcdStore::connect(
+        &cluster.endpoints(),
+        "/idle",
+        &leasehold::store::Security::none(),
+    )
+    .await
+    .expect("connect");
+    let election = unique_election("idle");
+    // No renewals: nothing else travels on the connection.
+    let grant = leasehold::testing::campaign_on_new_session(
+        &store,
+        &election,
+        "a",
+        Duration::from_secs(60),
+    )
+    .await;
+    let mut held = store.watch_grant(&grant).await.expect("watch");
+    let mut seen = store.watch(&election).await.expect("watch");
+    let reads = || cluster.metric_sum(KV_CALLS[0]);
+    let before = reads();
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(reads() - before, 0.0, "reads while nothing changed");
+    store.resign(&grant).await.expect("release");
+    for watch in [&mut held, &mut seen] {
+        tokio::time::timeout(Duration::from_secs(10), watch.wait_for(Option::is_none))
+            .await
+            .expect("the release is seen")
+            .expect("the watch goes on");
+    }
+}
+
 /// A prefix an earlier leasehold (before the marker) filled is read as it
 /// is read-only, and gets the marker on its first use for writing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

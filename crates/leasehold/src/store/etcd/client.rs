@@ -25,6 +25,16 @@ use crate::store::security::Security;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long one attempt on one endpoint may take before the next is tried.
 pub const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(750);
+/// How long a connection may carry nothing before an HTTP/2 ping asks
+/// whether the member still answers. etcd refuses pings closer together
+/// than its `--grpc-keepalive-min-time` (5 s unless set): after a few, it
+/// closes the connection, and with it the watch stream that every wait
+/// of the handle shares, so that every wait read the store again. Pings
+/// a second apart did that to a process whose renewals were 5 s apart
+/// (the default TTL), every renewal period.
+const PING_AFTER: Duration = Duration::from_secs(6);
+/// How long a ping may go unanswered before the connection counts as lost.
+const PING_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// An etcd request that failed, kept with etcd's gRPC status where etcd
 /// refused it, so that callers tell its answers apart by code; as an
@@ -217,8 +227,8 @@ impl Members {
                     Error::invalid("etcd endpoint", format!("{endpoint:?} is not host:port"))
                 })?
                 .connect_timeout(Duration::from_secs(1))
-                .http2_keep_alive_interval(Duration::from_secs(1))
-                .keep_alive_timeout(Duration::from_secs(1))
+                .http2_keep_alive_interval(PING_AFTER)
+                .keep_alive_timeout(PING_TIMEOUT)
                 .keep_alive_while_idle(true)
                 .connect_with_connector_lazy(tower::service_fn(move |uri| {
                     connector.clone().connect(uri)

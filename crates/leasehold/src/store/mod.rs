@@ -270,6 +270,9 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// the watch does not read the store again at its expiry, since the
     /// holder's session ends its leadership at its own deadline; so holding
     /// many elections costs no request per election per renewal period.
+    /// A store may start it from the grant itself, unread (etcd watches
+    /// from the grant's revision on): the holder's `expires_in` then reads
+    /// zero, until another holder is read.
     ///
     /// The default is [`Store::watch`].
     async fn watch_grant(&self, grant: &Grant) -> Result<LeaderWatch> {

@@ -11,7 +11,7 @@ use crate::watch;
 use crate::error::{Error, Result};
 use crate::grant::Leader;
 use crate::names::ElectionName;
-use crate::store::{FencingToken, LeaderStatus, LeaderWatch, StatusWatch};
+use crate::store::{FencingToken, Grant, LeaderStatus, LeaderWatch, StatusWatch};
 
 /// A value a watch task publishes: a [`LeaderWatch`]'s `Option<Leader>`
 /// or a [`StatusWatch`]'s [`LeaderStatus`], so that every backend's watch
@@ -205,6 +205,31 @@ pub(crate) async fn start<S: Source>(
     let (tx, rx) = watch::channel(LeaderStatus::Known(first.clone()));
     tokio::spawn(drive(source, tx, election.clone(), first, held));
     Ok(rx)
+}
+
+/// As [`start`] for the holder of `grant`, without the first read: the
+/// source already watches from just after the grant was made (an etcd
+/// watch from the grant's revision on), so the grant is the holder it
+/// starts from, with `expires_in` zero (not read), and any later change
+/// comes as an event. A store whose history is gone from that revision
+/// (compacted) breaks the watch, and the task reads the holder as after
+/// any wake.
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+pub(crate) fn start_held<S: Source>(source: S, grant: &Grant) -> StatusWatch {
+    let first = Some(Leader {
+        candidate: grant.candidate.clone(),
+        token: grant.token,
+        expires_in: Duration::ZERO,
+    });
+    let (tx, rx) = watch::channel(LeaderStatus::Known(first.clone()));
+    tokio::spawn(drive(
+        source,
+        tx,
+        grant.election.clone(),
+        first,
+        Some(grant.token),
+    ));
+    rx
 }
 
 async fn drive<S: Source>(

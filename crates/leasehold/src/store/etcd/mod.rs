@@ -1479,9 +1479,15 @@ impl Store for EtcdStore {
     }
 
     async fn watch_grant(&self, grant: &Grant) -> Result<LeaderWatch> {
-        Ok(known_only(
-            self.watch_held(&grant.election, Some(grant.token)).await?,
-        ))
+        // The grant's token is the revision that made it: watching from
+        // just after it misses nothing, and needs no read (nor a lookup of
+        // the lease's time to live, which a holder's watch never uses).
+        let source = EtcdWatch {
+            store: self.clone(),
+            election: grant.election.clone(),
+            from: grant.token.to_i64_saturating().saturating_add(1),
+        };
+        Ok(known_only(leader_watch::start_held(source, grant)))
     }
 
     async fn elections(&self) -> Result<Vec<ElectionState>> {

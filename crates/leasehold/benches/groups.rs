@@ -155,6 +155,16 @@ async fn held(url: &StoreUrl, n: usize) -> Held {
     if std::env::var_os("GROUPS_TRACE").is_some() {
         let (late, at) = *lateness.lock().unwrap_or_else(|p| p.into_inner());
         eprintln!("held {n}: a 10 ms timer fired up to {late:?} late (at {at:?})");
+        let c = handle.counts();
+        eprintln!(
+            "held {n}: taking them: reads {} watches {} campaigns {} unwaited {} writes {} watch reads {}",
+            c.reads,
+            c.watches,
+            c.campaigns,
+            c.unwaited,
+            c.writes,
+            watch_reads()
+        );
     }
     let taken = match finished {
         Ok(()) if leaderships.len() == n => format!(

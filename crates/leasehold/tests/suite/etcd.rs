@@ -487,6 +487,16 @@ async fn keys_leasehold_did_not_write_are_never_taken_for_a_leader_nor_overwritt
         }
         other => panic!("a foreign value must not be overwritten, got {other:?}"),
     }
+    // Nor does the one-request campaign of a free election take it, or
+    // write anything beside the foreign value.
+    let unwaited = store
+        .try_campaign_unwaited(lease.id, &other, &CandidateId::new("a").expect("id"))
+        .await
+        .expect("an answer");
+    assert!(
+        unwaited.is_none(),
+        "taken beside a foreign value: {unwaited:?}"
+    );
     assert_eq!(
         etcdctl(&cluster, &["get", "/space/k/other", "--print-value-only"]),
         "precious\n"
@@ -509,6 +519,51 @@ async fn keys_leasehold_did_not_write_are_never_taken_for_a_leader_nor_overwritt
         "leasehold 1\n",
         "the first use writes the marker"
     );
+}
+
+/// A free election is taken with one request, also the first time the
+/// store sees it (its `k/` key is created in the same transaction), and
+/// the grant is the holder that every reader then sees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_free_election_is_taken_with_one_request_also_when_new() {
+    let cluster = cluster().await;
+    let store = EtcdStore::connect(
+        &cluster.endpoints(),
+        "/one",
+        &leasehold::store::Security::none(),
+    )
+    .await
+    .expect("connect");
+    let election = unique_election("one");
+    let candidate = CandidateId::new("a").expect("id");
+    let lease = store
+        .open_session(Duration::from_secs(30))
+        .await
+        .expect("open");
+    let txns = || cluster.metric_sum(KV_CALLS[1]);
+    for round in ["new to the store", "known to the store"] {
+        let before = txns();
+        let grant = store
+            .try_campaign_unwaited(lease.id, &election, &candidate)
+            .await
+            .expect("an answer")
+            .unwrap_or_else(|| panic!("{round}: a free election was not taken"));
+        assert_eq!(txns() - before, 1.0, "{round}: transactions sent");
+        let leader = store.leader(&election).await.expect("read").expect("held");
+        assert_eq!(
+            (leader.token, leader.candidate),
+            (grant.token, candidate.clone())
+        );
+        let listed: Vec<String> = store
+            .elections()
+            .await
+            .expect("list")
+            .into_iter()
+            .map(|e| e.election.to_string())
+            .collect();
+        assert_eq!(listed, [election.to_string()], "{round}");
+        store.resign(&grant).await.expect("release");
+    }
 }
 
 /// A holder's watch starts from its grant without reading the store: a

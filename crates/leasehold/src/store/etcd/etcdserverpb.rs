@@ -230,14 +230,14 @@ pub struct DeleteRangeResponse {
     #[prost(int64, tag = "2")]
     pub deleted: i64,
 }
-#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+#[derive(Clone, PartialEq, ::prost::Message)]
 pub struct RequestOp {
-    #[prost(oneof = "request_op::Request", tags = "1, 2, 3")]
+    #[prost(oneof = "request_op::Request", tags = "1, 2, 3, 4")]
     pub request: ::core::option::Option<request_op::Request>,
 }
 /// Nested message and enum types in `RequestOp`.
 pub mod request_op {
-    #[derive(Clone, PartialEq, Eq, Hash, ::prost::Oneof)]
+    #[derive(Clone, PartialEq, ::prost::Oneof)]
     pub enum Request {
         #[prost(message, tag = "1")]
         RequestRange(super::RangeRequest),
@@ -245,11 +245,14 @@ pub mod request_op {
         RequestPut(super::PutRequest),
         #[prost(message, tag = "3")]
         RequestDeleteRange(super::DeleteRangeRequest),
+        /// A transaction inside a transaction (etcd 3.3 and later).
+        #[prost(message, tag = "4")]
+        RequestTxn(super::TxnRequest),
     }
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct ResponseOp {
-    #[prost(oneof = "response_op::Response", tags = "1, 2, 3")]
+    #[prost(oneof = "response_op::Response", tags = "1, 2, 3, 4")]
     pub response: ::core::option::Option<response_op::Response>,
 }
 /// Nested message and enum types in `ResponseOp`.
@@ -262,6 +265,8 @@ pub mod response_op {
         ResponsePut(super::PutResponse),
         #[prost(message, tag = "3")]
         ResponseDeleteRange(super::DeleteRangeResponse),
+        #[prost(message, tag = "4")]
+        ResponseTxn(super::TxnResponse),
     }
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]

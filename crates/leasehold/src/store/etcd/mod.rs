@@ -1326,54 +1326,40 @@ impl Store for EtcdStore {
         let known = self.known_key(election);
         let candidates = range_of_prefix(&self.election_prefix(election));
         let notes = range_of_prefix(&self.notes_prefix(election));
-        // Most campaigns are for an election the store has seen before;
-        // else its `known` key is created too, on a second try.
-        for known_exists in [true, false] {
-            let mut txn = candidate_txn(
-                &key,
-                &known,
-                &self.marker_key(),
-                candidate,
-                lease,
-                known_exists,
-            );
-            txn.compare.push(no_key_in(&candidates));
-            txn.compare.push(no_key_in(&notes));
-            txn.failure = vec![get(known.clone())];
-            let store = self.clone();
-            let attempt = tokio::spawn(async move { store.txn("campaign", txn).await });
-            let (store, withdrawn) = (self.clone(), key.clone());
-            let mut guard = OnDrop::new(attempt, move |attempt| async move {
-                if let Ok(Ok(done)) = attempt.await
-                    && done.succeeded
-                {
-                    withdraw(store, withdrawn, revision_of(done.header.as_ref())).await;
-                }
-            });
-            let done = guard.get_mut().await;
-            guard.disarm();
-            let done = match done.map_err(|e| Error::unavailable("etcd campaign task failed", e))? {
-                Err(error) if error.is_lease_not_found() => {
-                    return Err(Error::SessionExpired(session));
-                }
-                other => other?,
-            };
-            if done.succeeded {
-                return Ok(Some(Grant {
-                    election: election.clone(),
-                    candidate: candidate.clone(),
-                    session,
-                    token: FencingToken::from_stored(revision_of(done.header.as_ref())),
-                }));
+        let txn = unwaited_txn(
+            &key,
+            &known,
+            &self.marker_key(),
+            candidate,
+            lease,
+            [no_key_in(&candidates), no_key_in(&notes)],
+        );
+        let store = self.clone();
+        let attempt = tokio::spawn(async move { store.txn("campaign", txn).await });
+        let (store, withdrawn) = (self.clone(), key.clone());
+        let mut guard = OnDrop::new(attempt, move |attempt| async move {
+            if let Ok(Ok(done)) = attempt.await
+                && unwaited_granted(&done)
+            {
+                withdraw(store, withdrawn, revision_of(done.header.as_ref())).await;
             }
-            let known_there = done.responses.iter().any(|r| {
-                matches!(&r.response, Some(pb::response_op::Response::ResponseRange(range)) if !range.kvs.is_empty())
-            });
-            if known_there || !known_exists {
-                break;
+        });
+        let done = guard.get_mut().await;
+        guard.disarm();
+        let done = match done.map_err(|e| Error::unavailable("etcd campaign task failed", e))? {
+            Err(error) if error.is_lease_not_found() => {
+                return Err(Error::SessionExpired(session));
             }
-        }
-        Ok(None)
+            other => other?,
+        };
+        // Not granted: the election is not free, or its `k/` key holds
+        // another program's value (the campaign in line says so).
+        Ok(unwaited_granted(&done).then(|| Grant {
+            election: election.clone(),
+            candidate: candidate.clone(),
+            session,
+            token: FencingToken::from_stored(revision_of(done.header.as_ref())),
+        }))
     }
 
     async fn resign(&self, grant: &Grant) -> Result<()> {
@@ -1530,6 +1516,74 @@ impl EtcdStore {
         };
         leader_watch::start(source, election, held).await
     }
+}
+
+/// The one request of an unwaited campaign: creates the candidate `key`
+/// (with `candidate`, on `lease`) while `marker` is there, the key is
+/// absent and `free` holds; with the election's `known` key created if
+/// absent, or else only while it is empty as leasehold writes it (a value
+/// there is another program's, never overwritten nor campaigned beside).
+/// One request whether or not the store has seen the election before:
+/// transactions inside a transaction (etcd 3.3 and later), whose inner
+/// branches exclude each other. See [`unwaited_granted`].
+fn unwaited_txn(
+    key: &str,
+    known: &str,
+    marker: &str,
+    candidate: &CandidateId,
+    lease: i64,
+    free: [pb::Compare; 2],
+) -> TxnRequest {
+    let mut compare = vec![exists(marker.to_owned()), created_at(key.to_owned(), 0)];
+    compare.extend(free);
+    let take = || put(key.to_owned(), candidate.as_str(), lease);
+    let known_is_ours = TxnRequest {
+        compare: vec![pb::Compare {
+            result: CompareResult::Equal as i32,
+            target: CompareTarget::Value as i32,
+            key: known.as_bytes().to_vec(),
+            target_union: Some(TargetUnion::Value(Vec::new())),
+            range_end: Vec::new(),
+        }],
+        success: vec![take()],
+        failure: Vec::new(),
+    };
+    let known_is_new = TxnRequest {
+        compare: vec![created_at(known.to_owned(), 0)],
+        success: vec![put(known.to_owned(), "", 0), take()],
+        failure: vec![nested(known_is_ours)],
+    };
+    TxnRequest {
+        compare,
+        success: vec![nested(known_is_new)],
+        failure: Vec::new(),
+    }
+}
+
+fn nested(txn: TxnRequest) -> RequestOp {
+    RequestOp {
+        request: Some(pb::request_op::Request::RequestTxn(txn)),
+    }
+}
+
+/// Whether [`unwaited_txn`] put the candidate key: the election was free,
+/// and its `known` key was created or found empty.
+fn unwaited_granted(done: &TxnResponse) -> bool {
+    fn inner(op: Option<&pb::ResponseOp>) -> Option<&TxnResponse> {
+        match op.and_then(|op| op.response.as_ref()) {
+            Some(pb::response_op::Response::ResponseTxn(txn)) => Some(txn),
+            _ => None,
+        }
+    }
+    if !done.succeeded {
+        return false;
+    }
+    let Some(known_is_new) = inner(done.responses.first()) else {
+        return false;
+    };
+    known_is_new.succeeded
+        || inner(known_is_new.responses.first())
+            .is_some_and(|known_is_ours| known_is_ours.succeeded)
 }
 
 /// Why [`EtcdStore::create_candidate`]'s transaction did not create the

@@ -368,7 +368,7 @@ fn a_continued_runner_never_signals_a_reused_pid() {
         .exists()),
         "the guard did not kill and reap the command at the deadline"
     );
-    let victim = (0..50)
+    let victim = (0..500)
         .find_map(|_| {
             std::fs::write("/proc/sys/kernel/ns_last_pid", (command - 1).to_string())
                 .expect("write ns_last_pid (the test runs as root)");

@@ -40,6 +40,7 @@ impl Leadership {
         session: Arc<Session>,
         store: Arc<dyn Store>,
         planned: Option<Planned>,
+        unwaited: bool,
     ) -> Self {
         let lost = session.hold(&grant);
         let stop = CancellationToken::new();
@@ -61,6 +62,7 @@ impl Leadership {
                 store: Arc::clone(&store),
                 session: Arc::clone(&session),
                 planned,
+                unwaited,
                 requested: handover_tx,
                 stop: stop.clone(),
             };

@@ -17,6 +17,7 @@ use crate::lease::{DeadlinePolicy, LostReason};
 use crate::names::{CandidateId, ElectionName};
 use crate::session::{RenewalObserver, Session};
 use crate::store::{Leader, LeaderWatch, StatusWatch, Store};
+use standby::Taken;
 
 pub use leadership::Leadership;
 
@@ -195,7 +196,7 @@ impl Elector {
                     if in_line {
                         self.campaign_in_line(&session, election).await
                     } else {
-                        self.store.campaign(session.id(), election, &self.candidate).await.map(|g| (g, false))
+                        self.store.campaign(session.id(), election, &self.candidate).await.map(|g| (g, Taken::WithoutLine))
                     }
                 } => outcome,
                 reason = session.lost() => {
@@ -204,14 +205,15 @@ impl Elector {
                 }
             };
             match outcome {
-                Ok((grant, planned)) => {
+                Ok((grant, taken)) => {
                     tracing::info!(%election, id = %self.candidate, token = grant.token.0, "became leader");
-                    let planned = planned.then_some(self.planned);
+                    let planned = (taken != Taken::WithoutLine).then_some(self.planned);
                     return Ok(Leadership::start(
                         grant,
                         session,
                         Arc::clone(&self.store),
                         planned,
+                        taken == Taken::Unwaited,
                     ));
                 }
                 Err(Error::SessionExpired(_)) => {

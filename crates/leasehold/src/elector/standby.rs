@@ -12,16 +12,29 @@ use crate::names::ElectionName;
 use crate::session::Session;
 use crate::store::{FencingToken, Grant, Note, Store};
 
+/// How a campaign got its grant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Taken {
+    /// Free and nobody in line: one request, no note
+    /// ([`Store::try_campaign_unwaited`]).
+    Unwaited,
+    /// Through the line of standbys.
+    InLine,
+    /// Straight from the store, which keeps no line (or a campaign that
+    /// skips it).
+    WithoutLine,
+}
+
 impl Elector {
-    /// Campaigns on `session` as one of the line of standbys; `true` with
-    /// the grant when the store keeps notes. On a store that keeps none,
-    /// campaigns directly (priorities and lock-delay then cannot be
-    /// honoured, and are refused).
+    /// Campaigns on `session` as one of the line of standbys; with the
+    /// grant, how it was taken. On a store that keeps no notes, campaigns
+    /// directly (priorities and lock-delay then cannot be honoured, and
+    /// are refused).
     pub(super) async fn campaign_in_line(
         &self,
         session: &Arc<Session>,
         election: &ElectionName,
-    ) -> Result<(Grant, bool)> {
+    ) -> Result<(Grant, Taken)> {
         let sid = session.id();
         // Nobody holds it and nobody waits: taken with one request, no
         // note. Not with a lock-delay, which must first learn how the last
@@ -32,7 +45,7 @@ impl Elector {
                 .try_campaign_unwaited(sid, election, &self.candidate)
                 .await?
         {
-            return Ok((grant, true));
+            return Ok((grant, Taken::Unwaited));
         }
         match self.join_line(session, election).await {
             Err(Error::Unsupported(what)) => {
@@ -42,7 +55,7 @@ impl Elector {
                     )));
                 }
                 let grant = self.store.campaign(sid, election, &self.candidate).await?;
-                return Ok((grant, false));
+                return Ok((grant, Taken::WithoutLine));
             }
             other => other?,
         }
@@ -54,7 +67,7 @@ impl Elector {
             election: election.clone(),
         };
         if let Some(grant) = self.live_or_release_stale(session, election).await? {
-            return Ok((grant, true));
+            return Ok((grant, Taken::InLine));
         }
         let mut missing = false;
         loop {
@@ -87,7 +100,7 @@ impl Elector {
             if (ahead.is_none() || marked || line::chosen(&notes) == Some(sid))
                 && let Some(grant) = self.campaign_at_the_front(session, election).await?
             {
-                return Ok((grant, true));
+                return Ok((grant, Taken::InLine));
             }
         }
     }

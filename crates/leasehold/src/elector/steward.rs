@@ -24,6 +24,9 @@ pub(super) struct Steward {
     pub(super) store: Arc<dyn Store>,
     pub(super) session: Arc<Session>,
     pub(super) planned: Planned,
+    /// Taken while nobody waited ([`Store::try_campaign_unwaited`]): the
+    /// line's watch may start empty from the grant.
+    pub(super) unwaited: bool,
     pub(super) requested: watch::Sender<Option<Handover>>,
     pub(super) stop: CancellationToken,
 }
@@ -38,8 +41,14 @@ type Contender = Option<(SessionId, u64, Instant)>;
 impl Steward {
     pub(super) async fn run(self) {
         let election = self.grant.election.clone();
+        let mut since_grant = self.unwaited;
         let mut notes = loop {
-            match self.store.watch_notes(&election).await {
+            let opened = if std::mem::take(&mut since_grant) {
+                self.store.watch_notes_since_unwaited(&self.grant).await
+            } else {
+                self.store.watch_notes(&election).await
+            };
+            match opened {
                 Ok(notes) => break notes,
                 Err(Error::Unsupported(_)) => return,
                 Err(error) => {

@@ -376,6 +376,15 @@ pub trait Store: Send + Sync + fmt::Debug {
         Err(no_notes())
     }
 
+    /// As [`Store::watch_notes`], for the holder of a grant that
+    /// [`Store::try_campaign_unwaited`] made: the store showed no live note
+    /// on the election when it made it, so it may start the watch from
+    /// there, empty, without a read (etcd does, from the grant's revision
+    /// on). The default is [`Store::watch_notes`].
+    async fn watch_notes_since_unwaited(&self, grant: &Grant) -> Result<NoteWatch> {
+        self.watch_notes(&grant.election).await
+    }
+
     /// The token of the last grant of `election` that its holder released
     /// ([`Store::resign`], [`Store::release_orphaned`]), recorded
     /// atomically with the release; `None` if none ever was. A grant that

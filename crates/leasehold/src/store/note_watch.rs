@@ -54,6 +54,22 @@ pub(crate) async fn start<S: NoteSource>(
     Ok(rx)
 }
 
+/// As [`start`], without the first read: `source` already watches from
+/// the moment `first` was known to be the notes (etcd: from the revision
+/// after a grant whose transaction saw none), and any later change comes
+/// as an event; a store whose history is gone from there breaks the watch,
+/// and the task reads as after any wake.
+#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+pub(crate) fn start_known<S: NoteSource>(
+    source: S,
+    election: &ElectionName,
+    first: Vec<Note>,
+) -> NoteWatch {
+    let (tx, rx) = watch::channel(first);
+    tokio::spawn(drive(source, tx, election.clone(), None));
+    rx
+}
+
 async fn drive<S: NoteSource>(
     mut source: S,
     tx: watch::Sender<Vec<Note>>,

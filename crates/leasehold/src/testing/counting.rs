@@ -237,6 +237,10 @@ impl Store for CountingStore {
         Ok(self.counted(self.inner.watch_notes(election).await?))
     }
 
+    async fn watch_notes_since_unwaited(&self, grant: &Grant) -> Result<NoteWatch> {
+        Ok(self.counted(self.inner.watch_notes_since_unwaited(grant).await?))
+    }
+
     async fn watch_note(
         &self,
         session: SessionId,

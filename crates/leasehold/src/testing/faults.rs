@@ -215,6 +215,11 @@ impl Store for FaultyStore {
         self.inner.watch_notes(election).await
     }
 
+    async fn watch_notes_since_unwaited(&self, grant: &Grant) -> Result<NoteWatch> {
+        self.check()?;
+        self.inner.watch_notes_since_unwaited(grant).await
+    }
+
     async fn last_release(&self, election: &ElectionName) -> Result<Option<FencingToken>> {
         self.check()?;
         self.inner.last_release(election).await

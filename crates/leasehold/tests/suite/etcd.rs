@@ -624,6 +624,63 @@ async fn a_holders_watch_sees_its_grant_gone_before_it_opened() {
     }
 }
 
+/// The line's watch of a leader whose grant came with one request starts
+/// from the grant, empty, without a read: a note put after the grant and
+/// before the watch opened is still seen, also when etcd compacted the
+/// history the watch starts from.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_line_watch_from_an_unwaited_grant_misses_no_note() {
+    let cluster = cluster().await;
+    let store = EtcdStore::connect(
+        &cluster.endpoints(),
+        "/since",
+        &leasehold::store::Security::none(),
+    )
+    .await
+    .expect("connect");
+    let ttl = Duration::from_secs(60);
+    for compacted in [false, true] {
+        let election = unique_election("since");
+        let holder = store.open_session(ttl).await.expect("open");
+        let grant = store
+            .try_campaign_unwaited(holder.id, &election, &CandidateId::new("a").expect("id"))
+            .await
+            .expect("an answer")
+            .expect("free");
+        let waiter = store.open_session(ttl).await.expect("open");
+        store
+            .put_note(waiter.id, &election, "candidate", "0 b")
+            .await
+            .expect("note");
+        if compacted {
+            let later = etcdctl(&cluster, &["put", "/elsewhere/x", "y", "-w", "json"]);
+            let revision = later
+                .split(r#""revision":"#)
+                .nth(1)
+                .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+                .expect("a revision");
+            etcdctl(&cluster, &["compact", revision]);
+        }
+        let reads = cluster.metric_sum(KV_CALLS[0]);
+        let mut notes = store
+            .watch_notes_since_unwaited(&grant)
+            .await
+            .expect("watch");
+        if !compacted {
+            assert_eq!(cluster.metric_sum(KV_CALLS[0]), reads, "read at opening");
+        }
+        let seen = tokio::time::timeout(
+            Duration::from_secs(10),
+            notes.wait_for(|notes| notes.iter().any(|n| n.session == waiter.id)),
+        )
+        .await;
+        assert!(
+            matches!(seen, Ok(Ok(_))),
+            "compacted {compacted}: the note put after the grant is not seen"
+        );
+    }
+}
+
 /// A handle whose connection carries nothing for seconds keeps its watch
 /// stream, so its waits read nothing while nothing changes. etcd closes a
 /// connection whose pings come closer together than its minimum (5 s

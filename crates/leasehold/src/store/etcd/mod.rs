@@ -1447,6 +1447,11 @@ impl Store for EtcdStore {
         self.watch_notes_of(election, None).await
     }
 
+    async fn watch_notes_since_unwaited(&self, grant: &Grant) -> Result<NoteWatch> {
+        self.own_layout("the line of standbys")?;
+        Ok(self.watch_notes_since(grant))
+    }
+
     async fn last_release(&self, election: &ElectionName) -> Result<Option<FencingToken>> {
         self.own_layout("the record of releases")?;
         self.last_release_in(election).await

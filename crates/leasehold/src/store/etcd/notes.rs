@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::names::ElectionName;
 use crate::store::note_watch::NoteSource;
 use crate::store::watch_driver::Event;
-use crate::store::{FencingToken, Note, NoteWatch, SessionId, check_note, session_key};
+use crate::store::{FencingToken, Grant, Note, NoteWatch, SessionId, check_note, session_key};
 
 impl EtcdStore {
     /// `{prefix}/n/{election}/`, slashes in the name escaped as in
@@ -197,6 +197,19 @@ impl EtcdStore {
             from: 0,
         };
         crate::store::note_watch::start(source, election).await
+    }
+
+    /// The notes on the election of `grant`, which an unwaited campaign
+    /// made while no note was there: watched from the grant's revision
+    /// on, starting empty, without a read.
+    pub(super) fn watch_notes_since(&self, grant: &Grant) -> NoteWatch {
+        let source = EtcdNotes {
+            store: self.clone(),
+            election: grant.election.clone(),
+            only: None,
+            from: grant.token.to_i64_saturating().saturating_add(1),
+        };
+        crate::store::note_watch::start_known(source, &grant.election, Vec::new())
     }
 }
 

@@ -6,7 +6,8 @@
 //! Per store:
 //!
 //! - **held N**: one process (this one), one session, takes N elections
-//!   (`Elector::campaign`, 100 at a time) and then idles for five renewal
+//!   (`Elector::campaign`, 100 at a time, or `GROUPS_AT_ONCE`) and then
+//!   idles for five renewal
 //!   periods. Reported: the time to take them; the store requests per
 //!   renewal period while idle (renewals, and anything else, the reads
 //!   watches make on their own included); this process's CPU while idle
@@ -131,7 +132,12 @@ async fn held(url: &StoreUrl, n: usize) -> Held {
             }
         })
     };
-    let gate = Arc::new(Semaphore::new(100));
+    let gate = Arc::new(Semaphore::new(
+        std::env::var("GROUPS_AT_ONCE")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(100),
+    ));
     let mut tasks = JoinSet::new();
     for i in 0..n {
         let (elector, gate) = (Arc::clone(&elector), Arc::clone(&gate));

@@ -527,13 +527,7 @@ async fn keys_leasehold_did_not_write_are_never_taken_for_a_leader_nor_overwritt
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_free_election_is_taken_with_one_request_also_when_new() {
     let cluster = cluster().await;
-    let store = EtcdStore::connect(
-        &cluster.endpoints(),
-        "/one",
-        &leasehold::store::Security::none(),
-    )
-    .await
-    .expect("connect");
+    let store = store_at(&cluster, "/one").await;
     let election = unique_election("one");
     let candidate = CandidateId::new("a").expect("id");
     let lease = store
@@ -566,19 +560,41 @@ async fn a_free_election_is_taken_with_one_request_also_when_new() {
     }
 }
 
+/// A store handle on `prefix` of `cluster`.
+async fn store_at(cluster: &EtcdCluster, prefix: &str) -> EtcdStore {
+    EtcdStore::connect(
+        &cluster.endpoints(),
+        prefix,
+        &leasehold::store::Security::none(),
+    )
+    .await
+    .expect("connect")
+}
+
+/// Writes a key outside every store's prefix and compacts the history up
+/// to that write, on every member: a watch from an earlier revision is
+/// then refused as compacted. Past the last deletion on purpose: etcd
+/// 3.4.23 drops a deletion's tombstone when compacting at exactly its
+/// revision, so that a watch from there never hears of it (fixed in later
+/// etcd).
+fn compact_past_now(cluster: &EtcdCluster) {
+    let later = etcdctl(cluster, &["put", "/elsewhere/x", "y", "-w", "json"]);
+    let revision = later
+        .split(r#""revision":"#)
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|digits| digits.parse().ok())
+        .expect("a revision");
+    cluster.compact(revision);
+}
+
 /// A holder's watch starts from its grant without reading the store: a
 /// grant gone before the watch opened is still reported gone, also when
 /// etcd compacted the history the watch starts from.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_holders_watch_sees_its_grant_gone_before_it_opened() {
     let cluster = cluster().await;
-    let store = EtcdStore::connect(
-        &cluster.endpoints(),
-        "/gone",
-        &leasehold::store::Security::none(),
-    )
-    .await
-    .expect("connect");
+    let store = store_at(&cluster, "/gone").await;
     for compacted in [false, true] {
         let election = unique_election("gone");
         let grant = leasehold::testing::campaign_on_new_session(
@@ -592,16 +608,7 @@ async fn a_holders_watch_sees_its_grant_gone_before_it_opened() {
         let removed = etcdctl(&cluster, &["del", &key, "-w", "json"]);
         assert!(removed.contains(r#""deleted":1"#), "{key}: {removed}");
         if compacted {
-            // Past the deletion: etcd 3.4.23 drops a deletion's tombstone
-            // when compacting at exactly its revision, so that a watch
-            // from there never hears of it (fixed in later etcd).
-            let later = etcdctl(&cluster, &["put", "/elsewhere/x", "y", "-w", "json"]);
-            let revision = later
-                .split(r#""revision":"#)
-                .nth(1)
-                .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
-                .expect("a revision");
-            etcdctl(&cluster, &["compact", revision]);
+            compact_past_now(&cluster);
         }
         let mut watch = store.watch_grant(&grant).await.expect("watch");
         let gone = tokio::time::timeout(Duration::from_secs(10), async {
@@ -631,13 +638,7 @@ async fn a_holders_watch_sees_its_grant_gone_before_it_opened() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_line_watch_from_an_unwaited_grant_misses_no_note() {
     let cluster = cluster().await;
-    let store = EtcdStore::connect(
-        &cluster.endpoints(),
-        "/since",
-        &leasehold::store::Security::none(),
-    )
-    .await
-    .expect("connect");
+    let store = store_at(&cluster, "/since").await;
     let ttl = Duration::from_secs(60);
     for compacted in [false, true] {
         let election = unique_election("since");
@@ -653,13 +654,7 @@ async fn a_line_watch_from_an_unwaited_grant_misses_no_note() {
             .await
             .expect("note");
         if compacted {
-            let later = etcdctl(&cluster, &["put", "/elsewhere/x", "y", "-w", "json"]);
-            let revision = later
-                .split(r#""revision":"#)
-                .nth(1)
-                .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
-                .expect("a revision");
-            etcdctl(&cluster, &["compact", revision]);
+            compact_past_now(&cluster);
         }
         let reads = cluster.metric_sum(KV_CALLS[0]);
         let mut notes = store
@@ -689,13 +684,7 @@ async fn a_line_watch_from_an_unwaited_grant_misses_no_note() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_handle_keeps_its_watches_without_reading() {
     let cluster = cluster().await;
-    let store = EtcdStore::connect(
-        &cluster.endpoints(),
-        "/idle",
-        &leasehold::store::Security::none(),
-    )
-    .await
-    .expect("connect");
+    let store = store_at(&cluster, "/idle").await;
     let election = unique_election("idle");
     // No renewals: nothing else travels on the connection.
     let grant = leasehold::testing::campaign_on_new_session(

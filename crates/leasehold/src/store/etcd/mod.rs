@@ -218,6 +218,17 @@ fn unchanged_since(range: &RangeRequest, revision: i64) -> pb::Compare {
 }
 
 /// `key` exists.
+/// `key` is there with an empty value (fails when it is absent).
+fn empty(key: &str) -> pb::Compare {
+    pb::Compare {
+        result: CompareResult::Equal as i32,
+        target: CompareTarget::Value as i32,
+        key: key.as_bytes().to_vec(),
+        target_union: Some(TargetUnion::Value(Vec::new())),
+        range_end: Vec::new(),
+    }
+}
+
 fn exists(key: impl Into<Vec<u8>>) -> pb::Compare {
     pb::Compare {
         result: CompareResult::Greater as i32,
@@ -1543,13 +1554,7 @@ fn unwaited_txn(
     compare.extend(free);
     let take = || put(key.to_owned(), candidate.as_str(), lease);
     let known_is_ours = TxnRequest {
-        compare: vec![pb::Compare {
-            result: CompareResult::Equal as i32,
-            target: CompareTarget::Value as i32,
-            key: known.as_bytes().to_vec(),
-            target_union: Some(TargetUnion::Value(Vec::new())),
-            range_end: Vec::new(),
-        }],
+        compare: vec![empty(known)],
         success: vec![take()],
         failure: Vec::new(),
     };
@@ -1617,13 +1622,7 @@ fn candidate_txn(
     let mut success = vec![put(key.to_owned(), candidate.as_str(), lease)];
     if known_exists {
         // leasehold writes it empty; anything else is not its own.
-        compare.push(pb::Compare {
-            result: CompareResult::Equal as i32,
-            target: CompareTarget::Value as i32,
-            key: known.as_bytes().to_vec(),
-            target_union: Some(TargetUnion::Value(Vec::new())),
-            range_end: Vec::new(),
-        });
+        compare.push(empty(known));
     } else {
         compare.push(created_at(known.to_owned(), 0));
         success.push(put(known.to_owned(), "", 0));

@@ -22,7 +22,7 @@ use crate::store::security::Security;
 
 /// How long one request may take, over every endpoint tried, before the
 /// store counts as unavailable.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
+pub(super) const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long one attempt on one endpoint may take before the next is tried.
 pub const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(750);
 /// How long a connection may carry nothing before an HTTP/2 ping asks
@@ -110,6 +110,10 @@ pub(super) struct Members {
     endpoints: Vec<String>,
     channels: Vec<Channel>,
     active: AtomicUsize,
+    /// When each member last answered a request, in milliseconds since
+    /// `epoch`, plus one (0: never).
+    answered: Vec<AtomicU64>,
+    epoch: tokio::time::Instant,
     security: Arc<Security>,
     /// `{prefix}/`, for messages.
     scope: String,
@@ -248,6 +252,8 @@ impl Members {
             endpoints: endpoints.to_vec(),
             channels,
             active: AtomicUsize::new(0),
+            answered: endpoints.iter().map(|_| AtomicU64::new(0)).collect(),
+            epoch: tokio::time::Instant::now(),
             security,
             scope: scope.to_owned(),
             auth,
@@ -274,6 +280,53 @@ impl Members {
         self.active.load(Ordering::Relaxed) % self.channels.len()
     }
 
+    /// Member `i` answered a request just now.
+    pub(super) fn answered(&self, i: usize) {
+        let now = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.answered[i].fetch_max(now.saturating_add(1), Ordering::Relaxed);
+    }
+
+    /// Whether member `i` answered any request at or after `since`.
+    fn answered_since(&self, i: usize, since: tokio::time::Instant) -> bool {
+        let since = u64::try_from(since.saturating_duration_since(self.epoch).as_millis())
+            .unwrap_or(u64::MAX);
+        self.answered[i].load(Ordering::Relaxed) > since
+    }
+
+    /// Waits for `reply` from member `i` for up to `limit`. It is given up
+    /// after [`ATTEMPT_TIMEOUT`] without an answer, unless the member
+    /// answered other requests meanwhile: a member that answers is busy,
+    /// not gone, and sending the request to another one as well would
+    /// only add to the load that slows it (each grant or write sent again
+    /// is one more entry for the cluster to agree on). `None` when given
+    /// up, with how long it waited.
+    pub(super) async fn patiently<T>(
+        &self,
+        i: usize,
+        limit: Duration,
+        reply: impl Future<Output = T>,
+    ) -> Result<T, Duration> {
+        let started = tokio::time::Instant::now();
+        let deadline = started + limit;
+        tokio::pin!(reply);
+        loop {
+            let window = tokio::time::Instant::now();
+            let wait = ATTEMPT_TIMEOUT.min(deadline.saturating_duration_since(window));
+            match tokio::time::timeout(wait, &mut reply).await {
+                Ok(answer) => return Ok(answer),
+                Err(_)
+                    if self.answered_since(i, window) && tokio::time::Instant::now() < deadline => {
+                }
+                Err(_) => return Err(started.elapsed()),
+            }
+        }
+    }
+
+    /// The index of the member `offset` after the pinned one.
+    pub(super) fn member(&self, offset: usize) -> usize {
+        (self.active() + offset) % self.channels.len()
+    }
+
     /// Moves the pin to the member after the current one.
     pub(super) fn skip_active(&self) {
         self.active
@@ -283,7 +336,12 @@ impl Members {
     /// The connection `offset` members after the pinned one, with a token
     /// (authenticating first if there is none).
     pub(super) async fn link(&self, offset: usize) -> Result<Link, EtcdError> {
-        self.link_to((self.active() + offset) % self.channels.len())
+        self.link_of(self.member(offset)).await
+    }
+
+    /// Member `i`'s connection, with a token.
+    pub(super) async fn link_of(&self, i: usize) -> Result<Link, EtcdError> {
+        self.link_to(i)
             .await
             .map_err(|verdict| verdict.into_error("authenticate"))
     }
@@ -490,13 +548,15 @@ impl Members {
             if left.is_zero() {
                 break;
             }
-            let outcome = tokio::time::timeout(ATTEMPT_TIMEOUT.min(left), async {
-                let link = self.link_to(i).await?;
-                Ok((op(link.clone()).await, link))
-            })
-            .await;
+            let outcome = self
+                .patiently(i, left, async {
+                    let link = self.link_to(i).await?;
+                    Ok((op(link.clone()).await, link))
+                })
+                .await;
             let verdict = match outcome {
                 Ok(Ok((Ok(reply), _))) => {
+                    self.answered(i);
                     self.active.store(i, Ordering::Relaxed);
                     return Ok(reply.into_inner());
                 }
@@ -511,10 +571,10 @@ impl Members {
                     verdict => verdict,
                 },
                 Ok(Err(verdict)) => verdict,
-                Err(_) => Verdict::Transient(format!(
+                Err(waited) => Verdict::Transient(format!(
                     "{}: no answer within {}",
                     self.endpoints[i],
-                    humanize(ATTEMPT_TIMEOUT.min(left))
+                    humanize(waited)
                 )),
             };
             match verdict {
@@ -619,6 +679,8 @@ pub(super) fn prefix_end(prefix: &[u8]) -> Vec<u8> {
 /// back on `replies`, one for one.
 pub(super) struct KeepAlive {
     id: i64,
+    /// The member the stream goes to.
+    member: usize,
     requests: mpsc::Sender<pb::LeaseKeepAliveRequest>,
     replies: Streaming<pb::LeaseKeepAliveResponse>,
     /// The request sent with the stream's opening awaits its reply.
@@ -628,7 +690,7 @@ pub(super) struct KeepAlive {
 impl KeepAlive {
     /// Opens the stream for lease `id`. The first request goes out with the
     /// opening: etcd answers the call only once it has one to answer.
-    pub(super) async fn open(link: Link, id: i64) -> Result<Self, Status> {
+    pub(super) async fn open(link: Link, id: i64, member: usize) -> Result<Self, Status> {
         let (requests, outgoing) = mpsc::channel(1);
         // The channel has room for this one request and its receiver is alive.
         let _ = requests.try_send(pb::LeaseKeepAliveRequest { id });
@@ -638,10 +700,16 @@ impl KeepAlive {
             .into_inner();
         Ok(KeepAlive {
             id,
+            member,
             requests,
             replies,
             primed: true,
         })
+    }
+
+    /// The member the stream goes to.
+    pub(super) fn member(&self) -> usize {
+        self.member
     }
 
     /// One round trip; the TTL etcd reports (0 or less: the lease is gone),
@@ -657,5 +725,63 @@ impl KeepAlive {
             Ok(Some(reply)) => Some(reply.ttl),
             Ok(None) | Err(_) => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reply is awaited past one attempt's time only while its member
+    /// answers other requests (busy, not gone), and never past the limit;
+    /// another member's answers do not count.
+    #[tokio::test(start_paused = true)]
+    async fn a_busy_member_is_waited_for_and_a_silent_one_is_not() {
+        let endpoints = ["127.0.0.1:1".to_owned(), "127.0.0.1:2".to_owned()];
+        let members =
+            Arc::new(Members::new(&endpoints, &Security::none(), "/t/").expect("members"));
+        let slow = || tokio::time::sleep(Duration::from_secs(2));
+
+        assert_eq!(
+            members.patiently(0, REQUEST_TIMEOUT, slow()).await,
+            Err(ATTEMPT_TIMEOUT),
+            "a silent member is given up after one attempt"
+        );
+
+        let answering = |i: usize| {
+            let members = Arc::clone(&members);
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    members.answered(i);
+                }
+            })
+        };
+        let other = answering(1);
+        assert_eq!(
+            members.patiently(0, REQUEST_TIMEOUT, slow()).await,
+            Err(ATTEMPT_TIMEOUT),
+            "another member's answers made this one look busy"
+        );
+        other.abort();
+
+        let busy = answering(0);
+        assert_eq!(
+            members.patiently(0, REQUEST_TIMEOUT, slow()).await,
+            Ok(()),
+            "a busy member's slow reply was given up"
+        );
+        assert_eq!(
+            members
+                .patiently(
+                    0,
+                    REQUEST_TIMEOUT,
+                    tokio::time::sleep(Duration::from_secs(10))
+                )
+                .await,
+            Err(REQUEST_TIMEOUT),
+            "waited past the limit"
+        );
+        busy.abort();
     }
 }

@@ -119,12 +119,16 @@ const MARKER: &str = "leasehold";
 /// its read and its write before giving up.
 const ATTEMPTS: usize = 5;
 
+/// One session's keep-alive stream, opened at its first renewal.
+type KeeperSlot = Arc<Mutex<Option<KeepAlive>>>;
+
 /// The etcd store. Cloning shares the connections.
 #[derive(Clone)]
 pub struct EtcdStore {
     members: Arc<Members>,
     prefix: String,
-    keepers: Arc<Mutex<HashMap<i64, KeepAlive>>>,
+    /// Each session's keep-alive stream, behind a lock of its own.
+    keepers: Arc<std::sync::Mutex<HashMap<i64, KeeperSlot>>>,
     /// Opened by [`EtcdStore::connect_read_only`]: opens no session.
     read_only: bool,
     /// leasehold's own layout, or etcd's `concurrency.Election`.
@@ -1039,22 +1043,57 @@ impl EtcdStore {
     }
 
     /// One keep-alive round trip on the session's stream, (re)opening the
-    /// stream on the next endpoint when the last one failed.
+    /// stream on the next endpoint when the last one failed. Each lease
+    /// has its own stream and its own lock: the sessions of one handle
+    /// renew side by side, not one after another.
     async fn keep_alive_once(&self, session: SessionId, id: i64) -> Result<Duration> {
-        let mut keepers = self.keepers.lock().await;
+        let keeper = self.keeper(id);
+        let mut keeper = keeper.lock().await;
+        let renewed = self.keep_alive_on(&mut keeper, session, id).await;
+        if matches!(renewed, Err(Error::SessionExpired(_))) {
+            self.forget_keeper(id);
+        }
+        renewed
+    }
+
+    /// The keep-alive stream slot of lease `id`, made empty on first use.
+    fn keeper(&self, id: i64) -> KeeperSlot {
+        let mut keepers = self
+            .keepers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Arc::clone(keepers.entry(id).or_default())
+    }
+
+    /// Drops lease `id`'s stream (a renewal in flight keeps its own until
+    /// it ends).
+    fn forget_keeper(&self, id: i64) {
+        self.keepers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&id);
+    }
+
+    async fn keep_alive_on(
+        &self,
+        slot: &mut Option<KeepAlive>,
+        session: SessionId,
+        id: i64,
+    ) -> Result<Duration> {
         let mut denied = None;
         for attempt in 0..self.members.len() {
-            let keeper = match keepers.entry(id) {
-                std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
-                std::collections::hash_map::Entry::Vacant(vacant) => {
+            let keeper = match slot {
+                Some(keeper) => keeper,
+                None => {
+                    let member = self.members.member(attempt);
                     let opened = tokio::time::timeout(ATTEMPT_TIMEOUT, async {
-                        let link = self.members.link(attempt).await?;
-                        let opened = KeepAlive::open(link.clone(), id).await;
+                        let link = self.members.link_of(member).await?;
+                        let opened = KeepAlive::open(link.clone(), id, member).await;
                         Ok::<_, EtcdError>((opened, link))
                     })
                     .await;
                     match opened {
-                        Ok(Ok((Ok(keeper), _))) => vacant.insert(keeper),
+                        Ok(Ok((Ok(keeper), _))) => slot.insert(keeper),
                         Ok(Ok((Err(status), _))) if client::lease_not_found(&status) => {
                             return Err(Error::SessionExpired(session));
                         }
@@ -1073,14 +1112,24 @@ impl EtcdStore {
                     }
                 }
             };
-            match tokio::time::timeout(ATTEMPT_TIMEOUT, keeper.once()).await {
-                Ok(Some(ttl)) if ttl > 0 => return Ok(Duration::from_secs(ttl.unsigned_abs())),
+            let member = keeper.member();
+            // As every request: a member that answers others is waited
+            // for, up to the time a request may take.
+            let renewed = self
+                .members
+                .patiently(member, client::REQUEST_TIMEOUT, keeper.once())
+                .await;
+            match renewed {
+                Ok(Some(ttl)) if ttl > 0 => {
+                    self.members.answered(member);
+                    return Ok(Duration::from_secs(ttl.unsigned_abs()));
+                }
                 Ok(Some(_)) => {
-                    keepers.remove(&id);
+                    *slot = None;
                     return Err(Error::SessionExpired(session));
                 }
                 Ok(None) | Err(_) => {
-                    keepers.remove(&id);
+                    *slot = None;
                     self.members.skip_active();
                 }
             }
@@ -1267,7 +1316,7 @@ impl Store for EtcdStore {
 
     async fn close_session(&self, session: SessionId) -> Result<()> {
         let id = session_key(session)?;
-        self.keepers.lock().await.remove(&id);
+        self.forget_keeper(id);
         let revoked = self
             .members
             .call("lease revoke", |link| async move {
@@ -1635,5 +1684,36 @@ fn candidate_txn(
             get(known.to_owned()),
             get(marker.to_owned()),
         ],
+    }
+}
+
+#[cfg(all(test, feature = "testing"))]
+mod tests {
+    use super::*;
+    use crate::testing::EtcdCluster;
+
+    /// A renewal that hangs (its member stopped answering, say) must not
+    /// hold up the renewals of the handle's other sessions: with a thousand
+    /// sessions on one handle, renewals one after another came later than
+    /// their leases allowed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_renewal_in_flight_does_not_hold_up_another_sessions() {
+        let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(1))
+            .await
+            .expect("start etcd");
+        let store = EtcdStore::connect(&cluster.endpoints(), "/renewals", &Security::none())
+            .await
+            .expect("connect");
+        let ttl = Duration::from_secs(10);
+        let stuck = store.open_session(ttl).await.expect("session");
+        let other = store.open_session(ttl).await.expect("session");
+        store.keep_alive(stuck.id).await.expect("renew");
+        // As if the stuck session's round trip were still on its way.
+        let slot = store.keeper(session_key(stuck.id).expect("id"));
+        let _in_flight = slot.lock().await;
+        let renewed = tokio::time::timeout(Duration::from_secs(60), store.keep_alive(other.id))
+            .await
+            .expect("the other session's renewal waited for the stuck one");
+        assert_eq!(renewed.expect("renew"), ttl);
     }
 }

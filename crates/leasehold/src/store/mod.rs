@@ -24,6 +24,8 @@ mod note_watch;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod security;
+#[cfg(feature = "etcd")]
+pub(crate) mod shared_read;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 mod url;

@@ -68,6 +68,7 @@ use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
 use crate::store::cleanup::OnDrop;
 use crate::store::security::Security;
+use crate::store::shared_read::SharedReads;
 use crate::store::url::Layout;
 use crate::store::watch_driver::{self as leader_watch, Event, Source};
 use crate::store::{
@@ -135,6 +136,8 @@ pub struct EtcdStore {
     layout: Layout,
     /// Every watch of this handle, on one stream.
     watches: Arc<WatchHub>,
+    /// Reads of a whole line of standbys, shared by this handle's callers.
+    line_reads: Arc<SharedReads<String, (Vec<crate::store::Note>, i64)>>,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -394,6 +397,7 @@ impl EtcdStore {
             members: Arc::new(Members::new(endpoints, security, &format!("{prefix}/"))?),
             prefix,
             keepers: Default::default(),
+            line_reads: Default::default(),
             read_only,
             layout,
             watches: Default::default(),

@@ -135,13 +135,29 @@ impl EtcdStore {
                     .into_bytes(),
                 ..Default::default()
             },
-            None => range_of_prefix(&prefix),
+            // The whole line: shared with this handle's other callers.
+            None => {
+                let reads = std::sync::Arc::clone(&self.line_reads);
+                return reads
+                    .read(&prefix, || {
+                        self.read_notes(&prefix, range_of_prefix(&prefix))
+                    })
+                    .await;
+            }
         };
+        self.read_notes(&prefix, request).await
+    }
+
+    async fn read_notes(
+        &self,
+        prefix: &str,
+        request: pb::RangeRequest,
+    ) -> Result<(Vec<Note>, i64)> {
         let read = self.range("read notes", request).await?;
         let mut notes: Vec<Note> = read
             .kvs
             .iter()
-            .filter_map(|kv| note_of(&prefix, kv))
+            .filter_map(|kv| note_of(prefix, kv))
             .collect();
         notes.sort_by_key(|n| n.order);
         Ok((notes, revision_of(read.header.as_ref())))

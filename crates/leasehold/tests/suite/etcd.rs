@@ -787,3 +787,87 @@ async fn reading_a_prefix_without_a_store_writes_nothing() {
         "read-only wrote"
     );
 }
+
+/// A watcher whose requests find the member of its watch stream silent
+/// (stopped) moves the stream to the next member at once, instead of
+/// waiting for the connection's pings to go unanswered (7 s): a standby
+/// whose member stopped learned of its grant that much later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_leaves_a_member_its_requests_found_silent() {
+    let cluster = cluster().await;
+    let endpoints = cluster.endpoints();
+    // The member stopped is a follower, so the cluster keeps its leader.
+    let leader = tokio::task::block_in_place(|| cluster.raft_leader()).unwrap_or(0);
+    let stopped = (leader + 1) % endpoints.len();
+    let mut first_stopped = vec![endpoints[stopped].clone()];
+    first_stopped.extend(
+        (0..endpoints.len())
+            .filter(|&i| i != stopped)
+            .map(|i| endpoints[i].clone()),
+    );
+    let others: Vec<String> = first_stopped[1..].to_vec();
+    let none = leasehold::store::Security::none();
+    let watcher = EtcdStore::connect(&first_stopped, "/silent", &none)
+        .await
+        .expect("connect");
+    let holder = EtcdStore::connect(&others, "/silent", &none)
+        .await
+        .expect("connect");
+    let election = unique_election("silent");
+    let campaign = || {
+        leasehold::testing::campaign_on_new_session(
+            &holder,
+            &election,
+            "h",
+            Duration::from_secs(120),
+        )
+    };
+    let mut seen = watcher.watch(&election).await.expect("watch");
+    // A release and a grant seen: the watch stream is open, on the first
+    // endpoint (nothing failed yet).
+    let grant = campaign().await;
+    let see = |seen: &mut leasehold::store::LeaderWatch, held: bool| {
+        let mut seen = seen.clone();
+        async move {
+            tokio::time::timeout(
+                Duration::from_secs(30),
+                seen.wait_for(|leader| leader.is_some() == held),
+            )
+            .await
+            .map(|r| r.map(|_| ()))
+        }
+    };
+    see(&mut seen, true)
+        .await
+        .expect("the grant is seen")
+        .expect("watch");
+    holder.resign(&grant).await.expect("release");
+    see(&mut seen, false)
+        .await
+        .expect("the release is seen")
+        .expect("watch");
+    let grant = campaign().await;
+    see(&mut seen, true)
+        .await
+        .expect("the grant is seen")
+        .expect("watch");
+
+    cluster.signal(stopped, Signal::SIGSTOP);
+    // A read finds the member silent and goes on to the next one.
+    let read = watcher.leader(&election).await;
+    let moved = {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while watcher.watch_streams_moved() == 0 && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        watcher.watch_streams_moved()
+    };
+    holder.resign(&grant).await.expect("release");
+    let released = see(&mut seen, false).await;
+    cluster.signal(stopped, Signal::SIGCONT);
+    assert!(read.expect("read").is_some(), "the read shows the holder");
+    assert_eq!(moved, 1, "the watch stream stayed on the silent member");
+    released
+        .expect("the release is seen")
+        .expect("the watch goes on");
+}

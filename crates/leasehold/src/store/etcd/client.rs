@@ -22,7 +22,7 @@ use crate::store::security::Security;
 
 /// How long one request may take, over every endpoint tried, before the
 /// store counts as unavailable.
-pub(super) const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long one attempt on one endpoint may take before the next is tried.
 pub const ATTEMPT_TIMEOUT: Duration = Duration::from_millis(750);
 /// How long a connection may carry nothing before an HTTP/2 ping asks
@@ -114,6 +114,15 @@ pub(super) struct Members {
     /// `epoch`, plus one (0: never).
     answered: Vec<AtomicU64>,
     epoch: tokio::time::Instant,
+    /// How often each member was left for silence (a request it did not
+    /// answer, nor any other, within [`ATTEMPT_TIMEOUT`]); the channel
+    /// changes at each such silence and each move of the pin, and the
+    /// watch stream then leaves a silent member once the pin has moved on
+    /// to another.
+    silences: Vec<AtomicU64>,
+    silenced: tokio::sync::watch::Sender<()>,
+    /// How often the watch stream was moved off a silent member.
+    streams_moved: AtomicU64,
     security: Arc<Security>,
     /// `{prefix}/`, for messages.
     scope: String,
@@ -254,6 +263,9 @@ impl Members {
             active: AtomicUsize::new(0),
             answered: endpoints.iter().map(|_| AtomicU64::new(0)).collect(),
             epoch: tokio::time::Instant::now(),
+            silences: endpoints.iter().map(|_| AtomicU64::new(0)).collect(),
+            silenced: tokio::sync::watch::Sender::new(()),
+            streams_moved: AtomicU64::new(0),
             security,
             scope: scope.to_owned(),
             auth,
@@ -286,8 +298,35 @@ impl Members {
         self.answered[i].fetch_max(now.saturating_add(1), Ordering::Relaxed);
     }
 
+    /// Member `i` answered nothing for an attempt's time: it is left, and
+    /// a watch stream on it moves to the next member.
+    pub(super) fn silent(&self, i: usize) {
+        self.silences[i].fetch_add(1, Ordering::Relaxed);
+        self.silenced.send_replace(());
+    }
+
+    /// How often member `i` was left for silence.
+    pub(super) fn silences(&self, i: usize) -> u64 {
+        self.silences[i].load(Ordering::Relaxed)
+    }
+
+    /// Changes whenever a member is left for silence or the pin moves.
+    pub(super) fn silenced(&self) -> tokio::sync::watch::Receiver<()> {
+        self.silenced.subscribe()
+    }
+
+    /// The watch stream left a silent member.
+    pub(super) fn stream_moved(&self) {
+        self.streams_moved.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// How often the watch stream left a silent member.
+    pub(super) fn streams_moved(&self) -> u64 {
+        self.streams_moved.load(Ordering::Relaxed)
+    }
+
     /// Whether member `i` answered any request at or after `since`.
-    fn answered_since(&self, i: usize, since: tokio::time::Instant) -> bool {
+    pub(super) fn answered_since(&self, i: usize, since: tokio::time::Instant) -> bool {
         let since = u64::try_from(since.saturating_duration_since(self.epoch).as_millis())
             .unwrap_or(u64::MAX);
         self.answered[i].load(Ordering::Relaxed) > since
@@ -329,14 +368,15 @@ impl Members {
 
     /// Moves the pin to the member after the current one.
     pub(super) fn skip_active(&self) {
-        self.active
-            .store((self.active() + 1) % self.channels.len(), Ordering::Relaxed);
+        self.pin((self.active() + 1) % self.channels.len());
     }
 
-    /// The connection `offset` members after the pinned one, with a token
-    /// (authenticating first if there is none).
-    pub(super) async fn link(&self, offset: usize) -> Result<Link, EtcdError> {
-        self.link_of(self.member(offset)).await
+    /// Pins member `i`; a watch stream on a silent member it left learns
+    /// of the move.
+    fn pin(&self, i: usize) {
+        if self.active.swap(i, Ordering::Relaxed) != i {
+            self.silenced.send_replace(());
+        }
     }
 
     /// Member `i`'s connection, with a token.
@@ -557,7 +597,7 @@ impl Members {
             let verdict = match outcome {
                 Ok(Ok((Ok(reply), _))) => {
                     self.answered(i);
-                    self.active.store(i, Ordering::Relaxed);
+                    self.pin(i);
                     return Ok(reply.into_inner());
                 }
                 Ok(Ok((Err(status), link))) => match self.judge(&status, i) {
@@ -571,11 +611,14 @@ impl Members {
                     verdict => verdict,
                 },
                 Ok(Err(verdict)) => verdict,
-                Err(waited) => Verdict::Transient(format!(
-                    "{}: no answer within {}",
-                    self.endpoints[i],
-                    humanize(waited)
-                )),
+                Err(waited) => {
+                    self.silent(i);
+                    Verdict::Transient(format!(
+                        "{}: no answer within {}",
+                        self.endpoints[i],
+                        humanize(waited)
+                    ))
+                }
             };
             match verdict {
                 Verdict::Transient(line) => {

@@ -1117,13 +1117,10 @@ impl EtcdStore {
                 }
             };
             let member = keeper.member();
-            // As every request: a member that answers others is waited
-            // for, up to the time a request may take.
-            let renewed = self
-                .members
-                .patiently(member, client::REQUEST_TIMEOUT, keeper.once())
-                .await;
-            match renewed {
+            // Not waited for longer on a busy member, as other requests
+            // are: a renewal adds nothing for the cluster to agree on, and
+            // it must come before the lease's deadline.
+            match tokio::time::timeout(ATTEMPT_TIMEOUT, keeper.once()).await {
                 Ok(Some(ttl)) if ttl > 0 => {
                     self.members.answered(member);
                     return Ok(Duration::from_secs(ttl.unsigned_abs()));
@@ -1134,6 +1131,7 @@ impl EtcdStore {
                 }
                 Ok(None) | Err(_) => {
                     *slot = None;
+                    self.members.silent(member);
                     self.members.skip_active();
                 }
             }
@@ -1238,6 +1236,13 @@ async fn withdraw(store: EtcdStore, key: String, revision: i64) {
 }
 
 impl EtcdStore {
+    /// How often this handle's watch stream left a member that its
+    /// requests found silent; for tests and diagnostics.
+    #[doc(hidden)]
+    pub fn watch_streams_moved(&self) -> u64 {
+        self.members.streams_moved()
+    }
+
     /// How many times this store's connections authenticated to etcd
     /// (user and password); for tests and diagnostics.
     #[doc(hidden)]

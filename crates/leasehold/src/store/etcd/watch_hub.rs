@@ -12,7 +12,9 @@
 //! hub resolves it at the first reply that carries events for its watch
 //! and cancels that watch in etcd. When the stream breaks (a member lost,
 //! a partition, a refused token) every wait resolves as broken, so its
-//! caller reads again, and the next wait opens a new stream.
+//! caller reads again, and the next wait opens a new stream. A member
+//! that another request found silent is left the same way at once,
+//! rather than after the connection's pings go unanswered (7 s).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -167,7 +169,12 @@ async fn run(members: Arc<Members>, mut asks: mpsc::UnboundedReceiver<Ask>) {
             None => return,
         }
     }
-    let opened = match members.link(0).await {
+    // A member that requests find silent is left by them at once; the
+    // stream follows rather than wait for its pings to go unanswered.
+    let member = members.member(0);
+    let mut silenced = members.silenced();
+    let silences = members.silences(member);
+    let opened = match members.link_of(member).await {
         Ok(link) => open(&link, requests).await.map(|events| (link, events)),
         Err(error) => Err(crate::error::Error::from(error).to_string()),
     };
@@ -194,6 +201,15 @@ async fn run(members: Arc<Members>, mut asks: mpsc::UnboundedReceiver<Ask>) {
                 }
                 Ok(None) | Err(_) => break,
             },
+            Ok(()) = silenced.changed() => {
+                // Only to another member: with one endpoint, or while
+                // no other has answered yet, the stream stays.
+                if members.silences(member) > silences && members.active() != member {
+                    tracing::debug!("etcd: the watch stream's member is silent; waits read again on the next");
+                    members.stream_moved();
+                    break;
+                }
+            }
         }
     }
     finish(waits, asks).await;

@@ -298,8 +298,8 @@ impl Members {
         self.answered[i].fetch_max(now.saturating_add(1), Ordering::Relaxed);
     }
 
-    /// Member `i` answered nothing for an attempt's time: it is left, and
-    /// a watch stream on it moves to the next member.
+    /// Member `i` answered nothing for an attempt's time: requests leave
+    /// it, and a watch stream on it follows once another member answers.
     pub(super) fn silent(&self, i: usize) {
         self.silences[i].fetch_add(1, Ordering::Relaxed);
         self.silenced.send_replace(());
@@ -337,8 +337,8 @@ impl Members {
     /// answered other requests meanwhile: a member that answers is busy,
     /// not gone, and sending the request to another one as well would
     /// only add to the load that slows it (each grant or write sent again
-    /// is one more entry for the cluster to agree on). `None` when given
-    /// up, with how long it waited.
+    /// is one more entry for the cluster to agree on). When given up,
+    /// `Err` with how long it waited.
     pub(super) async fn patiently<T>(
         &self,
         i: usize,

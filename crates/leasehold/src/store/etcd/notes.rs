@@ -137,8 +137,8 @@ impl EtcdStore {
             },
             // The whole line: shared with this handle's other callers.
             None => {
-                let reads = std::sync::Arc::clone(&self.line_reads);
-                return reads
+                return self
+                    .line_reads
                     .read(&prefix, || {
                         self.read_notes(&prefix, range_of_prefix(&prefix))
                     })

@@ -90,6 +90,18 @@ const KEEP_EXPIRED: &str = "1 hour";
 /// (re)connecting, when anything may have changed unseen.
 type Notice = Option<Arc<str>>;
 
+/// Whether the listener hears the store's notices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Listening {
+    /// Not yet connected since the store was opened (the first `LISTEN`
+    /// ends with a `None` notice, as every reconnection does).
+    Starting,
+    /// `LISTEN` is in place.
+    Yes,
+    /// The connection was lost: changes go unheard until it is back.
+    Lost,
+}
+
 /// An election store in a PostgreSQL database.
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
@@ -109,6 +121,7 @@ struct Inner {
     channel: String,
     client: tokio::sync::Mutex<Option<Arc<Client>>>,
     notices: broadcast::Sender<Notice>,
+    listening: tokio::sync::watch::Sender<Listening>,
     _stop_listener: DropGuard,
 }
 
@@ -212,6 +225,8 @@ impl PostgresStore {
             // Subscribed before the first read, so that no change between
             // the two is missed.
             notices: self.inner.notices.subscribe(),
+            listening: self.inner.listening.subscribe(),
+            told_deaf: false,
         };
         leader_watch::start(source, election, held).await
     }
@@ -273,6 +288,7 @@ impl PostgresStore {
             channel: format!("leasehold_{schema}"),
             client: tokio::sync::Mutex::new(None),
             notices,
+            listening: tokio::sync::watch::Sender::new(Listening::Starting),
             _stop_listener: stop.clone().drop_guard(),
         });
         Ok((inner, stop))
@@ -645,11 +661,12 @@ fn fill_schema_placeholders(sql: &str, schema: &str) -> String {
 async fn listen(inner: std::sync::Weak<Inner>, stop: CancellationToken) {
     loop {
         let Some(store) = inner.upgrade() else { return };
-        let (connector, what, channel, notices) = (
+        let (connector, what, channel, notices, state) = (
             store.connector.clone(),
             format!("listen on {}", store.display),
             store.channel.clone(),
             store.notices.clone(),
+            store.listening.clone(),
         );
         drop(store);
         let connected = connector.connect(&what).await;
@@ -678,6 +695,7 @@ async fn listen(inner: std::sync::Weak<Inner>, stop: CancellationToken) {
                     .await
                     .is_ok()
                 {
+                    state.send_replace(Listening::Yes);
                     let _ = notices.send(None);
                     std::future::pending::<()>().await;
                 }
@@ -688,7 +706,9 @@ async fn listen(inner: std::sync::Weak<Inner>, stop: CancellationToken) {
                 () = forward => {}
                 () = listening => {}
             }
-            // Lost the connection: whatever happened meanwhile is unknown.
+            // Lost the connection: whatever happened meanwhile is unknown,
+            // and nothing is heard until it is back.
+            state.send_replace(Listening::Lost);
             let _ = notices.send(None);
         }
         tokio::select! {
@@ -701,11 +721,16 @@ async fn listen(inner: std::sync::Weak<Inner>, stop: CancellationToken) {
 
 /// The PostgreSQL side of a watch on one election: it wakes on the
 /// listener's notices for the election, and on a lost listener connection
-/// (anything may have changed meanwhile).
+/// (anything may have changed meanwhile). While the listener is lost the
+/// holder is unknown, even if a read made just as the server went down
+/// succeeded: no change would be heard.
 struct PgWatch {
     inner: Arc<Inner>,
     election: ElectionName,
     notices: broadcast::Receiver<Notice>,
+    listening: tokio::sync::watch::Receiver<Listening>,
+    /// Whether the lost listener was reported since the last read.
+    told_deaf: bool,
 }
 
 impl Source for PgWatch {
@@ -717,12 +742,32 @@ impl Source for PgWatch {
 
     async fn changed(&mut self) -> Event {
         loop {
-            let notice = self.notices.recv().await;
-            if let Err(broadcast::error::RecvError::Closed) = notice {
-                return Event::Ended;
+            if !self.told_deaf && *self.listening.borrow_and_update() == Listening::Lost {
+                self.told_deaf = true;
+                return Event::Unavailable(Error::Unavailable {
+                    reason: format!(
+                        "postgres listen on {}: the connection is lost, changes are not heard",
+                        self.inner.display
+                    ),
+                    source: None,
+                });
             }
-            if concerns(&notice, self.election.as_str()) {
-                return Event::Changed;
+            tokio::select! {
+                biased;
+                notice = self.notices.recv() => {
+                    if let Err(broadcast::error::RecvError::Closed) = notice {
+                        return Event::Ended;
+                    }
+                    if concerns(&notice, self.election.as_str()) {
+                        self.told_deaf = false;
+                        return Event::Changed;
+                    }
+                }
+                changed = self.listening.changed() => {
+                    if changed.is_err() {
+                        return Event::Ended;
+                    }
+                }
             }
         }
     }

@@ -148,8 +148,12 @@ pub(crate) enum Event {
     Changed,
     /// The store cannot be watched now (the connection the watch relies on
     /// is lost): the holder is unknown until the next [`Event::Changed`].
-    /// (Only ZooKeeper's client tells of a lost connection between reads.)
-    #[cfg_attr(not(feature = "zookeeper"), allow(dead_code))]
+    /// (ZooKeeper's client and PostgreSQL's listener tell of a lost
+    /// connection between reads.)
+    #[cfg_attr(
+        not(any(feature = "zookeeper", feature = "postgres")),
+        allow(dead_code)
+    )]
     Unavailable(Error),
     /// Nothing more will come: the watch ends.
     Ended,

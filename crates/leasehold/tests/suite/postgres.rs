@@ -404,6 +404,81 @@ async fn a_status_watch_reports_an_outage_then_the_state_after_it() {
     .expect("watch open");
 }
 
+/// A watch whose listener lost its connection hears no change: it reports
+/// the leader unknown, although a read made meanwhile (on another
+/// connection, as when the server goes down between the two) succeeds; once
+/// the listener is back, the leader again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_watch_reports_a_lost_listener_though_reads_succeed() {
+    let server = server().await;
+    let url = server.url();
+    let observer = PostgresStore::connect(&url, "deaf").await.expect("connect");
+    let holder = PostgresStore::connect(&url, "deaf").await.expect("connect");
+    let election = unique_election("deaf");
+    let mut status = observer.watch_status(&election).await.expect("watch");
+    let lease = holder
+        .open_session(Duration::from_secs(60))
+        .await
+        .expect("open");
+    let grant = holder
+        .campaign(lease.id, &election, &CandidateId::new("a").expect("id"))
+        .await
+        .expect("campaign");
+    let limit = Duration::from_secs(15);
+    let holds = |s: &LeaderStatus| s.leader().is_some_and(|l| l.token == grant.token);
+    tokio::time::timeout(limit, status.wait_for(holds))
+        .await
+        .expect("the watch sees a")
+        .expect("watch open");
+    // No new connection is let in, and the listeners' connections end: the
+    // connections the stores read and write on stay.
+    // (From another database: a session cannot refuse its own.)
+    let other = url
+        .strip_suffix("/postgres")
+        .map(|server| format!("{server}/template1"))
+        .expect("the server's URL names its database");
+    let admin = sql(&other).await;
+    admin
+        .batch_execute("ALTER DATABASE postgres ALLOW_CONNECTIONS false")
+        .await
+        .expect("refuse new connections");
+    let ended = admin
+        .query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+             WHERE query = 'LISTEN leasehold_deaf'",
+            &[],
+        )
+        .await
+        .expect("end the listeners' connections");
+    assert_eq!(ended.len(), 2, "one listener per store");
+    let unknown = tokio::time::timeout(limit, status.wait_for(LeaderStatus::is_unknown))
+        .await
+        .expect("the watch reports the leader unknown while its listener is lost")
+        .expect("watch open")
+        .clone();
+    let LeaderStatus::Unknown { error } = unknown else {
+        unreachable!()
+    };
+    assert!(error.contains("listen"), "{error}");
+    assert_eq!(
+        observer
+            .leader(&election)
+            .await
+            .expect("a read")
+            .map(|l| l.token),
+        Some(grant.token),
+        "reads go on meanwhile"
+    );
+    admin
+        .batch_execute("ALTER DATABASE postgres ALLOW_CONNECTIONS true")
+        .await
+        .expect("let connections in again");
+    tokio::time::timeout(limit, status.wait_for(holds))
+        .await
+        .expect("the watch reports the leader again once its listener is back")
+        .expect("watch open");
+}
+
 // Issue 13: hostile input and a store that changes under us.
 
 /// Every relation and function in `schema`, by name.

@@ -29,8 +29,15 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 
+_SAY = threading.Lock()
+
+
 def say(line):
-    print(line, flush=True)
+    # One write per line, under a lock: print() writes the text and the
+    # newline separately, so lines of two threads could mix.
+    with _SAY:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
 
 
 def contend(hosts, path, ident, timeout):

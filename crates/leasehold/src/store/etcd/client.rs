@@ -337,8 +337,9 @@ impl Members {
     /// answered other requests meanwhile: a member that answers is busy,
     /// not gone, and sending the request to another one as well would
     /// only add to the load that slows it (each grant or write sent again
-    /// is one more entry for the cluster to agree on). When given up,
-    /// `Err` with how long it waited.
+    /// is one more entry for the cluster to agree on). With one member
+    /// there is no other to turn to, and it is waited for up to `limit`.
+    /// When given up, `Err` with how long it waited.
     pub(super) async fn patiently<T>(
         &self,
         i: usize,
@@ -354,8 +355,8 @@ impl Members {
             match tokio::time::timeout(wait, &mut reply).await {
                 Ok(answer) => return Ok(answer),
                 Err(_)
-                    if self.answered_since(i, window) && tokio::time::Instant::now() < deadline => {
-                }
+                    if (self.channels.len() == 1 || self.answered_since(i, window))
+                        && tokio::time::Instant::now() < deadline => {}
                 Err(_) => return Err(started.elapsed()),
             }
         }
@@ -426,8 +427,12 @@ impl Members {
             name,
             password: password.expose().to_owned(),
         };
+        // etcd checks the password with bcrypt, which a busy member takes
+        // long over; asking again would only start the work again. A
+        // request's own patience (`patiently`) still leaves a member that
+        // answers nothing after [`ATTEMPT_TIMEOUT`].
         let answer = tokio::time::timeout(
-            ATTEMPT_TIMEOUT,
+            REQUEST_TIMEOUT,
             pb::auth_client::AuthClient::new(self.channels[i].clone())
                 .authenticate(tonic::Request::new(request)),
         )
@@ -437,7 +442,7 @@ impl Members {
                 return Err(Verdict::Transient(format!(
                     "{}: no answer within {}",
                     self.endpoints[i],
-                    humanize(ATTEMPT_TIMEOUT)
+                    humanize(REQUEST_TIMEOUT)
                 )));
             }
             Ok(Ok(reply)) => {
@@ -826,5 +831,35 @@ mod tests {
             "waited past the limit"
         );
         busy.abort();
+    }
+
+    /// With one member there is no other to try: a slow reply is waited
+    /// for up to the limit, not given up and asked for again.
+    #[tokio::test(start_paused = true)]
+    async fn the_only_member_is_waited_for_up_to_the_limit() {
+        let members =
+            Members::new(&["127.0.0.1:1".to_owned()], &Security::none(), "/t/").expect("members");
+        assert_eq!(
+            members
+                .patiently(
+                    0,
+                    REQUEST_TIMEOUT,
+                    tokio::time::sleep(Duration::from_secs(2))
+                )
+                .await,
+            Ok(()),
+            "the only member's slow reply was given up"
+        );
+        assert_eq!(
+            members
+                .patiently(
+                    0,
+                    REQUEST_TIMEOUT,
+                    tokio::time::sleep(Duration::from_secs(10))
+                )
+                .await,
+            Err(REQUEST_TIMEOUT),
+            "waited past the limit"
+        );
     }
 }

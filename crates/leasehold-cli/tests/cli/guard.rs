@@ -40,6 +40,12 @@ fn log_of(scratch: &Scratch, id: &str) -> String {
     std::fs::read_to_string(scratch.path(&format!("{id}.err"))).unwrap_or_default()
 }
 
+/// The last `n` lines of billing.log, for a failure's message.
+fn last_lines(scratch: &Scratch, n: usize) -> String {
+    let lines = read_lines(&scratch.path("billing.log"));
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
 /// `a` leads (its command has started its escapee), `b` waits.
 fn a_leads_b_waits(store: &str, scratch: &Scratch, ttl: &str) -> (Proc, Proc, i32, i32) {
     let a = replica(store, scratch, "a", ttl);
@@ -158,7 +164,13 @@ fn a_stopped_runner_s_command_is_killed_at_the_deadline() {
         wait_until(20 * SECOND, || runs(&scratch).len() == 2),
         "no successor"
     );
-    assert!(!alive(command), "a's command outlived its lease");
+    assert!(
+        !alive(command),
+        "a's command outlived its lease\n--- a's log:\n{}\n--- b's log:\n{}\n--- billing.log, last lines:\n{}",
+        log_of(&scratch, "a"),
+        log_of(&scratch, "b"),
+        last_lines(&scratch, 12)
+    );
     assert_no_overlap(&scratch);
     assert!(
         log_of(&scratch, "a").contains("the lease deadline passed"),

@@ -281,7 +281,9 @@ pub async fn the_highest_priority_standby_is_granted_first(harness: &dyn StoreHa
     let mut token = leadership.token();
     leadership.resign().await.expect("resign");
     for (name, task) in [("high-1", high1), ("high-2", high2), ("low", low)] {
-        let next = within("the next grant", task).await.expect("task");
+        let next = within(&format!("the grant to {name}"), task)
+            .await
+            .expect("task");
         assert_eq!(next.election(), &election);
         let holder = requester
             .leader(&election)

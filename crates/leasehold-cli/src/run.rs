@@ -243,7 +243,14 @@ impl Runner {
                             }
                         }
                     }
-                    Err(error) => break Err(anyhow::Error::new(error).context("campaign failed")),
+                    Err(error) => {
+                        // Worded as `--shards` words it: what could not be joined.
+                        let what = match self.slots {
+                            Some(k) => format!("cannot take one of {k} slots of {}", self.election),
+                            None => format!("cannot campaign for {}", self.election),
+                        };
+                        break Err(anyhow::Error::new(error).context(what));
+                    }
                 },
                 signal = stop_requested(&mut self.signals, &mut self.passed, &mut self.ignored) => {
                     tracing::info!(%signal, "stopping while waiting to lead");

@@ -303,6 +303,11 @@ fn group_flags_are_checked() {
         assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
         let last = stderr(&out).lines().last().unwrap_or_default().to_owned();
         assert!(last.contains(said), "{args:?}: {}", stderr(&out));
+        // A member's flag: it says what it could not join, as the other
+        // flag's does.
+        if !args.is_empty() {
+            assert!(last.contains(": cannot "), "{args:?}: {last}");
+        }
     }
     // A group's shard elections are its members' alone.
     for args in [

@@ -128,15 +128,34 @@ pub fn wait_until(limit: std::time::Duration, mut cond: impl FnMut() -> bool) ->
     }
 }
 
-/// Whether a process is alive (a zombie counts as dead: it runs nothing).
+/// Whether a process may still run code of its own. A zombie runs
+/// nothing; nor does a process with a SIGKILL pending: the kernel ends it
+/// before it returns to its own code, though on a busy machine it may not
+/// have been scheduled to finish dying yet.
 pub fn alive(pid: i32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+    let running = match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(stat) => stat
             .rsplit_once(") ")
             .and_then(|(_, rest)| rest.chars().next())
             .is_some_and(|state| state != 'Z' && state != 'X'),
         Err(_) => false,
-    }
+    };
+    running && !sigkill_pending(pid)
+}
+
+/// Whether `pid` has a SIGKILL pending, for the thread or the process
+/// (`SigPnd`, `ShdPnd` in /proc/PID/status: masks, signal n at bit n − 1).
+fn sigkill_pending(pid: i32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    status.lines().any(|line| {
+        let mask = line
+            .strip_prefix("SigPnd:")
+            .or_else(|| line.strip_prefix("ShdPnd:"));
+        mask.and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+            .is_some_and(|m| m & (1 << (9 - 1)) != 0)
+    })
 }
 
 pub fn read_lines(path: &std::path::Path) -> Vec<String> {

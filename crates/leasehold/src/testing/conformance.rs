@@ -570,6 +570,36 @@ pub async fn cancelled_campaign_does_not_hold(harness: &dyn StoreHarness) {
     );
 }
 
+/// A campaign dropped at any point — its request on the way, queued,
+/// waiting — never comes to hold the election: once the holder resigns,
+/// the election is free. Drops after 0 to 39 ms catch campaigns whose
+/// request to the store has not been answered yet.
+pub async fn a_campaign_dropped_at_any_point_never_holds(harness: &dyn StoreHarness) {
+    let election = unique_election("dropped");
+    let a = harness.open().await;
+    let first = grant_on(&a, &election, "a").await;
+    let b = harness.open().await;
+    for after in 0..40 {
+        let lease = b.open_session(LONG_TTL).await.expect("open");
+        let waited = timeout(
+            Duration::from_millis(after),
+            b.campaign(lease.id, &election, &candidate("b")),
+        )
+        .await;
+        assert!(
+            waited.is_err(),
+            "rule 1 broken: campaign won a held election"
+        );
+    }
+    a.resign(&first).await.expect("resign");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        b.leader(&election).await.expect("read"),
+        None,
+        "a dropped campaign was granted the election"
+    );
+}
+
 /// Rule 7: invalid input is refused with a typed error.
 pub async fn invalid_input_is_rejected(harness: &dyn StoreHarness) {
     let store = harness.open().await;

@@ -212,6 +212,7 @@ macro_rules! conformance_tests {
             watch_retries_a_failed_read,
             closing_a_session_releases_its_grants,
             cancelled_campaign_does_not_hold,
+            a_campaign_dropped_at_any_point_never_holds,
             invalid_input_is_rejected,
             elections_are_listed,
             elector_loses_leadership_when_renewals_fail,

@@ -4,12 +4,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use leasehold::store::StatusWatch;
 use leasehold::store::Store;
 use leasehold::store::postgres::{PostgresStore, SCHEMA_VERSION};
 use leasehold::testing::{
     PostgresServer, ServerHarness, campaign_until_granted, spawn_campaign, unique_election,
 };
-use leasehold::{CandidateId, Elector, Error, LeaderStatus, LeaseConfig};
+use leasehold::{CandidateId, Elector, Error, Grant, LeaderStatus, LeaseConfig};
 use tokio::time::Instant;
 
 async fn server() -> PostgresServer {
@@ -353,21 +354,17 @@ async fn unreachable_server_and_bad_url_are_clear_errors() {
     ));
 }
 
-/// Issue 12: while the server is down a status watch reports the leader
-/// unknown (the last known one may have stepped down meanwhile), and once
-/// the server is back, the true state, even if the leader is unchanged.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_status_watch_reports_an_outage_then_the_state_after_it() {
-    let mut server = server().await;
-    let url = server.url();
-    let observer = PostgresStore::connect(&url, "outage")
-        .await
-        .expect("connect");
-    let holder = PostgresStore::connect(&url, "outage")
-        .await
-        .expect("connect");
-    let election = unique_election("outage");
-    let mut status = observer.watch_status(&election).await.expect("watch");
+/// Two stores in `schema` at `url`: an observer, with its status watch of
+/// a fresh election, and a holder of that election (a 60 s session), with
+/// its grant.
+async fn watched_holder(
+    url: &str,
+    schema: &str,
+) -> (PostgresStore, PostgresStore, Grant, StatusWatch) {
+    let observer = PostgresStore::connect(url, schema).await.expect("connect");
+    let holder = PostgresStore::connect(url, schema).await.expect("connect");
+    let election = unique_election(schema);
+    let status = observer.watch_status(&election).await.expect("watch");
     let lease = holder
         .open_session(Duration::from_secs(60))
         .await
@@ -376,6 +373,16 @@ async fn a_status_watch_reports_an_outage_then_the_state_after_it() {
         .campaign(lease.id, &election, &CandidateId::new("a").expect("id"))
         .await
         .expect("campaign");
+    (observer, holder, grant, status)
+}
+
+/// Issue 12: while the server is down a status watch reports the leader
+/// unknown (the last known one may have stepped down meanwhile), and once
+/// the server is back, the true state, even if the leader is unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_status_watch_reports_an_outage_then_the_state_after_it() {
+    let mut server = server().await;
+    let (_observer, _holder, grant, mut status) = watched_holder(&server.url(), "outage").await;
     let limit = Duration::from_secs(15);
     tokio::time::timeout(
         limit,
@@ -412,18 +419,7 @@ async fn a_status_watch_reports_an_outage_then_the_state_after_it() {
 async fn a_status_watch_reports_a_lost_listener_though_reads_succeed() {
     let server = server().await;
     let url = server.url();
-    let observer = PostgresStore::connect(&url, "deaf").await.expect("connect");
-    let holder = PostgresStore::connect(&url, "deaf").await.expect("connect");
-    let election = unique_election("deaf");
-    let mut status = observer.watch_status(&election).await.expect("watch");
-    let lease = holder
-        .open_session(Duration::from_secs(60))
-        .await
-        .expect("open");
-    let grant = holder
-        .campaign(lease.id, &election, &CandidateId::new("a").expect("id"))
-        .await
-        .expect("campaign");
+    let (observer, _holder, grant, mut status) = watched_holder(&url, "deaf").await;
     let limit = Duration::from_secs(15);
     let holds = |s: &LeaderStatus| s.leader().is_some_and(|l| l.token == grant.token);
     tokio::time::timeout(limit, status.wait_for(holds))
@@ -462,7 +458,7 @@ async fn a_status_watch_reports_a_lost_listener_though_reads_succeed() {
     assert!(error.contains("listen"), "{error}");
     assert_eq!(
         observer
-            .leader(&election)
+            .leader(&grant.election)
             .await
             .expect("a read")
             .map(|l| l.token),

@@ -1346,7 +1346,28 @@ impl Store for EtcdStore {
         election: &ElectionName,
         candidate: &CandidateId,
     ) -> Result<Grant> {
-        let (my_revision, created) = self.create_candidate(session, election, candidate).await?;
+        // The key is created in a task of its own, so that a campaign
+        // dropped while the creation is on its way still learns whether it
+        // landed and withdraws it: a key left there would wait in etcd's
+        // order for a campaign nobody runs, and come to hold the election
+        // for a session that does not know it (everyone behind it waiting
+        // until that session ends).
+        let creating = tokio::spawn({
+            let (store, election, candidate) = (self.clone(), election.clone(), candidate.clone());
+            async move { store.create_candidate(session, &election, &candidate).await }
+        });
+        let mut pending = OnDrop::new(creating, {
+            let (store, key) = (self.clone(), self.candidate_key(election, session));
+            move |creating| async move {
+                if let Ok(Ok((revision, true))) = creating.await {
+                    withdraw(store, key, revision).await;
+                }
+            }
+        });
+        let created = pending.get_mut().await;
+        pending.disarm();
+        let (my_revision, created) =
+            created.map_err(|e| Error::unavailable("etcd campaign task failed", e))??;
         let guard = created.then(|| {
             let (store, key) = (self.clone(), self.candidate_key(election, session));
             OnDrop::new((), move |()| withdraw(store, key, my_revision))

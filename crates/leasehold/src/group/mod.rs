@@ -210,6 +210,22 @@ pub(crate) async fn join(
     if let Some(first) = members(&notes).first().filter(|m| m.kind != kind) {
         return Err(conflict(group, first, kind));
     }
+    // The name is a single election's, led or waited for: its command
+    // would run beside the group's, under the same name. (A single
+    // election refuses a group's name likewise.)
+    let waiting = crate::line::standbys(&notes);
+    if let Some(leader) = store.leader(group).await? {
+        return Err(Error::Conflict(format!(
+            "{group} is a single election, led by {} (token {}): a group of {kind} cannot use its name",
+            leader.candidate, leader.token.0
+        )));
+    }
+    if let Some(standby) = waiting.first() {
+        return Err(Error::Conflict(format!(
+            "{group} is a single election, which {} waits for: a group of {kind} cannot use its name",
+            standby.candidate
+        )));
+    }
     store
         .put_note(session, group, MEMBER, &kind.text(candidate))
         .await?;

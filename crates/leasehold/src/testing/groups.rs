@@ -264,6 +264,36 @@ pub async fn a_group_refuses_another_count(harness: &dyn StoreHarness) {
     );
     stop(a.task).await;
     let _ = a.elector.close().await;
+    // A single election's name, led: neither shards nor slots take it,
+    // and nothing is written.
+    let single = unique_election("single");
+    let leader = other.campaign(&single).await.expect("campaign");
+    let joiner = Arc::new(
+        Elector::new(harness.open().await, id("c"), LeaseConfig::with_ttl(TTL)).expect("config"),
+    );
+    match Shards::join(Arc::clone(&joiner), single.clone(), 2).await {
+        Err(Error::Conflict(message)) => assert!(
+            message.contains("single election") && message.contains("led by b"),
+            "{message}"
+        ),
+        other => panic!("shards on a led single election must be refused, got {other:?}"),
+    }
+    match joiner.campaign_slot(&single, 2).await {
+        Err(Error::Conflict(message)) => assert!(message.contains("single election"), "{message}"),
+        other => panic!("slots on a led single election must be refused, got {other:?}"),
+    }
+    let session = joiner.session().await.expect("session").id();
+    assert!(
+        store
+            .notes(&single)
+            .await
+            .expect("notes")
+            .iter()
+            .all(|n| n.session != session),
+        "a refused member left a note"
+    );
+    drop(leader);
+    let _ = joiner.close().await;
     let _ = other.close().await;
 }
 

@@ -786,14 +786,23 @@ fn concerns(
 }
 
 /// Whether a notice wakes the waiter `session` of `election`: a release
-/// names the first in line; only it tries.
+/// names the first in line; only it tries. A release that names nobody
+/// wakes every waiter of the election: the line its statement read may
+/// be missing a waiter whose attempt ran at the same time. A waiter that
+/// leaves the line (`withdraw`) does not lock the election, so its
+/// notice can be read before a concurrent attempt's waiter row commits,
+/// while that attempt read the leaver as first in line and waits to be
+/// named: without this, it waited for its first's session to expire.
 fn wakes(
     notice: &std::result::Result<Notice, broadcast::error::RecvError>,
     election: &str,
     session: &str,
 ) -> bool {
     match notice {
-        Ok(Some(payload)) => payload.split_once(' ') == Some((election, session)),
+        Ok(Some(payload)) => match payload.split_once(' ') {
+            Some((e, first)) => e == election && (first.is_empty() || first == session),
+            None => false,
+        },
         Ok(None) | Err(_) => true,
     }
 }
@@ -1094,5 +1103,41 @@ impl Store for PostgresStore {
             out.push(ElectionState { election, leader });
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn notice(payload: &str) -> std::result::Result<Notice, broadcast::error::RecvError> {
+        Ok(Some(Arc::from(payload)))
+    }
+
+    #[test]
+    fn a_release_wakes_the_waiter_it_names_and_only_it() {
+        assert!(wakes(&notice("jobs 7"), "jobs", "7"));
+        assert!(!wakes(&notice("jobs 8"), "jobs", "7"));
+        assert!(!wakes(&notice("other 7"), "jobs", "7"));
+        // A grant, and a change of the line's notes, wake no waiter.
+        assert!(!wakes(&notice("jobs"), "jobs", "7"));
+        assert!(!wakes(&notice("#n jobs"), "jobs", "7"));
+    }
+
+    #[test]
+    fn a_release_that_names_nobody_wakes_every_waiter_of_the_election() {
+        assert!(wakes(&notice("jobs "), "jobs", "7"));
+        assert!(wakes(&notice("jobs "), "jobs", "8"));
+        assert!(!wakes(&notice("other "), "jobs", "7"));
+    }
+
+    #[test]
+    fn a_resync_wakes_every_waiter() {
+        assert!(wakes(&Ok(None), "jobs", "7"));
+        assert!(wakes(
+            &Err(broadcast::error::RecvError::Lagged(3)),
+            "jobs",
+            "7"
+        ));
     }
 }

@@ -11,7 +11,8 @@
 //!   periods. Reported: the time to take them; the store requests per
 //!   renewal period while idle (renewals, and anything else, the reads
 //!   watches make on their own included); this process's CPU while idle
-//!   (user + system, share of one core), its resident memory grown per
+//!   (user + system, share of one core), its resident memory grown and
+//!   the heap it keeps (allocated, not freed: a counting allocator) per
 //!   held election, and how many of the elections are still led at the
 //!   end (why the others were lost goes to stderr; `GROUPS_TRACE=1` prints
 //!   every renewal and the runtime's worst lateness).
@@ -32,7 +33,9 @@
 //! ZooKeeper, a PostgreSQL server; Debian's packages) and stop at the end;
 //! SQLite is a file in a temporary folder. Nothing asserts a timing.
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicIsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -41,8 +44,63 @@ use leasehold::testing::{
     CountingStore, Counts, EtcdCluster, FaultyStore, PostgresServer, ZooKeeperServer, watch_reads,
 };
 use leasehold::{CandidateId, ElectionName, Elector, LeaseConfig, Shards};
-use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
+
+/// The system allocator, counting the bytes allocated and not yet freed,
+/// so that the bench can tell what held elections keep on the heap apart
+/// from what the allocator keeps resident (freed memory it has not given
+/// back, a peak's arenas).
+struct Counting;
+
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+
+// SAFETY: every method passes its arguments unchanged to `System`, which
+// upholds `GlobalAlloc`'s contract; the counter is a relaxed atomic that
+// never allocates, so it cannot reenter the allocator.
+#[allow(unsafe_code)]
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller's obligations for `alloc` are `System`'s.
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        }
+        p
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: as `alloc`.
+        let p = unsafe { System.alloc_zeroed(layout) };
+        if !p.is_null() {
+            LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        }
+        p
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` came from this allocator, that is from `System`,
+        // with `layout`.
+        unsafe { System.dealloc(ptr, layout) };
+        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: `ptr` came from `System` with `layout`, as `dealloc`.
+        let p = unsafe { System.realloc(ptr, layout, new_size) };
+        if !p.is_null() {
+            LIVE.fetch_add(
+                new_size as isize - layout.size() as isize,
+                Ordering::Relaxed,
+            );
+        }
+        p
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// Bytes on the heap now (allocated and not yet freed).
+fn heap() -> isize {
+    LIVE.load(Ordering::Relaxed)
+}
 
 /// Lease TTL of every session (renewal every second).
 const TTL: Duration = Duration::from_secs(3);
@@ -99,13 +157,17 @@ struct Held {
     others_per_period: f64,
     idle_cpu: String,
     memory: String,
+    /// The heap this process keeps (allocated, not freed) for them.
+    heap_kept: String,
     /// How many of the elections taken are still led after the idle time.
     leading: usize,
 }
 
 async fn held(url: &StoreUrl, n: usize) -> Held {
-    let handle = Arc::new(CountingStore::new(open_patiently(url).await));
-    let (_, rss_before) = usage();
+    // Wakes are not counted here: relaying every watch through a task of
+    // the wrapper would add a task per watch to the memory measured.
+    let handle = Arc::new(CountingStore::without_wakes(open_patiently(url).await));
+    let ((_, rss_before), heap_before) = (usage(), heap());
     let started = Instant::now();
     let elector = Arc::new(
         elector(Arc::clone(&handle) as Arc<dyn Store>, "holder").with_renewal_observer(
@@ -132,26 +194,38 @@ async fn held(url: &StoreUrl, n: usize) -> Held {
             }
         })
     };
-    let gate = Arc::new(Semaphore::new(
-        std::env::var("GROUPS_AT_ONCE")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(100),
-    ));
+    // At most GROUPS_AT_ONCE campaigns at a time, by as many workers that
+    // take the next election in turn: tasks waiting for a permit would
+    // each hold a campaign's whole state, a peak of memory that the
+    // allocator keeps resident afterwards and the memory column would
+    // blame on the held elections.
+    let at_once: usize = std::env::var("GROUPS_AT_ONCE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100);
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut tasks = JoinSet::new();
-    for i in 0..n {
-        let (elector, gate) = (Arc::clone(&elector), Arc::clone(&gate));
+    for _ in 0..at_once.clamp(1, n.max(1)) {
+        let (elector, next) = (Arc::clone(&elector), Arc::clone(&next));
         tasks.spawn(async move {
-            let _permit = gate.acquire_owned().await.expect("gate");
-            let election = ElectionName::new(format!("held-{n}/{i}")).expect("name");
-            elector.campaign(&election).await
+            let mut taken = Vec::new();
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if i >= n {
+                    return taken;
+                }
+                let election = ElectionName::new(format!("held-{n}/{i}")).expect("name");
+                if let Ok(leadership) = elector.campaign(&election).await {
+                    taken.push(leadership);
+                }
+            }
         });
     }
     let mut leaderships = Vec::with_capacity(n);
     let finished = tokio::time::timeout(CAP, async {
         while let Some(done) = tasks.join_next().await {
-            if let Ok(Ok(leadership)) = done {
-                leaderships.push(leadership);
+            if let Ok(taken) = done {
+                leaderships.extend(taken);
             }
         }
     })
@@ -194,7 +268,7 @@ async fn held(url: &StoreUrl, n: usize) -> Held {
     let idle_started = Instant::now();
     tokio::time::sleep(period * 5).await;
     let idle = idle_started.elapsed();
-    let (cpu_after, rss_after) = usage();
+    let ((cpu_after, rss_after), heap_after) = (usage(), heap());
     let counts_after = handle.counts();
     let reads_after = watch_reads();
     let periods = idle.as_secs_f64() / period.as_secs_f64();
@@ -204,13 +278,18 @@ async fn held(url: &StoreUrl, n: usize) -> Held {
         / periods;
     let cpu = (cpu_after - cpu_before).as_secs_f64() / idle.as_secs_f64() * 100.0;
     let grown = rss_after.saturating_sub(rss_before);
-    let memory = if n > 1 {
-        format!(
-            "{:.1} KiB each",
-            grown as f64 / 1024.0 / leaderships.len().max(1) as f64
+    let kept = (heap_after - heap_before).max(0) as f64;
+    let (memory, heap_kept) = if n > 1 {
+        let each = leaderships.len().max(1) as f64;
+        (
+            format!("{:.1} KiB each", grown as f64 / 1024.0 / each),
+            format!("{:.2} KiB each", kept / 1024.0 / each),
         )
     } else {
-        format!("{:.0} KiB", grown as f64 / 1024.0)
+        (
+            format!("{:.0} KiB", grown as f64 / 1024.0),
+            format!("{:.1} KiB", kept / 1024.0),
+        )
     };
     let mut lost: HashMap<String, usize> = HashMap::new();
     for reason in leaderships.iter().filter_map(|l| l.lost_reason()) {
@@ -230,6 +309,7 @@ async fn held(url: &StoreUrl, n: usize) -> Held {
         others_per_period: others,
         idle_cpu: format!("{cpu:.2} %"),
         memory,
+        heap_kept,
     }
 }
 
@@ -704,13 +784,13 @@ async fn main() {
     }
     println!("\nTTL {TTL:?} (a renewal period of 1 s); one process\n");
     println!(
-        "| store | held | time to take them | renewals / period | other requests / period | idle CPU | memory | still leading after |"
+        "| store | held | time to take them | renewals / period | other requests / period | idle CPU | memory grown | heap kept | still leading after |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for rows in &all {
         for h in &rows.held {
             println!(
-                "| {} | {} | {} | {:.1} | {:.1} | {} | {} | {} |",
+                "| {} | {} | {} | {:.1} | {:.1} | {} | {} | {} | {} |",
                 rows.store,
                 h.n,
                 h.taken,
@@ -718,6 +798,7 @@ async fn main() {
                 h.others_per_period,
                 h.idle_cpu,
                 h.memory,
+                h.heap_kept,
                 h.leading
             );
         }

@@ -64,6 +64,8 @@ struct Counters {
 pub struct CountingStore {
     inner: Arc<dyn Store>,
     counters: Counters,
+    /// Whether watches are relayed, to count their wakes.
+    wakes: bool,
 }
 
 impl CountingStore {
@@ -72,6 +74,18 @@ impl CountingStore {
         CountingStore {
             inner,
             counters: Counters::default(),
+            wakes: true,
+        }
+    }
+
+    /// Wraps `inner`, counting everything but wakes ([`Counts::wakes`]
+    /// stays 0): the watches it returns are the store's own rather than
+    /// relayed by a task of this wrapper, so that a measurement of the
+    /// memory or the tasks of many watches sees the store's alone.
+    pub fn without_wakes(inner: Arc<dyn Store>) -> Self {
+        CountingStore {
+            wakes: false,
+            ..CountingStore::new(inner)
         }
     }
 
@@ -104,6 +118,9 @@ impl CountingStore {
         T: Clone + Send + Sync + 'static,
     {
         self.counters.watches.fetch_add(1, Ordering::SeqCst);
+        if !self.wakes {
+            return watch;
+        }
         let wakes = Arc::clone(&self.counters.wakes);
         let (tx, rx) = watch::channel(watch.borrow_and_update().clone());
         tokio::spawn(async move {

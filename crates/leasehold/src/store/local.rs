@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
 use crate::store::note_watch::{self, NoteSource};
 use crate::store::watch_driver::{self as leader_watch, Event, Source};
-use crate::store::{FencingToken, Grant, Leader, Note, NoteWatch, SessionId, StatusWatch};
+use crate::store::{FencingToken, Grant, Leader, Note, NoteWatch, SessionId};
 use async_trait::async_trait;
 
 /// What wakes a local store's waiters and watches: a bump of everything
@@ -335,11 +335,11 @@ impl<B: LocalBackend> Source for LocalWatch<B> {
 
 /// Watches `election`; with `held`, for the holder of that grant (see
 /// [`leader_watch::start`]).
-pub(crate) async fn watch_status<B: LocalBackend>(
+pub(crate) async fn watch<B: LocalBackend, V: leader_watch::Initial>(
     backend: Arc<B>,
     election: &ElectionName,
     held: Option<FencingToken>,
-) -> Result<StatusWatch> {
+) -> Result<watch::Receiver<V>> {
     let changes = backend.changes(Topic::Holder(election.clone()));
     let source = LocalWatch {
         backend,

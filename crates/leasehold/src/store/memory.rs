@@ -18,7 +18,7 @@ use crate::names::{CandidateId, ElectionName};
 use crate::store::local::{self, Attempt, ChangeHub, Changes, Expired, LocalBackend, Topic};
 use crate::store::{
     ElectionState, FencingToken, Grant, Leader, LeaderWatch, Note, NoteWatch, SessionId,
-    SessionLease, StatusWatch, Store, check_note, known_only,
+    SessionLease, StatusWatch, Store, check_note,
 };
 
 /// How the memory store keeps a TTL: exactly.
@@ -432,18 +432,15 @@ impl Store for MemoryStore {
     }
 
     async fn watch(&self, election: &ElectionName) -> Result<LeaderWatch> {
-        Ok(known_only(self.watch_status(election).await?))
+        local::watch(Arc::clone(&self.inner), election, None).await
     }
 
     async fn watch_status(&self, election: &ElectionName) -> Result<StatusWatch> {
-        local::watch_status(Arc::clone(&self.inner), election, None).await
+        local::watch(Arc::clone(&self.inner), election, None).await
     }
 
     async fn watch_grant(&self, grant: &Grant) -> Result<LeaderWatch> {
-        Ok(known_only(
-            local::watch_status(Arc::clone(&self.inner), &grant.election, Some(grant.token))
-                .await?,
-        ))
+        local::watch(Arc::clone(&self.inner), &grant.election, Some(grant.token)).await
     }
 
     async fn elections(&self) -> Result<Vec<ElectionState>> {

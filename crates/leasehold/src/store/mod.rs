@@ -24,7 +24,7 @@ mod note_watch;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod security;
-#[cfg(feature = "etcd")]
+#[cfg(any(feature = "etcd", feature = "postgres"))]
 pub(crate) mod shared_read;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
@@ -38,7 +38,7 @@ pub use security::{Password, Secret, Security};
 #[cfg(feature = "postgres")]
 pub(crate) use url::postgres_connect;
 pub use url::{Layout, PgSslMode, StoreUrl, open, open_read_only, release_orphaned};
-pub(crate) use watch_driver::{known_only, status_of};
+pub(crate) use watch_driver::status_of;
 
 /// `session`'s key in a store that keeps session ids as signed 64-bit
 /// integers (SQLite, PostgreSQL, etcd): [`Error::SessionExpired`] for an

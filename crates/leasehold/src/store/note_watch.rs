@@ -21,6 +21,11 @@ pub(crate) trait NoteSource: Send + 'static {
     /// After a failed read, the watch reads again after this.
     const RETRY: Duration;
 
+    /// Whether [`NoteSource::read`] counts the store requests it makes
+    /// itself (with the `testing` feature), as a source whose reads are
+    /// shared must; otherwise the watch counts each read it asks for.
+    const COUNTS_ITS_READS: bool = false;
+
     /// The live notes, in order, and — for a store whose sessions expire
     /// without an event (SQLite, PostgreSQL, memory) — how long until the
     /// first session keeping one of them expires unless renewed.
@@ -101,7 +106,9 @@ async fn drive<S: NoteSource>(
         }
         let read = loop {
             #[cfg(feature = "testing")]
-            super::watch_driver::count_watch_read(&election);
+            if !S::COUNTS_ITS_READS {
+                super::watch_driver::count_watch_read(&election);
+            }
             match Box::pin(source.read()).await {
                 Ok(read) => break read,
                 Err(error) => {

@@ -59,7 +59,7 @@ use crate::store::cleanup::OnDrop;
 use crate::store::watch_driver::{self as leader_watch, Event, Source};
 use crate::store::{
     ElectionState, FencingToken, Grant, Leader, LeaderWatch, Note, NoteWatch, SessionId,
-    SessionLease, StatusWatch, Store, known_only, session_key,
+    SessionLease, StatusWatch, Store, session_key,
 };
 
 mod notes;
@@ -122,6 +122,9 @@ struct Inner {
     client: tokio::sync::Mutex<Option<Arc<Client>>>,
     notices: broadcast::Sender<Notice>,
     listening: tokio::sync::watch::Sender<Listening>,
+    /// Reads of an election's notes by this handle's note watches, shared
+    /// (see `notes.rs`).
+    note_reads: crate::store::shared_read::SharedReads<ElectionName, notes::Rows>,
     _stop_listener: DropGuard,
 }
 
@@ -214,11 +217,11 @@ fn check_schema_name(schema: &str) -> Result<()> {
 impl PostgresStore {
     /// A watch of `election`; with `held`, for the holder of that grant
     /// (see [`leader_watch::start`]).
-    async fn watch_held(
+    async fn watch_held<V: crate::store::watch_driver::Initial>(
         &self,
         election: &ElectionName,
         held: Option<FencingToken>,
-    ) -> Result<StatusWatch> {
+    ) -> Result<crate::watch::Receiver<V>> {
         let source = PgWatch {
             inner: Arc::clone(&self.inner),
             election: election.clone(),
@@ -289,6 +292,7 @@ impl PostgresStore {
             client: tokio::sync::Mutex::new(None),
             notices,
             listening: tokio::sync::watch::Sender::new(Listening::Starting),
+            note_reads: crate::store::shared_read::SharedReads::default(),
             _stop_listener: stop.clone().drop_guard(),
         });
         Ok((inner, stop))
@@ -1037,7 +1041,7 @@ impl Store for PostgresStore {
     }
 
     async fn notes(&self, election: &ElectionName) -> Result<Vec<Note>> {
-        Ok(self.inner.read_notes(election, None).await?.0)
+        self.inner.read_notes(election).await
     }
 
     async fn watch_notes(&self, election: &ElectionName) -> Result<NoteWatch> {
@@ -1053,7 +1057,7 @@ impl Store for PostgresStore {
     }
 
     async fn watch(&self, election: &ElectionName) -> Result<LeaderWatch> {
-        Ok(known_only(self.watch_status(election).await?))
+        self.watch_held(election, None).await
     }
 
     async fn watch_status(&self, election: &ElectionName) -> Result<StatusWatch> {
@@ -1061,9 +1065,7 @@ impl Store for PostgresStore {
     }
 
     async fn watch_grant(&self, grant: &Grant) -> Result<LeaderWatch> {
-        Ok(known_only(
-            self.watch_held(&grant.election, Some(grant.token)).await?,
-        ))
+        self.watch_held(&grant.election, Some(grant.token)).await
     }
 
     async fn elections(&self) -> Result<Vec<ElectionState>> {

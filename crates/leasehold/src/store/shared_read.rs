@@ -25,6 +25,12 @@ struct Slot<V> {
     last: tokio::sync::Mutex<Option<(u64, V)>>,
 }
 
+impl<K, V> std::fmt::Debug for SharedReads<K, V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedReads").finish_non_exhaustive()
+    }
+}
+
 impl<K, V> Default for SharedReads<K, V> {
     fn default() -> Self {
         SharedReads {

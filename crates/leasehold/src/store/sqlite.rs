@@ -77,7 +77,7 @@ use crate::store::cleanup::OnDrop;
 use crate::store::local::{self, Attempt, ChangeHub, Changes, Expired, LocalBackend, Topic};
 use crate::store::{
     ElectionState, FencingToken, Grant, Leader, LeaderWatch, Note, NoteWatch, SessionId,
-    SessionLease, StatusWatch, Store, known_only, session_key,
+    SessionLease, StatusWatch, Store, session_key,
 };
 use liveness::Process;
 
@@ -2360,16 +2360,11 @@ impl Store for SqliteStore {
     async fn watch(&self, election: &ElectionName) -> Result<LeaderWatch> {
         // Not ended by a replaced file (see `watch_status`): a leader's
         // monitor learns of that from `session_ended`, with its reason.
-        Ok(known_only(
-            local::watch_status(Arc::clone(&self.inner), election, None).await?,
-        ))
+        local::watch(Arc::clone(&self.inner), election, None).await
     }
 
     async fn watch_grant(&self, grant: &Grant) -> Result<LeaderWatch> {
-        Ok(known_only(
-            local::watch_status(Arc::clone(&self.inner), &grant.election, Some(grant.token))
-                .await?,
-        ))
+        local::watch(Arc::clone(&self.inner), &grant.election, Some(grant.token)).await
     }
 
     /// Ends (its sender is dropped) once the database file is replaced:
@@ -2377,7 +2372,7 @@ impl Store for SqliteStore {
     /// [`Error::Replaced`], so a watcher learns why from its next read
     /// instead of waiting for an answer that never comes.
     async fn watch_status(&self, election: &ElectionName) -> Result<StatusWatch> {
-        let mut status = local::watch_status(Arc::clone(&self.inner), election, None).await?;
+        let mut status: StatusWatch = local::watch(Arc::clone(&self.inner), election, None).await?;
         let replaced = self.inner.db.replaced.clone();
         let (tx, rx) = watch::channel(status.borrow_and_update().clone());
         tokio::spawn(async move {

@@ -25,6 +25,23 @@ pub(crate) trait Published: Send + Sync + 'static {
     fn record_failure(&mut self, error: &Error) -> bool;
 }
 
+/// A published value as a watch starts: what its first read found.
+pub(crate) trait Initial: Published {
+    fn initial(first: Option<Leader>) -> Self;
+}
+
+impl Initial for Option<Leader> {
+    fn initial(first: Option<Leader>) -> Self {
+        first
+    }
+}
+
+impl Initial for LeaderStatus {
+    fn initial(first: Option<Leader>) -> Self {
+        LeaderStatus::Known(first)
+    }
+}
+
 impl Published for Option<Leader> {
     fn record(&mut self, leader: Option<Leader>) -> bool {
         let same = match (&*self, &leader) {
@@ -97,31 +114,6 @@ pub(crate) fn publish_failure<V: Published>(tx: &watch::Sender<V>, error: &Error
     tx.send_if_modified(|seen| seen.record_failure(error));
 }
 
-/// A [`LeaderWatch`] fed by a [`StatusWatch`]: the holder whenever it
-/// changes; while it is unknown, the last known one. Its task ends when
-/// every receiver is gone (dropping `status`, which ends the store's).
-pub(crate) fn known_only(mut status: StatusWatch) -> LeaderWatch {
-    let first = status.borrow_and_update().leader().cloned();
-    let (tx, rx) = watch::channel(first);
-    tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                biased;
-                () = tx.closed() => return,
-                changed = status.changed() => if changed.is_err() { return },
-            }
-            let known = match &*status.borrow_and_update() {
-                LeaderStatus::Known(leader) => Some(leader.clone()),
-                LeaderStatus::Unknown { .. } => None,
-            };
-            if let Some(leader) = known {
-                publish_leader(&tx, leader);
-            }
-        }
-    });
-    rx
-}
-
 /// A [`StatusWatch`] fed by a [`LeaderWatch`], for stores that do not tell
 /// when they cannot be read: the holder is always reported known.
 pub(crate) fn status_of(mut leaders: LeaderWatch) -> StatusWatch {
@@ -185,8 +177,9 @@ pub(crate) trait Source: Send + 'static {
 const EXPIRY_SLACK: Duration = Duration::from_millis(1);
 
 /// Watches an election through `source`: reads the holder once (a failure
-/// is returned), then keeps the returned [`StatusWatch`] up to date in a
-/// task. The task re-reads whenever the source reports a change and at the
+/// is returned), then keeps the returned [`StatusWatch`] or
+/// [`LeaderWatch`] up to date in a task (a [`LeaderWatch`] keeps the last
+/// known holder while reads fail). The task re-reads whenever the source reports a change and at the
 /// holder's expiry (which notices an expiry, or an outage, that no event
 /// reports); retries a failed read after [`Source::RETRY`], reporting the
 /// holder unknown meanwhile; publishes only a change of grant (a renewal,
@@ -200,13 +193,13 @@ const EXPIRY_SLACK: Duration = Duration::from_millis(1);
 /// store says, and any other change of holder comes as an event; so a
 /// process holding N elections sends no request per election per renewal
 /// period.
-pub(crate) async fn start<S: Source>(
+pub(crate) async fn start<S: Source, V: Initial>(
     mut source: S,
     election: &ElectionName,
     held: Option<FencingToken>,
-) -> Result<StatusWatch> {
+) -> Result<watch::Receiver<V>> {
     let first = source.read().await?;
-    let (tx, rx) = watch::channel(LeaderStatus::Known(first.clone()));
+    let (tx, rx) = watch::channel(V::initial(first.clone()));
     tokio::spawn(drive(source, tx, election.clone(), first, held));
     Ok(rx)
 }
@@ -219,13 +212,13 @@ pub(crate) async fn start<S: Source>(
 /// (compacted) breaks the watch, and the task reads the holder as after
 /// any wake.
 #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
-pub(crate) fn start_held<S: Source>(source: S, grant: &Grant) -> StatusWatch {
+pub(crate) fn start_held<S: Source, V: Initial>(source: S, grant: &Grant) -> watch::Receiver<V> {
     let first = Some(Leader {
         candidate: grant.candidate.clone(),
         token: grant.token,
         expires_in: Duration::ZERO,
     });
-    let (tx, rx) = watch::channel(LeaderStatus::Known(first.clone()));
+    let (tx, rx) = watch::channel(V::initial(first.clone()));
     tokio::spawn(drive(
         source,
         tx,
@@ -236,9 +229,9 @@ pub(crate) fn start_held<S: Source>(source: S, grant: &Grant) -> StatusWatch {
     rx
 }
 
-async fn drive<S: Source>(
+async fn drive<S: Source, V: Published>(
     mut source: S,
-    tx: watch::Sender<LeaderStatus>,
+    tx: watch::Sender<V>,
     election: ElectionName,
     first: Option<Leader>,
     held: Option<FencingToken>,
@@ -288,9 +281,9 @@ fn expiry<S: Source>(
 /// Reads until a read succeeds, pausing [`Source::RETRY`] after each
 /// failure and publishing it (a [`StatusWatch`] turns unknown); `None` once
 /// every receiver of `tx` is gone.
-async fn read_until_ok<S: Source>(
+async fn read_until_ok<S: Source, V: Published>(
     source: &mut S,
-    tx: &watch::Sender<LeaderStatus>,
+    tx: &watch::Sender<V>,
     election: &ElectionName,
 ) -> Option<Option<Leader>> {
     let mut warned = false;

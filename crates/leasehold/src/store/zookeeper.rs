@@ -143,7 +143,7 @@ use crate::store::url::Layout;
 use crate::store::watch_driver::{self as leader_watch, Event, Source};
 use crate::store::{
     ElectionState, FencingToken, Grant, Leader, LeaderWatch, Note, NoteWatch, SessionId,
-    SessionLease, StatusWatch, Store, known_only,
+    SessionLease, StatusWatch, Store,
 };
 use recipes::Recipe;
 
@@ -578,11 +578,11 @@ impl ZkStore {
 
     /// A watch of `election`; with `held`, for the holder of that grant
     /// (see [`leader_watch::start`]).
-    async fn watch_held(
+    async fn watch_held<V: crate::store::watch_driver::Initial>(
         &self,
         election: &ElectionName,
         held: Option<FencingToken>,
-    ) -> Result<StatusWatch> {
+    ) -> Result<crate::watch::Receiver<V>> {
         let client = self.inner.reader().await?;
         // Set before the first read, so that no change between the two is
         // missed.
@@ -1820,7 +1820,7 @@ impl Store for ZkStore {
     }
 
     async fn watch(&self, election: &ElectionName) -> Result<LeaderWatch> {
-        Ok(known_only(self.watch_status(election).await?))
+        self.watch_held(election, None).await
     }
 
     async fn watch_status(&self, election: &ElectionName) -> Result<StatusWatch> {
@@ -1828,9 +1828,7 @@ impl Store for ZkStore {
     }
 
     async fn watch_grant(&self, grant: &Grant) -> Result<LeaderWatch> {
-        Ok(known_only(
-            self.watch_held(&grant.election, Some(grant.token)).await?,
-        ))
+        self.watch_held(&grant.election, Some(grant.token)).await
     }
 
     async fn elections(&self) -> Result<Vec<ElectionState>> {

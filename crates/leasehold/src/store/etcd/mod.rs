@@ -73,7 +73,7 @@ use crate::store::url::Layout;
 use crate::store::watch_driver::{self as leader_watch, Event, Source};
 use crate::store::{
     ElectionState, FencingToken, Grant, Leader, LeaderWatch, Note, NoteWatch, SessionId,
-    SessionLease, StatusWatch, Store, known_only, session_key,
+    SessionLease, StatusWatch, Store, session_key,
 };
 
 mod client;
@@ -1552,7 +1552,7 @@ impl Store for EtcdStore {
     }
 
     async fn watch(&self, election: &ElectionName) -> Result<LeaderWatch> {
-        Ok(known_only(self.watch_status(election).await?))
+        self.watch_held(election, None).await
     }
 
     async fn watch_status(&self, election: &ElectionName) -> Result<StatusWatch> {
@@ -1568,7 +1568,7 @@ impl Store for EtcdStore {
             election: grant.election.clone(),
             from: grant.token.to_i64_saturating().saturating_add(1),
         };
-        Ok(known_only(leader_watch::start_held(source, grant)))
+        Ok(leader_watch::start_held(source, grant))
     }
 
     async fn elections(&self) -> Result<Vec<ElectionState>> {
@@ -1599,11 +1599,11 @@ impl Store for EtcdStore {
 impl EtcdStore {
     /// A watch of `election`; with `held`, for the holder of that grant
     /// (see [`leader_watch::start`]).
-    async fn watch_held(
+    async fn watch_held<V: crate::store::watch_driver::Initial>(
         &self,
         election: &ElectionName,
         held: Option<FencingToken>,
-    ) -> Result<StatusWatch> {
+    ) -> Result<crate::watch::Receiver<V>> {
         let source = EtcdWatch {
             store: self.clone(),
             election: election.clone(),

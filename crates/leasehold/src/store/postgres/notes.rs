@@ -101,19 +101,16 @@ impl Inner {
         Ok(amended > 0)
     }
 
-    /// The live notes on `election` — only `session`'s note `name` with
-    /// `only` — in order, and how long until the first session keeping
-    /// one of them expires (on the server's clock).
-    pub(super) async fn read_notes(
-        &self,
-        election: &ElectionName,
-        only: Option<(SessionId, &str)>,
-    ) -> Result<(Vec<Note>, Option<Duration>)> {
+    /// The live notes on `election`, in order.
+    pub(super) async fn read_notes(&self, election: &ElectionName) -> Result<Vec<Note>> {
+        let rows = self.note_rows(election).await?;
+        Ok(rows.into_iter().map(|(note, _)| note).collect())
+    }
+
+    /// The live notes on `election`, in order, each with how long until
+    /// its session expires unless renewed.
+    async fn note_rows(&self, election: &ElectionName) -> Result<Vec<(Note, Duration)>> {
         let client = self.client().await?;
-        let (session, name) = match only {
-            Some((session, name)) => (Some(session_key(session)?), Some(name)),
-            None => (None, None),
-        };
         let rows = match timed(
             "read notes",
             client.query(
@@ -123,35 +120,33 @@ impl Inner {
                      FROM {} n JOIN {} h
                           ON h.id = n.session AND h.expires_at > clock_timestamp()
                      WHERE n.election = $1
-                       AND ($2::bigint IS NULL OR (n.session = $2 AND n.name = $3::text))
                      ORDER BY n.seq",
                     self.table("notes"),
                     self.table("sessions")
                 ),
-                &[&election.as_str(), &session, &name],
+                &[&election.as_str()],
             ),
         )
         .await
         {
             Ok(rows) => rows,
-            Err(_) if self.lacks_planned_tables(&client).await? => return Ok((Vec::new(), None)),
+            Err(_) if self.lacks_planned_tables(&client).await? => return Ok(Vec::new()),
             Err(error) => return Err(error),
         };
-        let mut first_expiry: Option<Duration> = None;
-        let mut notes = Vec::with_capacity(rows.len());
-        for row in rows {
-            let (session, name, seq, text, left): (i64, String, i64, String, i64) =
-                (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
-            let left = from_millis(left);
-            first_expiry = Some(first_expiry.map_or(left, |f| f.min(left)));
-            notes.push(Note {
-                session: SessionId(session.unsigned_abs()),
-                name,
-                order: seq.unsigned_abs(),
-                text,
-            });
-        }
-        Ok((notes, first_expiry))
+        Ok(rows
+            .into_iter()
+            .map(|row| {
+                let (session, name, seq, text, left): (i64, String, i64, String, i64) =
+                    (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+                let note = Note {
+                    session: SessionId(session.unsigned_abs()),
+                    name,
+                    order: seq.unsigned_abs(),
+                    text,
+                };
+                (note, from_millis(left))
+            })
+            .collect())
     }
 
     pub(super) async fn last_release(
@@ -194,9 +189,13 @@ impl Inner {
         Ok(row.get(0))
     }
 
-    /// Watches `election`'s notes, or with `only` that one note: a notice
-    /// names the election alone, so a one-note watch reads that one row
-    /// at each change of the election's notes.
+    /// Watches `election`'s notes, or with `only` that one note. A notice
+    /// names the election alone, so every watch of the election wakes at
+    /// each change of its notes; the watches of this handle then share
+    /// their reads of the whole line (`shared_read`), and a one-note
+    /// watch keeps its note of it. A thousand sessions of one process
+    /// waiting in one line, each watching its own note and the one ahead,
+    /// so read the line a couple of times per change, not two thousand.
     pub(super) async fn watch_notes(
         self: &Arc<Self>,
         election: &ElectionName,
@@ -215,6 +214,10 @@ impl Inner {
     }
 }
 
+/// One shared read of an election's notes: each live note with how long
+/// until its session expires.
+pub(super) type Rows = Arc<Vec<(Note, Duration)>>;
+
 /// The PostgreSQL side of a notes watch: it wakes on the listener's notes
 /// notices for the election and on a lost listener connection; expiries
 /// send no notice, so the watch also reads again at the first one.
@@ -231,9 +234,31 @@ struct PgNotes {
 impl NoteSource for PgNotes {
     const RETRY: Duration = RETRY;
 
+    /// Counts the requests it makes itself: a read shared with other
+    /// watches is one request.
+    const COUNTS_ITS_READS: bool = true;
+
     async fn read(&mut self) -> Result<(Vec<Note>, Option<Duration>)> {
-        let only = self.only.as_ref().map(|(s, n)| (*s, n.as_str()));
-        self.inner.read_notes(&self.election, only).await
+        let (inner, election) = (&self.inner, &self.election);
+        let rows = inner
+            .note_reads
+            .read(election, || async {
+                #[cfg(feature = "testing")]
+                crate::store::watch_driver::count_watch_read(election);
+                inner.note_rows(election).await.map(Arc::new)
+            })
+            .await?;
+        let mine = |note: &Note| {
+            self.only
+                .as_ref()
+                .is_none_or(|(session, name)| note.session == *session && note.name == *name)
+        };
+        let kept: Vec<&(Note, Duration)> = rows.iter().filter(|(note, _)| mine(note)).collect();
+        let first_expiry = kept.iter().map(|(_, left)| *left).min();
+        Ok((
+            kept.into_iter().map(|(note, _)| note.clone()).collect(),
+            first_expiry,
+        ))
     }
 
     async fn changed(&mut self) -> Event {

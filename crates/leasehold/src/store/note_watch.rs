@@ -24,6 +24,7 @@ pub(crate) trait NoteSource: Send + 'static {
     /// Whether [`NoteSource::read`] counts the store requests it makes
     /// itself (with the `testing` feature), as a source whose reads are
     /// shared must; otherwise the watch counts each read it asks for.
+    #[cfg(feature = "testing")]
     const COUNTS_ITS_READS: bool = false;
 
     /// The live notes, in order, and — for a store whose sessions expire

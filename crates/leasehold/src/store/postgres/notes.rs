@@ -236,6 +236,7 @@ impl NoteSource for PgNotes {
 
     /// Counts the requests it makes itself: a read shared with other
     /// watches is one request.
+    #[cfg(feature = "testing")]
     const COUNTS_ITS_READS: bool = true;
 
     async fn read(&mut self) -> Result<(Vec<Note>, Option<Duration>)> {

@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 const JAR: &str = "/usr/share/java/zookeeper.jar";
 /// The server's tick: sessions may be as short as two ticks.
 pub const TICK: Duration = Duration::from_millis(100);
+/// How many ports a start tries before it gives up.
+const START_ATTEMPTS: u32 = 3;
 
 /// A running standalone ZooKeeper server on 127.0.0.1.
 #[derive(Debug)]
@@ -34,26 +36,46 @@ impl ZooKeeperServer {
             crate::clock::host_monotonic_ns()
         ));
         std::fs::create_dir_all(dir.join("data")).expect("create the server folder");
-        let port = super::free_port();
+        let mut server = ZooKeeperServer {
+            dir,
+            port: 0,
+            process: None,
+        };
+        // A port found free may be taken by another test's server before
+        // java binds it: then the server exits, and starts again on
+        // another port.
+        let mut attempt = 1;
+        loop {
+            server.port = super::free_port();
+            server.write_config();
+            match server.spawn() {
+                Ok(()) => return server,
+                Err(why) if attempt < START_ATTEMPTS => {
+                    eprintln!("zookeeper start, attempt {attempt}: {why}; again on another port");
+                    server.kill();
+                    attempt += 1;
+                }
+                Err(why) => panic!("{why}"),
+            }
+        }
+    }
+
+    fn write_config(&self) {
         let config = format!(
-            "tickTime={}\ndataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\n\
+            "tickTime={}\ndataDir={}\nclientPort={}\nclientPortAddress=127.0.0.1\n\
              minSessionTimeout={}\nmaxSessionTimeout=60000\nmaxClientCnxns=0\nadmin.enableServer=false\n\
              4lw.commands.whitelist=ruok,srvr,wchp,wchc\n",
             TICK.as_millis(),
-            dir.join("data").display(),
+            self.dir.join("data").display(),
+            self.port,
             (TICK * 2).as_millis(),
         );
-        std::fs::write(dir.join("zoo.cfg"), config).expect("write zoo.cfg");
-        let mut server = ZooKeeperServer {
-            dir,
-            port,
-            process: None,
-        };
-        server.spawn();
-        server
+        std::fs::write(self.dir.join("zoo.cfg"), config).expect("write zoo.cfg");
     }
 
-    fn spawn(&mut self) {
+    /// Starts the server process and waits until it serves; an error
+    /// (with the end of its log) when it exits first or takes too long.
+    fn spawn(&mut self) -> Result<(), String> {
         assert!(
             std::path::Path::new(JAR).exists(),
             "{JAR} is missing: install Debian's zookeeper package (scripts/test does)"
@@ -69,7 +91,7 @@ impl ZooKeeperServer {
             .spawn()
             .expect("cannot run java: install Debian's zookeeper package (scripts/test does)");
         self.process = Some(process);
-        self.wait_ready(Duration::from_secs(60));
+        self.wait_ready(Duration::from_secs(60))
     }
 
     /// The answer to a four-letter command (`srvr`, `wchp`, …), if any.
@@ -89,22 +111,43 @@ impl ZooKeeperServer {
             .is_some_and(|a| a.contains("Mode: standalone"))
     }
 
-    fn wait_ready(&mut self, limit: Duration) {
+    fn wait_ready(&mut self, limit: Duration) -> Result<(), String> {
         let until = Instant::now() + limit;
         while !self.serving() {
             if let Some(Ok(Some(status))) = self.process.as_mut().map(Child::try_wait) {
-                panic!(
-                    "zookeeper exited with {status}; see {}",
-                    self.dir.join("server.log").display()
-                );
+                return Err(format!(
+                    "zookeeper on port {} exited with {status}: {}",
+                    self.port,
+                    self.log_tail()
+                ));
             }
-            assert!(
-                Instant::now() < until,
-                "zookeeper did not start; see {}",
-                self.dir.join("server.log").display()
-            );
+            if Instant::now() >= until {
+                return Err(format!(
+                    "zookeeper on port {} did not start within {limit:?}: {}",
+                    self.port,
+                    self.log_tail()
+                ));
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
+        Ok(())
+    }
+
+    /// The server log's last lines that report a problem (the folder is
+    /// removed with the server, so a failure must carry them).
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(self.dir.join("server.log")).unwrap_or_default();
+        let mut tail: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("ERROR") || l.contains("Exception") || l.contains("WARN"))
+            .rev()
+            .take(4)
+            .collect();
+        if tail.is_empty() {
+            tail = log.lines().rev().take(4).collect();
+        }
+        tail.reverse();
+        tail.join(" | ")
     }
 
     /// `host:port` to connect to.
@@ -164,7 +207,9 @@ impl ZooKeeperServer {
     /// data: sessions survive if the restart is shorter than their timeout.
     pub fn restart(&mut self) {
         self.kill();
-        self.spawn();
+        if let Err(why) = self.spawn() {
+            panic!("{why}");
+        }
     }
 }
 

@@ -16,7 +16,7 @@ use crate::clock::TokioClock;
 use crate::config::LeaseConfig;
 use crate::elector::Elector;
 use crate::error::Error;
-use crate::group::Shards;
+use crate::group::{GroupView, Shards};
 use crate::names::{CandidateId, ElectionName};
 use crate::store::{FencingToken, Store};
 
@@ -38,6 +38,8 @@ fn id(name: &str) -> CandidateId {
 #[derive(Debug, Default)]
 struct Ownership {
     state: Mutex<OwnershipState>,
+    /// Each member's own view of the group, shown when a test fails.
+    views: Mutex<Vec<(&'static str, crate::watch::Receiver<GroupView>)>>,
 }
 
 #[derive(Debug, Default)]
@@ -78,6 +80,24 @@ impl Ownership {
         state.owners.retain(|_, (o, _)| o != who);
     }
 
+    /// What each member sees: the members, and the shards it owns.
+    fn views(&self) -> String {
+        let views = self.views.lock().unwrap_or_else(|p| p.into_inner());
+        views
+            .iter()
+            .map(|(name, view)| {
+                let view = view.borrow();
+                let members: Vec<String> = view
+                    .members
+                    .iter()
+                    .map(|m| format!("{} (session {})", m.candidate, m.session))
+                    .collect();
+                format!("{name} sees members {members:?} and owns {:?}", view.mine)
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
     fn gains(&self) -> usize {
         self.state.lock().unwrap_or_else(|p| p.into_inner()).gains
     }
@@ -111,8 +131,9 @@ impl Ownership {
         .await;
         if outcome.is_err() {
             panic!(
-                "{members:?} did not settle at {want:?} within {PATIENCE:?}: they own {:?}",
-                self.loads(members)
+                "{members:?} did not settle at {want:?} within {PATIENCE:?}: they own {:?}; {}",
+                self.loads(members),
+                self.views()
             );
         }
     }
@@ -142,6 +163,11 @@ async fn member(
     let mut shards = Shards::join(Arc::clone(&elector), group.clone(), count)
         .await
         .unwrap_or_else(|e| panic!("{name} joins {group}: {e}"));
+    ownership
+        .views
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push((name, shards.view()));
     let ownership = Arc::clone(ownership);
     let task = tokio::spawn(async move {
         let mut held = JoinSet::new();

@@ -186,6 +186,44 @@ impl Elector {
         self.campaign_as(election, false).await
     }
 
+    /// Campaigns for `election` on `session` alone, straight to the
+    /// store's compare-and-swap (a shard, whose member note is on that
+    /// session): never opens another session, and fails with
+    /// [`Error::SessionExpired`] once that one ends.
+    pub(crate) async fn campaign_on(
+        &self,
+        session: Arc<Session>,
+        election: &ElectionName,
+    ) -> Result<Leadership> {
+        let outcome = tokio::select! {
+            biased;
+            outcome = self.store.campaign(session.id(), election, &self.candidate) => outcome,
+            _ = session.lost() => Err(Error::SessionExpired(session.id())),
+        };
+        match outcome {
+            Ok(grant) => Ok(self.lead(grant, session, Taken::WithoutLine)),
+            Err(error) => {
+                if matches!(error, Error::SessionExpired(_)) {
+                    session.mark_expired();
+                }
+                Err(error)
+            }
+        }
+    }
+
+    /// The leadership of `grant`, just won on `session`.
+    fn lead(&self, grant: crate::store::Grant, session: Arc<Session>, taken: Taken) -> Leadership {
+        tracing::info!(election = %grant.election, id = %self.candidate, token = grant.token.0, "became leader");
+        let planned = (taken != Taken::WithoutLine).then_some(self.planned);
+        Leadership::start(
+            grant,
+            session,
+            Arc::clone(&self.store),
+            planned,
+            taken == Taken::Unwaited,
+        )
+    }
+
     async fn campaign_as(&self, election: &ElectionName, in_line: bool) -> Result<Leadership> {
         let mut last_loss = None;
         for _ in 0..MAX_SESSIONS_PER_CAMPAIGN {
@@ -205,17 +243,7 @@ impl Elector {
                 }
             };
             match outcome {
-                Ok((grant, taken)) => {
-                    tracing::info!(%election, id = %self.candidate, token = grant.token.0, "became leader");
-                    let planned = (taken != Taken::WithoutLine).then_some(self.planned);
-                    return Ok(Leadership::start(
-                        grant,
-                        session,
-                        Arc::clone(&self.store),
-                        planned,
-                        taken == Taken::Unwaited,
-                    ));
-                }
+                Ok((grant, taken)) => return Ok(self.lead(grant, session, taken)),
                 Err(Error::SessionExpired(_)) => {
                     session.mark_expired();
                     last_loss = Some(LostReason::SessionExpired);

@@ -61,7 +61,9 @@ pub struct Shards {
     gained: mpsc::UnboundedReceiver<Result<Shard>>,
     view: watch::Receiver<GroupView>,
     elector: Arc<Elector>,
-    coordinator: Option<tokio::task::JoinHandle<()>>,
+    /// The coordinator's task; it ends with the session the membership
+    /// was last on.
+    coordinator: Option<tokio::task::JoinHandle<Arc<Session>>>,
     _stop: DropGuard,
 }
 
@@ -276,12 +278,14 @@ impl Shards {
         } = self;
         // Stopped, the coordinator withdraws its campaigns before it ends.
         drop(_stop);
-        if let Some(coordinator) = coordinator {
-            let _ = coordinator.await;
-        }
+        let Some(coordinator) = coordinator else {
+            return;
+        };
         // No member any more: the others take this member's shards as soon
-        // as each is released, not once the last of them is.
-        if let Ok(session) = elector.session().await
+        // as each is released, not once the last of them is. (A session
+        // that ended took the note with it.)
+        if let Ok(session) = coordinator.await
+            && session.over_now().is_none()
             && let Err(error) = elector
                 .store()
                 .delete_note(session.id(), &group, super::MEMBER)
@@ -400,9 +404,11 @@ struct Coordinator {
 }
 
 impl Coordinator {
-    async fn run(mut self) {
+    async fn run(mut self) -> Arc<Session> {
         let clock = Arc::clone(self.elector.clock());
-        loop {
+        // Stopped, it starts nothing more: a campaign begun now could
+        // still reach the store after the member closed its session.
+        while !self.stop.is_cancelled() {
             if let Err(error) = self.step() {
                 let _ = self.gained.send(Err(error));
                 break;
@@ -438,6 +444,7 @@ impl Coordinator {
                 cancel.cancel();
             }
         }
+        self.session
     }
 
     /// Joins again on a new session, once the one the membership was on
@@ -507,6 +514,9 @@ impl Coordinator {
         let me = ids.iter().position(|c| *c == self.me);
         let now = self.elector.clock().now();
         let session = self.session.id();
+        // Campaigns only on the session the membership is on: once it has
+        // ended, none until the member joined again on a new one.
+        let live = self.session.over_now().is_none();
         for (index, assigned) in target.iter().enumerate() {
             let shard = u32::try_from(index).unwrap_or(u32::MAX);
             let mine = me.is_some() && *assigned == me;
@@ -548,17 +558,20 @@ impl Coordinator {
                 continue;
             }
             match state {
-                State::Idle if mine => {
+                State::Idle if mine && live => {
                     let elector = Arc::clone(&self.elector);
                     let election = self.elections[index].clone();
                     let reports = self.reports_tx.clone();
-                    let cancel = CancellationToken::new();
+                    // Withdrawn one by one, and all at once when the member
+                    // stops (without waiting for this task to see it).
+                    let cancel = self.stop.child_token();
                     let cancelled = cancel.clone();
+                    let on = Arc::clone(&self.session);
                     tokio::spawn(async move {
                         let outcome = tokio::select! {
                             biased;
                             () = cancelled.cancelled() => None,
-                            outcome = elector.campaign_direct(&election) => Some(outcome),
+                            outcome = elector.campaign_on(on, &election) => Some(outcome),
                         };
                         let _ = reports.send(Report::Campaign(shard, outcome));
                     });
@@ -678,10 +691,13 @@ impl Coordinator {
                 let token = leadership.token();
                 self.let_go(index, token, ToRelease::Leadership(leadership), None);
             }
+            // The membership's session ended: campaigned for again once
+            // the member joined on a new one.
+            Some(Err(Error::SessionExpired(_))) => *state = State::Idle,
             Some(Err(error)) => {
                 tracing::warn!(group = %self.group, shard = index, %error, "campaign for a shard failed; retrying");
                 *state = State::Resting(self.elector.clock().now() + RETRY);
-                if wanted && !error.is_transient() && !matches!(error, Error::SessionExpired(_)) {
+                if wanted && !error.is_transient() {
                     let _ = self.gained.send(Err(error));
                 }
             }

@@ -179,6 +179,33 @@ pub struct Transferred {
     pub asked_for: Option<CandidateId>,
 }
 
+/// Why `election` cannot be transferred when it is a group's name or one
+/// of a group's shards or slots: those move by the group's own rules,
+/// never by a request. `None` otherwise (also when the store cannot say).
+async fn group_refusal(store: &dyn Store, election: &ElectionName) -> Option<String> {
+    let kind = |notes: Vec<Note>| crate::group::kind_of(&notes);
+    let how = |kind: crate::group::GroupKind| match kind {
+        crate::group::GroupKind::Shards(_) => {
+            "its shards move by the group's assignment, when a member joins or leaves"
+        }
+        crate::group::GroupKind::Slots(_) => {
+            "a slot is freed when its holder stops, and goes to the next waiter"
+        }
+    };
+    if let Some(kind) = store.notes(election).await.ok().and_then(kind) {
+        return Some(format!(
+            "{election} is a group of {kind}, not a single election: {}; nothing is handed over by transfer",
+            how(kind)
+        ));
+    }
+    let group = crate::group::group_of(election)?;
+    let kind = store.notes(&group).await.ok().and_then(kind)?;
+    Some(format!(
+        "{election} belongs to {group}, a group of {kind}: {}; nothing is handed over by transfer",
+        how(kind)
+    ))
+}
+
 /// Asks the current leader of `election` to hand over — to the waiting
 /// candidate `to`, or without `to` to the first in line — and waits up to
 /// `timeout` for a new leader to hold.
@@ -186,7 +213,9 @@ pub struct Transferred {
 /// The request is a note of a session opened for it (with `ttl`), so it
 /// reaches the leader through the store and ends with this call. Fails
 /// with [`Error::InvalidInput`], changing nothing, when nobody leads,
-/// when `to` does not wait in line, or when nobody waits; with
+/// when `to` does not wait in line, when nobody waits, or when `election`
+/// is a group's name or one of its shards or slots (those move by the
+/// group's rules); with
 /// [`Error::Timeout`] when no new leader held within `timeout` (a leader
 /// that does not honour requests: an older leasehold, or one busy
 /// stopping its command for longer).
@@ -197,6 +226,9 @@ pub async fn request_transfer(
     ttl: Duration,
     timeout: Duration,
 ) -> Result<Transferred> {
+    if let Some(refusal) = group_refusal(&**store, election).await {
+        return Err(Error::invalid("transfer", refusal));
+    }
     let mut leaders = store.watch(election).await?;
     let Some(from) = leaders.borrow_and_update().clone() else {
         return Err(Error::invalid(

@@ -430,3 +430,39 @@ pub async fn a_member_that_leaves_is_gone_at_once(harness: &dyn StoreHarness) {
     let _ = a.close().await;
     let _ = b.close().await;
 }
+
+/// `transfer` refuses a group's name and its shards' names, naming the
+/// group and its count, and writes nothing: shards move by the
+/// assignment, not by requests.
+pub async fn a_group_is_never_transferred(harness: &dyn StoreHarness) {
+    let group = unique_election("moved");
+    let ownership = Arc::new(Ownership::default());
+    let a = member(harness, "a", TTL, &group, 2, &ownership).await;
+    ownership.settled(&["a"], &[2]).await;
+    let store = harness.open().await;
+    let shard = crate::group::GroupKind::Shards(2)
+        .election(&group, 1)
+        .expect("a shard's name");
+    for (name, says) in [(&group, "is a group of 2 shards"), (&shard, "belongs to")] {
+        let before = store.notes(name).await.expect("notes");
+        match crate::line::request_transfer(&store, name, None, TTL, PATIENCE).await {
+            Err(Error::InvalidInput { reason, .. }) => assert!(
+                reason.contains(says) && reason.contains(group.as_str()),
+                "the refusal of transferring {name} must say {says:?} and name {group}: {reason}"
+            ),
+            other => panic!("transferring {name} must be refused, got {other:?}"),
+        }
+        assert_eq!(
+            store.notes(name).await.expect("notes"),
+            before,
+            "a refused transfer of {name} wrote a note"
+        );
+    }
+    assert_eq!(
+        ownership.loads(&["a"]).0,
+        vec![2],
+        "a refused transfer moved a shard"
+    );
+    stop(a.task).await;
+    let _ = a.elector.close().await;
+}

@@ -235,6 +235,7 @@ macro_rules! conformance_tests {
             a_group_refuses_another_count,
             slots_hold_at_most_k,
             a_member_that_leaves_is_gone_at_once,
+            a_group_is_never_transferred,
         );
     };
     // A store laid out as another election recipe (`?layout=`): every

@@ -319,9 +319,7 @@ impl Runner {
                     "cannot run {}: {error:#}",
                     program.unwrap_or_default()
                 ));
-                if let Err(error) = leadership.resign().await {
-                    tracing::warn!(%error, "could not release the election");
-                }
+                release(leadership).await;
                 return Ok(Next::Exit(ExitCode::from(EXIT_CANNOT_START)));
             }
         };
@@ -521,10 +519,24 @@ async fn stop_requested(
     }
 }
 
-/// Releases the election; whether it was released.
+/// Whether a release failed only because the grant had already ended
+/// (lost, expired, or taken by a successor): nothing is left to release,
+/// and nothing to warn about.
+pub(crate) fn already_gone(error: &leasehold::Error) -> bool {
+    matches!(
+        error,
+        leasehold::Error::NotHolder { .. } | leasehold::Error::SessionExpired(_)
+    )
+}
+
+/// Releases the election; whether it is released (or had already ended).
 async fn release(leadership: Leadership) -> bool {
     match leadership.resign().await {
         Ok(()) => true,
+        Err(error) if already_gone(&error) => {
+            tracing::debug!(%error, "nothing to release: the grant had already ended");
+            true
+        }
         Err(error) => {
             tracing::warn!(%error, "could not release the election");
             false
@@ -578,5 +590,32 @@ async fn count_waiting(
         if notes.changed().await.is_err() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::already_gone;
+    use leasehold::{Error, FencingToken, SessionId};
+
+    #[test]
+    fn only_a_grant_that_already_ended_is_released_without_a_warning() {
+        let not_holder = Error::NotHolder {
+            election: "e".to_owned(),
+            token: FencingToken(3),
+        };
+        assert!(already_gone(&not_holder));
+        assert!(already_gone(&Error::SessionExpired(SessionId(7))));
+        let unanswered = Error::Unavailable {
+            reason: "no answer".to_owned(),
+            source: None,
+        };
+        assert!(
+            !already_gone(&unanswered),
+            "a release the store did not answer must warn"
+        );
+        assert!(!already_gone(&Error::Timeout(
+            std::time::Duration::from_secs(1)
+        )));
     }
 }

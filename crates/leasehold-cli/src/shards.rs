@@ -267,7 +267,9 @@ async fn run_term(
                 .map(|p| p.to_string_lossy().into_owned())
                 .unwrap_or_default();
             crate::say(&format!("cannot run {program}: {error:#}"));
-            if let Err(error) = shard.resign().await {
+            if let Err(error) = shard.resign().await
+                && !crate::run::already_gone(&error)
+            {
                 tracing::warn!(shard = index, %error, "could not release the shard");
             }
             return (index, true);
@@ -328,7 +330,9 @@ async fn run_term(
         }
         TermEnd::HandedOver(_) => (StepDown::HandedOver, shard.resign().await),
     };
-    if let Err(error) = released {
+    if let Err(error) = released
+        && !crate::run::already_gone(&error)
+    {
         tracing::warn!(shard = index, %error, "could not release the shard (the store expires it after the TTL)");
     }
     settings.metrics.shard_released(step_down);

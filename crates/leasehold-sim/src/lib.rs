@@ -78,6 +78,9 @@ pub struct Scenario {
     /// ([`leasehold::Shards::join`]) instead of campaigning for one
     /// election.
     pub shards: Option<u32>,
+    /// Candidate 1 campaigns under candidate 0's id (two replicas given
+    /// one id): every invariant must still hold.
+    pub twin_ids: bool,
 }
 
 impl Default for Scenario {
@@ -95,6 +98,7 @@ impl Default for Scenario {
             witness_on_pause: false,
             write_every: Duration::from_millis(100),
             shards: None,
+            twin_ids: false,
         }
     }
 }
@@ -114,6 +118,9 @@ impl Scenario {
         }
         if self.witness_on_pause {
             cmd.push_str(" --witness-on-pause");
+        }
+        if self.twin_ids {
+            cmd.push_str(" --twin-ids");
         }
         if self.store_clock_step > leasehold::DEFAULT_SKEW {
             cmd.push_str(&format!(
@@ -398,6 +405,17 @@ impl World {
         Instant::now() - self.t0
     }
 
+    /// Candidate `i`'s id: `c{i}`, but candidate 1's is `c0` with
+    /// [`Scenario::twin_ids`].
+    fn id_of(&self, i: usize) -> CandidateId {
+        let i = if self.scenario.twin_ids && i == 1 {
+            0
+        } else {
+            i
+        };
+        CandidateId::new(format!("c{i}")).expect("valid id")
+    }
+
     fn spawn(&self, i: usize, incarnation: u64, rng: &mut Rng) -> Slot {
         let link = Arc::new(Link::new(
             Arc::clone(&self.store) as Arc<dyn Store>,
@@ -434,6 +452,7 @@ impl World {
                     handovers: Arc::clone(&self.handovers),
                     // Candidates of three priorities: preemptions happen too.
                     priority: i64::try_from(i % 3).unwrap_or(0),
+                    id: self.id_of(i),
                 }));
                 (task, None)
             }
@@ -592,6 +611,7 @@ struct Candidate {
     open: OpenTerms,
     handovers: Arc<std::sync::atomic::AtomicBool>,
     priority: i64,
+    id: CandidateId,
 }
 
 /// One candidate: campaign; while leader, write to the fenced resource;
@@ -600,10 +620,9 @@ struct Candidate {
 async fn candidate(c: Candidate) {
     let mut rng = Rng::new(c.seed);
     let (index, t0) = (c.writer.index, c.writer.t0);
-    let id = CandidateId::new(format!("c{index}")).expect("valid id");
     let mut elector = Elector::new(
         Arc::clone(&c.writer.link) as Arc<dyn Store>,
-        id,
+        c.id.clone(),
         LeaseConfig::with_ttl(c.ttl),
     )
     .expect("valid config")
@@ -923,7 +942,7 @@ async fn liveness(world: &World, slots: &mut [Slot], rng: &mut Rng) -> [LeaderCr
 /// place in line.
 async fn crash_chosen_standby(world: &World, slots: &mut [Slot], rng: &mut Rng) -> LeaderCrash {
     let leader = world.store.leader(&world.election).await.ok().flatten()?;
-    let leading = candidate_index(&leader.candidate);
+    let leading = slot_of(slots, &leader);
     let i = (0..slots.len()).find(|&i| i != leading && !slots[i].crashed)?;
     let to = CandidateId::new(format!("c{i}")).expect("valid id");
     let (store, election, ttl) = (
@@ -943,10 +962,20 @@ async fn crash_chosen_standby(world: &World, slots: &mut [Slot], rng: &mut Rng) 
     Some((i, at))
 }
 
+/// The slot of the candidate whose open term holds `leader`'s token; by
+/// the id's number if none does (the term is not recorded yet). Ids alone
+/// do not tell twins apart ([`Scenario::twin_ids`]).
+fn slot_of(slots: &[Slot], leader: &Leader) -> usize {
+    slots
+        .iter()
+        .find(|s| lock(&s.open).values().any(|t| t.token == leader.token.0))
+        .map_or_else(|| candidate_index(&leader.candidate), |s| s.index)
+}
+
 /// Crashes the store's current leader, witnessed or not.
 async fn crash_leader(world: &World, slots: &mut [Slot], witnessed: bool) -> LeaderCrash {
     let leader = world.store.leader(&world.election).await.ok().flatten()?;
-    let i = candidate_index(&leader.candidate);
+    let i = slot_of(slots, &leader);
     let at = world.since_start();
     if let Some(slot) = slots.get_mut(i) {
         if witnessed {

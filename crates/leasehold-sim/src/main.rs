@@ -50,6 +50,10 @@ struct Args {
     /// end and after each later crash or return of a member.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=65_536))]
     shards: Option<u32>,
+    /// Candidate 1 campaigns under candidate 0's id, as two replicas given
+    /// one id would; every invariant must still hold.
+    #[arg(long)]
+    twin_ids: bool,
     /// Largest forward step of the store's clock, in milliseconds; beyond
     /// the 100 ms skew bound safety is not promised. [default: 100]
     #[arg(long, value_name = "MS")]
@@ -70,6 +74,7 @@ fn main() -> ExitCode {
         unfenced_resource: args.unfenced,
         witness_on_pause: args.witness_on_pause,
         shards: args.shards,
+        twin_ids: args.twin_ids,
         ..Scenario::default()
     };
     if let Some(ms) = args.store_clock_step_ms {

@@ -83,6 +83,24 @@ fn seeds_hold_every_invariant_part_8_of_8() {
     all_hold(7);
 }
 
+/// Two candidates under one id (two replicas given the same `--id`):
+/// neither takes the election from the other, and every invariant holds.
+#[test]
+fn seeds_hold_every_invariant_with_twin_ids() {
+    let scenario = Scenario {
+        twin_ids: true,
+        ..Scenario::default()
+    };
+    let mut faults = 0;
+    for seed in seeds(0, 20) {
+        match run(seed, &scenario) {
+            Ok(history) => faults += history.faults,
+            Err(failure) => panic!("{failure}"),
+        }
+    }
+    assert!(faults > 0, "no faults were injected");
+}
+
 #[test]
 fn a_seed_replays_exactly() {
     // Without tokio's RNG seeded (the build has no tokio_unstable): every

@@ -169,6 +169,72 @@ while :; do sleep 0.05; done"#;
     drop(b);
 }
 
+/// Two replicas given one `--id`: the second waits while the first leads
+/// (neither takes the election from the other), says that another
+/// replica holds it under the same id, and takes over with a higher token
+/// only once the first stops.
+#[test]
+fn two_replicas_sharing_an_id_take_turns_and_the_twin_is_named() {
+    let scratch = Scratch::new();
+    let script = r#"trap 'echo "stopped $LEASEHOLD_TOKEN" >> billing.log; exit 0' TERM
+echo "run $LEASEHOLD_TOKEN $LEASEHOLD_ID $$" >> billing.log
+while :; do sleep 0.05; done"#;
+    let mut a = replica(&scratch, "twin", "30s", script);
+    assert!(wait_until(10 * SECOND, || runs(&scratch).len() == 1));
+    let log = std::fs::File::create(scratch.path("b.err")).expect("create");
+    let b = Proc::spawn(
+        leasehold()
+            .args(["run", "--election", "nightly-billing", "--ttl", "30s"])
+            .args(["--id", "twin", "--store", &scratch.store_url(), "--"])
+            .args(["sh", "-c", script])
+            .current_dir(scratch.dir.path())
+            .stdout(Stdio::null())
+            .stderr(log),
+    );
+    let named = "another replica with this candidate id holds the election";
+    assert!(
+        wait_until(10 * SECOND, || read_lines(&scratch.path("b.err"))
+            .iter()
+            .any(|l| l.contains(named))),
+        "the twin is not named; its last lines: {:?}",
+        read_lines(&scratch.path("b.err"))
+            .iter()
+            .rev()
+            .take(6)
+            .collect::<Vec<_>>()
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        runs(&scratch).len(),
+        1,
+        "the replicas took the election from each other: {:?}",
+        read_lines(&scratch.path("billing.log"))
+    );
+    a.signal(Signal::SIGTERM);
+    assert!(
+        wait_until(10 * SECOND, || runs(&scratch).len() == 2),
+        "no handover to the twin"
+    );
+    a.wait_for_exit(10 * SECOND).expect("a exits");
+    let runs = runs(&scratch);
+    assert!(runs[1].0 > runs[0].0, "tokens out of order: {runs:?}");
+    assert_ne!(runs[1].2, runs[0].2);
+    let log = read_lines(&scratch.path("billing.log"));
+    let stopped = log
+        .iter()
+        .position(|l| *l == format!("stopped {}", runs[0].0))
+        .expect("the first command stopped");
+    let second = log
+        .iter()
+        .position(|l| l.starts_with(&format!("run {} ", runs[1].0)))
+        .expect("the second command ran");
+    assert!(
+        stopped < second,
+        "the twin's command started before the first stopped: {log:?}"
+    );
+    drop(b);
+}
+
 /// The command's own exit: `run` exits with its status and releases at once.
 #[test]
 fn the_commands_exit_status_is_passed_on_and_the_election_released() {

@@ -285,8 +285,15 @@ impl Elector {
             Ok(()) => {
                 tracing::debug!(%election, token = grant.token.0, "released a grant the store still showed for this session");
             }
-            // Another session's (of this candidate id), or gone meanwhile.
-            Err(Error::NotHolder { .. }) => {}
+            // Gone meanwhile, or another session's: a twin of this
+            // candidate id, which is named (it is never released).
+            Err(Error::NotHolder { .. }) => {
+                let held = self.store.leader(election).await.ok().flatten();
+                if held.is_some_and(|l| l.token == leader.token) {
+                    tracing::warn!(%election, id = %self.candidate, token = leader.token.0,
+                        "another replica with this candidate id holds the election (ids must be unique: give each replica its own); this one waits");
+                }
+            }
             Err(error) => return Err(error),
         }
         Ok(None)

@@ -305,7 +305,9 @@ impl Store for MemoryStore {
         let now = self.inner.clock.now();
         let mut state = self.inner.state();
         let current = state.live_holder(&grant.election, now);
-        if current.is_none_or(|(holder, _)| holder.token != grant.token) {
+        if current.is_none_or(|(holder, _)| {
+            holder.token != grant.token || holder.session != grant.session
+        }) {
             return Err(Error::NotHolder {
                 election: grant.election.to_string(),
                 token: grant.token,

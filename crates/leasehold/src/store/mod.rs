@@ -241,7 +241,9 @@ pub trait Store: Send + Sync + fmt::Debug {
     }
 
     /// Releases `grant` if, and only if, it is still the current grant of its
-    /// election; otherwise fails with [`crate::Error::NotHolder`].
+    /// election — the same token, held by the same session; otherwise fails
+    /// with [`crate::Error::NotHolder`]. Another session never releases it,
+    /// even one of the same candidate id that read its token.
     async fn resign(&self, grant: &Grant) -> Result<()>;
 
     /// Releases `grant` on behalf of its holder's process, which is known to

@@ -1564,13 +1564,14 @@ impl Db {
         let released = tx
             .execute(
                 "UPDATE elections SET holder_session = NULL, holder_candidate = NULL, holder_token = NULL
-                 WHERE name = ?1 AND holder_token = ?2 AND holder_session IN
+                 WHERE name = ?1 AND holder_token = ?2 AND holder_session = ?5 AND holder_session IN
                      (SELECT id FROM sessions WHERE boot_id = ?3 AND expires_at_ns > ?4)",
                 params![
                     grant.election.as_str(),
                     grant.token.to_i64_saturating(),
                     self.boot_id,
-                    now
+                    now,
+                    session_key(grant.session)?
                 ],
             )
             .map_err(self.err())?;

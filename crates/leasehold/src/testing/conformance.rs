@@ -223,6 +223,81 @@ pub async fn resign_never_removes_a_successor(harness: &dyn StoreHarness) {
     );
 }
 
+/// One candidate id on two sessions (two replicas given the same `--id`):
+/// a release presented by the other session, even with the holder's
+/// token, never removes the grant (rule 6: a grant is its session's), and
+/// the other session is granted only once the holder has released.
+pub async fn a_release_by_another_session_of_one_id_changes_nothing(harness: &dyn StoreHarness) {
+    let election = unique_election("one-id-release");
+    let (a, b) = (harness.open().await, harness.open().await);
+    let first = grant_on(&a, &election, "twin").await;
+    let other = b.open_session(LONG_TTL).await.expect("open");
+    let forged = Grant {
+        session: other.id,
+        ..first.clone()
+    };
+    match b.resign(&forged).await {
+        Err(Error::NotHolder { token, .. }) => assert_eq!(token, first.token),
+        outcome => {
+            panic!("rule 6 broken: another session of the same id released the grant: {outcome:?}")
+        }
+    }
+    let leader = a.leader(&election).await.expect("read").expect("a leads");
+    assert_eq!(leader.token, first.token, "the holder's grant was removed");
+    let campaign = {
+        let (b, election) = (Arc::clone(&b), election.clone());
+        tokio::spawn(async move { b.campaign(other.id, &election, &candidate("twin")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !campaign.is_finished(),
+        "rule 1 broken: a second session of the same id was granted while the first held"
+    );
+    a.resign(&first).await.expect("the holder resigns");
+    let second = within("the other session granted after the release", campaign)
+        .await
+        .expect("campaign task")
+        .expect("granted");
+    assert_eq!(second.session, other.id);
+    assert!(second.token > first.token);
+}
+
+/// Two electors given the same candidate id, on their own handles: the
+/// second waits while the first leads, and the first keeps leading (it is
+/// neither released nor superseded by its twin); the second leads only
+/// after the first resigns, with a higher token.
+pub async fn two_electors_of_one_id_never_lead_together(harness: &dyn StoreHarness) {
+    let election = unique_election("one-id-electors");
+    let config = LeaseConfig::with_ttl(LONG_TTL);
+    let a = Elector::new(harness.open().await, candidate("twin"), config).expect("a");
+    let b = Elector::new(harness.open().await, candidate("twin"), config).expect("b");
+    let first = within("a campaigns", a.campaign(&election))
+        .await
+        .expect("campaign");
+    let second = {
+        let election = election.clone();
+        tokio::spawn(async move { b.campaign(&election).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        first.is_leader(),
+        "the leader lost its election to a twin of the same id: {:?}",
+        first.lost_reason()
+    );
+    assert!(
+        !second.is_finished(),
+        "rule 1 broken: the twin leads beside the leader"
+    );
+    let first_token = first.token();
+    first.resign().await.expect("resign");
+    let second = within("the twin takes over", second)
+        .await
+        .expect("campaign task")
+        .expect("campaign");
+    assert!(second.token() > first_token);
+    second.resign().await.expect("resign");
+}
+
 /// A dead holder's grant released from another handle (a runner's guard
 /// after its runner died): the next candidate is granted at once, and the
 /// same release presented again never removes that successor (rule 6).

@@ -29,6 +29,32 @@ fn sigterm_and_transfer_hand_over_on_etcd() {
 fn exit_status_and_release_on_etcd() {
     let cluster = EtcdCluster::start(3);
     exit_status_and_release(&cluster.url("/exit"));
+    // A URL asking for TLS of these plaintext members.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ca = leasehold::testing::TestCa::new(dir.path(), "ca");
+    tls_mismatch_exits_1(
+        &format!("{}?cacert={}", cluster.url("/exit"), ca.ca_path().display()),
+        "does not offer TLS (it answered in plaintext), and cacert= in the URL requires it",
+    );
+}
+
+/// `status` with `store`, whose URL asks for TLS of members without it or
+/// the reverse, exits 1 at once with one line naming the mismatch.
+fn tls_mismatch_exits_1(store: &str, needle: &str) {
+    let started = std::time::Instant::now();
+    let out = super::harness::leasehold()
+        .args(["status", "--store", store, "--election", "job"])
+        .output()
+        .expect("spawn");
+    let err = super::harness::stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains(needle), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    let took = started.elapsed();
+    assert!(
+        took < std::time::Duration::from_secs(2),
+        "took {took:?}: {err}"
+    );
 }
 
 #[test]
@@ -179,6 +205,12 @@ fn a_secured_etcd_with_the_password_from_the_environment() {
     let out = run(password, &["run", "--election", "job", "--", "true"]);
     let err = super::harness::stderr(&out);
     assert_eq!(out.status.code(), Some(0), "{err}");
+    // A URL without cacert= for this member serving TLS alone.
+    let endpoints = cluster.endpoints().join(",");
+    tls_mismatch_exits_1(
+        &format!("etcd://{endpoints}/cli"),
+        &format!("etcd at {endpoints} requires TLS, and the URL gives no cacert="),
+    );
     let out = run(password, &["status", "--election", "job", "--json"]);
     let err = super::harness::stderr(&out);
     assert_eq!(out.status.code(), Some(0), "{err}");

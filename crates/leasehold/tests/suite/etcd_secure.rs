@@ -391,3 +391,55 @@ async fn watches_outlive_a_forgotten_token() {
         "the watch reads the store while nothing changes"
     );
 }
+
+/// Connecting with `url` is refused at once (well before the 3 s a
+/// request may take), naming a TLS mismatch with `needle`.
+async fn assert_mismatch_named_at_once(url: &str, needle: &str) {
+    let started = std::time::Instant::now();
+    assert_denied(url, needle).await;
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(2), "{needle}: took {took:?}");
+}
+
+/// A URL asking for TLS (`cacert=`, with a client certificate) against a
+/// member serving plaintext: refused at once, naming the endpoint, the
+/// mismatch and what to change in the URL (it said `Connection reset by
+/// peer … transport error` after 3 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_url_against_a_plaintext_member_names_the_mismatch() {
+    let (plain, dir, ca) = tokio::task::spawn_blocking(|| {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let ca = TestCa::new(dir.path(), "ca");
+        (EtcdCluster::start(1), dir, ca)
+    })
+    .await
+    .expect("plaintext etcd start");
+    let endpoint = plain.endpoints().join(",");
+    let client = ca.issue("app", "app", Usage::Client, false);
+    let url = format!(
+        "etcd://app:{PASSWORD}@{endpoint}/app?{}",
+        tls_query(&ca.ca_path(), &client.cert, &client.key)
+    );
+    assert_mismatch_named_at_once(
+        &url,
+        &format!("etcd at {endpoint} does not offer TLS (it answered in plaintext), and cacert="),
+    )
+    .await;
+    drop(dir);
+}
+
+/// A URL without `cacert=` against a member serving TLS alone: refused at
+/// once, naming the endpoint, the mismatch and what to add to the URL (it
+/// said `stream closed because of a broken pipe` after 3 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plaintext_url_against_a_tls_member_names_the_mismatch() {
+    let secured = Secured::start(None).await;
+    let endpoint = secured.cluster.endpoints().join(",");
+    for userinfo in ["", &format!("app:{PASSWORD}@")] {
+        assert_mismatch_named_at_once(
+            &format!("etcd://{userinfo}{endpoint}/app"),
+            &format!("etcd at {endpoint} requires TLS, and the URL gives no cacert="),
+        )
+        .await;
+    }
+}

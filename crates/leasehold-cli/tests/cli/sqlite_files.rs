@@ -421,3 +421,78 @@ fn foreign_wal_and_sibling_files_are_refused_and_left_as_they_were() {
     }
     assert!(snapshot(&folder) == before);
 }
+
+/// One database file reached by a second name while a replica leads
+/// through the first: a hard link in another folder, and the file
+/// bind-mounted by itself into another folder in a mount namespace of its
+/// own (what `docker -v /host/lease.db:/app/lease.db` does for a second
+/// container). Each would keep its own `-wal`, `-shm` and `-notify`, and
+/// so lead beside the first with the same token: `run` on the second name
+/// exits 1 with one line naming the first, and its command never runs.
+#[test]
+fn a_second_name_for_the_database_is_refused_while_the_first_leads() {
+    let scratch = Scratch::new();
+    let (_a, _, _) = leading(&scratch);
+    let first = scratch.path("leasehold.db");
+    let linked = scratch.path("linked");
+    let mounted = scratch.path("mounted");
+    std::fs::create_dir_all(&linked).expect("mkdir");
+    std::fs::create_dir_all(&mounted).expect("mkdir");
+    std::fs::hard_link(&first, linked.join("leasehold.db")).expect("link");
+    File::create(mounted.join("leasehold.db")).expect("mount point");
+    let needle = format!("is in use now as {}", first.display());
+    let run_on = |db: &Path| -> Vec<String> {
+        let store = format!("sqlite:{}", db.display());
+        let exe = env!("CARGO_BIN_EXE_leasehold");
+        vec![
+            exe.into(),
+            "run".into(),
+            "-e".into(),
+            "nightly-billing".into(),
+            "--store".into(),
+            store,
+            "--".into(),
+            "sh".into(),
+            "-c".into(),
+            "echo SECOND >> billing.log".into(),
+        ]
+    };
+    let (code, err) = finish(
+        &scratch,
+        "linked",
+        leasehold()
+            .args(&run_on(&linked.join("leasehold.db"))[1..])
+            .current_dir(scratch.dir.path()),
+    );
+    assert_refused(code, &err, &needle);
+    // The bind mount lives only in the namespace `unshare` makes (root,
+    // as CI runs); the file's lock is the kernel's, seen from every one.
+    let script = format!(
+        "mount --bind {} {} && exec \"$@\"",
+        first.display(),
+        mounted.join("leasehold.db").display()
+    );
+    let (code, err) = finish(
+        &scratch,
+        "mounted",
+        Command::new("unshare")
+            .args([
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                &script,
+                "sh",
+            ])
+            .args(run_on(&mounted.join("leasehold.db")))
+            .current_dir(scratch.dir.path()),
+    );
+    assert_refused(code, &err, &needle);
+    assert!(
+        !read_lines(&scratch.path("billing.log"))
+            .iter()
+            .any(|l| l == "SECOND"),
+        "a second name's command ran beside the leader"
+    );
+}

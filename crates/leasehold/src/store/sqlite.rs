@@ -82,6 +82,7 @@ use crate::store::{
 use liveness::Process;
 
 mod liveness;
+mod names;
 mod notify;
 
 /// How SQLite keeps a TTL: as milliseconds, and expiry times as
@@ -711,6 +712,7 @@ impl Db {
         }
         let conn = open_connection(path, read_only)?;
         let (file, meta) = hold_regular_file(path, read_only)?;
+        names::claim(&file, path, read_only)?;
         owners[0] = meta.uid();
         let mut db = Db {
             path: path.to_owned(),

@@ -736,3 +736,49 @@ async fn attempts_made_together_stand_alone() {
         store.resign(&first).await.expect("resign");
     }
 }
+
+/// One file reached by two names (here a hard link in another folder):
+/// each name would have its own `-wal`, `-shm` and `-notify`, and so its
+/// own leader with the same token. While one name is in use, the other is
+/// refused, for reading too, naming the first; once the first is no longer
+/// used, the other may be, and then refuses the first.
+#[test]
+fn a_database_reached_by_a_second_name_is_refused_naming_the_first() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (real, other) = (dir.path().join("real"), dir.path().join("other"));
+    std::fs::create_dir_all(&real).expect("mkdir");
+    std::fs::create_dir_all(&other).expect("mkdir");
+    let (first, second) = (real.join("db"), other.join("db"));
+    let holder = SqliteStore::open(&first).expect("open the first name");
+    std::fs::hard_link(&first, &second).expect("link");
+    let before = listing(&other);
+    for read_only in [false, true] {
+        let refused = if read_only {
+            SqliteStore::open_read_only(&second)
+        } else {
+            SqliteStore::open(&second)
+        };
+        match refused {
+            Err(Error::Conflict(message)) => {
+                assert!(
+                    message.contains(&format!("in use now as {}", first.display())),
+                    "{message}"
+                );
+                assert!(message.contains("nothing was written"), "{message}");
+            }
+            other => panic!("a second name was opened (read-only: {read_only}): {other:?}"),
+        }
+    }
+    assert_eq!(listing(&other), before, "the refused name created files");
+    // Another handle of the first name is no second name.
+    drop(SqliteStore::open(&first).expect("the first name again"));
+    drop(holder);
+    let now = SqliteStore::open(&second).expect("the other name, once the first is unused");
+    match SqliteStore::open(&first) {
+        Err(Error::Conflict(message)) => {
+            assert!(message.contains(&second.display().to_string()), "{message}");
+        }
+        other => panic!("the first name was opened beside the second: {other:?}"),
+    }
+    drop(now);
+}

@@ -208,6 +208,7 @@ fn usage_error(error: &clap::Error) -> ExitCode {
         message.push(' ');
         message.push_str(detail.trim());
     }
+    message = shorten_values(error, message);
     if message.contains("<CMD>") {
         message =
             "no command to run: give it after --, as in: leasehold run --election E -- CMD [ARGS…]"
@@ -218,6 +219,30 @@ fn usage_error(error: &clap::Error) -> ExitCode {
     }
     say(&format!("{message} (see --help)"));
     ExitCode::from(EXIT_USAGE)
+}
+
+/// `message` with each long value clap quotes in it (an argument or a
+/// value given) cut short ([`leasehold::quoted`]): a 100 KB value is not
+/// repeated whole. Why the value is refused follows it, with its length
+/// and the limit when that is what is wrong.
+fn shorten_values(error: &clap::Error, mut message: String) -> String {
+    use clap::error::ContextValue;
+    for (_, value) in error.context() {
+        let values = match value {
+            ContextValue::String(value) => std::slice::from_ref(value),
+            ContextValue::Strings(values) => values.as_slice(),
+            _ => continue,
+        };
+        for value in values {
+            if value.chars().nth(leasehold::QUOTED_CHARS).is_some() {
+                let shown = leasehold::quoted(value);
+                message = message
+                    .replace(&format!("'{value}'"), &shown)
+                    .replace(value, &shown);
+            }
+        }
+    }
+    message
 }
 
 /// `run`'s log settings, handed to its guard process (`guard::LOG_ENV`).

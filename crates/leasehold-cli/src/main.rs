@@ -39,10 +39,14 @@ fn main() -> ExitCode {
         return ExitCode::from(EXIT_FAILURE);
     }
     // `run`'s guard process (see guard.rs): internal, so not a subcommand
-    // that help, completions or man pages would show.
-    if std::env::args_os().nth(1).is_some_and(|a| a == guard::ARG) && std::env::args_os().len() == 2
-    {
-        return guard::main();
+    // that help, completions or man pages would show. `run` starts it with
+    // no other argument; in any other shape it was started by hand.
+    if std::env::args_os().nth(1).is_some_and(|a| a == guard::ARG) {
+        return if std::env::args_os().len() == 2 {
+            guard::main()
+        } else {
+            guard::by_hand()
+        };
     }
     let args = match cli::Args::try_parse() {
         Ok(args) => args,
@@ -175,7 +179,7 @@ fn run(args: cli::Args) -> anyhow::Result<ExitCode> {
 /// Prints help and version as clap does; any other parse error as one line
 /// naming the problem, exit 2.
 fn usage_error(error: &clap::Error) -> ExitCode {
-    use clap::error::ErrorKind;
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
     if matches!(
         error.kind(),
         ErrorKind::DisplayHelp
@@ -197,6 +201,13 @@ fn usage_error(error: &clap::Error) -> ExitCode {
         } else {
             ExitCode::SUCCESS
         };
+    }
+    // After global flags (`leasehold -q __guard`).
+    if error.kind() == ErrorKind::InvalidSubcommand
+        && matches!(error.get(ContextKind::InvalidSubcommand),
+            Some(ContextValue::String(name)) if name == guard::ARG)
+    {
+        return guard::by_hand();
     }
     // clap's message is the first line plus indented details (such as the
     // missing arguments); fold them into one line, without the usage block.

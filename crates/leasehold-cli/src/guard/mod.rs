@@ -46,7 +46,7 @@ use tokio::net::UnixStream;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::time::Instant;
 
-pub use process::main;
+pub use process::{by_hand, main};
 use protocol::{Order, Report};
 
 use crate::signals::AnySignal;

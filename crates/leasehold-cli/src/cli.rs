@@ -520,8 +520,16 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     if s.trim_start().starts_with('-') {
         return Err("durations cannot be negative".into());
     }
-    let duration =
-        humantime::parse_duration(s).map_err(|e| format!("{e} (examples: 500ms, 15s, 2m)"))?;
+    let duration = humantime::parse_duration(s).map_err(|e| {
+        let e = match &e {
+            // humantime quotes the unit whole, however long.
+            humantime::DurationError::UnknownUnit { unit, .. } => e
+                .to_string()
+                .replace(&format!("{unit:?}"), &leasehold::quoted(unit)),
+            _ => e.to_string(),
+        };
+        format!("{e} (examples: 500ms, 15s, 2m)")
+    })?;
     if duration > leasehold::MAX_TTL {
         return Err(format!(
             "longer than the maximum, {}h (the longest TTL leasehold accepts)",
@@ -558,6 +566,9 @@ impl std::fmt::Display for HttpAddr {
     }
 }
 
+/// The longest host name DNS has, in bytes.
+const MAX_HOST_LEN: usize = 253;
+
 /// `IP:PORT`, `HOST:PORT` (resolved now) or `:PORT` (all interfaces).
 fn parse_http_addr(s: &str) -> Result<HttpAddr, String> {
     use std::net::ToSocketAddrs;
@@ -588,6 +599,12 @@ fn parse_http_addr(s: &str) -> Result<HttpAddr, String> {
     }
     if host.is_empty() || host.contains(char::is_whitespace) {
         return Err(EXPECTED.to_owned());
+    }
+    if host.len() > MAX_HOST_LEN {
+        return Err(format!(
+            "the host name is {} bytes long, at most {MAX_HOST_LEN} allowed",
+            host.len()
+        ));
     }
     let resolved = (host, port)
         .to_socket_addrs()
@@ -735,10 +752,44 @@ impl Args {
                 &run.election
             }
             Command::Campaign(campaign) => &campaign.election,
+            Command::Man(ManArgs { dir: Some(dir) }) => return check_man_dir(dir),
             _ => return Ok(()),
         };
         election.lease_config().validate()
     }
+}
+
+/// The longest name of a file or directory, in bytes (Linux's `NAME_MAX`).
+const MAX_FILE_NAME_LEN: usize = 255;
+
+/// `man --dir`: a path the system can take, its length and the limit said
+/// when too long (rather than the path quoted back whole).
+fn check_man_dir(dir: &std::path::Path) -> leasehold::Result<()> {
+    let invalid = |reason| {
+        Err(leasehold::Error::InvalidInput {
+            what: "manual page directory (--dir)",
+            reason,
+        })
+    };
+    let len = dir.as_os_str().len();
+    if len > leasehold::store::MAX_FILE_PATH_LEN {
+        return invalid(format!(
+            "{len} bytes long, at most {} allowed",
+            leasehold::store::MAX_FILE_PATH_LEN
+        ));
+    }
+    let long_name = dir
+        .components()
+        .map(|c| c.as_os_str())
+        .find(|name| name.len() > MAX_FILE_NAME_LEN);
+    if let Some(name) = long_name {
+        return invalid(format!(
+            "the name {} in it is {} bytes long, at most {MAX_FILE_NAME_LEN} allowed",
+            leasehold::quoted(&name.to_string_lossy()),
+            name.len()
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

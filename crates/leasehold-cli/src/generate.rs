@@ -29,10 +29,12 @@ pub fn man(args: &ManArgs) -> anyhow::Result<ExitCode> {
     let command = Args::command().name(NAME).disable_help_subcommand(true);
     match &args.dir {
         Some(dir) => {
-            std::fs::create_dir_all(dir)
-                .with_context(|| format!("cannot create {}", dir.display()))?;
+            // Named cut short: checked for length, but still as long as
+            // the system takes.
+            let shown = || leasehold::quoted(&dir.to_string_lossy());
+            std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", shown()))?;
             clap_mangen::generate_to(command, dir)
-                .with_context(|| format!("cannot write manual pages into {}", dir.display()))?;
+                .with_context(|| format!("cannot write manual pages into {}", shown()))?;
         }
         None => {
             let mut page = Vec::new();

@@ -39,10 +39,14 @@ fn main() -> ExitCode {
         return ExitCode::from(EXIT_FAILURE);
     }
     // `run`'s guard process (see guard.rs): internal, so not a subcommand
-    // that help, completions or man pages would show.
-    if std::env::args_os().nth(1).is_some_and(|a| a == guard::ARG) && std::env::args_os().len() == 2
-    {
-        return guard::main();
+    // that help, completions or man pages would show. `run` starts it with
+    // no other argument; in any other shape it was started by hand.
+    if std::env::args_os().nth(1).is_some_and(|a| a == guard::ARG) {
+        return if std::env::args_os().len() == 2 {
+            guard::main()
+        } else {
+            guard::by_hand()
+        };
     }
     let args = match cli::Args::try_parse() {
         Ok(args) => args,
@@ -175,7 +179,7 @@ fn run(args: cli::Args) -> anyhow::Result<ExitCode> {
 /// Prints help and version as clap does; any other parse error as one line
 /// naming the problem, exit 2.
 fn usage_error(error: &clap::Error) -> ExitCode {
-    use clap::error::ErrorKind;
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
     if matches!(
         error.kind(),
         ErrorKind::DisplayHelp
@@ -198,6 +202,13 @@ fn usage_error(error: &clap::Error) -> ExitCode {
             ExitCode::SUCCESS
         };
     }
+    // After global flags (`leasehold -q __guard`).
+    if error.kind() == ErrorKind::InvalidSubcommand
+        && matches!(error.get(ContextKind::InvalidSubcommand),
+            Some(ContextValue::String(name)) if name == guard::ARG)
+    {
+        return guard::by_hand();
+    }
     // clap's message is the first line plus indented details (such as the
     // missing arguments); fold them into one line, without the usage block.
     let rendered = error.render().to_string();
@@ -208,6 +219,7 @@ fn usage_error(error: &clap::Error) -> ExitCode {
         message.push(' ');
         message.push_str(detail.trim());
     }
+    message = shorten_values(error, message);
     if message.contains("<CMD>") {
         message =
             "no command to run: give it after --, as in: leasehold run --election E -- CMD [ARGS…]"
@@ -218,6 +230,30 @@ fn usage_error(error: &clap::Error) -> ExitCode {
     }
     say(&format!("{message} (see --help)"));
     ExitCode::from(EXIT_USAGE)
+}
+
+/// `message` with each long value clap quotes in it (an argument or a
+/// value given) cut short ([`leasehold::quoted`]): a 100 KB value is not
+/// repeated whole. Why the value is refused follows it, with its length
+/// and the limit when that is what is wrong.
+fn shorten_values(error: &clap::Error, mut message: String) -> String {
+    use clap::error::ContextValue;
+    for (_, value) in error.context() {
+        let values = match value {
+            ContextValue::String(value) => std::slice::from_ref(value),
+            ContextValue::Strings(values) => values.as_slice(),
+            _ => continue,
+        };
+        for value in values {
+            if value.chars().nth(leasehold::QUOTED_CHARS).is_some() {
+                let shown = leasehold::quoted(value);
+                message = message
+                    .replace(&format!("'{value}'"), &shown)
+                    .replace(value, &shown);
+            }
+        }
+    }
+    message
 }
 
 /// `run`'s log settings, handed to its guard process (`guard::LOG_ENV`).

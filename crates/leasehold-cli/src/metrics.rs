@@ -105,13 +105,31 @@ pub struct RunnerMetrics {
     group: Mutex<Option<leasehold::watch::Receiver<leasehold::group::GroupView>>>,
 }
 
+/// `value` as a label value in the Prometheus and OpenMetrics text
+/// formats: `\`, `"` and a newline escaped. prometheus-client writes label
+/// values as given, so every dynamic value goes through this first; else
+/// a candidate id such as `a",election="x` would add a label, and one
+/// with a `"` or `\` would make every series of the scrape unreadable.
+fn label_value(value: &str) -> String {
+    let mut escaped = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => escaped.push_str("\\\\"),
+            '"' => escaped.push_str("\\\""),
+            '\n' => escaped.push_str("\\n"),
+            c => escaped.push(c),
+        }
+    }
+    escaped
+}
+
 impl RunnerMetrics {
     pub fn new(election: &str, candidate: &str) -> Arc<Self> {
         let mut registry = Registry::with_prefix_and_labels(
             "leasehold",
             [
-                ("election".into(), election.to_owned().into()),
-                ("candidate".into(), candidate.to_owned().into()),
+                ("election".into(), label_value(election).into()),
+                ("candidate".into(), label_value(candidate).into()),
             ]
             .into_iter(),
         );
@@ -329,6 +347,56 @@ mod tests {
                 text.lines().any(|l| l == line),
                 "{line} missing from {text}"
             );
+        }
+    }
+
+    /// A candidate id holding `"`, `\` or a newline is escaped as the text
+    /// format requires, so that it stays one label value: it can neither
+    /// add a label (`a",election="forged`) nor break the scrape.
+    #[test]
+    fn label_values_are_escaped() {
+        let text = RunnerMetrics::new("pr", "a\",election=\"forged\\x\ny")
+            .encode()
+            .expect("encode");
+        let line =
+            r#"leasehold_is_leader{election="pr",candidate="a\",election=\"forged\\x\ny"} 0"#;
+        assert!(
+            text.lines().any(|l| l == line),
+            "{line} missing from {text}"
+        );
+        for sample in text.lines().filter(|l| !l.starts_with('#')) {
+            let names = label_names(sample).unwrap_or_else(|| panic!("malformed: {sample}"));
+            assert_eq!(names[..2], ["election", "candidate"], "{sample}");
+            let mut unique = names.clone();
+            unique.sort_unstable();
+            unique.dedup();
+            assert_eq!(unique.len(), names.len(), "a label twice: {sample}");
+        }
+    }
+
+    /// The label names of a sample line `name{k="v",…} value`, reading
+    /// values as the text format escapes them; `None` if malformed.
+    fn label_names(sample: &str) -> Option<Vec<String>> {
+        let (_, mut rest) = sample.split_once('{')?;
+        let mut names = Vec::new();
+        loop {
+            let (name, after) = rest.split_once("=\"")?;
+            names.push(name.to_owned());
+            let mut chars = after.char_indices();
+            let end = loop {
+                match chars.next()? {
+                    (_, '\\') => {
+                        chars.next()?;
+                    }
+                    (i, '"') => break i,
+                    _ => {}
+                }
+            };
+            rest = &after[end + 1..];
+            match rest.strip_prefix(',') {
+                Some(more) => rest = more,
+                None => return rest.starts_with("} ").then_some(names),
+            }
         }
     }
 }

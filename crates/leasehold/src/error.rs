@@ -171,5 +171,36 @@ pub(crate) fn with_causes(error: &(dyn std::error::Error + 'static)) -> String {
     line
 }
 
+/// The most characters of a value [`quoted`] shows.
+pub const QUOTED_CHARS: usize = 40;
+
+/// `value` quoted for a message, as `{:?}` quotes it (control characters
+/// escaped), but only its first [`QUOTED_CHARS`] characters followed by
+/// `…` when it is longer: an error names a value a user gave, it does not
+/// repeat a huge one. Say its length and the limit beside it when the
+/// length is what is wrong.
+pub fn quoted(value: &str) -> String {
+    match value.char_indices().nth(QUOTED_CHARS) {
+        None => format!("{value:?}"),
+        Some((end, _)) => format!("{:?}…", &value[..end]),
+    }
+}
+
 /// Result alias used throughout the library.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::{QUOTED_CHARS, quoted};
+
+    #[test]
+    fn quoted_values_are_cut_short() {
+        assert_eq!(quoted("a\"b"), r#""a\"b""#);
+        assert_eq!(
+            quoted(&"é".repeat(QUOTED_CHARS)),
+            format!("{:?}", "é".repeat(40))
+        );
+        let long = format!("{}{}", "é".repeat(QUOTED_CHARS), "x".repeat(100_000));
+        assert_eq!(quoted(&long), format!("{:?}…", "é".repeat(40)));
+    }
+}

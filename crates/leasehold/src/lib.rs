@@ -49,7 +49,7 @@ pub mod watch;
 
 pub use config::{DEFAULT_DRIFT, DEFAULT_SKEW, DEFAULT_TTL, LeaseConfig, MAX_TTL, RENEWAL_RULE};
 pub use elector::{Elector, Handover, HandoverCause, Leadership};
-pub use error::{Error, Result};
+pub use error::{Error, QUOTED_CHARS, Result, quoted};
 pub use group::{Shard, Shards, Slot};
 pub use lease::LostReason;
 pub use names::{CandidateId, ElectionName, MAX_NAME_LEN};

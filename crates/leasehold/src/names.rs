@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, quoted};
 
 /// The longest election name or candidate id, in bytes.
 pub const MAX_NAME_LEN: usize = 200;
@@ -43,11 +43,12 @@ fn validate_election_name(name: &str) -> Result<(), String> {
         .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '/' | '-')))
     {
         return Err(format!(
-            "{name:?} contains {bad:?}; only A-Z a-z 0-9 . _ / - are allowed"
+            "{} contains {bad:?}; only A-Z a-z 0-9 . _ / - are allowed",
+            quoted(name)
         ));
     }
     if name.starts_with('/') || name.starts_with('.') {
-        return Err(format!("{name:?} must not start with '/' or '.'"));
+        return Err(format!("{} must not start with '/' or '.'", quoted(name)));
     }
     Ok(())
 }
@@ -94,7 +95,7 @@ impl CandidateId {
         if id.chars().any(char::is_control) {
             return Err(Error::invalid(
                 "candidate id",
-                format!("{id:?} contains a control character"),
+                format!("{} contains a control character", quoted(&id)),
             ));
         }
         Ok(CandidateId(id))

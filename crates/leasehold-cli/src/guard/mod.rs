@@ -46,7 +46,7 @@ use tokio::net::UnixStream;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::time::Instant;
 
-pub use process::main;
+pub use process::{by_hand, main};
 use protocol::{Order, Report};
 
 use crate::signals::AnySignal;
@@ -70,6 +70,22 @@ const FDS_ENV: &str = "LEASEHOLD_GUARD_FDS";
 /// The environment variable that passes `run`'s log settings to its guard
 /// (removed from the command's environment).
 const LOG_ENV: &str = "LEASEHOLD_GUARD_LOG";
+
+/// Every variable `run` sets in a command's environment to describe its
+/// term, in any mode (one election, `--shards`, `--slots`). None of them
+/// is inherited: the guard starts without them, and the command gets only
+/// its own term's (a `run` nested in another's command would otherwise
+/// hand its command the outer term's shard or slot beside its own token).
+/// Settings passed down, such as `LEASEHOLD_TTL`, are left as they are.
+pub const TERM_ENV: [&str; 7] = [
+    "LEASEHOLD_ELECTION",
+    "LEASEHOLD_ID",
+    "LEASEHOLD_TOKEN",
+    "LEASEHOLD_SHARD",
+    "LEASEHOLD_SHARDS",
+    "LEASEHOLD_SLOT",
+    "LEASEHOLD_SLOTS",
+];
 
 /// What the guard needs to start a term's command.
 #[derive(Debug)]
@@ -148,12 +164,7 @@ impl Supervised {
             Order::Deadline(monotonic_ns(launch.deadline)),
         ];
         orders.extend(launch.command.iter().cloned().map(Order::Arg));
-        orders.extend(
-            launch
-                .env
-                .iter()
-                .map(|(k, v)| Order::Env(k.into(), v.into())),
-        );
+        orders.extend(term_env(launch.env));
         orders.push(Order::Start);
         for order in &orders {
             supervised.tell(order).await?;
@@ -330,6 +341,15 @@ impl Supervised {
     }
 }
 
+/// The orders that give the command its term's variables, `env`, each
+/// one of [`TERM_ENV`] (the only ones the guard's environment lacks).
+fn term_env<'a>(env: &'a [(&'a str, String)]) -> impl Iterator<Item = Order> + 'a {
+    env.iter().map(|(name, value)| {
+        debug_assert!(TERM_ENV.contains(name), "{name} is not in TERM_ENV");
+        Order::Env(name.into(), value.into())
+    })
+}
+
 /// Starts `leasehold __guard` with `socket` (and `held`) open, in its own
 /// process group (a terminal's Ctrl-C is for `run`, which forwards it).
 fn spawn_guard(
@@ -347,6 +367,11 @@ fn spawn_guard(
         .env_remove(crate::cli::STORE_ENV)
         .process_group(0)
         .kill_on_drop(false);
+    // The term `run` itself may be part of (a `run` in another's command)
+    // is not the command's: the command's term is given in `Launch::env`.
+    for name in TERM_ENV {
+        cmd.env_remove(name);
+    }
     let (socket, held) = (socket.as_raw_fd(), held.map(AsRawFd::as_raw_fd));
     cmd.env(
         FDS_ENV,

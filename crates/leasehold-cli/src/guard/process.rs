@@ -58,8 +58,7 @@ pub fn main() -> ExitCode {
     let mut fds = fds.split(' ').map(|n| n.parse::<i32>().ok());
     let socket_fd = fds.next().flatten();
     let Some(socket) = socket_fd.and_then(take_socket) else {
-        crate::say("leasehold __guard is started by `leasehold run`, not by hand");
-        return ExitCode::from(2);
+        return by_hand();
     };
     // Held, never used, until the guard exits, and inherited by the command
     // and its tree (see `take_held`).
@@ -84,6 +83,16 @@ pub fn main() -> ExitCode {
     runtime.block_on(Guard::default().serve(socket));
     crate::logwriter::flush(crate::LAST_LINES);
     ExitCode::SUCCESS
+}
+
+/// `leasehold __guard` run by hand (in any argument shape): one line
+/// saying it is internal, exit 2. The line is flushed before returning:
+/// once logging is set up it goes through the stderr thread, and a process
+/// that exits at once would lose it.
+pub fn by_hand() -> ExitCode {
+    crate::say("leasehold __guard is internal: it is started by `leasehold run`, not by hand");
+    crate::logwriter::flush(crate::LAST_LINES);
+    ExitCode::from(crate::EXIT_USAGE)
 }
 
 /// Descriptor `fd`, if it is the socket `run` left open for the guard.

@@ -522,3 +522,88 @@ fn a_crash_looping_shard_backs_off() {
     // (without the back-off, hundreds).
     assert!((2..=10).contains(&starts), "{starts} starts in 3 s");
 }
+
+/// The command of a nested `run`: writes its environment to
+/// `ELECTION.env` (an election of the inner `run`'s own), then waits.
+const DUMP_ENV: &str = r#"env > "$LEASEHOLD_ELECTION.tmp" && mv "$LEASEHOLD_ELECTION.tmp" "$LEASEHOLD_ELECTION.env"
+exec sleep 600"#;
+
+/// A plain `run` of election `inner-K` nested in a `run` with `group`
+/// (`--shards N` or `--slots N`), K being the outer shard or slot; the
+/// environments its commands saw, once `commands` of them have written
+/// theirs, by file name.
+fn nested_run_envs(group: &[&str], commands: usize) -> Vec<(String, Vec<String>)> {
+    let scratch = Scratch::new();
+    let store = scratch.store_url();
+    let outer = r#"exec "$0" run --election "inner-${LEASEHOLD_SHARD:-$LEASEHOLD_SLOT}" --ttl 30s --store "$1" -- sh -c "$2""#;
+    let mut runner = Proc::spawn(
+        leasehold()
+            .args(["run", "--election", "outer", "--ttl", "30s", "--id", "m"])
+            .args(["--store", &store])
+            .args(group)
+            .args(["--", "sh", "-c", outer, env!("CARGO_BIN_EXE_leasehold")])
+            .args([store.as_str(), DUMP_ENV])
+            .current_dir(scratch.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    let written = || {
+        let mut names: Vec<String> = std::fs::read_dir(scratch.dir.path())
+            .expect("scratch")
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|name| name.ends_with(".env"))
+            .collect();
+        names.sort();
+        names
+    };
+    assert!(
+        wait_until(30 * SECOND, || written().len() == commands),
+        "{:?}",
+        written()
+    );
+    runner.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(runner.wait_for_exit(30 * SECOND).is_some());
+    written()
+        .into_iter()
+        .map(|name| {
+            let env = read_lines(&scratch.path(&name));
+            (name, env)
+        })
+        .collect()
+}
+
+/// A command's LEASEHOLD_* describe its own term only: a plain `run`
+/// nested in `run --shards` or `run --slots` gives its command its own
+/// election and token, and not the outer shard or slot variables.
+#[test]
+fn a_nested_run_gives_its_command_only_its_own_term() {
+    for (group, expected) in [
+        (&["--shards", "2"], &["inner-0.env", "inner-1.env"][..]),
+        (&["--slots", "1"], &["inner-0.env"][..]),
+    ] {
+        let envs = nested_run_envs(group, expected.len());
+        let names: Vec<&str> = envs.iter().map(|(name, _)| name.as_str()).collect();
+        assert_eq!(names, expected, "{group:?}");
+        for (name, env) in &envs {
+            let ours: Vec<&String> = env.iter().filter(|l| l.starts_with("LEASEHOLD_")).collect();
+            let election = name.trim_end_matches(".env");
+            for wanted in [
+                format!("LEASEHOLD_ELECTION={election}"),
+                "LEASEHOLD_ID=m".to_owned(),
+                "LEASEHOLD_TOKEN=1".to_owned(),
+            ] {
+                assert!(
+                    ours.contains(&&wanted),
+                    "{group:?}: {wanted} missing: {ours:?}"
+                );
+            }
+            for outer in ["SHARD", "SHARDS", "SLOT", "SLOTS"] {
+                let outer = format!("LEASEHOLD_{outer}=");
+                assert!(
+                    !ours.iter().any(|l| l.starts_with(&outer)),
+                    "{group:?}: the outer term's {outer}: {ours:?}"
+                );
+            }
+        }
+    }
+}

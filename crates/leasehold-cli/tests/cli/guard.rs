@@ -474,3 +474,40 @@ fn on_sqlite_a_surviving_tree_keeps_the_session_alive() {
         "no takeover once the old tree was gone"
     );
 }
+
+/// `leasehold __guard` by hand, in any argument shape: one line saying it
+/// is internal, exit 2. (It once printed nothing: the line was queued for
+/// the stderr thread and the process exited before it was written.)
+#[test]
+fn the_guard_run_by_hand_says_it_is_internal() {
+    let shapes: [&[&str]; 5] = [
+        &["__guard"],
+        &["__guard", "extra"],
+        &["__guard", "--help"],
+        &["__guard", "-v", "x", "y"],
+        &["-q", "__guard"],
+    ];
+    for shape in shapes {
+        // Many times: a lost line is a race.
+        for _ in 0..20 {
+            let out = leasehold().args(shape).output().expect("spawn");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{shape:?}: {err}");
+            assert!(out.stdout.is_empty(), "{shape:?}");
+            assert_eq!(
+                err,
+                "leasehold: leasehold __guard is internal: it is started by `leasehold run`, \
+                 not by hand\n",
+                "{shape:?}"
+            );
+        }
+    }
+    // With a descriptor that is no socket of `run`'s.
+    let out = leasehold()
+        .arg("__guard")
+        .env("LEASEHOLD_GUARD_FDS", "1")
+        .output()
+        .expect("spawn");
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(String::from_utf8_lossy(&out.stderr).lines().count(), 1);
+}

@@ -838,3 +838,53 @@ fn a_closed_stdout_never_writes_into_the_database() {
         );
     }
 }
+
+/// A 100,000-byte value is not quoted back: the error line says how long
+/// it is and the limit, showing at most a short prefix.
+#[test]
+fn huge_values_are_measured_not_quoted_back() {
+    let scratch = Scratch::new();
+    let store = scratch.store_url();
+    let huge = "a".repeat(100_000);
+    let run = |extra: &[&str]| -> Vec<String> {
+        let mut args: Vec<String> = vec!["run".into(), "--store".into(), store.clone()];
+        args.extend(extra.iter().map(|&a| a.to_owned()));
+        args.extend(["--".into(), "true".into()]);
+        args
+    };
+    let measured: [(Vec<String>, &str); 4] = [
+        (run(&["-e", &huge]), "at most 200"),
+        (run(&["-e", "ok", "--id", &huge]), "at most 200"),
+        (
+            vec!["man".into(), "--dir".into(), huge.clone()],
+            "at most 4095",
+        ),
+        (
+            vec!["list".into(), "--store".into(), format!("sqlite:/{huge}")],
+            "at most 4095",
+        ),
+    ];
+    for (args, limit) in measured {
+        let out = leasehold().args(&args).output().expect("spawn");
+        let what: String = args.join(" ").chars().take(60).collect();
+        let err = assert_usage_error(&out, &what);
+        assert!(err.len() < 300, "{what}: {} bytes", err.len());
+        assert!(
+            err.contains("100000 bytes") || err.contains("100001 bytes"),
+            "{what}: {err}"
+        );
+        assert!(err.contains(limit), "{what}: {err}");
+    }
+    // Values checked otherwise are shown cut short too.
+    let shortened = [
+        run(&["-e", "ok", "--ttl", &format!("1{huge}")]),
+        run(&["-e", "ok", "--http", &format!("{huge}:9464")]),
+        run(&["-e", "ok", &format!("--{huge}")]),
+    ];
+    for args in shortened {
+        let out = leasehold().args(&args).output().expect("spawn");
+        let what: String = args[5].chars().take(20).collect();
+        let err = assert_usage_error(&out, &what);
+        assert!(err.len() < 300, "{what}: {} bytes", err.len());
+    }
+}

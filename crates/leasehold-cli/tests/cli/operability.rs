@@ -424,6 +424,72 @@ fn run_serves_status_healthz_and_metrics() {
     drop(b);
 }
 
+/// A candidate id with `"` and `\` in it is one escaped label value on
+/// `/metrics` (it once forged an `election` label and broke every series
+/// of the scrape).
+#[test]
+fn metrics_escape_a_candidate_id_in_label_values() {
+    let scratch = Scratch::new();
+    let addr = free_addr();
+    let _runner = Proc::spawn(
+        leasehold()
+            .args([
+                "run",
+                "--election",
+                "pr",
+                "--id",
+                r#"a",election="forged\b"#,
+            ])
+            .args(["--http", &addr.to_string()])
+            .args(["--store", &scratch.store_url(), "--", "sleep", "600"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    assert!(wait_until(10 * SECOND, || {
+        get(addr, "/status").is_some_and(|(_, body)| body.contains("\"is_leader\":true"))
+    }));
+    let (code, m) = get(addr, "/metrics").expect("metrics");
+    assert_eq!(code, 200);
+    let line = r#"leasehold_is_leader{election="pr",candidate="a\",election=\"forged\\b"} 1"#;
+    assert!(m.lines().any(|l| l == line), "{line} missing: {m}");
+    let samples: Vec<&str> = m.lines().filter(|l| !l.starts_with('#')).collect();
+    assert!(samples.len() > 10, "{m}");
+    for sample in samples {
+        let names = label_names(sample).unwrap_or_else(|| panic!("malformed: {sample}"));
+        let mut unique = names.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), names.len(), "a label twice: {sample}");
+        assert_eq!(names[..2], ["election", "candidate"], "{sample}");
+    }
+}
+
+/// The label names of a sample `name{k="v",…} value` in Prometheus text,
+/// its values read as the format escapes them; `None` if malformed.
+fn label_names(sample: &str) -> Option<Vec<String>> {
+    let (_, mut rest) = sample.split_once('{')?;
+    let mut names = Vec::new();
+    loop {
+        let (name, after) = rest.split_once("=\"")?;
+        names.push(name.to_owned());
+        let mut chars = after.char_indices();
+        let end = loop {
+            match chars.next()? {
+                (_, '\\') => {
+                    chars.next()?;
+                }
+                (i, '"') => break i,
+                _ => {}
+            }
+        };
+        rest = &after[end + 1..];
+        match rest.strip_prefix(',') {
+            Some(more) => rest = more,
+            None => return rest.starts_with("} ").then_some(names),
+        }
+    }
+}
+
 #[test]
 fn a_taken_http_port_is_a_clear_error_before_campaigning() {
     let scratch = Scratch::new();

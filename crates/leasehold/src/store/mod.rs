@@ -37,7 +37,9 @@ pub use crate::grant::{FencingToken, Grant, Leader, SessionId, SessionLease};
 pub use security::{Password, Secret, Security};
 #[cfg(feature = "postgres")]
 pub(crate) use url::postgres_connect;
-pub use url::{Layout, PgSslMode, StoreUrl, open, open_read_only, release_orphaned};
+pub use url::{
+    Layout, MAX_FILE_PATH_LEN, PgSslMode, StoreUrl, open, open_read_only, release_orphaned,
+};
 pub(crate) use watch_driver::status_of;
 
 /// `session`'s key in a store that keeps session ids as signed 64-bit

@@ -23,7 +23,9 @@ use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
 
-use crate::error::{Error, Result};
+// `quoted` is only ever called on parts of a URL that cannot hold a
+// password.
+use crate::error::{Error, Result, quoted};
 use crate::store::Store;
 use crate::store::memory::MemoryStore;
 use crate::store::security::{Password, Secret, Security};
@@ -132,7 +134,7 @@ impl Layout {
                 format!(
                     "{}:// URLs take ?layout={expected}, not {}",
                     cluster.scheme(),
-                    quote(value)
+                    quoted(value)
                 )
             })
     }
@@ -152,6 +154,10 @@ pub const DEFAULT_POSTGRES_SCHEMA: &str = "leasehold";
 
 /// The longest prefix or chroot, in bytes.
 const MAX_PATH_LEN: usize = 200;
+
+/// The longest file path, in bytes: Linux's `PATH_MAX` (4096) counts the
+/// NUL at its end.
+pub const MAX_FILE_PATH_LEN: usize = 4095;
 
 /// The parameters tokio-postgres understands in a URL (0.7: its
 /// `Config::param`), passed on to it unchanged. leasehold's own `schema`
@@ -182,18 +188,6 @@ fn invalid(reason: impl Into<String>) -> Error {
     Error::invalid("store URL", reason)
 }
 
-/// `s` quoted for a message, cut short if long. Only ever called on parts
-/// of a URL that cannot hold a password.
-fn quote(s: &str) -> String {
-    const MAX: usize = 64;
-    if s.chars().count() <= MAX {
-        format!("{s:?}")
-    } else {
-        let head: String = s.chars().take(MAX).collect();
-        format!("{head:?}…")
-    }
-}
-
 /// An endpoint (`HOST:PORT`) quoted for a message with all after its
 /// host hidden: in a URL whose credentials lack their `@`, `USER:PASSWORD`
 /// reads as an endpoint, and its "port" is the password.
@@ -204,8 +198,8 @@ fn quote_endpoint(endpoint: &str) -> String {
         endpoint.find(':')
     };
     match host_end {
-        Some(end) if end < endpoint.len() => quote(&format!("{}:…", &endpoint[..end])),
-        _ => quote(endpoint),
+        Some(end) if end < endpoint.len() => quoted(&format!("{}:…", &endpoint[..end])),
+        _ => quoted(endpoint),
     }
 }
 
@@ -264,14 +258,14 @@ fn check_host(host: &str) -> Result<(), String> {
     if let Some(inner) = host.strip_prefix('[') {
         return match inner.strip_suffix(']').map(str::parse::<Ipv6Addr>) {
             Some(Ok(_)) => Ok(()),
-            _ => Err(format!("host {} is not an IPv6 address", quote(host))),
+            _ => Err(format!("host {} is not an IPv6 address", quoted(host))),
         };
     }
     if !host.is_ascii() {
         return Err(format!(
             "host {} is not an ASCII host name; write an internationalized name in its \
              xn-- (punycode) form",
-            quote(host)
+            quoted(host)
         ));
     }
     if host.parse::<Ipv4Addr>().is_ok() {
@@ -289,7 +283,7 @@ fn check_host(host: &str) -> Result<(), String> {
         Err(format!(
             "host {} is not a host name (letters, digits, - and _ in dot-separated labels) \
              or an IP address (IPv6 in brackets: [::1])",
-            quote(host)
+            quoted(host)
         ))
     }
 }
@@ -311,7 +305,7 @@ fn check_endpoint(endpoint: &str) -> Result<(), String> {
         }
     } else {
         let Some((host, port)) = endpoint.rsplit_once(':') else {
-            return Err(format!("endpoint {} has no :PORT", quote(endpoint)));
+            return Err(format!("endpoint {} has no :PORT", quoted(endpoint)));
         };
         if host.contains(':') {
             return Err(format!(
@@ -379,12 +373,12 @@ fn check_path(cluster: Cluster, path: &str) -> Result<String, String> {
     }
     for segment in path.split('/').skip(1) {
         if segment.is_empty() {
-            return Err(format!("the {what} {} has an empty segment", quote(path)));
+            return Err(format!("the {what} {} has an empty segment", quoted(path)));
         }
         if segment == "." || segment == ".." {
             return Err(format!(
                 "the {what} {} has a {segment:?} segment; give the path without . and ..",
-                quote(path)
+                quoted(path)
             ));
         }
         if let Some(bad) = segment
@@ -393,7 +387,7 @@ fn check_path(cluster: Cluster, path: &str) -> Result<String, String> {
         {
             return Err(format!(
                 "the {what} {} contains {bad:?}; its segments may only have A-Z a-z 0-9 . _ -",
-                quote(path)
+                quoted(path)
             ));
         }
     }
@@ -486,7 +480,7 @@ fn parse_cluster_options(
             return Err(if pair.is_empty() {
                 "an option is empty (&& or & at an end, or ? with nothing after)".into()
             } else {
-                format!("option {} has no =VALUE", quote(pair))
+                format!("option {} has no =VALUE", quoted(pair))
             });
         };
         if cluster == Cluster::ZooKeeper && CLUSTER_OPTIONS.contains(&key) && key != "password_file"
@@ -498,7 +492,7 @@ fn parse_cluster_options(
         if !known.contains(&key) {
             return Err(format!(
                 "unknown option {}; known are {}",
-                quote(key),
+                quoted(key),
                 known.join(", ")
             ));
         }
@@ -768,6 +762,12 @@ fn check_sqlite_path(path: &[u8]) -> Result<(), String> {
     if path.contains(&0) {
         return Err("the SQLite path holds a NUL byte".into());
     }
+    if path.len() > MAX_FILE_PATH_LEN {
+        return Err(format!(
+            "the SQLite path is {} bytes long, at most {MAX_FILE_PATH_LEN} allowed",
+            path.len()
+        ));
+    }
     if path.ends_with(b"/") {
         return Err("the SQLite path ends with '/', which names a directory, not a file".into());
     }
@@ -813,7 +813,7 @@ fn check_schema(schema: &str) -> Result<(), String> {
     if !valid {
         return Err(format!(
             "schema {} must be 1–63 characters of a-z, 0-9 and _, not starting with a digit",
-            quote(schema)
+            quoted(schema)
         ));
     }
     // The same names the store refuses when connecting (postgres.rs).
@@ -902,7 +902,7 @@ impl<'a> PgUrl<'a> {
                     return Err(if pair.is_empty() {
                         "a parameter is empty (&& or & at an end, or ? with nothing after)".into()
                     } else {
-                        format!("parameter {} has no =VALUE", quote(pair))
+                        format!("parameter {} has no =VALUE", quoted(pair))
                     });
                 };
                 if !(LEASEHOLD_POSTGRES_PARAMETERS.contains(&key)
@@ -911,7 +911,7 @@ impl<'a> PgUrl<'a> {
                     return Err(format!(
                         "unknown parameter {} in the PostgreSQL URL; known are schema, \
                          sslrootcert, sslcert, sslkey, password_file and {}",
-                        quote(key),
+                        quoted(key),
                         POSTGRES_PARAMETERS.join(", ")
                     ));
                 }

@@ -496,3 +496,98 @@ fn a_second_name_for_the_database_is_refused_while_the_first_leads() {
         "a second name's command ran beside the leader"
     );
 }
+
+/// Runs the binary (a copy anyone may run, in `dir`) as `user` with
+/// `args`; its exit code, stdout and stderr. Needs root, as CI runs.
+/// With `observe` first, it runs for a second under `timeout` (exit 124).
+fn as_user(dir: &Path, user: &str, args: &[&str]) -> (Option<i32>, String, String) {
+    // Numbers, used as both uid and gid: daemon 1, nobody 65534.
+    let exe = dir.join("leasehold");
+    if !exe.exists() {
+        std::fs::copy(env!("CARGO_BIN_EXE_leasehold"), &exe).expect("copy the binary");
+    }
+    let out = Command::new("setpriv")
+        .args(["--reuid", user, "--regid", user, "--clear-groups", "--"])
+        .args(if args.first() == Some(&"observe") {
+            &["timeout", "1"][..]
+        } else {
+            &[]
+        })
+        .arg(&exe)
+        .args(args)
+        .env_remove("LEASEHOLD_STORE")
+        .env("HOME", dir)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("setpriv (util-linux) runs the binary as another user");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+const DAEMON: &str = "1";
+const NOBODY: &str = "65534";
+
+fn files_in(dir: &Path) -> Vec<(String, u32)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut files: Vec<(String, u32)> = std::fs::read_dir(dir)
+        .expect("read dir")
+        .map(|e| {
+            let e = e.expect("entry");
+            let uid = e.metadata().expect("metadata").uid();
+            (e.file_name().to_string_lossy().into_owned(), uid)
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+/// A store owned by one user (`daemon`) and read by another (`nobody`),
+/// who may read the database but not write it, while no replica has it
+/// open: in a folder the reader may write (`/tmp`-like, sticky), `status`,
+/// `list` and `observe` read it and create nothing (before: they left a
+/// `-wal` and `-shm` of the reader's, and the owners' next campaign failed
+/// with "not writable"); in a folder the reader may not write, they read
+/// it too (before: exit 1, "not writable").
+#[test]
+fn another_user_reads_a_store_it_may_not_write_and_creates_nothing() {
+    use std::os::unix::fs::PermissionsExt;
+    let scratch = Scratch::new();
+    let root = scratch.dir.path();
+    std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    for (folder, mode) in [("sticky", 0o1777), ("owners", 0o755)] {
+        let dir = root.join(folder);
+        std::fs::create_dir(&dir).expect("mkdir");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode)).expect("chmod");
+        nix::unistd::chown(&dir, Some(nix::unistd::Uid::from_raw(1)), None).expect("chown");
+        let store = format!("sqlite:{}/db", dir.display());
+        let (code, _, err) = as_user(root, DAEMON, &["campaign", "-e", "job", "--store", &store]);
+        assert_eq!(code, Some(0), "the owner campaigns: {err}");
+        let before = files_in(&dir);
+        for args in [
+            vec!["status", "-e", "job", "--json"],
+            vec!["list", "--json"],
+            vec!["observe", "-e", "job"],
+        ] {
+            let mut args = args.clone();
+            args.extend(["--store", &store]);
+            let (code, out, err) = as_user(root, NOBODY, &args);
+            let ran = if args[0] == "observe" { 124 } else { 0 };
+            assert_eq!(code, Some(ran), "{folder}: {args:?} as a reader: {err}");
+            assert!(out.contains("\"job\""), "{folder}: {args:?} printed {out}");
+            assert_eq!(files_in(&dir), before, "{folder}: {args:?} created files");
+        }
+        let (code, _, err) = as_user(root, DAEMON, &["campaign", "-e", "job", "--store", &store]);
+        assert_eq!(code, Some(0), "{folder}: the owner campaigns again: {err}");
+        // A reader the file's mode shuts out is refused access: no outage.
+        let db = dir.join("db");
+        std::fs::set_permissions(&db, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        let (code, _, err) = as_user(root, NOBODY, &["status", "-e", "job", "--store", &store]);
+        assert_eq!(code, Some(1), "{err}");
+        assert!(err.contains("store refused access"), "{err}");
+        assert!(!err.contains("unavailable"), "{err}");
+    }
+}

@@ -232,6 +232,9 @@ struct Db {
     /// always when read-only) closing checkpoints nothing, and removes the
     /// `-wal` and `-shm` files the connection created.
     verified: bool,
+    /// Read-only while no writer has the database open: how the file was
+    /// when the connection was opened (see [`Quiet`]).
+    quiet: Mutex<Option<Quiet>>,
 }
 
 /// A file's identity: device and inode.
@@ -648,14 +651,21 @@ fn settle_new_database(
 
 /// SQLite's connection to the database (created if missing, unless
 /// `read_only`), which does not checkpoint on close until the schema is
-/// known to be leasehold's.
-fn open_connection(path: &Path, read_only: bool) -> Result<Connection> {
+/// known to be leasehold's. A `quiet` one (read-only, see [`Quiet`]) reads
+/// the file alone, as SQLite's `immutable` URI parameter does: it takes no
+/// lock and creates no `-wal` or `-shm`.
+fn open_connection(path: &Path, read_only: bool, quiet: bool) -> Result<Connection> {
     let flags = if read_only {
         OpenFlags::SQLITE_OPEN_READ_ONLY
     } else {
         OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE
     } | OpenFlags::SQLITE_OPEN_NO_MUTEX;
-    let conn = Connection::open_with_flags(path, flags).map_err(|e| sql_error(path, e))?;
+    let conn = if quiet {
+        Connection::open_with_flags(immutable_uri(path), flags | OpenFlags::SQLITE_OPEN_URI)
+    } else {
+        Connection::open_with_flags(path, flags)
+    }
+    .map_err(|e| sql_error(path, e))?;
     // Closing must not checkpoint another program's WAL into its
     // database (and delete the WAL) before the schema is known to be
     // leasehold's.
@@ -666,6 +676,57 @@ fn open_connection(path: &Path, read_only: bool) -> Result<Connection> {
     Ok(conn)
 }
 
+/// `file:PATH?immutable=1`, the path's bytes percent-encoded but for
+/// SQLite's unreserved ones.
+fn immutable_uri(path: &Path) -> String {
+    use std::os::unix::ffi::OsStrExt;
+    let mut uri = String::from("file:");
+    for &b in path.as_os_str().as_bytes() {
+        if b.is_ascii_alphanumeric() || b"/-._~".contains(&b) {
+            uri.push(char::from(b));
+        } else {
+            uri.push_str(&format!("%{b:02X}"));
+        }
+    }
+    uri.push_str("?immutable=1");
+    uri
+}
+
+/// A read-only handle's connection while no process has the database open
+/// for writing (no `-wal` and `-shm` next to it: SQLite removes both when
+/// the last connection closes, after checkpointing everything into the
+/// file). Reading it the usual way would create both, owned by the reader,
+/// and the owners could not open the database again; so it is read as a
+/// file that does not change, and opened again — the usual way once a
+/// writer's `-wal` and `-shm` are there, else anew — when the file has
+/// changed since. A read that meets a writer's checkpoint fails, and is
+/// retried as every failed read is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Quiet {
+    modified: (i64, i64),
+    changed: (i64, i64),
+    len: u64,
+}
+
+impl Quiet {
+    fn of(file: &File) -> Option<Self> {
+        let meta = file.metadata().ok()?;
+        Some(Quiet {
+            modified: (meta.mtime(), meta.mtime_nsec()),
+            changed: (meta.ctime(), meta.ctime_nsec()),
+            len: meta.len(),
+        })
+    }
+}
+
+/// Whether the database at `path` may hold more than its file: a `-shm`
+/// (a writer has it open, or had it when it crashed) or a `-wal` with
+/// content is next to it.
+fn in_use(path: &Path) -> bool {
+    let meta = |suffix| std::fs::symlink_metadata(sibling(path, suffix));
+    meta("-shm").is_ok() || meta("-wal").is_ok_and(|wal| wal.len() > 0)
+}
+
 /// The database file, held open (see [`hold_database_file`]), and its
 /// metadata; refused unless it is a regular file.
 fn hold_regular_file(path: &Path, read_only: bool) -> Result<(File, Metadata)> {
@@ -674,6 +735,11 @@ fn hold_regular_file(path: &Path, read_only: bool) -> Result<(File, Metadata)> {
         Ok(file) => file,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound && read_only => {
             return Err(missing(path));
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::PermissionDenied => {
+            return Err(Error::Denied(format!(
+                "{shown} is not readable by this user: {error}"
+            )));
         }
         Err(error) => {
             return Err(Error::unavailable(
@@ -710,7 +776,8 @@ impl Db {
         if !read_only {
             notify = settle_new_database(path, &owners, notify)?;
         }
-        let conn = open_connection(path, read_only)?;
+        let quiet = read_only && !in_use(path);
+        let conn = open_connection(path, read_only, quiet)?;
         let (file, meta) = hold_regular_file(path, read_only)?;
         names::claim(&file, path, read_only)?;
         owners[0] = meta.uid();
@@ -732,7 +799,11 @@ impl Db {
             wal_existed,
             shm_existed,
             verified: false,
+            quiet: Mutex::new(None),
         };
+        if quiet {
+            *lock(&db.quiet) = Quiet::of(&db.file);
+        }
         db.prepare()?;
         // SQLite opened what the path named between the first look and now.
         db.check_file()?;
@@ -791,6 +862,9 @@ impl Db {
     }
 
     fn conn(&self) -> MutexGuard<'_, Connection> {
+        if self.read_only {
+            self.reopen_if_stale();
+        }
         // A renewal waiting goes first (bounded: it holds the connection
         // for one short transaction).
         let (waiting, turn) = &self.renewals;
@@ -800,6 +874,29 @@ impl Db {
                 .unwrap_or_else(|p| p.into_inner()),
         );
         self.lock_conn()
+    }
+
+    /// A read-only handle's quiet connection, opened again when the file
+    /// changed since (see [`Quiet`]): the usual way once a writer has the
+    /// database open.
+    fn reopen_if_stale(&self) {
+        let mut quiet = lock(&self.quiet);
+        let Some(opened) = *quiet else {
+            return;
+        };
+        let writer = in_use(&self.path);
+        if !writer && Quiet::of(&self.file) == Some(opened) {
+            return;
+        }
+        match open_connection(&self.path, true, !writer) {
+            Ok(conn) => {
+                *self.lock_conn() = conn;
+                *quiet = if writer { None } else { Quiet::of(&self.file) };
+            }
+            Err(error) => {
+                tracing::debug!(path = %self.path.display(), %error, "cannot open the database again; reading with the connection as it is");
+            }
+        }
     }
 
     fn lock_conn(&self) -> MutexGuard<'_, Connection> {
@@ -1922,14 +2019,36 @@ fn sql_error(path: &Path, error: rusqlite::Error) -> Error {
             Error::Corrupt(format!("{shown} is not a SQLite database"))
         }
         Some(ErrorCode::DatabaseCorrupt) => Error::Corrupt(format!("{shown} is damaged: {error}")),
-        Some(ErrorCode::CannotOpen) => Error::unavailable(why_cannot_open(path), error),
-        Some(ErrorCode::ReadOnly | ErrorCode::PermissionDenied) => {
-            Error::unavailable(format!("{shown} is not writable"), error)
+        Some(ErrorCode::CannotOpen) if permission_denied(path) => {
+            Error::Denied(why_cannot_open(path))
         }
+        Some(ErrorCode::CannotOpen) => Error::unavailable(why_cannot_open(path), error),
+        // A permission of the file or its folder, or a read-only
+        // filesystem: no outage, and waiting does not end it.
+        Some(ErrorCode::ReadOnly | ErrorCode::PermissionDenied) => Error::Denied(format!(
+            "{shown} (or the -wal and -shm files next to it) is not writable by this user: {error}"
+        )),
         Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => {
             Error::unavailable(format!("{shown} is locked by another process"), error)
         }
         _ => Error::unavailable(format!("{shown}: {error}"), error),
+    }
+}
+
+/// Whether this user may not open `path` for reading, or, when it does
+/// not exist, create a file in its folder: a permission, not an outage.
+fn permission_denied(path: &Path) -> bool {
+    use nix::unistd::{AccessFlags, access};
+    match std::fs::File::open(path) {
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+            let dir = match path.parent() {
+                Some(dir) if !dir.as_os_str().is_empty() => dir,
+                _ => Path::new("."),
+            };
+            access(dir, AccessFlags::W_OK | AccessFlags::X_OK) == Err(nix::errno::Errno::EACCES)
+        }
+        Err(error) => error.kind() == std::io::ErrorKind::PermissionDenied,
+        Ok(_) => false,
     }
 }
 

@@ -355,11 +355,16 @@ impl Drop for LeaveLine {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let (store, session, election) =
                 (Arc::clone(&self.store), self.session, self.election.clone());
-            runtime.spawn(async move {
-                if let Err(error) = store.delete_note(session, &election, line::CANDIDATE).await {
-                    tracing::debug!(%election, %error, "leaving the line failed; the note ends with the session");
-                }
-            });
+            // Tried until it lands: the session lives on with the
+            // elector, and a note left in front would keep every standby
+            // behind it waiting.
+            runtime.spawn(crate::store::cleanup::until_done(
+                "leave the line",
+                move || {
+                    let (store, election) = (Arc::clone(&store), election.clone());
+                    async move { store.delete_note(session, &election, line::CANDIDATE).await }
+                },
+            ));
         }
     }
 }

@@ -74,3 +74,43 @@ impl<T: Send + 'static> std::fmt::Debug for OnDrop<T> {
             .finish()
     }
 }
+
+/// How long [`until_done`] keeps trying while the store is out of reach.
+const GIVE_UP_AFTER: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Runs `attempt` until it succeeds, or fails otherwise than by the store
+/// being out of reach ([`Error::Unavailable`], [`Error::Timeout`]), or the
+/// store stayed out of reach for ten minutes; pauses 50 ms, doubling to
+/// 2 s, between tries. For a cleanup that must land though the session
+/// lives on: a standby that leaves the line while its elector (and so its
+/// session) lives would otherwise stay in front of every other standby.
+/// Its session ends all the same once the store stays out of reach, since
+/// its renewals fail too.
+///
+/// [`Error::Unavailable`]: crate::error::Error::Unavailable
+/// [`Error::Timeout`]: crate::error::Error::Timeout
+pub(crate) async fn until_done<F, Fut>(what: &'static str, mut attempt: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = crate::error::Result<()>>,
+{
+    use crate::error::Error;
+    let give_up = tokio::time::Instant::now() + GIVE_UP_AFTER;
+    let mut pause = std::time::Duration::from_millis(50);
+    loop {
+        match attempt().await {
+            Ok(()) => return,
+            Err(error @ (Error::Unavailable { .. } | Error::Timeout(_)))
+                if tokio::time::Instant::now() < give_up =>
+            {
+                tracing::debug!(what, %error, "failed; trying again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(std::time::Duration::from_secs(2));
+            }
+            Err(error) => {
+                tracing::debug!(what, %error, "failed; the session's end undoes it");
+                return;
+            }
+        }
+    }
+}

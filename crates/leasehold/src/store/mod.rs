@@ -15,7 +15,7 @@ use crate::names::{CandidateId, ElectionName};
     feature = "zookeeper",
     feature = "postgres"
 ))]
-mod cleanup;
+pub(crate) mod cleanup;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 mod local;

@@ -815,18 +815,22 @@ fn wakes(
 /// granted, so that a release is never handed to a waiter that is gone.
 async fn leave_line(inner: Arc<Inner>, election: ElectionName, session: SessionId) {
     let Ok(id) = session_key(session) else { return };
-    let Ok(client) = inner.client().await else {
-        return;
-    };
     let statement = format!("SELECT {}($1, $2)", inner.table("withdraw"));
-    if let Err(error) = timed(
-        "leave the line",
-        client.execute(&statement, &[&election.as_str(), &id]),
-    )
-    .await
-    {
-        tracing::debug!(%election, %error, "could not leave the line; the session's expiry will");
-    }
+    // Tried until it lands: a row left at the head of the queue while the
+    // session lives would keep the election from everyone behind it.
+    crate::store::cleanup::until_done("leave the line", || {
+        let (inner, election, statement) = (Arc::clone(&inner), election.clone(), &statement);
+        async move {
+            let client = inner.client().await?;
+            timed(
+                "leave the line",
+                client.execute(statement, &[&election.as_str(), &id]),
+            )
+            .await
+            .map(|_| ())
+        }
+    })
+    .await;
 }
 
 #[async_trait]

@@ -26,6 +26,7 @@ pub struct FaultyStore {
     drop_keep_alives: AtomicBool,
     keep_alive_reply_delay: Mutex<Duration>,
     keep_alives_sent: AtomicU64,
+    failing_note_deletes: AtomicU64,
 }
 
 impl FaultyStore {
@@ -38,7 +39,14 @@ impl FaultyStore {
             drop_keep_alives: AtomicBool::new(false),
             keep_alive_reply_delay: Mutex::new(Duration::ZERO),
             keep_alives_sent: AtomicU64::new(0),
+            failing_note_deletes: AtomicU64::new(0),
         }
+    }
+
+    /// The next `count` note deletions fail with [`Error::Unavailable`]
+    /// without reaching the store (a connection lost just then).
+    pub fn fail_note_deletes(&self, count: u64) {
+        self.failing_note_deletes.store(count, Ordering::SeqCst);
     }
 
     /// Every call fails with [`Error::Unavailable`] without reaching the
@@ -181,6 +189,15 @@ impl Store for FaultyStore {
         name: &str,
     ) -> Result<()> {
         self.check()?;
+        let failing =
+            self.failing_note_deletes
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        if failing.is_ok() {
+            return Err(Error::Unavailable {
+                reason: "fault injected: the connection closed".into(),
+                source: None,
+            });
+        }
         self.inner.delete_note(session, election, name).await
     }
 

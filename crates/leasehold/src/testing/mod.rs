@@ -230,6 +230,7 @@ macro_rules! conformance_tests {
             priority_preempts_after_the_settling_period,
             equal_priorities_never_preempt,
             the_highest_priority_standby_is_granted_first,
+            a_standby_whose_campaign_ends_leaves_the_line_despite_a_failure,
             lock_delay_after_expiry_not_after_release,
             a_transfer_wakes_only_the_front_of_the_line,
             an_unwaited_campaign_takes_only_a_free_election,

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use tokio::time::{Instant, timeout};
 
-use super::{CountingStore, Counts, StoreHarness, unique_election, watch_reads_of};
+use super::{CountingStore, Counts, FaultyStore, StoreHarness, unique_election, watch_reads_of};
+use crate::clock::TokioClock;
 use crate::config::LeaseConfig;
 use crate::elector::{Elector, HandoverCause, Leadership};
 use crate::error::Error;
@@ -295,6 +296,47 @@ pub async fn the_highest_priority_standby_is_granted_first(harness: &dyn StoreHa
         token = next.token();
         next.resign().await.expect("resign");
     }
+}
+
+/// A standby at the front of the line whose campaign ends (dropped, or
+/// failed) while the store fails for a moment, and whose elector lives
+/// on without campaigning again: it leaves the line all the same, once
+/// the store answers, so the standby behind it is granted when the leader
+/// resigns (before: its note stayed at the front while its session lived,
+/// and nobody behind it ever campaigned).
+pub async fn a_standby_whose_campaign_ends_leaves_the_line_despite_a_failure(
+    harness: &dyn StoreHarness,
+) {
+    let election = unique_election("leaves-despite-failure");
+    let requester = harness.open().await;
+    let leader = elector(harness, "leader").await;
+    let leadership = within("leader campaigns", leader.campaign(&election))
+        .await
+        .expect("campaign");
+    let faulty = Arc::new(FaultyStore::new(harness.open().await, Arc::new(TokioClock)));
+    let front = Arc::new(
+        Elector::new(faulty.clone(), id("front"), LeaseConfig::with_ttl(TTL)).expect("config"),
+    );
+    let front_task = join(Arc::clone(&front), &election, &requester).await;
+    let behind = join(
+        Arc::new(elector(harness, "behind").await),
+        &election,
+        &requester,
+    )
+    .await;
+    faulty.fail_note_deletes(3);
+    front_task.abort();
+    let _ = front_task.await;
+    let token = leadership.token();
+    leadership.resign().await.expect("resign");
+    let next = within("the grant to the standby behind", behind)
+        .await
+        .expect("task");
+    assert!(next.token() > token);
+    let holder = requester.leader(&election).await.expect("read");
+    assert_eq!(holder.map(|l| l.candidate), Some(id("behind")));
+    next.resign().await.expect("resign");
+    drop(front);
 }
 
 /// Lock-delay: after the leader's lease expires the election stays

@@ -9,12 +9,6 @@ use async_trait::async_trait;
 use crate::error::Result;
 use crate::names::{CandidateId, ElectionName};
 
-#[cfg(any(
-    feature = "sqlite",
-    feature = "etcd",
-    feature = "zookeeper",
-    feature = "postgres"
-))]
 pub(crate) mod cleanup;
 #[cfg(feature = "etcd")]
 pub mod etcd;

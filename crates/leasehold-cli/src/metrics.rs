@@ -364,39 +364,7 @@ mod tests {
             text.lines().any(|l| l == line),
             "{line} missing from {text}"
         );
-        for sample in text.lines().filter(|l| !l.starts_with('#')) {
-            let names = label_names(sample).unwrap_or_else(|| panic!("malformed: {sample}"));
-            assert_eq!(names[..2], ["election", "candidate"], "{sample}");
-            let mut unique = names.clone();
-            unique.sort_unstable();
-            unique.dedup();
-            assert_eq!(unique.len(), names.len(), "a label twice: {sample}");
-        }
-    }
-
-    /// The label names of a sample line `name{k="v",…} value`, reading
-    /// values as the text format escapes them; `None` if malformed.
-    fn label_names(sample: &str) -> Option<Vec<String>> {
-        let (_, mut rest) = sample.split_once('{')?;
-        let mut names = Vec::new();
-        loop {
-            let (name, after) = rest.split_once("=\"")?;
-            names.push(name.to_owned());
-            let mut chars = after.char_indices();
-            let end = loop {
-                match chars.next()? {
-                    (_, '\\') => {
-                        chars.next()?;
-                    }
-                    (i, '"') => break i,
-                    _ => {}
-                }
-            };
-            rest = &after[end + 1..];
-            match rest.strip_prefix(',') {
-                Some(more) => rest = more,
-                None => return rest.starts_with("} ").then_some(names),
-            }
-        }
+        // Every sample is checked for its labels by the scrape test
+        // (tests/cli/operability.rs), which reads them as Prometheus does.
     }
 }

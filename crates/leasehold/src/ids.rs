@@ -52,6 +52,11 @@ impl fmt::Debug for SessionId {
 pub struct FencingToken(pub u64);
 
 impl FencingToken {
+    /// The largest token a store issues: `i64::MAX`, the largest that
+    /// SQLite, PostgreSQL, etcd, ZooKeeper and the fences keep. A grant
+    /// that would need a larger one fails with [`crate::Error::Corrupt`].
+    pub(crate) const LAST: FencingToken = FencingToken(i64::MAX.unsigned_abs());
+
     /// The token as the signed 64-bit integer that SQLite, PostgreSQL and
     /// etcd keep; `None` above `i64::MAX`, a token none of them issues.
     pub fn to_i64(self) -> Option<i64> {
@@ -59,8 +64,9 @@ impl FencingToken {
     }
 
     /// The token as a signed 64-bit integer, `i64::MAX` when it is larger:
-    /// for comparing with tokens a store issued, none of which is that
-    /// large, so such a token matches none of them.
+    /// for comparing with tokens a store issued, none of which is larger
+    /// than `i64::MAX`, so such a token matches none of them but the last
+    /// one an election can be granted (stores compare its session too).
     pub fn to_i64_saturating(self) -> i64 {
         self.to_i64().unwrap_or(i64::MAX)
     }

@@ -146,6 +146,31 @@ impl Error {
         }
     }
 
+    /// The [`Error::Corrupt`] of a grant of `election` that would need a
+    /// token above [`FencingToken::LAST`]: the election's counter in
+    /// `store` (as messages name it) is exhausted. Only a counter set by
+    /// hand or damaged gets there — a grant every nanosecond would take
+    /// 292 years — and no token it could hand out would be correct.
+    pub(crate) fn tokens_exhausted(store: &dyn std::fmt::Display, election: &str) -> Self {
+        Error::Corrupt(format!(
+            "{store}: the fencing token counter of election {election} is exhausted: its last \
+             token is {}, the largest a store keeps; nothing was written",
+            FencingToken::LAST
+        ))
+    }
+
+    /// The [`Error::Corrupt`] of a grant of `election` for which `store`
+    /// returned `value`, which is no fencing token (see
+    /// [`FencingToken::issued`]).
+    #[cfg(any(feature = "etcd", feature = "zookeeper"))]
+    pub(crate) fn not_a_token(store: &dyn std::fmt::Display, election: &str, value: i64) -> Self {
+        Error::Corrupt(format!(
+            "{store}: the grant of election {election} came with {value} as its fencing token, \
+             which is no token a store issues (they are 1 to {})",
+            FencingToken::LAST
+        ))
+    }
+
     /// Whether retrying the same operation later may succeed.
     pub fn is_transient(&self) -> bool {
         matches!(self, Error::Unavailable { .. } | Error::Timeout(_))

@@ -52,6 +52,24 @@ impl fmt::Debug for SessionId {
 pub struct FencingToken(pub u64);
 
 impl FencingToken {
+    /// The largest token a store issues: `i64::MAX`, the largest that
+    /// SQLite, PostgreSQL, etcd, ZooKeeper and the fences keep. A grant
+    /// that would need a larger one fails with [`crate::Error::Corrupt`].
+    pub(crate) const LAST: FencingToken = FencingToken(i64::MAX.unsigned_abs());
+
+    /// The token of a grant that a store just made, from the signed
+    /// 64-bit integer it keeps (a SQL counter, an etcd create revision, a
+    /// ZooKeeper czxid); `None` for a value that is no token — zero or
+    /// negative — which only a damaged store or a server breaking its
+    /// protocol returns, and which must never be granted as one.
+    #[cfg(any(feature = "etcd", feature = "zookeeper"))]
+    pub(crate) fn issued(value: i64) -> Option<Self> {
+        u64::try_from(value)
+            .ok()
+            .filter(|&token| token > 0)
+            .map(FencingToken)
+    }
+
     /// The token as the signed 64-bit integer that SQLite, PostgreSQL and
     /// etcd keep; `None` above `i64::MAX`, a token none of them issues.
     pub fn to_i64(self) -> Option<i64> {
@@ -59,8 +77,9 @@ impl FencingToken {
     }
 
     /// The token as a signed 64-bit integer, `i64::MAX` when it is larger:
-    /// for comparing with tokens a store issued, none of which is that
-    /// large, so such a token matches none of them.
+    /// for comparing with tokens a store issued, none of which is larger
+    /// than `i64::MAX`, so such a token matches none of them but the last
+    /// one an election can be granted (stores compare its session too).
     pub fn to_i64_saturating(self) -> i64 {
         self.to_i64().unwrap_or(i64::MAX)
     }
@@ -77,5 +96,23 @@ impl FencingToken {
 impl fmt::Display for FencingToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.0)
+    }
+}
+
+#[cfg(all(test, any(feature = "etcd", feature = "zookeeper")))]
+mod tests {
+    use super::FencingToken;
+
+    /// etcd revisions and ZooKeeper czxids become grant tokens only when
+    /// they are tokens: a value below 1 is refused, never read as 0.
+    #[test]
+    fn only_positive_stored_values_are_issued_tokens() {
+        assert_eq!(FencingToken::issued(1), Some(FencingToken(1)));
+        assert_eq!(FencingToken::issued(i64::MAX), Some(FencingToken::LAST));
+        for value in [0, -1, i64::MIN] {
+            assert_eq!(FencingToken::issued(value), None, "{value}");
+        }
+        assert_eq!(FencingToken::LAST.to_i64(), Some(i64::MAX));
+        assert_eq!(FencingToken(FencingToken::LAST.0 + 1).to_i64(), None);
     }
 }

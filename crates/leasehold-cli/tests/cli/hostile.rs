@@ -888,3 +888,70 @@ fn huge_values_are_measured_not_quoted_back() {
         assert!(err.len() < 300, "{what}: {} bytes", err.len());
     }
 }
+
+/// An election whose token counter is at the largest token a store keeps
+/// (set by hand here): `run` and `campaign` say so in one line naming the
+/// election and exit 1 at once, never start the command and write
+/// nothing. Before, the SQLite counter overflowed into a REAL, read as an
+/// outage, and `run` retried every second until it was killed.
+#[test]
+fn an_exhausted_token_counter_ends_run_and_campaign_at_once() {
+    let scratch = Scratch::new();
+    let store = scratch.store_url();
+    let out = leasehold()
+        .args(["campaign", "--election", "spent", "--store", &store])
+        .args(["--hold", "0s"])
+        .output()
+        .expect("spawn");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let db = rusqlite::Connection::open(scratch.path("leasehold.db")).expect("open");
+    db.execute(
+        "UPDATE elections SET last_token = 9223372036854775807 WHERE name = 'spent'",
+        [],
+    )
+    .expect("set the counter");
+    let marker = scratch.path("ran");
+    let marker_arg = marker.to_str().expect("a UTF-8 path");
+    let election = ["--election", "spent", "--store", &store, "--ttl", "2s"];
+    let commands: [&[&str]; 2] = [
+        &["--quiet", "run", "--", "touch", marker_arg],
+        &["campaign"],
+    ];
+    for (i, command) in commands.into_iter().enumerate() {
+        let err_path = scratch.path(&format!("{i}.err"));
+        let err_file = std::fs::File::create(&err_path).expect("stderr file");
+        let (before, after) = command.split_at(
+            command
+                .iter()
+                .position(|&a| a == "--")
+                .unwrap_or(command.len()),
+        );
+        let mut proc = super::harness::Proc::spawn(
+            leasehold()
+                .args(before)
+                .args(election)
+                .args(after)
+                .stdout(Stdio::null())
+                .stderr(err_file),
+        );
+        let status = proc.wait_for_exit(Duration::from_secs(10));
+        let err = std::fs::read_to_string(&err_path).unwrap_or_default();
+        let status = status.unwrap_or_else(|| panic!("{command:?} still runs: {err}"));
+        assert_eq!(status.code(), Some(1), "{command:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{command:?}: {err}");
+        assert!(
+            err.contains("spent") && err.contains("exhausted"),
+            "{command:?}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{command:?}: {err}");
+    }
+    assert!(!marker.exists(), "the command ran");
+    let (last, holder): (i64, Option<i64>) = db
+        .query_row(
+            "SELECT last_token, holder_session FROM elections WHERE name = 'spent'",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .expect("the counter");
+    assert_eq!((last, holder), (i64::MAX, None), "something was written");
+}

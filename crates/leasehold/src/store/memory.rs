@@ -140,6 +140,23 @@ impl MemoryStore {
             }),
         }
     }
+
+    /// Test support: sets the token counter of `election` (granted at
+    /// least once; otherwise nothing is set) to `last`, the token of its
+    /// last grant, as a damaged or hand-edited store might hold it.
+    #[cfg(feature = "testing")]
+    pub fn set_last_token(&self, election: &ElectionName, last: u64) {
+        if let Some(entry) = self.inner.state().elections.get_mut(election) {
+            entry.last_token = last;
+        }
+    }
+
+    /// Test support: the token counter of `election`, if it was granted.
+    #[cfg(feature = "testing")]
+    pub fn last_token(&self, election: &ElectionName) -> Option<u64> {
+        let state = self.inner.state();
+        state.elections.get(election).map(|e| e.last_token)
+    }
 }
 
 impl Inner {
@@ -200,18 +217,28 @@ impl LocalBackend for Inner {
             });
         }
         let entry = state.elections.entry(election.clone()).or_default();
+        // Checked before anything changes: an exhausted counter leaves the
+        // election as it was.
+        let Some(token) = entry
+            .last_token
+            .checked_add(1)
+            .map(FencingToken)
+            .filter(|&token| token <= FencingToken::LAST)
+        else {
+            return Err(Error::tokens_exhausted(&"memory:", election.as_str()));
+        };
         // A holder still recorded but not live: its session expired.
         let expired = entry.holder.take().map(|g| Expired {
             candidate: g.candidate.to_string(),
             token: g.token,
             dead_pid: None,
         });
-        entry.last_token += 1;
+        entry.last_token = token.0;
         let grant = Grant {
             election: election.clone(),
             candidate: candidate.clone(),
             session,
-            token: FencingToken(entry.last_token),
+            token,
         };
         entry.holder = Some(grant.clone());
         drop(state);

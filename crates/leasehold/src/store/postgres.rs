@@ -555,14 +555,16 @@ impl Inner {
     ) -> Result<std::result::Result<Grant, (Duration, FencingToken)>> {
         let id = session_key(session)?;
         let client = self.client().await?;
-        let row = timed(
-            "campaign",
-            client.query_one(
-                &format!("SELECT * FROM {}($1, $2, $3)", self.table("acquire")),
-                &[&id, &election.as_str(), &candidate.as_str()],
-            ),
-        )
+        let acquired = timed("campaign", async {
+            Ok(client
+                .query_one(
+                    &format!("SELECT * FROM {}($1, $2, $3)", self.table("acquire")),
+                    &[&id, &election.as_str(), &candidate.as_str()],
+                )
+                .await)
+        })
         .await?;
+        let row = acquired.map_err(|error| self.acquire_failed(election, error))?;
         let (granted, tok, wait_ms): (Option<bool>, Option<i64>, Option<i64>) =
             (row.get(0), row.get(1), row.get(2));
         match (granted, tok) {
@@ -578,6 +580,20 @@ impl Inner {
             ))),
             _ => Err(Error::SessionExpired(session)),
         }
+    }
+
+    /// The error of an `acquire` of `election` that the server refused.
+    /// Its one sum that can leave bigint's range is the token's `+ 1`
+    /// (the milliseconds it computes stay far below it, as timestamps end
+    /// in 294276 AD): `numeric_value_out_of_range` says the election's
+    /// counter is exhausted. The statement, its own transaction, was
+    /// rolled back: nothing was written.
+    fn acquire_failed(&self, election: &ElectionName, error: tokio_postgres::Error) -> Error {
+        use tokio_postgres::error::SqlState;
+        if error.code() == Some(&SqlState::NUMERIC_VALUE_OUT_OF_RANGE) {
+            return Error::tokens_exhausted(&self.table("elections"), election.as_str());
+        }
+        unavailable("campaign", error)
     }
 
     /// The candidate of the grant `tok` of `election` if that grant was

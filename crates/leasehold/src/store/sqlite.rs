@@ -66,6 +66,7 @@ use crate::watch;
 use async_trait::async_trait;
 use nix::fcntl::{FcntlArg, OFlag};
 use rusqlite::config::DbConfig;
+use rusqlite::types::Value;
 use rusqlite::{Connection, ErrorCode, OpenFlags, OptionalExtension, TransactionBehavior, params};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
@@ -1548,16 +1549,7 @@ impl Db {
                 // the process that held the session is gone. Expire the
                 // session; its grants are no longer live.
                 (Process::Gone, pid) => {
-                    tx.execute(
-                        "DELETE FROM sessions WHERE id = ?1",
-                        params![holder.session],
-                    )
-                    .map_err(self.err())?;
-                    tx.execute(
-                        "DELETE FROM session_locks WHERE session = ?1",
-                        params![holder.session],
-                    )
-                    .map_err(self.err())?;
+                    self.expire_session(tx, holder.session)?;
                     dead_pid = Some(pid);
                 }
             }
@@ -1567,48 +1559,109 @@ impl Db {
                 expires_in: Duration::ZERO,
             }));
         }
-        // A holder still recorded but not live was never released: its
-        // session expired.
-        let expired = tx
-            .query_row(
-                "SELECT holder_candidate, holder_token FROM elections
-                 WHERE name = ?1 AND holder_session IS NOT NULL",
-                params![election.as_str()],
-                |r| {
-                    Ok(Expired {
-                        candidate: r.get::<_, Option<String>>(0)?.unwrap_or_default(),
-                        token: FencingToken::from_stored(r.get::<_, Option<i64>>(1)?.unwrap_or(0)),
-                        dead_pid,
-                    })
-                },
-            )
-            .optional()
-            .map_err(self.err())?;
-        let token: i64 = tx
-            .query_row(
-                "INSERT INTO elections (name, last_token, holder_session, holder_candidate, holder_token)
-                 VALUES (?1, 1, ?2, ?3, 1)
-                 ON CONFLICT (name) DO UPDATE SET
-                     last_token = last_token + 1,
-                     holder_session = excluded.holder_session,
-                     holder_candidate = excluded.holder_candidate,
-                     holder_token = last_token + 1
-                 RETURNING holder_token",
-                params![election.as_str(), session_key(session)?, candidate.as_str()],
-                |r| r.get(0),
-            )
-            .map_err(self.err())?;
+        let expired = self.expired_holder(tx, election, dead_pid)?;
         let grant = Grant {
             election: election.clone(),
             candidate: candidate.clone(),
             session,
-            token: FencingToken::from_stored(token),
+            token: self.write_grant(tx, a)?,
         };
         Ok(Tried {
             attempt: Attempt::Granted(grant, expired),
             fresh: true,
             watch: None,
         })
+    }
+
+    /// Ends `session` in `tx`, whose process is gone: its grants are no
+    /// longer live.
+    fn expire_session(&self, tx: &Connection, session: i64) -> Result<()> {
+        tx.execute("DELETE FROM sessions WHERE id = ?1", params![session])
+            .map_err(self.err())?;
+        tx.execute(
+            "DELETE FROM session_locks WHERE session = ?1",
+            params![session],
+        )
+        .map_err(self.err())?;
+        Ok(())
+    }
+
+    /// The holder still recorded for `election` in `tx`, though not live
+    /// (the caller checked): it was never released, its session expired —
+    /// at once if its process was found gone, `dead_pid`.
+    fn expired_holder(
+        &self,
+        tx: &Connection,
+        election: &ElectionName,
+        dead_pid: Option<i64>,
+    ) -> Result<Option<Expired>> {
+        tx.query_row(
+            "SELECT holder_candidate, holder_token FROM elections
+             WHERE name = ?1 AND holder_session IS NOT NULL",
+            params![election.as_str()],
+            |r| {
+                Ok(Expired {
+                    candidate: r.get::<_, Option<String>>(0)?.unwrap_or_default(),
+                    token: FencingToken::from_stored(r.get::<_, Option<i64>>(1)?.unwrap_or(0)),
+                    dead_pid,
+                })
+            },
+        )
+        .optional()
+        .map_err(self.err())
+    }
+
+    /// Grants the election of `a` to its session and candidate inside the
+    /// transaction `tx`, with the token after the election's last: that
+    /// token. [`Error::Corrupt`] when the counter cannot give one; the
+    /// caller then rolls `tx` back, and nothing is written.
+    fn write_grant(&self, tx: &Connection, a: &QueuedAttempt) -> Result<FencingToken> {
+        let token = self.next_token(tx, &a.election)?;
+        tx.execute(
+            "INSERT INTO elections (name, last_token, holder_session, holder_candidate, holder_token)
+             VALUES (?1, ?4, ?2, ?3, ?4)
+             ON CONFLICT (name) DO UPDATE SET
+                 last_token = excluded.last_token,
+                 holder_session = excluded.holder_session,
+                 holder_candidate = excluded.holder_candidate,
+                 holder_token = excluded.holder_token",
+            params![
+                a.election.as_str(),
+                session_key(a.session)?,
+                a.candidate.as_str(),
+                token
+            ],
+        )
+        .map_err(self.err())?;
+        Ok(FencingToken::from_stored(token))
+    }
+
+    /// The token of the next grant of `election`: one above its counter,
+    /// 1 for an election never granted. Computed here rather than by
+    /// SQLite, whose `last_token + 1` at `i64::MAX` turns into a REAL:
+    /// an exhausted counter, or one that holds no count (another type, a
+    /// negative number), is [`Error::Corrupt`], never a wrapped token.
+    fn next_token(&self, tx: &Connection, election: &ElectionName) -> Result<i64> {
+        let last = tx
+            .query_row(
+                "SELECT last_token FROM elections WHERE name = ?1",
+                params![election.as_str()],
+                |r| r.get::<_, Value>(0),
+            )
+            .optional()
+            .map_err(self.err())?;
+        let shown = self.path.display();
+        match last {
+            None => Ok(1),
+            Some(Value::Integer(last)) if last >= 0 => last
+                .checked_add(1)
+                .ok_or_else(|| Error::tokens_exhausted(&shown, election.as_str())),
+            Some(other) => Err(Error::Corrupt(format!(
+                "{shown}: the fencing token counter of election {election} holds {}, which is \
+                 no count of grants; nothing was written",
+                stored_value(&other)
+            ))),
+        }
     }
 
     /// Whether a live session keeps a note on `election` (at monotonic
@@ -2004,6 +2057,17 @@ impl Holder {
             session,
             token: FencingToken::from_stored(self.token),
         })
+    }
+}
+
+/// A value SQLite holds, for a message.
+fn stored_value(value: &Value) -> String {
+    match value {
+        Value::Null => "NULL".to_owned(),
+        Value::Integer(n) => n.to_string(),
+        Value::Real(r) => format!("the real number {r}"),
+        Value::Text(text) => format!("the text {}", crate::error::quoted(text)),
+        Value::Blob(blob) => format!("a blob of {} bytes", blob.len()),
     }
 }
 

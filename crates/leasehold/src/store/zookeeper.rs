@@ -491,6 +491,14 @@ fn token_of(stat: &zookeeper_client::Stat) -> FencingToken {
     FencingToken::from_stored(stat.czxid)
 }
 
+/// The token of a grant whose node has `stat`: its czxid, which
+/// ZooKeeper numbers from 1 up; [`Error::Corrupt`] for any other value,
+/// which is no token and must not be granted as one.
+fn granted_token(election: &ElectionName, stat: &zookeeper_client::Stat) -> Result<FencingToken> {
+    FencingToken::issued(stat.czxid)
+        .ok_or_else(|| Error::not_a_token(&"zookeeper", election.as_str(), stat.czxid))
+}
+
 impl ZkStore {
     /// Connects to the ensemble at `endpoints` (`host:port` each), keeping
     /// leasehold's nodes under `root`, which the first use creates (with
@@ -1698,6 +1706,8 @@ impl Store for ZkStore {
                 let Some(stat) = line.read_own_node(me).await? else {
                     continue;
                 };
+                // Checked while the guard would still withdraw the node.
+                let token = granted_token(election, &stat)?;
                 zk.held
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
@@ -1708,7 +1718,7 @@ impl Store for ZkStore {
                     election: election.clone(),
                     candidate: candidate.clone(),
                     session,
-                    token: token_of(&stat),
+                    token,
                 });
             }
             line.wait_for_predecessor(&queue[position - 1], &mut foreign)

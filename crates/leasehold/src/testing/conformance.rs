@@ -120,6 +120,69 @@ pub async fn tokens_strictly_increase(harness: &dyn StoreHarness) {
     }
 }
 
+/// Rules 2 and 7 at the end of a counter: the largest token a store keeps
+/// (`i64::MAX`) is granted; a grant that would need a larger one is
+/// refused as [`Error::Corrupt`] naming the election — by a campaign, an
+/// unwaited one, and an elector's — and leaves nothing written: no
+/// holder, the counter as it was. Never a wrapped or repeated token, and
+/// never an outage that a runner would retry forever. For the stores whose
+/// counter the harness can set ([`StoreHarness::set_last_token`]).
+pub async fn an_exhausted_token_counter_is_corrupt(harness: &dyn StoreHarness) {
+    let store = harness.open().await;
+    let election = unique_election("exhausted");
+    let first = grant_on(&store, &election, "a").await;
+    store.resign(&first).await.expect("resign");
+    assert!(
+        harness.set_last_token(&election, i64::MAX - 1).await,
+        "this harness cannot set the token counter"
+    );
+    let last = grant_on(&store, &election, "b").await;
+    assert_eq!(last.token.to_i64(), Some(i64::MAX), "the largest token");
+    store.resign(&last).await.expect("resign");
+
+    let lease = store.open_session(LONG_TTL).await.expect("open");
+    let refused = within(
+        "a refused campaign",
+        store.campaign(lease.id, &election, &candidate("c")),
+    )
+    .await;
+    assert_exhausted(refused.map(|g| g.token), &election);
+    if harness.campaigns_unwaited() {
+        let refused = store
+            .try_campaign_unwaited(lease.id, &election, &candidate("c"))
+            .await;
+        assert_exhausted(refused.map(|g| g.map(|g| g.token)), &election);
+    }
+    let elector = Elector::new(
+        Arc::clone(&store),
+        candidate("d"),
+        LeaseConfig::with_ttl(LONG_TTL),
+    )
+    .expect("config");
+    let refused = within("a refused elector", elector.campaign(&election)).await;
+    assert_exhausted(refused.map(|l| l.token()), &election);
+
+    assert_eq!(store.leader(&election).await.expect("read"), None);
+    assert_eq!(
+        harness.last_token(&election).await,
+        Some(i64::MAX),
+        "the counter changed"
+    );
+    elector.close().await.expect("close");
+    store.close_session(lease.id).await.expect("close");
+}
+
+fn assert_exhausted<T: std::fmt::Debug>(outcome: Result<T, Error>, election: &ElectionName) {
+    match outcome {
+        Err(Error::Corrupt(message)) => {
+            assert!(message.contains(election.as_str()), "{message}");
+            assert!(message.contains("exhausted"), "{message}");
+            assert!(!message.contains('\n'), "{message}");
+        }
+        other => panic!("a grant past the largest token must be Corrupt, got {other:?}"),
+    }
+}
+
 /// A held election is not granted to anyone else while its session is
 /// renewed, nor before the session's TTL has passed since the holder's last
 /// renewal was sent; after that it is granted to a waiter.

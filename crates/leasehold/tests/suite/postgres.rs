@@ -8,9 +8,10 @@ use leasehold::store::StatusWatch;
 use leasehold::store::Store;
 use leasehold::store::postgres::{PostgresStore, SCHEMA_VERSION};
 use leasehold::testing::{
-    PostgresServer, ServerHarness, campaign_until_granted, spawn_campaign, unique_election,
+    PostgresServer, ServerHarness, StoreHarness, campaign_until_granted, spawn_campaign,
+    unique_election,
 };
-use leasehold::{CandidateId, Elector, Error, Grant, LeaderStatus, LeaseConfig};
+use leasehold::{CandidateId, ElectionName, Elector, Error, Grant, LeaderStatus, LeaseConfig};
 use tokio::time::Instant;
 
 async fn server() -> PostgresServer {
@@ -19,13 +20,63 @@ async fn server() -> PostgresServer {
         .expect("server start")
 }
 
-async fn harness() -> ServerHarness<PostgresServer> {
+/// The conformance suite's store: schema `conformance` of a server of its
+/// own, whose token counters a test may set.
+struct PgHarness(ServerHarness<PostgresServer>);
+
+async fn harness() -> PgHarness {
     let server = server().await;
     let url = format!("{}?schema=conformance", server.url());
-    ServerHarness::new(server, &url)
+    PgHarness(ServerHarness::new(server, &url))
+}
+
+#[async_trait::async_trait]
+impl StoreHarness for PgHarness {
+    async fn open(&self) -> Arc<dyn Store> {
+        self.0.open().await
+    }
+
+    fn durable(&self) -> bool {
+        self.0.durable()
+    }
+
+    fn campaigns_unwaited(&self) -> bool {
+        self.0.campaigns_unwaited()
+    }
+
+    async fn set_last_token(&self, election: &ElectionName, last: i64) -> bool {
+        let set = sql(&self.0.server().url())
+            .await
+            .execute(
+                "UPDATE conformance.elections SET token = $2 WHERE name = $1",
+                &[&election.as_str(), &last],
+            )
+            .await
+            .expect("set the counter");
+        set == 1
+    }
+
+    async fn last_token(&self, election: &ElectionName) -> Option<i64> {
+        sql(&self.0.server().url())
+            .await
+            .query_opt(
+                "SELECT token FROM conformance.elections WHERE name = $1",
+                &[&election.as_str()],
+            )
+            .await
+            .expect("read the counter")
+            .map(|row| row.get(0))
+    }
 }
 
 leasehold::conformance_tests!(harness());
+
+/// A counter at the largest token: the next grant is refused as corrupt
+/// (`bigint out of range` was an outage, retried forever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exhausted_token_counter_is_corrupt() {
+    leasehold::testing::conformance::an_exhausted_token_counter_is_corrupt(&harness().await).await;
+}
 
 async fn sql(url: &str) -> tokio_postgres::Client {
     let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)

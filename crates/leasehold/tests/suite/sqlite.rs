@@ -35,9 +35,77 @@ impl StoreHarness for SqliteHarness {
     fn campaigns_unwaited(&self) -> bool {
         true
     }
+
+    async fn set_last_token(&self, election: &leasehold::ElectionName, last: i64) -> bool {
+        let set = rusqlite_conn(&self.path)
+            .execute(
+                "UPDATE elections SET last_token = ?2 WHERE name = ?1",
+                rusqlite::params![election.as_str(), last],
+            )
+            .expect("set the counter");
+        set == 1
+    }
+
+    async fn last_token(&self, election: &leasehold::ElectionName) -> Option<i64> {
+        rusqlite_conn(&self.path)
+            .query_row(
+                "SELECT last_token FROM elections WHERE name = ?1",
+                [election.as_str()],
+                |r| r.get(0),
+            )
+            .ok()
+    }
 }
 
 leasehold::conformance_tests!(async { SqliteHarness::new() });
+
+/// A counter at the largest token: the next grant is refused as corrupt
+/// (it overflowed into a REAL, read as an outage and retried forever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exhausted_token_counter_is_corrupt() {
+    leasehold::testing::conformance::an_exhausted_token_counter_is_corrupt(&SqliteHarness::new())
+        .await;
+}
+
+/// A counter that holds no count of grants (set by hand to a text or a
+/// negative number) is corrupt: the campaign says so naming the election,
+/// and writes nothing. Before, SQLite's `'many' + 1` granted token 1
+/// again and `-5 + 1` granted token 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_counter_that_is_no_count_is_corrupt() {
+    let harness = SqliteHarness::new();
+    let store = harness.open().await;
+    let election = leasehold::testing::unique_election("no-count");
+    let ttl = std::time::Duration::from_secs(30);
+    let first = leasehold::testing::campaign_on_new_session(&*store, &election, "a", ttl).await;
+    store.resign(&first).await.expect("resign");
+    let lease = store.open_session(ttl).await.expect("session");
+    for (value, shown) in [("'many'", "the text \"many\""), ("-5", "-5")] {
+        let conn = rusqlite_conn(&harness.path);
+        conn.execute(
+            &format!("UPDATE elections SET last_token = {value} WHERE name = ?1"),
+            [election.as_str()],
+        )
+        .expect("set the counter");
+        let refused = store.campaign(lease.id, &election, &candidate("b")).await;
+        match refused {
+            Err(Error::Corrupt(message)) => {
+                assert!(message.contains(election.as_str()), "{message}");
+                assert!(message.contains(shown), "{message}");
+            }
+            other => panic!("{value}: {other:?}"),
+        }
+        let (last, holder): (rusqlite::types::Value, Option<i64>) = conn
+            .query_row(
+                "SELECT last_token, holder_session FROM elections WHERE name = ?1",
+                [election.as_str()],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .expect("read");
+        assert_eq!(holder, None, "{value}: a holder was written");
+        assert_ne!(last, rusqlite::types::Value::Integer(1), "{value}");
+    }
+}
 
 /// The local stores' watches are woken by the handle itself: a line on one
 /// handle must not herd (see the case).

@@ -1382,6 +1382,8 @@ impl Store for EtcdStore {
                     self.wait_deleted(&predecessor, revision + 1).await;
                 }
                 Ok(None) => {
+                    // Checked while the guard would still withdraw the key.
+                    let token = self.granted_token(election, my_revision)?;
                     if let Some(guard) = guard {
                         guard.disarm();
                     }
@@ -1389,7 +1391,7 @@ impl Store for EtcdStore {
                         election: election.clone(),
                         candidate: candidate.clone(),
                         session,
-                        token: FencingToken::from_stored(my_revision),
+                        token,
                     });
                 }
             }
@@ -1444,11 +1446,14 @@ impl Store for EtcdStore {
         };
         // Not granted: the election is not free, or its `k/` key holds
         // another program's value (the campaign in line says so).
-        Ok(unwaited_granted(&done).then(|| Grant {
+        if !unwaited_granted(&done) {
+            return Ok(None);
+        }
+        Ok(Some(Grant {
             election: election.clone(),
             candidate: candidate.clone(),
             session,
-            token: FencingToken::from_stored(revision_of(done.header.as_ref())),
+            token: self.granted_token(election, revision_of(done.header.as_ref()))?,
         }))
     }
 
@@ -1610,6 +1615,20 @@ impl EtcdStore {
             from: 0,
         };
         leader_watch::start(source, election, held).await
+    }
+
+    /// The token of a grant of `election` whose key etcd created at
+    /// `revision`: that revision, which etcd numbers from 1 up;
+    /// [`Error::Corrupt`] for any other value, which is no token and must
+    /// not be granted as one.
+    fn granted_token(&self, election: &ElectionName, revision: i64) -> Result<FencingToken> {
+        FencingToken::issued(revision).ok_or_else(|| {
+            Error::not_a_token(
+                &format_args!("etcd prefix {}", self.prefix),
+                election.as_str(),
+                revision,
+            )
+        })
     }
 }
 

@@ -94,6 +94,8 @@ BEGIN
         o_wait_ms := v_head_left;
         RETURN;
     END IF;
+    -- At the largest bigint, `+ 1` fails with numeric_value_out_of_range
+    -- and rolls everything back: postgres.rs reports the counter exhausted.
     UPDATE {schema}.elections e SET token = e.token + 1, session = p_session, candidate = p_candidate
         WHERE e.name = p_name RETURNING e.token INTO v_token;
     DELETE FROM {schema}.waiters w

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use zookeeper_client::{Client, CreateMode};
 
-use super::{ATTEMPTS, Inner, ZkSession, not_holder, request, token_of};
+use super::{ATTEMPTS, Inner, ZkSession, granted_token, not_holder, request, token_of};
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
 use crate::store::cleanup::OnDrop;
@@ -441,6 +441,8 @@ impl Inner {
                 let Some(stat) = campaign.read_own_node(&line[0]).await? else {
                     continue;
                 };
+                // Checked while the guard would still withdraw the node.
+                let token = granted_token(election, &stat)?;
                 zk.held
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
@@ -451,7 +453,7 @@ impl Inner {
                     election: election.clone(),
                     candidate: candidate.clone(),
                     session,
-                    token: token_of(&stat),
+                    token,
                 });
             }
             campaign.wait_for(&line[position - 1]).await?;

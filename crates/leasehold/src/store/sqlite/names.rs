@@ -121,8 +121,8 @@ pub(super) fn claim(file: &File, path: &Path, read_only: bool) -> Result<()> {
         }
     };
     let byte = name.byte();
-    let mut mine = lock_arg(libc::F_RDLCK, byte, 1);
-    if let Err(error) = nix::fcntl::fcntl(file, FcntlArg::F_OFD_SETLK(&mut mine)) {
+    let mine = lock_arg(libc::F_RDLCK, byte, 1);
+    if let Err(error) = nix::fcntl::fcntl(file, FcntlArg::F_OFD_SETLK(&mine)) {
         tracing::debug!(path = %path.display(), %error, "cannot lock the database file; its names are not checked");
         return Ok(());
     }

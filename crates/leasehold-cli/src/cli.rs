@@ -97,11 +97,13 @@ pub enum Command {
     /// and up to its --grace to exit, then the leader releases the
     /// election, the chosen standby is granted it with a higher token, and
     /// the old leader waits in line again. Prints the new leader and exits
-    /// 0 once it holds. Exits 1, changing nothing, when nobody leads, when
-    /// --to names no waiting candidate, or when nobody waits; exits 1 when
-    /// no new leader holds within --timeout (the leader is an older
-    /// leasehold, or its command takes longer to stop), or when the chosen
-    /// standby left during the transfer and another took over.
+    /// 0 once it has taken the election up. Exits 1, changing nothing, when
+    /// nobody leads, when --to names no waiting candidate, or when nobody
+    /// waits; exits 1 when no new leader took the election up within
+    /// --timeout (the leader is an older leasehold, or its command takes
+    /// longer to stop; or the chosen standby is stopped or was killed, and
+    /// then the line moves on when its session expires), or when the
+    /// chosen standby left during the transfer and another took over.
     Transfer(TransferArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     ///

@@ -1,8 +1,10 @@
 //! `leasehold transfer`: ask the leader to hand over, through the store.
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use leasehold::line::request_transfer;
+use leasehold::{ElectionName, Leader};
 
 use crate::cli::TransferArgs;
 
@@ -25,6 +27,8 @@ pub async fn run(args: TransferArgs) -> anyhow::Result<ExitCode> {
     let election = &args.election;
     let ttl = REQUEST_TTL.max(args.timeout);
     let ttl = ttl.min(leasehold::MAX_TTL);
+    // The leader before, to tell after a timeout whether a grant was made.
+    let before = store.leader(election).await.ok().flatten();
     match request_transfer(&store, election, args.to.as_ref(), ttl, args.timeout).await {
         Ok(done) => {
             let now_leads = format!(
@@ -60,12 +64,85 @@ pub async fn run(args: TransferArgs) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::FAILURE)
         }
         Err(leasehold::Error::Timeout(after)) => {
-            crate::say(&format!(
-                "{election}: no new leader held within {}; the request stands until this command's session ends, and a handover the leader began goes on (the leader may run an older leasehold or be stopped, its command may take longer to stop, or the chosen replica may be stopped)",
-                humantime::format_duration(after)
-            ));
+            let now = store.leader(election).await.ok().flatten();
+            crate::say(&timed_out(election, before.as_ref(), now.as_ref(), after));
             Ok(ExitCode::FAILURE)
         }
         Err(error) => Err(error.into()),
+    }
+}
+
+/// What `transfer` says when no new leader took the election up within
+/// `after`, from the leaders the store showed before and after.
+fn timed_out(
+    election: &ElectionName,
+    before: Option<&Leader>,
+    now: Option<&Leader>,
+    after: Duration,
+) -> String {
+    let after = humantime::format_duration(after);
+    let next = "then the next in line takes over";
+    match (before, now) {
+        (Some(before), Some(now)) if now.token > before.token => format!(
+            "{election}: {} was granted the election (token {}) but did not take it up within {after}: \
+             its replica is likely stopped, killed or cut off from the store; until it takes it up \
+             nothing runs, and the store shows it leading until its session expires (up to its TTL), \
+             {next} ({} went back into the line)",
+            now.candidate, now.token, before.candidate
+        ),
+        (Some(before), None) => format!(
+            "{election}: {} let go of the election, but no replica took it up within {after}: the \
+             chosen replica is likely stopped or killed; nobody leads until its session expires (up to \
+             its TTL), {next} ({} went back into the line)",
+            before.candidate, before.candidate
+        ),
+        _ => format!(
+            "{election}: no new leader held within {after}; the request stands until this command's \
+             session ends, and a handover the leader began goes on (the leader may run an older \
+             leasehold or be stopped, its command may take longer to stop, or the chosen replica may be \
+             stopped)"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn leader(id: &str, token: u64) -> Leader {
+        Leader {
+            candidate: leasehold::CandidateId::new(id).expect("valid id"),
+            token: leasehold::FencingToken(token),
+            expires_in: Duration::from_secs(30),
+        }
+    }
+
+    #[test]
+    fn a_timeout_says_whether_a_grant_was_made_and_not_taken_up() {
+        let election = ElectionName::new("jobs").expect("valid name");
+        let (a, b) = (leader("a", 4), leader("b", 5));
+        let second = Duration::from_secs(2);
+        let granted = timed_out(&election, Some(&a), Some(&b), second);
+        assert!(
+            granted.starts_with(
+                "jobs: b was granted the election (token 5) but did not take it up within 2s"
+            ),
+            "{granted}"
+        );
+        assert!(granted.contains("a went back into the line"), "{granted}");
+        let released = timed_out(&election, Some(&a), None, second);
+        assert!(
+            released.contains("a let go of the election, but no replica took it up"),
+            "{released}"
+        );
+        for unchanged in [
+            timed_out(&election, Some(&a), Some(&a), second),
+            timed_out(&election, None, Some(&b), second),
+        ] {
+            assert!(
+                unchanged.contains("no new leader held within 2s"),
+                "{unchanged}"
+            );
+        }
     }
 }

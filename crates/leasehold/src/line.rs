@@ -14,6 +14,13 @@
 //! - `transfer` = `{token} {session}` or `{token} *`: a request, kept by the
 //!   session of whoever asked ([`request_transfer`]), that the leader
 //!   holding `token` hand over to that standby, or to the first in line.
+//!   A leader holding a newer grant answers it, once its elector has taken
+//!   that grant up, by amending it to `{token} {to} {taken}`, `taken`
+//!   being its own grant's token ([`answers`]): the request succeeds only
+//!   then. The store alone does not tell: on etcd and ZooKeeper the next
+//!   key in line holds as soon as the leader's goes, whether or not its
+//!   process is there to act (stopped, or killed before its session
+//!   expired).
 //!
 //! Only the *chosen* standby campaigns in the store ([`chosen`]): the one a
 //! leader marked while it waits, or else the first in line. So the store's
@@ -37,7 +44,8 @@ use crate::store::{Note, Store};
 /// The note a waiting candidate keeps: `{priority} {candidate id}`, and a
 /// leader's token once that leader chose it.
 pub(crate) const CANDIDATE: &str = "cand";
-/// A transfer request: `{token} {session}` or `{token} *`.
+/// A transfer request: `{token} {session}` or `{token} *`, then
+/// `{token} {to} {taken}` once a newer leader took its grant up.
 pub(crate) const TRANSFER: &str = "transfer";
 
 /// How long a newer grant than the one a handover expected must stay
@@ -141,23 +149,86 @@ pub(crate) fn place(line: &[Standby], session: SessionId) -> Option<Option<&Stan
     Some(at.checked_sub(1).map(|ahead| &line[ahead]))
 }
 
+/// A transfer request, as its note says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Request {
+    /// The grant asked to hand over.
+    from: FencingToken,
+    /// The standby asked for; `None` for the first in line.
+    to: Option<SessionId>,
+    /// The newer grant whose leader took it up and said so, if one did.
+    taken: Option<FencingToken>,
+}
+
+fn parse_transfer(note: &Note) -> Option<Request> {
+    if note.name != TRANSFER {
+        return None;
+    }
+    let mut fields = note.text.split(' ');
+    let from = FencingToken(fields.next()?.parse().ok()?);
+    let to = match fields.next()? {
+        "*" => None,
+        to => Some(SessionId(to.parse().ok()?)),
+    };
+    let taken = match fields.next() {
+        Some(taken) => Some(FencingToken(taken.parse().ok()?)),
+        None => None,
+    };
+    fields
+        .next()
+        .is_none()
+        .then_some(Request { from, to, taken })
+}
+
+fn transfer_text(request: &Request) -> String {
+    let to = request
+        .to
+        .map_or_else(|| "*".to_owned(), |session| session.0.to_string());
+    match request.taken {
+        Some(taken) => format!("{} {to} {}", request.from.0, taken.0),
+        None => format!("{} {to}", request.from.0),
+    }
+}
+
 /// A transfer request addressed to the leader holding `token`: `Some(None)`
 /// for "the first in line", `Some(Some(session))` for that standby.
 pub(crate) fn transfer_request(notes: &[Note], token: FencingToken) -> Option<Option<SessionId>> {
     notes
         .iter()
-        .filter(|n| n.name == TRANSFER)
-        .filter_map(|n| {
-            let (from, to) = n.text.split_once(' ')?;
-            if from.parse::<u64>().ok()? != token.0 {
-                return None;
-            }
-            match to {
-                "*" => Some(None),
-                to => Some(Some(SessionId(to.parse().ok()?))),
-            }
-        })
+        .filter_map(parse_transfer)
+        .filter(|r| r.from == token)
+        .map(|r| r.to)
         .next_back()
+}
+
+/// What the leader holding `token`, whose elector has taken that grant
+/// up, answers to the transfer requests among `notes`: for each request
+/// of an older grant that no leader as new as this one answered yet, the
+/// session keeping it and the note's text with `token` as the grant taken
+/// up. A request waits for that answer ([`request_transfer`]).
+pub(crate) fn answers(notes: &[Note], token: FencingToken) -> Vec<(SessionId, String)> {
+    notes
+        .iter()
+        .filter_map(|note| Some((note.session, parse_transfer(note)?)))
+        .filter(|(_, r)| r.from < token && r.taken.is_none_or(|taken| taken < token))
+        .map(|(session, r)| {
+            let answered = Request {
+                taken: Some(token),
+                ..r
+            };
+            (session, transfer_text(&answered))
+        })
+        .collect()
+}
+
+/// The grant a leader said it took up, in answer to the transfer request
+/// that `session` keeps among `notes`.
+fn taken_up(notes: &[Note], session: SessionId) -> Option<FencingToken> {
+    notes
+        .iter()
+        .filter(|n| n.session == session)
+        .find_map(parse_transfer)?
+        .taken
 }
 
 /// The line of standbys of `election` in `store` (the leader excluded), in
@@ -216,9 +287,13 @@ async fn group_refusal(store: &dyn Store, election: &ElectionName) -> Option<Str
 /// when `to` does not wait in line, when nobody waits, or when `election`
 /// is a group's name or one of its shards or slots (those move by the
 /// group's rules); with
-/// [`Error::Timeout`] when no new leader held within `timeout` (a leader
-/// that does not honour requests: an older leasehold, or one busy
-/// stopping its command for longer).
+/// [`Error::Timeout`] when no new leader took the election up within
+/// `timeout`: a leader that does not honour requests (an older leasehold,
+/// or one busy stopping its command for longer), or a chosen standby that
+/// does not act on its grant (stopped, or killed before its session
+/// expired) — on etcd and ZooKeeper the store then shows that standby
+/// holding, until its session expires. Success means the new leader's
+/// elector said, on the request's note, that it took its grant up.
 pub async fn request_transfer(
     store: &Arc<dyn Store>,
     election: &ElectionName,
@@ -276,16 +351,14 @@ pub async fn request_transfer(
                 &format!("{} {target}", from.token.0),
             )
             .await?;
+        let asked = Asked {
+            after: from.token,
+            named: target_session,
+            request: session.id,
+        };
         let waited = tokio::time::timeout(
             timeout,
-            successor(
-                &**store,
-                election,
-                &mut leaders,
-                &mut notes,
-                from.token,
-                target_session,
-            ),
+            taken_over(&**store, election, &mut leaders, &mut notes, asked),
         )
         .await;
         match waited {
@@ -302,6 +375,50 @@ pub async fn request_transfer(
         to: outcome?,
         asked_for: to.cloned(),
     })
+}
+
+/// The handover a transfer request waits for.
+#[derive(Clone, Copy, Debug)]
+struct Asked {
+    /// The grant asked to hand over.
+    after: FencingToken,
+    /// The standby the request named, if it named one.
+    named: Option<SessionId>,
+    /// The session keeping the request's note.
+    request: SessionId,
+}
+
+/// Waits for the grant that ends the handover `asked` for ([`successor`]),
+/// and then for its leader to say on the request's note that it took that
+/// grant up ([`answers`]). A grant the store made to a standby whose
+/// process does not act on it (stopped, or killed before its session
+/// expired) is never answered, and this waits on: for that grant to end
+/// and the line to move on, or for the caller's timeout.
+async fn taken_over(
+    store: &dyn Store,
+    election: &ElectionName,
+    leaders: &mut crate::store::LeaderWatch,
+    notes: &mut crate::store::NoteWatch,
+    asked: Asked,
+) -> Result<Leader> {
+    loop {
+        let leader = successor(store, election, leaders, notes, asked.after, asked.named).await?;
+        loop {
+            match taken_up(&notes.borrow_and_update(), asked.request) {
+                Some(taken) if taken == leader.token => return Ok(leader),
+                // A newer leader answered: find out who holds now.
+                Some(taken) if taken > leader.token => break,
+                _ => {}
+            }
+            tokio::select! {
+                changed = leaders.changed() => {
+                    changed.map_err(|_| watch_ended())?;
+                    break;
+                }
+                changed = notes.changed() => changed.map_err(|_| watch_ended())?,
+            }
+        }
+    }
 }
 
 /// Waits for the grant that ends a handover from the grant `after`: a
@@ -497,5 +614,46 @@ mod tests {
         );
         assert_eq!(transfer_request(&notes, FencingToken(5)), Some(None));
         assert_eq!(transfer_request(&notes, FencingToken(6)), None);
+    }
+
+    #[test]
+    fn a_newer_leader_answers_each_older_request_once() {
+        let mut notes = vec![
+            note(7, TRANSFER, 1, "4 12"),
+            note(8, TRANSFER, 2, "5 *"),
+            note(9, TRANSFER, 3, "bad"),
+            note(12, CANDIDATE, 4, "0 4 b"),
+        ];
+        // A leader answers the requests to older grants, never its own.
+        assert_eq!(
+            answers(&notes, FencingToken(5)),
+            [(SessionId(7), "4 12 5".to_owned())]
+        );
+        let answered = answers(&notes, FencingToken(6));
+        assert_eq!(
+            answered,
+            [
+                (SessionId(7), "4 12 6".to_owned()),
+                (SessionId(8), "5 * 6".to_owned())
+            ]
+        );
+        assert_eq!(taken_up(&notes, SessionId(7)), None);
+        notes[0].text = "4 12 6".into();
+        notes[1].text = "5 * 6".into();
+        assert_eq!(taken_up(&notes, SessionId(7)), Some(FencingToken(6)));
+        assert_eq!(taken_up(&notes, SessionId(8)), Some(FencingToken(6)));
+        assert_eq!(taken_up(&notes, SessionId(12)), None);
+        // Answered: not again by the same leader, again by a newer one.
+        assert!(answers(&notes, FencingToken(6)).is_empty());
+        assert_eq!(answers(&notes, FencingToken(9)).len(), 2);
+        // An answered request still names its leader and its standby.
+        assert_eq!(
+            transfer_request(&notes, FencingToken(4)),
+            Some(Some(SessionId(12)))
+        );
+        assert_eq!(transfer_request(&notes, FencingToken(5)), Some(None));
+        notes[0].text = "4 12 6 7".into();
+        assert_eq!(transfer_request(&notes, FencingToken(4)), None);
+        assert_eq!(taken_up(&notes, SessionId(7)), None);
     }
 }

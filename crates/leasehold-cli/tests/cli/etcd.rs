@@ -5,7 +5,9 @@ use leasehold::testing::EtcdCluster;
 
 use super::guard::sigkill_hands_over_at_once;
 use super::harness::Scratch;
-use super::planned::transfer_to_the_named_replica;
+use super::planned::{
+    a_transfer_to_a_stopped_replica_fails_after_its_timeout, transfer_to_the_named_replica,
+};
 use super::run::{
     exit_status_and_release, free_port, sigterm_handover, unreachable_exits_1, worked_example_1,
 };
@@ -23,6 +25,10 @@ fn sigterm_and_transfer_hand_over_on_etcd() {
     let scratch = Scratch::new();
     sigterm_handover(&cluster.url("/term"), &scratch);
     transfer_to_the_named_replica(&cluster.url("/transfer"), &Scratch::new());
+    a_transfer_to_a_stopped_replica_fails_after_its_timeout(
+        &cluster.url("/stopped"),
+        &Scratch::new(),
+    );
 }
 
 #[test]

@@ -131,6 +131,43 @@ pub fn transfer_to_the_named_replica(store: &str, scratch: &Scratch) {
     assert_one_at_a_time(scratch);
 }
 
+/// `transfer --to b` while b's `leasehold run` is stopped (SIGSTOP) as it
+/// waits first in line, its session still alive: on etcd and ZooKeeper
+/// the store grants b the moment the leader releases (b's key is next),
+/// but b never takes the election up and runs nothing. `transfer` must
+/// not say that b leads: it exits 1 after its `--timeout`, naming b as
+/// granted without taking over.
+pub fn a_transfer_to_a_stopped_replica_fails_after_its_timeout(store: &str, scratch: &Scratch) {
+    let _a = replica(store, scratch, "a", &[]);
+    assert!(wait_until(10 * SECOND, || runs(scratch).len() == 1));
+    let b = replica(store, scratch, "b", &[]);
+    assert!(wait_until(10 * SECOND, || waiting_ids(store).len() == 1));
+    // First in line, b asks the store right after it joined the line.
+    std::thread::sleep(Duration::from_millis(500));
+    b.signal(nix::sys::signal::Signal::SIGSTOP);
+    let asked = std::time::Instant::now();
+    let out = leasehold()
+        .args(["transfer", "--election", ELECTION, "--store", store])
+        .args(["--to", "b", "--timeout", "2s"])
+        .output()
+        .expect("spawn transfer");
+    let (said, err) = (String::from_utf8_lossy(&out.stdout), stderr(&out));
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "a transfer to a stopped replica succeeded: {said} {err}"
+    );
+    assert!(asked.elapsed() >= 2 * SECOND, "{err}");
+    assert!(!said.contains("leads now"), "{said}");
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    assert!(
+        err.contains("b was granted") && err.contains("did not take it up"),
+        "{err}"
+    );
+    assert_eq!(runs(scratch).len(), 1, "no command may run on b's grant");
+    b.signal(nix::sys::signal::Signal::SIGKILL);
+}
+
 #[test]
 fn a_transfer_that_cannot_happen_says_why_and_changes_nothing() {
     let scratch = Scratch::new();

@@ -1,5 +1,7 @@
 //! The steward beside each grant: it turns transfer requests and waiting
-//! candidates of higher priority into a handover request to the holder.
+//! candidates of higher priority into a handover request to the holder,
+//! and tells the transfer requests of earlier grants that this leader took
+//! its grant up (they succeed only then).
 
 use std::sync::Arc;
 
@@ -18,7 +20,10 @@ use crate::watch;
 /// While a leader holds, watches the line for a transfer request addressed
 /// to its grant and for a waiting candidate of higher priority that has
 /// waited out the settling period; then marks the chosen standby's note
-/// and tells the holder ([`super::Leadership::handover_requested`]).
+/// and tells the holder ([`super::Leadership::handover_requested`]). It
+/// starts once the elector holds the grant, so its answer to a transfer
+/// request says that a live elector took the grant up
+/// ([`line::answers`]).
 pub(super) struct Steward {
     pub(super) grant: Grant,
     pub(super) store: Arc<dyn Store>,
@@ -40,30 +45,13 @@ type Contender = Option<(SessionId, u64, Instant)>;
 
 impl Steward {
     pub(super) async fn run(self) {
-        let election = self.grant.election.clone();
-        let mut since_grant = self.unwaited;
-        let mut notes = loop {
-            let opened = if std::mem::take(&mut since_grant) {
-                self.store.watch_notes_since_unwaited(&self.grant).await
-            } else {
-                self.store.watch_notes(&election).await
-            };
-            match opened {
-                Ok(notes) => break notes,
-                Err(Error::Unsupported(_)) => return,
-                Err(error) => {
-                    tracing::debug!(%election, %error, "cannot watch the line; retrying");
-                }
-            }
-            tokio::select! {
-                biased;
-                () = self.stop.cancelled() => return,
-                () = self.session.sleep(WATCH_RETRY) => {}
-            }
+        let Some(mut notes) = self.watch_line().await else {
+            return;
         };
+        let election = &self.grant.election;
         let mut contender: Contender = None;
         loop {
-            let ((handover, wake), stale) = {
+            let ((handover, wake), stale, answers) = {
                 let current = notes.borrow_and_update();
                 // This leader's own place in line, left by a campaign
                 // whose removal of it failed: it would keep its early
@@ -71,35 +59,23 @@ impl Steward {
                 let stale = current
                     .iter()
                     .any(|n| n.session == self.grant.session && n.name == line::CANDIDATE);
-                (self.decide(&current, &mut contender), stale)
+                let answers = line::answers(&current, self.grant.token);
+                (self.decide(&current, &mut contender), stale, answers)
             };
+            let retry = self.answer(answers).await;
             if stale
                 && let Err(error) = self
                     .store
-                    .delete_note(self.grant.session, &election, line::CANDIDATE)
+                    .delete_note(self.grant.session, election, line::CANDIDATE)
                     .await
             {
                 tracing::debug!(%election, %error, "cannot leave the line while leading; trying at the next change");
             }
             if let Some((handover, standby)) = handover {
-                if let Some(standby) = standby {
-                    match mark_chosen(&*self.store, &election, &standby, self.grant.token).await {
-                        Ok(true) => {}
-                        Ok(false) => {
-                            tracing::info!(%election, to = %standby.candidate, "the chosen standby left the line; handing over to the first in line");
-                        }
-                        Err(error) => {
-                            tracing::warn!(%election, %error, "cannot mark the chosen standby; handing over to the first in line");
-                        }
-                    }
-                }
-                tracing::info!(%election, token = self.grant.token.0, cause = %handover.cause,
-                    to = handover.to.as_ref().map_or("the first to campaign", |c| c.as_str()),
-                    "asked to hand over");
-                self.requested.send_replace(Some(handover));
+                self.request(handover, standby).await;
                 return;
             }
-            let sleep = match wake {
+            let sleep = match wake.into_iter().chain(retry).min() {
                 Some(at) => self.session.sleep_until(at),
                 None => Box::pin(std::future::pending()),
             };
@@ -110,6 +86,74 @@ impl Steward {
                 () = sleep => {}
             }
         }
+    }
+
+    /// Opens the watch on the line, retrying until stopped; `None` once
+    /// stopped, or on a store that keeps no notes.
+    async fn watch_line(&self) -> Option<crate::store::NoteWatch> {
+        let election = &self.grant.election;
+        let mut since_grant = self.unwaited;
+        loop {
+            let opened = if std::mem::take(&mut since_grant) {
+                self.store.watch_notes_since_unwaited(&self.grant).await
+            } else {
+                self.store.watch_notes(election).await
+            };
+            match opened {
+                Ok(notes) => return Some(notes),
+                Err(Error::Unsupported(_)) => return None,
+                Err(error) => {
+                    tracing::debug!(%election, %error, "cannot watch the line; retrying");
+                }
+            }
+            tokio::select! {
+                biased;
+                () = self.stop.cancelled() => return None,
+                () = self.session.sleep(WATCH_RETRY) => {}
+            }
+        }
+    }
+
+    /// Tells the transfer requests of older grants that this leader took
+    /// its grant up ([`line::answers`]): a request succeeds only then, so
+    /// that a grant the store made to a standby that cannot act on it
+    /// (stopped, killed) is not taken for a handover. When to try again
+    /// if an answer could not be written.
+    async fn answer(&self, answers: Vec<(SessionId, String)>) -> Option<Instant> {
+        let election = &self.grant.election;
+        let mut retry = None;
+        for (session, text) in answers {
+            if let Err(error) = self
+                .store
+                .amend_note(session, election, line::TRANSFER, &text)
+                .await
+            {
+                tracing::debug!(%election, %error, "cannot answer a transfer request; trying again");
+                retry = Some(self.session.now() + WATCH_RETRY);
+            }
+        }
+        retry
+    }
+
+    /// Marks the standby chosen to take over, if one is, and asks the
+    /// holder to hand over.
+    async fn request(&self, handover: Handover, standby: Option<Standby>) {
+        let election = &self.grant.election;
+        if let Some(standby) = standby {
+            match mark_chosen(&*self.store, election, &standby, self.grant.token).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::info!(%election, to = %standby.candidate, "the chosen standby left the line; handing over to the first in line");
+                }
+                Err(error) => {
+                    tracing::warn!(%election, %error, "cannot mark the chosen standby; handing over to the first in line");
+                }
+            }
+        }
+        tracing::info!(%election, token = self.grant.token.0, cause = %handover.cause,
+            to = handover.to.as_ref().map_or("the first to campaign", |c| c.as_str()),
+            "asked to hand over");
+        self.requested.send_replace(Some(handover));
     }
 
     /// What the notes ask of this leader now.

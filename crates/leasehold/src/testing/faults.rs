@@ -24,6 +24,7 @@ pub struct FaultyStore {
     clock: Arc<dyn Clock>,
     unavailable: AtomicBool,
     drop_keep_alives: AtomicBool,
+    withhold_grants: AtomicBool,
     keep_alive_reply_delay: Mutex<Duration>,
     keep_alives_sent: AtomicU64,
     failing_note_deletes: AtomicU64,
@@ -37,6 +38,7 @@ impl FaultyStore {
             clock,
             unavailable: AtomicBool::new(false),
             drop_keep_alives: AtomicBool::new(false),
+            withhold_grants: AtomicBool::new(false),
             keep_alive_reply_delay: Mutex::new(Duration::ZERO),
             keep_alives_sent: AtomicU64::new(0),
             failing_note_deletes: AtomicU64::new(0),
@@ -59,6 +61,15 @@ impl FaultyStore {
     /// `on`; everything else passes.
     pub fn set_drop_keep_alives(&self, on: bool) {
         self.drop_keep_alives.store(on, Ordering::SeqCst);
+    }
+
+    /// While `on`, a campaign reaches the store, which may grant it, but
+    /// its reply never arrives (the future stays pending): a holder the
+    /// store shows, whose process never learns of its grant, while its
+    /// session is renewed as before (a process stopped or hung after it
+    /// asked, with a session kept alive elsewhere).
+    pub fn set_withhold_grants(&self, on: bool) {
+        self.withhold_grants.store(on, Ordering::SeqCst);
     }
 
     /// Keep-alive replies arrive `delay` after the store processed them.
@@ -121,7 +132,11 @@ impl Store for FaultyStore {
         candidate: &CandidateId,
     ) -> Result<Grant> {
         self.check()?;
-        self.inner.campaign(session, election, candidate).await
+        let grant = self.inner.campaign(session, election, candidate).await;
+        if self.withhold_grants.load(Ordering::SeqCst) {
+            return std::future::pending().await;
+        }
+        grant
     }
 
     async fn try_campaign_unwaited(
@@ -131,9 +146,14 @@ impl Store for FaultyStore {
         candidate: &CandidateId,
     ) -> Result<Option<Grant>> {
         self.check()?;
-        self.inner
+        let grant = self
+            .inner
             .try_campaign_unwaited(session, election, candidate)
-            .await
+            .await;
+        if self.withhold_grants.load(Ordering::SeqCst) && !matches!(grant, Ok(None)) {
+            return std::future::pending().await;
+        }
+        grant
     }
 
     async fn resign(&self, grant: &Grant) -> Result<()> {

@@ -244,6 +244,7 @@ macro_rules! conformance_tests {
             transfer_goes_to_the_named_standby,
             transfer_without_a_name_goes_to_the_first_in_line,
             transfer_to_an_unknown_candidate_is_refused,
+            a_transfer_to_a_standby_that_cannot_take_it_up_times_out,
             priority_preempts_after_the_settling_period,
             equal_priorities_never_preempt,
             the_highest_priority_standby_is_granted_first,

@@ -144,6 +144,66 @@ pub async fn transfer_without_a_name_goes_to_the_first_in_line(harness: &dyn Sto
     b.resign().await.expect("resign");
 }
 
+/// A chosen standby that cannot take its grant up is no successful
+/// transfer. Here the store grants it (on etcd and ZooKeeper the next in
+/// line holds as soon as the leader's key goes; here on every store, as
+/// its campaign's reply never arrives) but its process never learns it,
+/// while its session lives on, as for a stopped replica: the store shows
+/// it holding, yet `request_transfer` times out. Once that standby's
+/// session ends, the line moves on to the one behind it.
+pub async fn a_transfer_to_a_standby_that_cannot_take_it_up_times_out(harness: &dyn StoreHarness) {
+    const WAIT: Duration = Duration::from_secs(2);
+    let election = unique_election("transfer-untaken");
+    let requester = harness.open().await;
+    let leader = elector(harness, "leader").await;
+    let leadership = within("leader campaigns", leader.campaign(&election))
+        .await
+        .expect("campaign");
+    let first_token = leadership.token();
+    let frozen = Arc::new(FaultyStore::new(
+        harness.open().await,
+        Arc::new(crate::clock::TokioClock),
+    ));
+    let b = Arc::new(
+        Elector::new(
+            Arc::clone(&frozen) as Arc<dyn Store>,
+            id("b"),
+            LeaseConfig::with_ttl(TTL),
+        )
+        .expect("config"),
+    );
+    let b_campaign = join(Arc::clone(&b), &election, &requester).await;
+    let a = join(Arc::new(elector(harness, "a").await), &election, &requester).await;
+    frozen.set_withhold_grants(true);
+    let lost = tokio::spawn(honour_requests(leadership));
+    let asked = Instant::now();
+    let outcome = within(
+        "the transfer",
+        request_transfer(&requester, &election, Some(&id("b")), TTL, WAIT),
+    )
+    .await;
+    assert!(
+        matches!(outcome, Err(Error::Timeout(after)) if after == WAIT),
+        "a transfer to a standby that never took its grant up must time out, got {outcome:?}"
+    );
+    assert!(asked.elapsed() >= WAIT);
+    assert_eq!(lost.await.expect("leader task"), LostReason::HandedOver);
+    let shown = requester.leader(&election).await.expect("read");
+    let shown = shown.expect("the store shows b holding");
+    assert_eq!(shown.candidate, id("b"), "the store granted b");
+    assert!(shown.token > first_token);
+    assert!(!a.is_finished(), "a must still wait behind b");
+    // b's session ends (it expires, for a stopped replica): a takes over.
+    b_campaign.abort();
+    let _ = b_campaign.await;
+    b.close().await.expect("close b's session");
+    let taken = within("a takes over once b's session ended", a)
+        .await
+        .expect("a task");
+    assert!(taken.token() > shown.token);
+    taken.resign().await.expect("resign");
+}
+
 /// A transfer to a candidate that does not wait, to the leader itself,
 /// with nobody waiting, or of an election nobody leads, is refused at
 /// once and changes nothing.

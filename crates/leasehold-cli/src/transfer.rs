@@ -97,10 +97,9 @@ fn timed_out(
             before.candidate, before.candidate
         ),
         _ => format!(
-            "{election}: no new leader held within {after}; the request stands until this command's \
-             session ends, and a handover the leader began goes on (the leader may run an older \
-             leasehold or be stopped, its command may take longer to stop, or the chosen replica may be \
-             stopped)"
+            "{election}: no new leader held within {after}; the request was withdrawn, but a \
+             handover the leader began goes on (the leader may run an older leasehold or be stopped, \
+             its command may take longer to stop, or the chosen replica may be stopped)"
         ),
     }
 }

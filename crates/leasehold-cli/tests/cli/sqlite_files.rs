@@ -591,3 +591,66 @@ fn another_user_reads_a_store_it_may_not_write_and_creates_nothing() {
         assert!(!err.contains("unavailable"), "{err}");
     }
 }
+
+/// A replica killed outright on one name (runner, guard and command: what
+/// `docker kill` of a container given the file alone does) leaves a `-wal`
+/// that only that name sees. Another name is refused until the first has
+/// been opened once (which empties that `-wal` into the file), naming it;
+/// then it is used, and tokens keep increasing (before: the second name
+/// granted the same token again, and reopening the first rolled it back).
+#[test]
+fn a_name_whose_replicas_were_killed_keeps_others_away_until_opened_again() {
+    let scratch = Scratch::new();
+    let (a, command, grandchild) = leading(&scratch);
+    let first = scratch.path("leasehold.db");
+    let linked = scratch.path("linked");
+    std::fs::create_dir_all(&linked).expect("mkdir");
+    std::fs::hard_link(&first, linked.join("leasehold.db")).expect("link");
+    let mut killed: Vec<i32> = vec![a.pid(), command, grandchild];
+    killed.extend(super::harness::children_of(a.pid()));
+    for pid in killed {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+    }
+    drop(a);
+    assert!(
+        wait_until(PATIENCE, || !alive(command)),
+        "the command lives"
+    );
+    assert!(
+        sibling(&first, "-wal")
+            .metadata()
+            .is_ok_and(|m| m.len() > 0),
+        "the killed replica left no -wal"
+    );
+    let second = format!("sqlite:{}", linked.join("leasehold.db").display());
+    let campaign = |name: &str, store: &str| {
+        finish(
+            &scratch,
+            name,
+            leasehold()
+                .args(["campaign", "-e", "nightly-billing", "--hold", "1ms"])
+                .args(["--ttl", "3s", "--store", store]),
+        )
+    };
+    let (code, err) = campaign("second", &second);
+    assert_refused(code, &err, &format!("was last used as {}", first.display()));
+    // Each name's grant, once the first was opened again: strictly later
+    // tokens than the killed leader's.
+    let killed_token = runs(&scratch)[0].0;
+    let mut last = killed_token;
+    for store in [scratch.store_url(), second] {
+        let out = leasehold()
+            .args(["campaign", "-e", "nightly-billing", "--hold", "1ms"])
+            .args(["--ttl", "3s", "--store", &store])
+            .output()
+            .expect("campaign");
+        assert!(out.status.success(), "{}", super::harness::stderr(&out));
+        let token = super::harness::events(&out.stdout)
+            .iter()
+            .find(|e| e.event == "acquired")
+            .and_then(|e| e.token)
+            .expect("acquired");
+        assert!(token > last, "token {token} after {last} on {store}");
+        last = token;
+    }
+}

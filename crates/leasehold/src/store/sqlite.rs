@@ -260,9 +260,6 @@ impl Drop for Db {
     /// `-wal` (if empty) and `-shm` its connection created, once no SQLite
     /// connection uses the database: the folder is left as it was.
     fn drop(&mut self) {
-        if self.verified {
-            return;
-        }
         let Ok(placeholder) = Connection::open_in_memory() else {
             return;
         };
@@ -271,6 +268,14 @@ impl Drop for Db {
             placeholder,
         );
         drop(conn);
+        if self.verified {
+            // SQLite emptied the -wal into the file if this was the last
+            // connection: another name may be used from now on.
+            if !self.read_only && !self.replaced.is_cancelled() {
+                names::forget(&self.file, &self.path);
+            }
+            return;
+        }
         let created: Vec<PathBuf> = [("-wal", self.wal_existed), ("-shm", self.shm_existed)]
             .into_iter()
             .filter(|(_, existed)| !existed)
@@ -591,6 +596,11 @@ fn check_path(path: &Path, read_only: bool) -> Result<Option<Metadata>> {
     let existing = match std::fs::metadata(path) {
         Ok(meta) => Some(meta),
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => None,
+        Err(error) if error.kind() == std::io::ErrorKind::PermissionDenied => {
+            return Err(Error::Denied(format!(
+                "cannot reach {shown}: a folder on the way is not searchable by this user: {error}"
+            )));
+        }
         Err(error) => {
             return Err(Error::unavailable(
                 format!("cannot open {shown}: {error}"),
@@ -648,6 +658,46 @@ fn settle_new_database(
         notify = notify::open_existing(path, owners)?;
     }
     Ok(notify)
+}
+
+/// Refuses a `-wal` or `-shm` next to the database that is not a regular
+/// file, or that belongs to neither `owners` (the database's owner and
+/// this user): SQLite would replay such a `-wal` into the database —
+/// another user who may write the folder could roll its token counters
+/// back — or lock the owners out with such a `-shm`. Nothing is written.
+fn check_siblings(path: &Path, owners: &[u32]) -> Result<()> {
+    for suffix in ["-wal", "-shm"] {
+        let file = sibling(path, suffix);
+        let shown = file.display();
+        let meta = match std::fs::symlink_metadata(&file) {
+            Ok(meta) => meta,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(error) => {
+                return Err(Error::unavailable(
+                    format!("cannot inspect {shown}: {error}"),
+                    error,
+                ));
+            }
+        };
+        let why = if meta.file_type().is_symlink() {
+            "is a symbolic link".to_owned()
+        } else if !meta.is_file() {
+            "is not a regular file".to_owned()
+        } else if !owners.contains(&meta.uid()) {
+            format!(
+                "belongs to user {}, neither the database's owner nor this user",
+                meta.uid()
+            )
+        } else {
+            continue;
+        };
+        return Err(Error::Corrupt(format!(
+            "{shown} {why}: SQLite would use it with the database, so leasehold does not open \
+             it; nothing was written. Move it away (only the database's owner writes next to \
+             the database: keep its folder writable by that user alone)"
+        )));
+    }
+    Ok(())
 }
 
 /// SQLite's connection to the database (created if missing, unless
@@ -773,6 +823,7 @@ impl Db {
             notify::open_existing(path, &owners)?
         };
         let exists = |suffix: &str| std::fs::symlink_metadata(sibling(path, suffix)).is_ok();
+        check_siblings(path, &owners)?;
         let (wal_existed, shm_existed) = (exists("-wal"), exists("-shm"));
         if !read_only {
             notify = settle_new_database(path, &owners, notify)?;
@@ -2086,6 +2137,16 @@ fn sql_error(path: &Path, error: rusqlite::Error) -> Error {
         Some(ErrorCode::CannotOpen) if permission_denied(path) => {
             Error::Denied(why_cannot_open(path))
         }
+        Some(ErrorCode::CannotOpen)
+            if ["-wal", "-shm"]
+                .iter()
+                .any(|s| unreadable(&sibling(path, s))) =>
+        {
+            Error::Denied(format!(
+                "{shown}-wal or {shown}-shm is not readable by this user (a replica that uses the \
+                 database made it): give this user read access to both, as to the database"
+            ))
+        }
         Some(ErrorCode::CannotOpen) => Error::unavailable(why_cannot_open(path), error),
         // A permission of the file or its folder, or a read-only
         // filesystem: no outage, and waiting does not end it.
@@ -2097,6 +2158,11 @@ fn sql_error(path: &Path, error: rusqlite::Error) -> Error {
         }
         _ => Error::unavailable(format!("{shown}: {error}"), error),
     }
+}
+
+/// Whether `path` exists and this user may not open it for reading.
+fn unreadable(path: &Path) -> bool {
+    std::fs::File::open(path).is_err_and(|e| e.kind() == std::io::ErrorKind::PermissionDenied)
 }
 
 /// Whether this user may not open `path` for reading, or, when it does

@@ -850,3 +850,38 @@ fn a_database_reached_by_a_second_name_is_refused_naming_the_first() {
     }
     drop(now);
 }
+
+/// A `-wal` or `-shm` next to the database that another user put there (in
+/// a folder others may write), or a symbolic link in their place: SQLite
+/// would replay such a `-wal` into the database, rolling its token
+/// counters back, or lock the owners out with such a `-shm`. Refused,
+/// for reading too, and left as it was.
+#[test]
+fn a_wal_or_shm_of_another_user_is_refused_and_left_as_it_was() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("db");
+    drop(SqliteStore::open(&path).expect("create"));
+    for suffix in ["-wal", "-shm"] {
+        let planted = sibling(&path, suffix);
+        std::fs::write(&planted, b"forged").expect("plant");
+        nix::unistd::chown(&planted, Some(nix::unistd::Uid::from_raw(65534)), None)
+            .expect("chown (the tests run as root)");
+        for read_only in [false, true] {
+            let err = if read_only {
+                SqliteStore::open_read_only(&path).expect_err("planted, read-only")
+            } else {
+                SqliteStore::open(&path).expect_err("planted")
+            };
+            assert!(matches!(err, Error::Corrupt(_)), "{err:?}");
+            assert!(err.to_string().contains("belongs to user 65534"), "{err}");
+        }
+        assert_eq!(std::fs::read(&planted).expect("read"), b"forged");
+        std::fs::remove_file(&planted).expect("remove");
+        std::os::unix::fs::symlink(dir.path().join("elsewhere"), &planted).expect("symlink");
+        let err = SqliteStore::open(&path).expect_err("a symbolic link");
+        assert!(err.to_string().contains("is a symbolic link"), "{err}");
+        assert!(!dir.path().join("elsewhere").exists());
+        std::fs::remove_file(&planted).expect("remove");
+    }
+    drop(SqliteStore::open(&path).expect("usable once they are gone"));
+}

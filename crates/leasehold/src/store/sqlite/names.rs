@@ -23,7 +23,13 @@
 //! A writer that opened also records its name in an extended attribute of
 //! the file (`user.leasehold.name`), so that a refused name can be told
 //! which name uses the file; where the filesystem keeps no such attribute,
-//! the refusal says "another name".
+//! the refusal says "another name". The last handle of a name to close
+//! removes the record once SQLite has emptied that name's `-wal` into the
+//! file. A record of another name that is still there when a name is
+//! opened means that name's processes died: its `-wal` may hold grants not
+//! yet in the file, which every other name would miss (and which a later
+//! opening of that name would replay over theirs). So the name is refused,
+//! unless that `-wal` can be seen to be empty or gone.
 
 use std::ffi::OsStr;
 use std::fs::File;
@@ -139,10 +145,91 @@ pub(super) fn claim(file: &File, path: &Path, read_only: bool) -> Result<()> {
     if let Some(other) = other {
         return Err(Error::Conflict(refusal(file, path, other)));
     }
+    if let Some(left) = left_by_another(file, &name) {
+        return Err(Error::Conflict(left_behind(path, &left)));
+    }
     if !read_only {
         record(file, path, &name);
     }
     Ok(())
+}
+
+/// A name's record, as [`record`] writes it.
+#[derive(Debug)]
+struct Recorded {
+    name: Name,
+    byte: i64,
+    path: std::path::PathBuf,
+}
+
+fn recorded(file: &File) -> Option<Recorded> {
+    let text = xattr::FileExt::get_xattr(file, ATTRIBUTE).ok().flatten()?;
+    let at = text.iter().position(|&b| b == b' ')?;
+    let mut head = std::str::from_utf8(&text[..at]).ok()?.split(':');
+    let (dev, ino, byte) = (head.next()?, head.next()?, head.next()?);
+    let path = Path::new(OsStr::from_bytes(&text[at + 1..])).to_owned();
+    Some(Recorded {
+        name: Name {
+            dev: dev.parse().ok()?,
+            ino: ino.parse().ok()?,
+            file: path.file_name()?.as_bytes().to_vec(),
+        },
+        byte: byte.parse().ok()?,
+        path,
+    })
+}
+
+/// Another name's record left on `file`, whose `-wal` cannot be seen to
+/// be empty or gone from here (see the module's documentation).
+fn left_by_another(file: &File, mine: &Name) -> Option<Recorded> {
+    let other = recorded(file)?;
+    if other.name == *mine {
+        return None;
+    }
+    // Its folder, if it is the one at its path here: then its -wal tells.
+    let seen = Name::of(&other.path).is_ok_and(|here| here == other.name);
+    let mut wal = other.path.as_os_str().to_owned();
+    wal.push("-wal");
+    let empty = || std::fs::symlink_metadata(&wal).map_or(true, |m| m.len() == 0);
+    (!seen || !empty()).then_some(other)
+}
+
+fn left_behind(path: &Path, other: &Recorded) -> String {
+    format!(
+        "{} was last used as {}, whose processes did not close it (killed, or their host or \
+         container gone): its -wal may hold grants that are not yet in the database, and another \
+         name would not see them. Open it once as {} (any leasehold command there empties that \
+         -wal into the file), and use one path for every replica; if those files are gone for \
+         good, remove the record with `setfattr -x {ATTRIBUTE} {}` and know that tokens granted \
+         there may be granted again. Nothing was written",
+        path.display(),
+        other.path.display(),
+        other.path.display(),
+        path.display()
+    )
+}
+
+/// Removes `path`'s record from `file` once no other handle uses the name
+/// and SQLite emptied its `-wal` (it deletes it on the last close): the
+/// name's processes closed it, so another name may be used.
+pub(super) fn forget(file: &File, path: &Path) {
+    let Ok(name) = Name::of(path) else {
+        return;
+    };
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    if std::fs::symlink_metadata(&wal).is_ok_and(|m| m.len() > 0) {
+        return;
+    }
+    let byte = name.byte();
+    if !matches!(other_name_in(file, byte, 1), Ok(None)) {
+        return;
+    }
+    if recorded(file).is_some_and(|r| r.name == name && r.byte == byte)
+        && let Err(error) = xattr::FileExt::remove_xattr(file, ATTRIBUTE)
+    {
+        tracing::debug!(path = %path.display(), %error, "cannot remove the database's name record");
+    }
 }
 
 /// The attribute's text: `{dev}:{ino}:{byte} {path}`.

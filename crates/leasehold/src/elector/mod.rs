@@ -40,6 +40,10 @@ pub struct Elector {
     policy: DeadlinePolicy,
     observer: Option<RenewalObserver>,
     planned: Planned,
+    /// How many times a campaign of this elector joined the line of each
+    /// election: a campaign that left it retries deleting its note only
+    /// while no later campaign has joined (and put the note again).
+    joins: Arc<std::sync::Mutex<std::collections::HashMap<ElectionName, u64>>>,
 }
 
 /// How this elector takes part in planned moves (see [`crate::line`]).
@@ -60,6 +64,7 @@ impl Elector {
             config,
             candidate,
             session: Mutex::new(None),
+            joins: Arc::default(),
             policy: DeadlinePolicy::Conservative,
             observer: None,
             planned: Planned {

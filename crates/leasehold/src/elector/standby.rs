@@ -36,6 +36,7 @@ impl Elector {
         election: &ElectionName,
     ) -> Result<(Grant, Taken)> {
         let sid = session.id();
+        let started = self.started(election);
         // Nobody holds it and nobody waits: taken with one request, no
         // note. Not with a lock-delay, which must first learn how the last
         // holder left.
@@ -65,6 +66,8 @@ impl Elector {
             store: Arc::clone(&self.store),
             session: sid,
             election: election.clone(),
+            joins: Arc::clone(&self.joins),
+            started,
         };
         if let Some(grant) = self.live_or_release_stale(session, election).await? {
             return Ok((grant, Taken::InLine));
@@ -103,6 +106,15 @@ impl Elector {
                 return Ok((grant, Taken::InLine));
             }
         }
+    }
+
+    /// Counts a campaign of this elector for `election` starting: the
+    /// number it is given.
+    fn started(&self, election: &ElectionName) -> u64 {
+        let mut joins = crate::session::lock(&self.joins);
+        let started = joins.entry(election.clone()).or_default();
+        *started += 1;
+        *started
     }
 
     async fn join_line(&self, session: &Arc<Session>, election: &ElectionName) -> Result<()> {
@@ -348,25 +360,55 @@ struct LeaveLine {
     store: Arc<dyn Store>,
     session: crate::grant::SessionId,
     election: ElectionName,
+    joins: Arc<std::sync::Mutex<std::collections::HashMap<ElectionName, u64>>>,
+    /// This campaign's number ([`Elector::started`]).
+    started: u64,
 }
+
+/// How long a campaign that left the line, and could not delete its note,
+/// leaves it to a later campaign of its elector before trying again: an
+/// elector that campaigns again at once keeps its place in the line.
+const LATER_CAMPAIGN: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Drop for LeaveLine {
     fn drop(&mut self) {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let (store, session, election) =
                 (Arc::clone(&self.store), self.session, self.election.clone());
-            // Tried until it lands: the session lives on with the
-            // elector, and a note left in front would keep every standby
-            // behind it waiting.
-            runtime.spawn(crate::store::cleanup::until_done(
-                "leave the line",
-                move || {
-                    let (store, election) = (Arc::clone(&store), election.clone());
-                    async move { store.delete_note(session, &election, line::CANDIDATE).await }
-                },
-            ));
+            let (joins, started) = (Arc::clone(&self.joins), self.started);
+            runtime.spawn(leave_line(store, session, election, joins, started));
         }
     }
+}
+
+/// Deletes a campaign's note. If the store fails, it tries again until it
+/// lands — the session lives on with the elector, and a note left in
+/// front would keep every standby behind it waiting — unless a later
+/// campaign of the elector started within [`LATER_CAMPAIGN`] and so owns
+/// the note (it keeps its place in the line).
+async fn leave_line(
+    store: Arc<dyn Store>,
+    session: crate::grant::SessionId,
+    election: ElectionName,
+    joins: Arc<std::sync::Mutex<std::collections::HashMap<ElectionName, u64>>>,
+    started: u64,
+) {
+    match store.delete_note(session, &election, line::CANDIDATE).await {
+        Err(Error::Unavailable { .. } | Error::Timeout(_)) => {}
+        _ => return,
+    }
+    tokio::time::sleep(LATER_CAMPAIGN).await;
+    crate::store::cleanup::until_done("leave the line", || {
+        let (store, election) = (Arc::clone(&store), election.clone());
+        let later = crate::session::lock(&joins).get(&election).copied() != Some(started);
+        async move {
+            if later {
+                return Ok(());
+            }
+            store.delete_note(session, &election, line::CANDIDATE).await
+        }
+    })
+    .await;
 }
 
 #[cfg(test)]

@@ -660,13 +660,13 @@ fn settle_new_database(
     Ok(notify)
 }
 
-/// Refuses a `-wal` or `-shm` next to the database that is not a regular
+/// Refuses a `-wal`, `-shm` or `-journal` next to the database that is not a regular
 /// file, or that belongs to neither `owners` (the database's owner and
 /// this user): SQLite would replay such a `-wal` into the database —
 /// another user who may write the folder could roll its token counters
 /// back — or lock the owners out with such a `-shm`. Nothing is written.
 fn check_siblings(path: &Path, owners: &[u32]) -> Result<()> {
-    for suffix in ["-wal", "-shm"] {
+    for suffix in ["-wal", "-shm", "-journal"] {
         let file = sibling(path, suffix);
         let shown = file.display();
         let meta = match std::fs::symlink_metadata(&file) {

@@ -485,6 +485,23 @@ async fn a_status_watch_reports_a_lost_listener_though_reads_succeed() {
         .map(|server| format!("{server}/template1"))
         .expect("the server's URL names its database");
     let admin = sql(&other).await;
+    // Both stores' listeners are there first (each starts its own as it
+    // opens; one may still be on its way).
+    let listening = "SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN leasehold_deaf'";
+    let started = tokio::time::Instant::now();
+    while admin
+        .query_one(listening, &[])
+        .await
+        .expect("count the listeners")
+        .get::<_, i64>(0)
+        < 2
+    {
+        assert!(
+            started.elapsed() < limit,
+            "the stores' two listeners never listened"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     admin
         .batch_execute("ALTER DATABASE postgres ALLOW_CONNECTIONS false")
         .await

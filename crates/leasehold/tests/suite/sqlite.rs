@@ -861,7 +861,7 @@ fn a_wal_or_shm_of_another_user_is_refused_and_left_as_it_was() {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = dir.path().join("db");
     drop(SqliteStore::open(&path).expect("create"));
-    for suffix in ["-wal", "-shm"] {
+    for suffix in ["-wal", "-shm", "-journal"] {
         let planted = sibling(&path, suffix);
         std::fs::write(&planted, b"forged").expect("plant");
         nix::unistd::chown(&planted, Some(nix::unistd::Uid::from_raw(65534)), None)

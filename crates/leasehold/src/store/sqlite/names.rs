@@ -198,8 +198,8 @@ fn left_behind(path: &Path, other: &Recorded) -> String {
     format!(
         "{} was last used as {}, whose processes did not close it (killed, or their host or \
          container gone): its -wal may hold grants that are not yet in the database, and another \
-         name would not see them. Open it once as {} (any leasehold command there empties that \
-         -wal into the file), and use one path for every replica; if those files are gone for \
+         name would not see them. Open it once as {} (`leasehold campaign` or `run` there empties \
+         that -wal into the file; reading commands write nothing), and use one path for every replica; if those files are gone for \
          good, remove the record with `setfattr -x {ATTRIBUTE} {}` and know that tokens granted \
          there may be granted again. Nothing was written",
         path.display(),
@@ -244,7 +244,8 @@ fn record(file: &File, path: &Path, name: &Name) {
         return;
     }
     if let Err(error) = xattr::FileExt::set_xattr(file, ATTRIBUTE, &text) {
-        tracing::debug!(path = %path.display(), %error, "cannot record the database's name in an extended attribute");
+        tracing::warn!(path = %path.display(), %error,
+            "cannot record the database's name in an extended attribute: if every replica using this path is killed, another path to the same file is not kept away; use one path for every replica");
     }
 }
 

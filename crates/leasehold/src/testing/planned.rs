@@ -36,6 +36,16 @@ async fn elector(harness: &dyn StoreHarness, name: &str) -> Elector {
     Elector::new(harness.open().await, id(name), LeaseConfig::with_ttl(TTL)).expect("config")
 }
 
+/// An elector "leader" and its leadership of `election` (keep the
+/// elector while the leadership is used).
+async fn leading(harness: &dyn StoreHarness, election: &ElectionName) -> (Elector, Leadership) {
+    let leader = elector(harness, "leader").await;
+    let leadership = within("leader campaigns", leader.campaign(election))
+        .await
+        .expect("campaign");
+    (leader, leadership)
+}
+
 /// Starts `elector`'s campaign in the background; resolves once it waits
 /// in the line (its note is visible), so the order of joining is known.
 async fn join(
@@ -79,10 +89,7 @@ async fn honour_requests(leadership: Leadership) -> LostReason {
 pub async fn transfer_goes_to_the_named_standby(harness: &dyn StoreHarness) {
     let election = unique_election("transfer-to");
     let requester = harness.open().await;
-    let leader = elector(harness, "leader").await;
-    let leadership = within("leader campaigns", leader.campaign(&election))
-        .await
-        .expect("campaign");
+    let (_leader, leadership) = leading(harness, &election).await;
     let first_token = leadership.token();
     let a = join(Arc::new(elector(harness, "a").await), &election, &requester).await;
     let b = join(Arc::new(elector(harness, "b").await), &election, &requester).await;
@@ -114,10 +121,7 @@ pub async fn transfer_goes_to_the_named_standby(harness: &dyn StoreHarness) {
 pub async fn transfer_without_a_name_goes_to_the_first_in_line(harness: &dyn StoreHarness) {
     let election = unique_election("transfer-next");
     let requester = harness.open().await;
-    let leader = elector(harness, "leader").await;
-    let leadership = within("leader campaigns", leader.campaign(&election))
-        .await
-        .expect("campaign");
+    let (_leader, leadership) = leading(harness, &election).await;
     let first_token = leadership.token();
     let a = join(Arc::new(elector(harness, "a").await), &election, &requester).await;
     let b = join(Arc::new(elector(harness, "b").await), &election, &requester).await;
@@ -155,15 +159,9 @@ pub async fn a_transfer_to_a_standby_that_cannot_take_it_up_times_out(harness: &
     const WAIT: Duration = Duration::from_secs(2);
     let election = unique_election("transfer-untaken");
     let requester = harness.open().await;
-    let leader = elector(harness, "leader").await;
-    let leadership = within("leader campaigns", leader.campaign(&election))
-        .await
-        .expect("campaign");
+    let (_leader, leadership) = leading(harness, &election).await;
     let first_token = leadership.token();
-    let frozen = Arc::new(FaultyStore::new(
-        harness.open().await,
-        Arc::new(crate::clock::TokioClock),
-    ));
+    let frozen = Arc::new(FaultyStore::new(harness.open().await, Arc::new(TokioClock)));
     let b = Arc::new(
         Elector::new(
             Arc::clone(&frozen) as Arc<dyn Store>,
@@ -216,10 +214,7 @@ pub async fn transfer_to_an_unknown_candidate_is_refused(harness: &dyn StoreHarn
         }
         other => panic!("a transfer without a leader must be refused, got {other:?}"),
     }
-    let leader = elector(harness, "leader").await;
-    let leadership = within("leader campaigns", leader.campaign(&election))
-        .await
-        .expect("campaign");
+    let (_leader, leadership) = leading(harness, &election).await;
     match request_transfer(&requester, &election, None, TTL, PATIENCE).await {
         Err(Error::InvalidInput { reason, .. }) => assert!(reason.contains("nobody"), "{reason}"),
         other => panic!("a transfer with nobody waiting must be refused, got {other:?}"),
@@ -369,10 +364,7 @@ pub async fn a_standby_whose_campaign_ends_leaves_the_line_despite_a_failure(
 ) {
     let election = unique_election("leaves-despite-failure");
     let requester = harness.open().await;
-    let leader = elector(harness, "leader").await;
-    let leadership = within("leader campaigns", leader.campaign(&election))
-        .await
-        .expect("campaign");
+    let (_leader, leadership) = leading(harness, &election).await;
     let faulty = Arc::new(FaultyStore::new(harness.open().await, Arc::new(TokioClock)));
     let front = Arc::new(
         Elector::new(faulty.clone(), id("front"), LeaseConfig::with_ttl(TTL)).expect("config"),
@@ -461,10 +453,7 @@ pub async fn a_transfer_wakes_only_the_front_of_the_line(harness: &dyn StoreHarn
     const CHOSEN: usize = 3;
     let election = unique_election("no-herd");
     let requester = harness.open().await;
-    let leader = elector(harness, "leader").await;
-    let leadership = within("leader campaigns", leader.campaign(&election))
-        .await
-        .expect("campaign");
+    let (_leader, leadership) = leading(harness, &election).await;
     let mut stores = Vec::new();
     let mut tasks = Vec::new();
     for i in 0..WAITERS {

@@ -236,6 +236,9 @@ struct Db {
     /// Read-only while no writer has the database open: how the file was
     /// when the connection was opened (see [`Quiet`]).
     quiet: Mutex<Option<Quiet>>,
+    /// The name this handle holds on the file (see `names`); `None` where
+    /// the kernel cannot lock it.
+    claim: Option<names::Claim>,
 }
 
 /// A file's identity: device and inode.
@@ -267,15 +270,18 @@ impl Drop for Db {
             self.conn.get_mut().unwrap_or_else(|p| p.into_inner()),
             placeholder,
         );
-        drop(conn);
         if self.verified {
-            // SQLite emptied the -wal into the file if this was the last
-            // connection: another name may be used from now on.
-            if !self.read_only && !self.replaced.is_cancelled() {
-                names::forget(&self.file, &self.path);
+            // The last handle of this name empties its -wal into the file
+            // and then removes its record: another name may be used after.
+            if !self.read_only
+                && !self.replaced.is_cancelled()
+                && let Some(claim) = &self.claim
+            {
+                names::release(&conn, &self.file, claim, &self.path);
             }
             return;
         }
+        drop(conn);
         let created: Vec<PathBuf> = [("-wal", self.wal_existed), ("-shm", self.shm_existed)]
             .into_iter()
             .filter(|(_, existed)| !existed)
@@ -831,7 +837,7 @@ impl Db {
         let quiet = read_only && !in_use(path);
         let conn = open_connection(path, read_only, quiet)?;
         let (file, meta) = hold_regular_file(path, read_only)?;
-        names::claim(&file, path, read_only)?;
+        let claim = names::claim(&file, path, read_only)?;
         owners[0] = meta.uid();
         let mut db = Db {
             path: path.to_owned(),
@@ -852,6 +858,7 @@ impl Db {
             shm_existed,
             verified: false,
             quiet: Mutex::new(None),
+            claim,
         };
         if quiet {
             *lock(&db.quiet) = Quiet::of(&db.file);
@@ -865,6 +872,9 @@ impl Db {
                 .set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, false)
                 .map_err(db.err())?;
             db.verified = true;
+            if let Some(claim) = &db.claim {
+                names::record(&db.conn(), claim, path)?;
+            }
         }
         db.liveness = match &db.notify {
             Some(n) => liveness::Liveness::new(n.path().to_owned(), n.file()),
@@ -1106,6 +1116,7 @@ impl Db {
         // A database an earlier version created gets the tables too.
         tx.execute_batch(SESSION_LOCKS).map_err(&err)?;
         tx.execute_batch(PLANNED).map_err(&err)?;
+        tx.execute_batch(names::TABLE).map_err(&err)?;
         self.check_file()?;
         tx.commit().map_err(&err)
     }
@@ -2032,11 +2043,11 @@ impl Db {
 fn has_current_tables(conn: &Connection) -> rusqlite::Result<bool> {
     conn.query_row(
         "SELECT count(*) FROM sqlite_master WHERE type = 'table'
-         AND name IN ('session_locks', 'notes', 'releases')",
+         AND name IN ('session_locks', 'notes', 'releases', 'name_in_use')",
         [],
         |r| r.get::<_, i64>(0),
     )
-    .map(|n| n == 3)
+    .map(|n| n == 4)
 }
 
 /// Whether `table` exists: a read-only handle on a database no writer of

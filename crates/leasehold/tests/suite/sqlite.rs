@@ -839,7 +839,7 @@ fn a_database_reached_by_a_second_name_is_refused_naming_the_first() {
     }
     assert_eq!(listing(&other), before, "the refused name created files");
     // Another handle of the first name is no second name.
-    drop(SqliteStore::open(&first).expect("the first name again"));
+    drop(open_once_unused(&first));
     drop(holder);
     let now = SqliteStore::open(&second).expect("the other name, once the first is unused");
     match SqliteStore::open(&first) {
@@ -884,4 +884,62 @@ fn a_wal_or_shm_of_another_user_is_refused_and_left_as_it_was() {
         std::fs::remove_file(&planted).expect("remove");
     }
     drop(SqliteStore::open(&path).expect("usable once they are gone"));
+}
+
+/// A `-wal` left at one name by processes killed before that name's
+/// record reached the file (so before their first grant), after which
+/// another name used the file: replayed when the first name is opened
+/// again, it would roll back what the other name wrote (its grants
+/// forgotten, their tokens granted again). It is emptied instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wal_left_before_another_name_used_the_file_is_not_replayed() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (real, other) = (dir.path().join("real"), dir.path().join("other"));
+    std::fs::create_dir_all(&real).expect("mkdir");
+    std::fs::create_dir_all(&other).expect("mkdir");
+    let (first, second) = (real.join("db"), other.join("db"));
+    let ttl = std::time::Duration::from_secs(30);
+    let (old, new) = (
+        leasehold::testing::unique_election("before"),
+        leasehold::testing::unique_election("after"),
+    );
+    let a = SqliteStore::open(&first).expect("open the first name");
+    leasehold::testing::campaign_on_new_session(&a, &old, "a", ttl).await;
+    // What the first name's -wal held then: frames older than what the
+    // second name writes below.
+    let left = std::fs::read(sibling(&first, "-wal")).expect("read the -wal");
+    assert!(!left.is_empty(), "the grant is not in a -wal");
+    drop(a);
+    std::fs::hard_link(&first, &second).expect("link");
+    let b = open_once_unused(&second);
+    let granted = leasehold::testing::campaign_on_new_session(&b, &new, "b", ttl).await;
+    drop(b);
+    std::fs::write(sibling(&first, "-wal"), &left).expect("leave the old -wal");
+    drop(open_once_unused(&first));
+    let last = rusqlite_conn(&first)
+        .query_row(
+            "SELECT last_token FROM elections WHERE name = ?1",
+            [new.as_str()],
+            |r| r.get::<_, i64>(0),
+        )
+        .ok();
+    assert_eq!(
+        last,
+        Some(i64::try_from(granted.token.0).expect("a token")),
+        "the second name's grant was rolled back"
+    );
+}
+
+/// Opens `path` once the handles of another name, dropped just before,
+/// have closed (their sessions' threads end soon after).
+fn open_once_unused(path: &std::path::Path) -> SqliteStore {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match SqliteStore::open(path) {
+            Err(Error::Conflict(_)) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            opened => return opened.expect("a name, once the other is unused"),
+        }
+    }
 }

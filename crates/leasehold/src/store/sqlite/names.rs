@@ -10,9 +10,9 @@
 //! bind-mounted folder keeps its device and inode: both are one name.)
 //!
 //! So a file's identity is its inode, and a name is the folder's device and
-//! inode with the file name in it. Every handle holds, for its life, a read
-//! lock (an open file description lock, which the kernel keeps per inode,
-//! in every mount namespace and container of the host) on one byte of the
+//! inode with the file name in it. Every handle holds, for its life, a lock
+//! (an open file description lock, which the kernel keeps per inode, in
+//! every mount namespace and container of the host) on one byte of the
 //! database file itself, chosen by its name, far past SQLite's own lock
 //! bytes. Before it reads or writes anything, a handle takes its byte and
 //! then asks the kernel whether any other name's byte is held: if so, it
@@ -20,26 +20,39 @@
 //! once at least one sees the other. Two names could share a byte only if
 //! their 32-bit hashes collide.
 //!
-//! A writer that opened also records its name in an extended attribute of
-//! the file (`user.leasehold.name`), so that a refused name can be told
-//! which name uses the file; where the filesystem keeps no such attribute,
-//! the refusal says "another name". The last handle of a name to close
-//! removes the record once SQLite has emptied that name's `-wal` into the
-//! file. A record of another name that is still there when a name is
-//! opened means that name's processes died: its `-wal` may hold grants not
-//! yet in the file, which every other name would miss (and which a later
-//! opening of that name would replay over theirs). So the name is refused,
-//! unless that `-wal` can be seen to be empty or gone.
+//! Killed processes hold no lock, but their name's `-wal` may hold grants
+//! not yet in the file, which every other name would miss (and which a
+//! later opening of that name would replay over theirs). So a writer
+//! records its name in the database (`name_in_use`) and checkpoints that
+//! record into the file itself before it campaigns: the record is in the
+//! file whatever the filesystem keeps, and is read from the file alone, as
+//! another name sees it. The last handle of a name to close empties its
+//! `-wal` into the file and then removes the record. A record of another
+//! name found on opening means that name's processes died: the name is
+//! refused, unless that name's `-wal` can be seen to be empty or gone.
+//!
+//! A handle that finds no handle of its name open takes its byte for
+//! itself (a write lock) while it looks, and shares it once done; so does
+//! the last one while it closes. Others of the name wait for it. A `-wal`
+//! of its own name left by killed processes whose record is not in the
+//! file was started before another name used the file, or holds no grant
+//! (the record goes into the file before the first grant, and comes out
+//! after the last is in the file): it is emptied rather than replayed over
+//! what the file holds now.
 
 use std::ffi::OsStr;
 use std::fs::File;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::MetadataExt;
-use std::path::Path;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
+use nix::errno::Errno;
 use nix::fcntl::FcntlArg;
 use nix::libc;
+use rusqlite::{Connection, OptionalExtension, params};
 
+use super::{BUSY_TIMEOUT, OnDisk, lock_unused, on_disk, open_connection, sibling, sql_error};
 use crate::error::{Error, Result};
 
 /// The first of the bytes names lock: far past SQLite's lock bytes (at
@@ -47,8 +60,17 @@ use crate::error::{Error, Result};
 const FIRST_NAME_BYTE: i64 = 1 << 40;
 /// How many bytes names are spread over.
 const NAME_BYTES: i64 = 1 << 32;
-/// The extended attribute that records the name a writer uses.
-const ATTRIBUTE: &str = "user.leasehold.name";
+
+/// The table of the name in use: one row at most.
+pub(super) const TABLE: &str = "
+CREATE TABLE IF NOT EXISTS name_in_use (
+    one  INTEGER PRIMARY KEY CHECK (one = 1),
+    dev  INTEGER NOT NULL,
+    ino  INTEGER NOT NULL,
+    byte INTEGER NOT NULL,
+    path BLOB    NOT NULL
+);
+";
 
 /// A name of the database file: its folder's device and inode, and its
 /// file name there.
@@ -92,6 +114,13 @@ impl Name {
     }
 }
 
+/// The name a handle holds (see [`claim`]).
+#[derive(Debug)]
+pub(super) struct Claim {
+    name: Name,
+    byte: i64,
+}
+
 fn lock_arg(kind: libc::c_int, start: i64, len: i64) -> libc::flock {
     libc::flock {
         l_type: kind as libc::c_short,
@@ -101,6 +130,10 @@ fn lock_arg(kind: libc::c_int, start: i64, len: i64) -> libc::flock {
         // Must be 0 for OFD locks.
         l_pid: 0,
     }
+}
+
+fn set_lock(file: &File, kind: libc::c_int, byte: i64) -> nix::Result<()> {
+    nix::fcntl::fcntl(file, FcntlArg::F_OFD_SETLK(&lock_arg(kind, byte, 1))).map(drop)
 }
 
 /// The byte of another name held on `file` within `start..start + len`.
@@ -113,45 +146,101 @@ fn other_name_in(file: &File, start: i64, len: i64) -> nix::Result<Option<i64>> 
     Ok((libc::c_int::from(arg.l_type) != libc::F_UNLCK).then_some(arg.l_start))
 }
 
+/// The byte of a name other than the one at `byte` held on `file`.
+fn other_name(file: &File, byte: i64) -> nix::Result<Option<i64>> {
+    let end = FIRST_NAME_BYTE + NAME_BYTES;
+    match other_name_in(file, FIRST_NAME_BYTE, byte - FIRST_NAME_BYTE)? {
+        Some(other) => Ok(Some(other)),
+        None => other_name_in(file, byte + 1, end - byte - 1),
+    }
+}
+
+/// Takes `byte` on `file`: for this handle alone (`Some(true)`) when no
+/// other handle of the name holds it, else shared with them
+/// (`Some(false)`), waiting while one has it alone. `None` where the
+/// kernel cannot lock the file (a filesystem without such locks).
+fn take_byte(file: &File, byte: i64, path: &Path) -> Result<Option<bool>> {
+    let started = Instant::now();
+    let mut pause = Duration::from_millis(2);
+    loop {
+        let taken =
+            set_lock(file, libc::F_WRLCK, byte)
+                .map(|()| true)
+                .or_else(|error| match error {
+                    // Others hold it; or this user may only read the file.
+                    Errno::EAGAIN | Errno::EACCES | Errno::EBADF => {
+                        set_lock(file, libc::F_RDLCK, byte).map(|()| false)
+                    }
+                    error => Err(error),
+                });
+        match taken {
+            Ok(alone) => return Ok(Some(alone)),
+            Err(Errno::EAGAIN | Errno::EACCES) if started.elapsed() < BUSY_TIMEOUT => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(50));
+            }
+            Err(Errno::EAGAIN | Errno::EACCES) => {
+                return Err(Error::Unavailable {
+                    reason: format!(
+                        "{} is being opened or closed by another process using this path, for \
+                         more than {BUSY_TIMEOUT:?}",
+                        path.display()
+                    ),
+                    source: None,
+                });
+            }
+            Err(error) => {
+                tracing::debug!(path = %path.display(), %error, "cannot lock the database file; its names are not checked");
+                return Ok(None);
+            }
+        }
+    }
+}
+
 /// Takes `path`'s name on the database `file` (held by the open file
-/// description for as long as `file` is open) and refuses, with
-/// [`Error::Conflict`], a file that another name uses now. Where the
-/// kernel cannot lock the file (a filesystem without such locks), nothing
-/// is checked.
-pub(super) fn claim(file: &File, path: &Path, read_only: bool) -> Result<()> {
+/// description for as long as `file` is open) before SQLite reads
+/// anything, and refuses, with [`Error::Conflict`], a file that another
+/// name uses now or whose record says another name's processes died
+/// (see the module's documentation). `None` where names cannot be checked.
+pub(super) fn claim(file: &File, path: &Path, read_only: bool) -> Result<Option<Claim>> {
     let name = match Name::of(path) {
         Ok(name) => name,
         Err(error) => {
             tracing::debug!(path = %path.display(), %error, "cannot identify the database's folder; its names are not checked");
-            return Ok(());
+            return Ok(None);
         }
     };
     let byte = name.byte();
-    let mine = lock_arg(libc::F_RDLCK, byte, 1);
-    if let Err(error) = nix::fcntl::fcntl(file, FcntlArg::F_OFD_SETLK(&mine)) {
-        tracing::debug!(path = %path.display(), %error, "cannot lock the database file; its names are not checked");
-        return Ok(());
-    }
-    let end = FIRST_NAME_BYTE + NAME_BYTES;
-    let other = other_name_in(file, FIRST_NAME_BYTE, byte - FIRST_NAME_BYTE)
-        .and_then(|o| match o {
-            Some(o) => Ok(Some(o)),
-            None => other_name_in(file, byte + 1, end - byte - 1),
-        })
-        .unwrap_or_else(|error| {
-            tracing::debug!(path = %path.display(), %error, "cannot test the database file's locks; its names are not checked");
-            None
-        });
+    let Some(alone) = take_byte(file, byte, path)? else {
+        return Ok(None);
+    };
+    let other = other_name(file, byte).unwrap_or_else(|error| {
+        tracing::debug!(path = %path.display(), %error, "cannot test the database file's locks; its names are not checked");
+        None
+    });
     if let Some(other) = other {
         return Err(Error::Conflict(refusal(file, path, other)));
     }
-    if let Some(left) = left_by_another(file, &name) {
-        return Err(Error::Conflict(left_behind(path, &left)));
+    // With another handle of this name open, that one looked already, and
+    // no other name has been let in since.
+    if alone || read_only {
+        let kept = recorded(file, path);
+        if let Some(other) = kept.as_ref().filter(|kept| kept.name != name)
+            && !closed(other)
+        {
+            return Err(Error::Conflict(left_behind(path, other)));
+        }
+        if alone && !read_only && kept.is_none_or(|kept| kept.name != name) {
+            empty_leftover_wal(file, path)?;
+        }
     }
-    if !read_only {
-        record(file, path, &name);
+    if alone && let Err(error) = set_lock(file, libc::F_RDLCK, byte) {
+        return Err(Error::unavailable(
+            format!("cannot share the lock on {}", path.display()),
+            std::io::Error::from(error),
+        ));
     }
-    Ok(())
+    Ok(Some(Claim { name, byte }))
 }
 
 /// A name's record, as [`record`] writes it.
@@ -159,39 +248,71 @@ pub(super) fn claim(file: &File, path: &Path, read_only: bool) -> Result<()> {
 struct Recorded {
     name: Name,
     byte: i64,
-    path: std::path::PathBuf,
+    path: PathBuf,
 }
 
-fn recorded(file: &File) -> Option<Recorded> {
-    let text = xattr::FileExt::get_xattr(file, ATTRIBUTE).ok().flatten()?;
-    let at = text.iter().position(|&b| b == b' ')?;
-    let mut head = std::str::from_utf8(&text[..at]).ok()?.split(':');
-    let (dev, ino, byte) = (head.next()?, head.next()?, head.next()?);
-    let path = Path::new(OsStr::from_bytes(&text[at + 1..])).to_owned();
+/// The record in the database file itself (not in any `-wal`), if the
+/// file is a leasehold database that holds one.
+fn recorded(file: &File, path: &Path) -> Option<Recorded> {
+    if !matches!(on_disk(file), Ok(OnDisk::Leasehold)) {
+        return None;
+    }
+    let conn = open_connection(path, true, true).ok()?;
+    let (dev, ino, byte, path): (i64, i64, i64, Vec<u8>) = conn
+        .query_row("SELECT dev, ino, byte, path FROM name_in_use", [], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+        })
+        .ok()?;
+    let path = PathBuf::from(OsStr::from_bytes(&path));
     Some(Recorded {
         name: Name {
-            dev: dev.parse().ok()?,
-            ino: ino.parse().ok()?,
+            dev: u64::from_ne_bytes(dev.to_ne_bytes()),
+            ino: u64::from_ne_bytes(ino.to_ne_bytes()),
             file: path.file_name()?.as_bytes().to_vec(),
         },
-        byte: byte.parse().ok()?,
+        byte,
         path,
     })
 }
 
-/// Another name's record left on `file`, whose `-wal` cannot be seen to
-/// be empty or gone from here (see the module's documentation).
-fn left_by_another(file: &File, mine: &Name) -> Option<Recorded> {
-    let other = recorded(file)?;
-    if other.name == *mine {
-        return None;
-    }
+/// Whether the recorded name's `-wal` can be seen from here to be empty
+/// or gone: its processes closed the database, or another opened it.
+fn closed(other: &Recorded) -> bool {
     // Its folder, if it is the one at its path here: then its -wal tells.
     let seen = Name::of(&other.path).is_ok_and(|here| here == other.name);
-    let mut wal = other.path.as_os_str().to_owned();
-    wal.push("-wal");
-    let empty = || std::fs::symlink_metadata(&wal).map_or(true, |m| m.len() == 0);
-    (!seen || !empty()).then_some(other)
+    seen && std::fs::symlink_metadata(sibling(&other.path, "-wal")).map_or(true, |m| m.len() == 0)
+}
+
+/// Empties a `-wal` of this name that killed processes left, when the
+/// database file does not record this name (see the module's
+/// documentation): replayed, it would roll back what the file holds now.
+fn empty_leftover_wal(file: &File, path: &Path) -> Result<()> {
+    let wal = sibling(path, "-wal");
+    let leftover = std::fs::symlink_metadata(&wal).is_ok_and(|m| m.is_file() && m.len() > 0);
+    // Left: no SQLite connection, in any process, uses the database.
+    if !leftover || !matches!(on_disk(file), Ok(OnDisk::Leasehold)) || !lock_unused(file, true) {
+        return Ok(());
+    }
+    let emptied = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
+        .open(&wal)
+        .and_then(|wal| wal.set_len(0));
+    lock_unused(file, false);
+    match emptied {
+        Ok(()) => {
+            tracing::warn!(path = %path.display(), "emptied a -wal that processes killed before their first grant left here; the database file was used through another path since");
+            Ok(())
+        }
+        Err(error) => Err(Error::unavailable(
+            format!(
+                "{} holds a -wal left by killed processes that predates the database file's \
+                 content, and it cannot be emptied: {error}",
+                path.display()
+            ),
+            error,
+        )),
+    }
 }
 
 fn left_behind(path: &Path, other: &Recorded) -> String {
@@ -199,9 +320,10 @@ fn left_behind(path: &Path, other: &Recorded) -> String {
         "{} was last used as {}, whose processes did not close it (killed, or their host or \
          container gone): its -wal may hold grants that are not yet in the database, and another \
          name would not see them. Open it once as {} (`leasehold campaign` or `run` there empties \
-         that -wal into the file; reading commands write nothing), and use one path for every replica; if those files are gone for \
-         good, remove the record with `setfattr -x {ATTRIBUTE} {}` and know that tokens granted \
-         there may be granted again. Nothing was written",
+         that -wal into the file; reading commands write nothing), and use one path for every \
+         replica; if those files are gone for good, remove the record with \
+         `sqlite3 {} 'DELETE FROM name_in_use'` and know that tokens granted there may be granted \
+         again. Nothing was written",
         path.display(),
         other.path.display(),
         other.path.display(),
@@ -209,67 +331,80 @@ fn left_behind(path: &Path, other: &Recorded) -> String {
     )
 }
 
-/// Removes `path`'s record from `file` once no other handle uses the name
-/// and SQLite emptied its `-wal` (it deletes it on the last close): the
-/// name's processes closed it, so another name may be used.
-pub(super) fn forget(file: &File, path: &Path) {
-    let Ok(name) = Name::of(path) else {
-        return;
-    };
-    let mut wal = path.as_os_str().to_owned();
-    wal.push("-wal");
-    if std::fs::symlink_metadata(&wal).is_ok_and(|m| m.len() > 0) {
+/// Records this handle's name in the database, and checkpoints the record
+/// into the file itself, before the handle campaigns.
+pub(super) fn record(conn: &Connection, claim: &Claim, path: &Path) -> Result<()> {
+    let err = |e| sql_error(path, e);
+    let as_i64 = |n: u64| i64::from_ne_bytes(n.to_ne_bytes());
+    let (dev, ino) = (as_i64(claim.name.dev), as_i64(claim.name.ino));
+    let kept: Option<(i64, i64, i64)> = conn
+        .query_row("SELECT dev, ino, byte FROM name_in_use", [], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+        })
+        .optional()
+        .map_err(err)?;
+    if kept != Some((dev, ino, claim.byte)) {
+        conn.execute(
+            "INSERT OR REPLACE INTO name_in_use (one, dev, ino, byte, path) VALUES (1, ?1, ?2, ?3, ?4)",
+            params![dev, ino, claim.byte, path.as_os_str().as_bytes()],
+        )
+        .map_err(err)?;
+    }
+    let started = Instant::now();
+    loop {
+        let busy: i64 = conn
+            .query_row("PRAGMA wal_checkpoint(FULL)", [], |r| r.get(0))
+            .map_err(err)?;
+        if busy == 0 {
+            return Ok(());
+        }
+        if started.elapsed() >= BUSY_TIMEOUT {
+            return Err(Error::Unavailable {
+                reason: format!(
+                    "cannot write this path's record into {} yet: other processes keep it busy",
+                    path.display()
+                ),
+                source: None,
+            });
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Before the last handle of a name closes the database: empties the
+/// name's `-wal` into the file, then removes its record, keeping the name
+/// to itself until the file is closed (see the module's documentation).
+pub(super) fn release(conn: &Connection, file: &File, claim: &Claim, path: &Path) {
+    if set_lock(file, libc::F_WRLCK, claim.byte).is_err() {
         return;
     }
-    let byte = name.byte();
-    if !matches!(other_name_in(file, byte, 1), Ok(None)) {
+    let emptied = conn
+        .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
+            r.get::<_, i64>(0)
+        })
+        .is_ok_and(|busy| busy == 0);
+    if !emptied {
         return;
     }
-    if recorded(file).is_some_and(|r| r.name == name && r.byte == byte)
-        && let Err(error) = xattr::FileExt::remove_xattr(file, ATTRIBUTE)
-    {
+    if let Err(error) = conn.execute(
+        "DELETE FROM name_in_use WHERE byte = ?1",
+        params![claim.byte],
+    ) {
         tracing::debug!(path = %path.display(), %error, "cannot remove the database's name record");
     }
 }
 
-/// The attribute's text: `{dev}:{ino}:{byte} {path}`.
-fn record(file: &File, path: &Path, name: &Name) {
-    let mut text = format!("{}:{}:{} ", name.dev, name.ino, name.byte()).into_bytes();
-    text.extend_from_slice(path.as_os_str().as_bytes());
-    let same = xattr::FileExt::get_xattr(file, ATTRIBUTE)
-        .ok()
-        .flatten()
-        .is_some_and(|kept| kept == text);
-    if same {
-        return;
-    }
-    if let Err(error) = xattr::FileExt::set_xattr(file, ATTRIBUTE, &text) {
-        tracing::warn!(path = %path.display(), %error,
-            "cannot record the database's name in an extended attribute: if every replica using this path is killed, another path to the same file is not kept away; use one path for every replica");
-    }
-}
-
 /// The refusal of `path`, naming the name that holds `byte` when the
-/// file's attribute records it.
+/// database file records it.
 fn refusal(file: &File, path: &Path, byte: i64) -> String {
     let shown = path.display();
-    let recorded = xattr::FileExt::get_xattr(file, ATTRIBUTE).ok().flatten();
-    let first = recorded.as_deref().and_then(|text| {
-        let (head, other) = text.split_at(text.iter().position(|&b| b == b' ')?);
-        let held: i64 = std::str::from_utf8(head)
-            .ok()?
-            .rsplit(':')
-            .next()?
-            .parse()
-            .ok()?;
-        (held == byte).then(|| Path::new(OsStr::from_bytes(&other[1..])).to_owned())
-    });
+    let first = recorded(file, path).filter(|kept| kept.byte == byte);
     let other = match first {
-        Some(first) if first == path => format!(
+        Some(first) if first.path == path => format!(
             "under the same path {} in another mount namespace (another container: a bind mount of the file itself)",
-            first.display()
+            first.path.display()
         ),
-        Some(first) => format!("as {}", first.display()),
+        Some(first) => format!("as {}", first.path.display()),
         None => "under another name (a hard link, or a bind mount of the file itself)".to_owned(),
     };
     format!(

@@ -867,30 +867,41 @@ impl Db {
         // SQLite opened what the path named between the first look and now.
         db.check_file()?;
         if !read_only {
-            // Leasehold's database: closing checkpoints it as usual.
-            db.conn()
-                .set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, false)
-                .map_err(db.err())?;
-            db.verified = true;
-            if let Some(claim) = &db.claim {
-                names::record(&db.conn(), claim, path)?;
-            }
+            db.take_up()?;
         }
-        db.liveness = match &db.notify {
+        db.liveness = db.open_liveness();
+        Ok(db)
+    }
+
+    /// A writer's database, once known to be leasehold's: closing
+    /// checkpoints it as usual, and the name is recorded (see `names`).
+    fn take_up(&mut self) -> Result<()> {
+        self.conn()
+            .set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, false)
+            .map_err(self.err())?;
+        self.verified = true;
+        match &self.claim {
+            Some(claim) => names::record(&self.conn(), claim, &self.path),
+            None => Ok(()),
+        }
+    }
+
+    /// The kernel's test of sessions' processes, on the notify file.
+    fn open_liveness(&self) -> Option<liveness::Liveness> {
+        match &self.notify {
             Some(n) => liveness::Liveness::new(n.path().to_owned(), n.file()),
             // A read-only handle opens the notify file only to ask the
             // kernel (notes of waiters whose process died are not live);
             // it never takes a lock, and a session lock recorded on
             // another file is never tested.
-            None if read_only => {
-                let notify = sibling(path, "-notify");
+            None if self.read_only => {
+                let notify = sibling(&self.path, "-notify");
                 std::fs::File::open(&notify)
                     .ok()
                     .and_then(|file| liveness::Liveness::new(notify, &file))
             }
             None => None,
-        };
-        Ok(db)
+        }
     }
 
     /// Checks what the file is before writing anything, then creates or

@@ -211,11 +211,15 @@ pub struct ElectionArgs {
     pub id: Option<CandidateId>,
     /// The lease TTL: how long the store keeps the election for a leader that
     /// stopped renewing; also about how long a crash leaves it unowned.
-    #[arg(long, env = "LEASEHOLD_TTL", hide_env_values = true, default_value = "15s", value_parser = parse_duration, allow_hyphen_values = true)]
+    #[arg(long, env = "LEASEHOLD_TTL", hide_env_values = true, default_value = DEFAULT_TTL.as_str(), value_parser = parse_duration, allow_hyphen_values = true)]
     pub ttl: Duration,
     #[arg(long, env = "LEASEHOLD_RENEW_EVERY", hide_env_values = true, value_parser = parse_duration, allow_hyphen_values = true, help = renew_every_help())]
     pub renew_every: Option<Duration>,
 }
+
+/// `--ttl`'s default: the library's.
+static DEFAULT_TTL: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| humantime::format_duration(leasehold::DEFAULT_TTL).to_string());
 
 impl ElectionArgs {
     pub fn lease_config(&self) -> LeaseConfig {

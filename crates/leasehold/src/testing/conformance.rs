@@ -689,18 +689,22 @@ pub async fn cancelled_campaign_does_not_hold(harness: &dyn StoreHarness) {
     let a = harness.open().await;
     let first = grant_on(&a, &election, "a").await;
     let b = harness.open().await;
+    // How long this store takes to answer a campaign: the held one below
+    // is given twenty times that (and at least 300 ms), so that its
+    // request surely reached the store before it is cancelled, and a
+    // wrong grant would have come back.
+    let free = unique_election("cancel-free");
+    let started = Instant::now();
+    grant_on(&b, &free, "b").await;
+    let answer = started.elapsed() * 20 + Duration::from_millis(300);
     let lease = b.open_session(LONG_TTL).await.expect("open");
-    let waited = timeout(
-        Duration::from_millis(300),
-        b.campaign(lease.id, &election, &candidate("b")),
-    )
-    .await;
+    let waited = timeout(answer, b.campaign(lease.id, &election, &candidate("b"))).await;
     assert!(
         waited.is_err(),
         "rule 1 broken: campaign won a held election"
     );
     a.resign(&first).await.expect("resign");
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(answer + Duration::from_millis(200)).await;
     assert_eq!(
         b.leader(&election).await.expect("read"),
         None,

@@ -592,6 +592,39 @@ fn another_user_reads_a_store_it_may_not_write_and_creates_nothing() {
     }
 }
 
+/// A user who may only read the database, in a folder anyone may write,
+/// runs `campaign` and `run` there: refused access (exit 1), and nothing
+/// created (before: a `-wal` and `-shm` of that user's were left, and the
+/// owners' next campaign was refused for them).
+#[test]
+fn a_user_who_may_only_read_cannot_lock_the_owners_out_by_campaigning() {
+    use std::os::unix::fs::PermissionsExt;
+    let scratch = Scratch::new();
+    let root = scratch.dir.path();
+    std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let dir = root.join("sticky");
+    std::fs::create_dir(&dir).expect("mkdir");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+    let store = format!("sqlite:{}/db", dir.display());
+    let (code, _, err) = as_user(root, DAEMON, &["campaign", "-e", "job", "--store", &store]);
+    assert_eq!(code, Some(0), "the owner campaigns: {err}");
+    let before = files_in(&dir);
+    for args in [
+        vec!["campaign", "-e", "job", "--hold", "0s"],
+        vec!["run", "-e", "job", "--", "true"],
+    ] {
+        let mut args = args.clone();
+        let at = args.iter().position(|a| *a == "--").unwrap_or(args.len());
+        args.splice(at..at, ["--store", store.as_str()]);
+        let (code, _, err) = as_user(root, NOBODY, &args);
+        assert_eq!(code, Some(1), "{args:?} as a reader: {err}");
+        assert!(err.contains("store refused access"), "{args:?}: {err}");
+        assert_eq!(files_in(&dir), before, "{args:?} created files");
+    }
+    let (code, _, err) = as_user(root, DAEMON, &["campaign", "-e", "job", "--store", &store]);
+    assert_eq!(code, Some(0), "the owner campaigns again: {err}");
+}
+
 /// A replica killed outright on one name (runner, guard and command: what
 /// `docker kill` of a container given the file alone does) leaves a `-wal`
 /// that only that name sees. Another name is refused until the first has

@@ -586,12 +586,22 @@ impl Inner {
     /// Its one sum that can leave bigint's range is the token's `+ 1`
     /// (the milliseconds it computes stay far below it, as timestamps end
     /// in 294276 AD): `numeric_value_out_of_range` says the election's
-    /// counter is exhausted. The statement, its own transaction, was
-    /// rolled back: nothing was written.
+    /// counter is exhausted; `data_corrupted` is `acquire`'s refusal of a
+    /// counter below zero. The statement, its own transaction, was rolled
+    /// back: nothing was written.
     fn acquire_failed(&self, election: &ElectionName, error: tokio_postgres::Error) -> Error {
         use tokio_postgres::error::SqlState;
         if error.code() == Some(&SqlState::NUMERIC_VALUE_OUT_OF_RANGE) {
             return Error::tokens_exhausted(&self.table("elections"), election.as_str());
+        }
+        if let Some(db) = error.as_db_error()
+            && db.code() == &SqlState::DATA_CORRUPTED
+        {
+            return Error::Corrupt(format!(
+                "{}: {}; nothing was written",
+                self.table("elections"),
+                db.message()
+            ));
         }
         unavailable("campaign", error)
     }

@@ -619,6 +619,16 @@ fn check_path(path: &Path, read_only: bool) -> Result<Option<Metadata>> {
         Some(meta) if !meta.is_file() => Err(Error::Corrupt(format!(
             "{shown} is not a regular file, so not a database"
         ))),
+        // Before SQLite creates a -wal and -shm of this user's, which
+        // would lock the owners out.
+        Some(_) if !read_only => match nix::unistd::access(path, nix::unistd::AccessFlags::W_OK) {
+            Err(error @ (nix::errno::Errno::EACCES | nix::errno::Errno::EROFS)) => {
+                Err(Error::Denied(format!(
+                    "{shown} is not writable by this user ({error}), so it cannot campaign                      there; `status`, `list` and `observe` only read it; nothing was written"
+                )))
+            }
+            _ => Ok(existing),
+        },
         _ => Ok(existing),
     }
 }
@@ -881,7 +891,10 @@ impl Db {
             .map_err(self.err())?;
         self.verified = true;
         match &self.claim {
-            Some(claim) => names::record(&self.conn(), claim, &self.path),
+            Some(claim) => {
+                names::record(&self.conn(), claim, &self.path)?;
+                names::share(&self.file, claim, &self.path)
+            }
             None => Ok(()),
         }
     }

@@ -172,6 +172,42 @@ pub async fn an_exhausted_token_counter_is_corrupt(harness: &dyn StoreHarness) {
     store.close_session(lease.id).await.expect("close");
 }
 
+/// A token counter below zero (set by hand, or a damaged store) holds no
+/// count of grants: a campaign is refused as corrupt, naming the
+/// election, and nothing is written (a grant of token 0, or of any token
+/// at or below one granted before, would break rule 2).
+pub async fn a_negative_token_counter_is_corrupt(harness: &dyn StoreHarness) {
+    let store = harness.open().await;
+    let election = unique_election("negative");
+    let first = grant_on(&store, &election, "a").await;
+    store.resign(&first).await.expect("resign");
+    assert!(
+        harness.set_last_token(&election, -5).await,
+        "this harness cannot set the token counter"
+    );
+    let lease = store.open_session(LONG_TTL).await.expect("open");
+    let refused = within(
+        "a refused campaign",
+        store.campaign(lease.id, &election, &candidate("b")),
+    )
+    .await;
+    match refused {
+        Err(Error::Corrupt(message)) => {
+            assert!(message.contains(election.as_str()), "{message}");
+            assert!(message.contains("no count of grants"), "{message}");
+            assert!(!message.contains('\n'), "{message}");
+        }
+        other => panic!("a grant from a negative counter must be Corrupt, got {other:?}"),
+    }
+    assert_eq!(store.leader(&election).await.expect("read"), None);
+    assert_eq!(
+        harness.last_token(&election).await,
+        Some(-5),
+        "the counter changed"
+    );
+    store.close_session(lease.id).await.expect("close");
+}
+
 fn assert_exhausted<T: std::fmt::Debug>(outcome: Result<T, Error>, election: &ElectionName) {
     match outcome {
         Err(Error::Corrupt(message)) => {

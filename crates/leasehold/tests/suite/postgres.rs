@@ -78,6 +78,13 @@ async fn an_exhausted_token_counter_is_corrupt() {
     leasehold::testing::conformance::an_exhausted_token_counter_is_corrupt(&harness().await).await;
 }
 
+/// A counter below zero: refused as corrupt, nothing written (PostgreSQL
+/// granted token 0 again and again, and could not release it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_negative_token_counter_is_corrupt() {
+    leasehold::testing::conformance::a_negative_token_counter_is_corrupt(&harness().await).await;
+}
+
 async fn sql(url: &str) -> tokio_postgres::Client {
     let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
         .await

@@ -67,6 +67,14 @@ async fn an_exhausted_token_counter_is_corrupt() {
         .await;
 }
 
+/// A counter below zero: refused as corrupt, nothing written (PostgreSQL
+/// granted token 0 again and again, and could not release it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_negative_token_counter_is_corrupt() {
+    leasehold::testing::conformance::a_negative_token_counter_is_corrupt(&SqliteHarness::new())
+        .await;
+}
+
 /// A counter that holds no count of grants (set by hand to a text or a
 /// negative number) is corrupt: the campaign says so naming the election,
 /// and writes nothing. Before, SQLite's `'many' + 1` granted token 1
@@ -943,3 +951,98 @@ fn open_once_unused(path: &std::path::Path) -> SqliteStore {
         }
     }
 }
+
+/// Two file names in `dir` whose lock bytes are one: FNV-1a (64 bits) of
+/// the folder's device and inode and the file name, kept to 32 bits, as
+/// anyone who reads the database's `name_in_use` table can work out.
+fn colliding_names(dir: &std::path::Path) -> (String, String) {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(dir).expect("stat");
+    let mut folder: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in meta
+        .dev()
+        .to_le_bytes()
+        .into_iter()
+        .chain(meta.ino().to_le_bytes())
+    {
+        folder = (folder ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    let mut seen = std::collections::HashMap::new();
+    for i in 0u64.. {
+        let name = format!("n{i}.db");
+        let mut hash = folder;
+        for &b in name.as_bytes() {
+            hash = (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        if let Some(first) = seen.insert(hash & 0xffff_ffff, name.clone()) {
+            return (first, name);
+        }
+    }
+    unreachable!("the names run out")
+}
+
+/// Two names of one file chosen so that they lock the same byte: the
+/// second is refused all the same, naming the first, whether the first
+/// leads or has just started (before: both led, with token 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_names_that_lock_one_byte_are_two_names_all_the_same() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (a, b) = colliding_names(dir.path());
+    let (first, second) = (dir.path().join(&a), dir.path().join(&b));
+    let holder = SqliteStore::open(&first).expect("open the first name");
+    let election = leasehold::testing::unique_election("collide");
+    leasehold::testing::campaign_on_new_session(&holder, &election, "a", LONG).await;
+    std::fs::hard_link(&first, &second).expect("link");
+    for read_only in [false, true] {
+        let refused = if read_only {
+            SqliteStore::open_read_only(&second)
+        } else {
+            SqliteStore::open(&second)
+        };
+        match refused {
+            Err(Error::Conflict(message)) => {
+                assert!(
+                    message.contains(&format!("in use now as {}", first.display())),
+                    "{message}"
+                );
+            }
+            other => panic!(
+                "a second name with the same byte was opened (read-only: {read_only}): {other:?}"
+            ),
+        }
+    }
+    // The other way round, while the first name's writers open at once.
+    drop(holder);
+    let opened: Vec<_> = std::thread::scope(|s| {
+        let one = s.spawn(|| SqliteStore::open(&second));
+        let two = s.spawn(|| SqliteStore::open(&first));
+        vec![one.join().expect("join"), two.join().expect("join")]
+    });
+    assert!(
+        opened.iter().filter(|o| o.is_ok()).count() <= 1,
+        "both names were opened at once: {opened:?}"
+    );
+}
+
+/// The last writer of a name closes cleanly while a reader of the name
+/// still has the database open: once the reader is gone too, another name
+/// may be used (before: it was refused as if the writer had been killed).
+#[test]
+fn a_reader_left_open_does_not_keep_the_record_of_a_clean_close() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (real, other) = (dir.path().join("real"), dir.path().join("other"));
+    std::fs::create_dir_all(&real).expect("mkdir");
+    std::fs::create_dir_all(&other).expect("mkdir");
+    let (first, second) = (real.join("db"), other.join("db"));
+    let writer = SqliteStore::open(&first).expect("open the first name");
+    let reader = SqliteStore::open_read_only(&first).expect("read the first name");
+    drop(writer);
+    std::fs::hard_link(&first, &second).expect("link");
+    // Make the first name's folder invisible from the second name, as in
+    // another container: only the record can tell that it closed.
+    std::fs::rename(&real, dir.path().join("gone")).expect("move the first name away");
+    drop(reader);
+    drop(open_once_unused(&second));
+}
+
+const LONG: std::time::Duration = std::time::Duration::from_secs(30);

@@ -55,6 +55,12 @@ BEGIN
         ON CONFLICT (name) DO NOTHING;
     SELECT e.token, e.session INTO v_token, v_holder
         FROM {schema}.elections e WHERE e.name = p_name FOR UPDATE;
+    -- A counter below 0 (set by hand, or a damaged store) is no count of
+    -- grants: refused, everything rolled back; postgres.rs reports it.
+    IF v_token < 0 THEN
+        RAISE EXCEPTION 'the fencing token counter of election % holds %, which is no count of grants',
+            p_name, v_token USING ERRCODE = 'data_corrupted';
+    END IF;
     PERFORM 1 FROM {schema}.sessions h
         WHERE h.id = p_session AND h.expires_at > clock_timestamp() FOR SHARE;
     IF NOT FOUND THEN

@@ -31,14 +31,19 @@
 //! name found on opening means that name's processes died: the name is
 //! refused, unless that name's `-wal` can be seen to be empty or gone.
 //!
-//! A handle that finds no handle of its name open takes its byte for
-//! itself (a write lock) while it looks, and shares it once done; so does
-//! the last one while it closes. Others of the name wait for it. A `-wal`
-//! of its own name left by killed processes whose record is not in the
-//! file was started before another name used the file, or holds no grant
-//! (the record goes into the file before the first grant, and comes out
-//! after the last is in the file): it is emptied rather than replayed over
-//! what the file holds now.
+//! A handle that finds no other handle holding its name's byte takes it
+//! alone (a write lock) while it looks and, if it writes, until its record
+//! is in the file; others wait for it. So a handle that shares the byte
+//! finds the record of the first: a record of another name with the same
+//! byte (two names whose hashes collide, found on purpose) is refused as
+//! a name in use. Writers also hold a second byte of the name's, which
+//! readers do not: the last writer to close, whatever readers still have
+//! the database open, is the one that finds it alone. A `-wal` of its own
+//! name left by killed processes whose record is not in the file was
+//! started before another name used the file (the record goes into the
+//! file before the first grant, and comes out after the last is in the
+//! file) or its record was removed by hand: it is emptied rather than
+//! replayed over what the file holds now.
 
 use std::ffi::OsStr;
 use std::fs::File;
@@ -50,7 +55,7 @@ use std::time::{Duration, Instant};
 use nix::errno::Errno;
 use nix::fcntl::FcntlArg;
 use nix::libc;
-use rusqlite::{Connection, OptionalExtension, params};
+use rusqlite::{Connection, params};
 
 use super::{BUSY_TIMEOUT, OnDisk, lock_unused, on_disk, open_connection, sibling, sql_error};
 use crate::error::{Error, Result};
@@ -119,7 +124,24 @@ impl Name {
 pub(super) struct Claim {
     name: Name,
     byte: i64,
+    /// Whether the database file records this name already.
+    recorded: bool,
+    /// Whether the name's byte is held alone, until [`share`].
+    alone: bool,
 }
+
+impl Claim {
+    /// The byte a writer of the name holds besides its name's, in a range
+    /// of its own: the last writer to close is the one that finds no other
+    /// holder, whatever readers of the name do.
+    fn writer_byte(&self) -> i64 {
+        self.byte + NAME_BYTES
+    }
+}
+
+/// How long a handle waits while another of its name holds the name's
+/// byte alone (opening the database, or closing it last).
+const NAME_WAIT: Duration = Duration::from_secs(15);
 
 fn lock_arg(kind: libc::c_int, start: i64, len: i64) -> libc::flock {
     libc::flock {
@@ -155,27 +177,16 @@ fn other_name(file: &File, byte: i64) -> nix::Result<Option<i64>> {
     }
 }
 
-/// Takes `byte` on `file`: for this handle alone (`Some(true)`) when no
-/// other handle of the name holds it, else shared with them
-/// (`Some(false)`), waiting while one has it alone. `None` where the
-/// kernel cannot lock the file (a filesystem without such locks).
-fn take_byte(file: &File, byte: i64, path: &Path) -> Result<Option<bool>> {
+/// Runs `take` until it is not refused because another handle holds the
+/// byte alone (for at most [`NAME_WAIT`]). `None` where the kernel cannot
+/// lock the file (a filesystem without such locks).
+fn waiting<T>(path: &Path, mut take: impl FnMut() -> nix::Result<T>) -> Result<Option<T>> {
     let started = Instant::now();
     let mut pause = Duration::from_millis(2);
     loop {
-        let taken =
-            set_lock(file, libc::F_WRLCK, byte)
-                .map(|()| true)
-                .or_else(|error| match error {
-                    // Others hold it; or this user may only read the file.
-                    Errno::EAGAIN | Errno::EACCES | Errno::EBADF => {
-                        set_lock(file, libc::F_RDLCK, byte).map(|()| false)
-                    }
-                    error => Err(error),
-                });
-        match taken {
-            Ok(alone) => return Ok(Some(alone)),
-            Err(Errno::EAGAIN | Errno::EACCES) if started.elapsed() < BUSY_TIMEOUT => {
+        match take() {
+            Ok(taken) => return Ok(Some(taken)),
+            Err(Errno::EAGAIN | Errno::EACCES) if started.elapsed() < NAME_WAIT => {
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(Duration::from_millis(50));
             }
@@ -183,7 +194,7 @@ fn take_byte(file: &File, byte: i64, path: &Path) -> Result<Option<bool>> {
                 return Err(Error::Unavailable {
                     reason: format!(
                         "{} is being opened or closed by another process using this path, for \
-                         more than {BUSY_TIMEOUT:?}",
+                         more than {NAME_WAIT:?}",
                         path.display()
                     ),
                     source: None,
@@ -197,11 +208,28 @@ fn take_byte(file: &File, byte: i64, path: &Path) -> Result<Option<bool>> {
     }
 }
 
+/// Takes `byte` on `file`: for this handle alone (`true`) when no other
+/// handle holds it, else shared with them (`false`).
+fn take_byte(file: &File, byte: i64, path: &Path) -> Result<Option<bool>> {
+    waiting(path, || {
+        set_lock(file, libc::F_WRLCK, byte)
+            .map(|()| true)
+            .or_else(|error| match error {
+                // Others hold it; or this user may only read the file.
+                Errno::EAGAIN | Errno::EACCES | Errno::EBADF => {
+                    set_lock(file, libc::F_RDLCK, byte).map(|()| false)
+                }
+                error => Err(error),
+            })
+    })
+}
+
 /// Takes `path`'s name on the database `file` (held by the open file
 /// description for as long as `file` is open) before SQLite reads
 /// anything, and refuses, with [`Error::Conflict`], a file that another
 /// name uses now or whose record says another name's processes died
 /// (see the module's documentation). `None` where names cannot be checked.
+/// A handle that holds its name alone keeps it so until [`share`].
 pub(super) fn claim(file: &File, path: &Path, read_only: bool) -> Result<Option<Claim>> {
     let name = match Name::of(path) {
         Ok(name) => name,
@@ -214,6 +242,18 @@ pub(super) fn claim(file: &File, path: &Path, read_only: bool) -> Result<Option<
     let Some(alone) = take_byte(file, byte, path)? else {
         return Ok(None);
     };
+    let mut claim = Claim {
+        name,
+        byte,
+        recorded: false,
+        alone,
+    };
+    if !read_only {
+        let writer = claim.writer_byte();
+        if waiting(path, || set_lock(file, libc::F_RDLCK, writer))?.is_none() {
+            return Ok(None);
+        }
+    }
     let other = other_name(file, byte).unwrap_or_else(|error| {
         tracing::debug!(path = %path.display(), %error, "cannot test the database file's locks; its names are not checked");
         None
@@ -221,26 +261,44 @@ pub(super) fn claim(file: &File, path: &Path, read_only: bool) -> Result<Option<
     if let Some(other) = other {
         return Err(Error::Conflict(refusal(file, path, other)));
     }
-    // With another handle of this name open, that one looked already, and
-    // no other name has been let in since.
-    if alone || read_only {
-        let kept = recorded(file, path);
-        if let Some(other) = kept.as_ref().filter(|kept| kept.name != name)
-            && !closed(other)
-        {
-            return Err(Error::Conflict(left_behind(path, other)));
-        }
-        if alone && !read_only && kept.is_none_or(|kept| kept.name != name) {
-            empty_leftover_wal(file, path)?;
-        }
+    claim.recorded = check_record(file, path, &claim)?;
+    if alone && !read_only && !claim.recorded {
+        empty_leftover_wal(file, path)?;
     }
-    if alone && let Err(error) = set_lock(file, libc::F_RDLCK, byte) {
-        return Err(Error::unavailable(
+    if read_only {
+        share(file, &claim, path)?;
+    }
+    Ok(Some(claim))
+}
+
+/// Whether the database file records `claim`'s name; refuses another
+/// name's record that tells it uses the file now (a name whose byte is
+/// this one's) or that its processes died.
+fn check_record(file: &File, path: &Path, claim: &Claim) -> Result<bool> {
+    match recorded(file, path)? {
+        Some(kept) if kept.name == claim.name => Ok(true),
+        // Two names whose bytes are one: the other holds it with this
+        // name's handles, or alone has recorded it before sharing it.
+        Some(kept) if kept.byte == claim.byte && !claim.alone => {
+            Err(Error::Conflict(refusal(file, path, kept.byte)))
+        }
+        Some(kept) if !closed(&kept) => Err(Error::Conflict(left_behind(path, &kept))),
+        _ => Ok(false),
+    }
+}
+
+/// Shares the name's byte with the other handles of the name, once this
+/// handle, holding it alone, has checked and recorded.
+pub(super) fn share(file: &File, claim: &Claim, path: &Path) -> Result<()> {
+    if !claim.alone {
+        return Ok(());
+    }
+    set_lock(file, libc::F_RDLCK, claim.byte).map_err(|error| {
+        Error::unavailable(
             format!("cannot share the lock on {}", path.display()),
             std::io::Error::from(error),
-        ));
-    }
-    Ok(Some(Claim { name, byte }))
+        )
+    })
 }
 
 /// A name's record, as [`record`] writes it.
@@ -252,27 +310,54 @@ struct Recorded {
 }
 
 /// The record in the database file itself (not in any `-wal`), if the
-/// file is a leasehold database that holds one.
-fn recorded(file: &File, path: &Path) -> Option<Recorded> {
-    if !matches!(on_disk(file), Ok(OnDisk::Leasehold)) {
-        return None;
+/// file is a leasehold database that holds one. A read that fails (a
+/// writer of this name checkpointing into the file) is tried again.
+fn recorded(file: &File, path: &Path) -> Result<Option<Recorded>> {
+    let started = Instant::now();
+    loop {
+        if !matches!(on_disk(file), Ok(OnDisk::Leasehold)) {
+            return Ok(None);
+        }
+        match read_record(path) {
+            Ok(kept) => return Ok(kept),
+            Err(error) if started.elapsed() < BUSY_TIMEOUT => {
+                tracing::debug!(path = %path.display(), %error, "cannot read the name record yet");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(error) => return Err(error),
+        }
     }
-    let conn = open_connection(path, true, true).ok()?;
-    let (dev, ino, byte, path): (i64, i64, i64, Vec<u8>) = conn
-        .query_row("SELECT dev, ino, byte, path FROM name_in_use", [], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
-        })
-        .ok()?;
-    let path = PathBuf::from(OsStr::from_bytes(&path));
-    Some(Recorded {
+}
+
+fn read_record(path: &Path) -> Result<Option<Recorded>> {
+    let conn = open_connection(path, true, true)?;
+    let row = conn.query_row("SELECT dev, ino, byte, path FROM name_in_use", [], |r| {
+        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+    });
+    let (dev, ino, byte, kept): (i64, i64, i64, Vec<u8>) = match row {
+        Ok(row) => row,
+        Err(rusqlite::Error::QueryReturnedNoRows) => return Ok(None),
+        // A file whose tables are not in it yet (still in a -wal).
+        Err(rusqlite::Error::SqliteFailure(_, Some(message)))
+            if message.starts_with("no such table") =>
+        {
+            return Ok(None);
+        }
+        Err(error) => return Err(sql_error(path, error)),
+    };
+    let kept = PathBuf::from(OsStr::from_bytes(&kept));
+    let Some(file) = kept.file_name().map(|f| f.as_bytes().to_vec()) else {
+        return Ok(None);
+    };
+    Ok(Some(Recorded {
         name: Name {
             dev: u64::from_ne_bytes(dev.to_ne_bytes()),
             ino: u64::from_ne_bytes(ino.to_ne_bytes()),
-            file: path.file_name()?.as_bytes().to_vec(),
+            file,
         },
         byte,
-        path,
-    })
+        path: kept,
+    }))
 }
 
 /// Whether the recorded name's `-wal` can be seen from here to be empty
@@ -301,13 +386,13 @@ fn empty_leftover_wal(file: &File, path: &Path) -> Result<()> {
     lock_unused(file, false);
     match emptied {
         Ok(()) => {
-            tracing::warn!(path = %path.display(), "emptied a -wal that processes killed before their first grant left here; the database file was used through another path since");
+            tracing::warn!(path = %path.display(), "emptied the -wal that processes which did not close the database left at this path: the database file does not record this path any more (another path used it since, or the record was removed by hand), so what that -wal held is not replayed over it");
             Ok(())
         }
         Err(error) => Err(Error::unavailable(
             format!(
-                "{} holds a -wal left by killed processes that predates the database file's \
-                 content, and it cannot be emptied: {error}",
+                "{} holds a -wal left by processes that did not close the database, which the \
+                 database file no longer records, and it cannot be emptied: {error}",
                 path.display()
             ),
             error,
@@ -317,13 +402,13 @@ fn empty_leftover_wal(file: &File, path: &Path) -> Result<()> {
 
 fn left_behind(path: &Path, other: &Recorded) -> String {
     format!(
-        "{} was last used as {}, whose processes did not close it (killed, or their host or \
-         container gone): its -wal may hold grants that are not yet in the database, and another \
-         name would not see them. Open it once as {} (`leasehold campaign` or `run` there empties \
-         that -wal into the file; reading commands write nothing), and use one path for every \
-         replica; if those files are gone for good, remove the record with \
-         `sqlite3 {} 'DELETE FROM name_in_use'` and know that tokens granted there may be granted \
-         again. Nothing was written",
+        "{} was last used as {}, whose processes were not seen to close it (killed, their host or \
+         container gone, or that path is not visible from here): its -wal may hold grants that \
+         are not yet in the database, and another name would not see them. Open it once as {} \
+         (`leasehold campaign` or `run` there empties that -wal into the file; reading commands \
+         write nothing), and use one path for every replica; if those files are gone for good, \
+         remove the record with `sqlite3 {} 'DELETE FROM name_in_use'` and know that tokens \
+         granted there may be granted again. Nothing was written",
         path.display(),
         other.path.display(),
         other.path.display(),
@@ -334,34 +419,38 @@ fn left_behind(path: &Path, other: &Recorded) -> String {
 /// Records this handle's name in the database, and checkpoints the record
 /// into the file itself, before the handle campaigns.
 pub(super) fn record(conn: &Connection, claim: &Claim, path: &Path) -> Result<()> {
-    let err = |e| sql_error(path, e);
-    let as_i64 = |n: u64| i64::from_ne_bytes(n.to_ne_bytes());
-    let (dev, ino) = (as_i64(claim.name.dev), as_i64(claim.name.ino));
-    let kept: Option<(i64, i64, i64)> = conn
-        .query_row("SELECT dev, ino, byte FROM name_in_use", [], |r| {
-            Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-        })
-        .optional()
-        .map_err(err)?;
-    if kept != Some((dev, ino, claim.byte)) {
-        conn.execute(
-            "INSERT OR REPLACE INTO name_in_use (one, dev, ino, byte, path) VALUES (1, ?1, ?2, ?3, ?4)",
-            params![dev, ino, claim.byte, path.as_os_str().as_bytes()],
-        )
-        .map_err(err)?;
+    if claim.recorded {
+        return Ok(());
     }
+    let as_i64 = |n: u64| i64::from_ne_bytes(n.to_ne_bytes());
+    conn.execute(
+        "INSERT OR REPLACE INTO name_in_use (one, dev, ino, byte, path) VALUES (1, ?1, ?2, ?3, ?4)",
+        params![
+            as_i64(claim.name.dev),
+            as_i64(claim.name.ino),
+            claim.byte,
+            path.as_os_str().as_bytes()
+        ],
+    )
+    .map_err(|e| sql_error(path, e))?;
+    checkpoint(conn, path, "FULL")
+}
+
+/// Checkpoints the whole `-wal` into the database file (`mode` `FULL`, or
+/// `TRUNCATE` to empty it too), waiting for readers for a while.
+fn checkpoint(conn: &Connection, path: &Path, mode: &str) -> Result<()> {
     let started = Instant::now();
     loop {
         let busy: i64 = conn
-            .query_row("PRAGMA wal_checkpoint(FULL)", [], |r| r.get(0))
-            .map_err(err)?;
+            .query_row(&format!("PRAGMA wal_checkpoint({mode})"), [], |r| r.get(0))
+            .map_err(|e| sql_error(path, e))?;
         if busy == 0 {
             return Ok(());
         }
         if started.elapsed() >= BUSY_TIMEOUT {
             return Err(Error::Unavailable {
                 reason: format!(
-                    "cannot write this path's record into {} yet: other processes keep it busy",
+                    "cannot write into {} yet: other processes keep it busy",
                     path.display()
                 ),
                 source: None,
@@ -371,25 +460,25 @@ pub(super) fn record(conn: &Connection, claim: &Claim, path: &Path) -> Result<()
     }
 }
 
-/// Before the last handle of a name closes the database: empties the
-/// name's `-wal` into the file, then removes its record, keeping the name
-/// to itself until the file is closed (see the module's documentation).
+/// Before the last writer of a name closes the database: empties the
+/// name's `-wal` into the file, then removes its record from the file,
+/// keeping the name's writer byte to itself until the file is closed (see
+/// the module's documentation).
 pub(super) fn release(conn: &Connection, file: &File, claim: &Claim, path: &Path) {
-    if set_lock(file, libc::F_WRLCK, claim.byte).is_err() {
+    if set_lock(file, libc::F_WRLCK, claim.writer_byte()).is_err() {
         return;
     }
-    let emptied = conn
-        .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {
-            r.get::<_, i64>(0)
+    let released = checkpoint(conn, path, "TRUNCATE")
+        .and_then(|()| {
+            conn.execute(
+                "DELETE FROM name_in_use WHERE byte = ?1",
+                params![claim.byte],
+            )
+            .map_err(|e| sql_error(path, e))
         })
-        .is_ok_and(|busy| busy == 0);
-    if !emptied {
-        return;
-    }
-    if let Err(error) = conn.execute(
-        "DELETE FROM name_in_use WHERE byte = ?1",
-        params![claim.byte],
-    ) {
+        // Into the file now, even if readers keep the database open.
+        .and_then(|_| checkpoint(conn, path, "TRUNCATE"));
+    if let Err(error) = released {
         tracing::debug!(path = %path.display(), %error, "cannot remove the database's name record");
     }
 }
@@ -398,7 +487,10 @@ pub(super) fn release(conn: &Connection, file: &File, claim: &Claim, path: &Path
 /// database file records it.
 fn refusal(file: &File, path: &Path, byte: i64) -> String {
     let shown = path.display();
-    let first = recorded(file, path).filter(|kept| kept.byte == byte);
+    let first = recorded(file, path)
+        .ok()
+        .flatten()
+        .filter(|kept| kept.byte == byte);
     let other = match first {
         Some(first) if first.path == path => format!(
             "under the same path {} in another mount namespace (another container: a bind mount of the file itself)",

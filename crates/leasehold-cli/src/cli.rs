@@ -739,6 +739,42 @@ pub fn invalid_utf8_culprit() -> String {
 }
 
 impl Args {
+    /// A `run` or `campaign` started by the command of another `run`
+    /// (`LEASEHOLD_TOKEN` is set): the `LEASEHOLD_ELECTION` and
+    /// `LEASEHOLD_ID` it inherited describe that run's term, not this
+    /// one's. Inherited, the id is not taken (this one gets its own
+    /// default), and the election must be given as a flag: the same
+    /// election under the same id would wait for itself.
+    pub fn leave_the_outer_term(&mut self, matches: &clap::ArgMatches) -> leasehold::Result<()> {
+        use clap::parser::ValueSource;
+        let (Some((_, sub)), Some(outer)) =
+            (matches.subcommand(), std::env::var_os("LEASEHOLD_TOKEN"))
+        else {
+            return Ok(());
+        };
+        let election = match &mut self.command {
+            Command::Run(run) => &mut run.election,
+            Command::Campaign(campaign) => &mut campaign.election,
+            _ => return Ok(()),
+        };
+        let inherited = |arg: &str| sub.value_source(arg) == Some(ValueSource::EnvVariable);
+        if inherited("id") {
+            election.id = None;
+        }
+        if inherited("election") {
+            return Err(leasehold::Error::InvalidInput {
+                what: "election",
+                reason: format!(
+                    "this leasehold was started by the command of another `leasehold run` (the \
+                     one of token {}), whose LEASEHOLD_ELECTION names that run's election, not \
+                     this one's: give this one --election",
+                    leasehold::quoted(&outer.to_string_lossy())
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// What clap cannot check, checked before anything connects: the
     /// command to run is not empty, the lease configuration obeys the
     /// renewal rule and the maximum TTL.

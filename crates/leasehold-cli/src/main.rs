@@ -7,7 +7,7 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 
 mod campaign;
 mod child;
@@ -48,8 +48,17 @@ fn main() -> ExitCode {
             guard::by_hand()
         };
     }
-    let args = match cli::Args::try_parse() {
-        Ok(args) => args,
+    let parsed = cli::Args::command()
+        .try_get_matches()
+        .and_then(|matches| cli::Args::from_arg_matches(&matches).map(|a| (a, matches)));
+    let args = match parsed {
+        Ok((mut args, matches)) => {
+            if let Err(error) = args.leave_the_outer_term(&matches) {
+                say(&one_line(&anyhow::Error::new(error)));
+                return ExitCode::from(EXIT_USAGE);
+            }
+            args
+        }
         Err(error) => {
             // Logging is not set up yet; a JSON log reader still gets the
             // reason as a JSON line if the format was asked for.

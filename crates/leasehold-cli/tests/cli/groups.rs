@@ -574,7 +574,8 @@ fn nested_run_envs(group: &[&str], commands: usize) -> Vec<(String, Vec<String>)
 
 /// A command's LEASEHOLD_* describe its own term only: a plain `run`
 /// nested in `run --shards` or `run --slots` gives its command its own
-/// election and token, and not the outer shard or slot variables.
+/// election, id (its own default, not the outer's `m`) and token, and not
+/// the outer shard or slot variables.
 #[test]
 fn a_nested_run_gives_its_command_only_its_own_term() {
     for (group, expected) in [
@@ -589,7 +590,6 @@ fn a_nested_run_gives_its_command_only_its_own_term() {
             let election = name.trim_end_matches(".env");
             for wanted in [
                 format!("LEASEHOLD_ELECTION={election}"),
-                "LEASEHOLD_ID=m".to_owned(),
                 "LEASEHOLD_TOKEN=1".to_owned(),
             ] {
                 assert!(
@@ -597,6 +597,19 @@ fn a_nested_run_gives_its_command_only_its_own_term() {
                     "{group:?}: {wanted} missing: {ours:?}"
                 );
             }
+            let id = ours
+                .iter()
+                .find_map(|l| l.strip_prefix("LEASEHOLD_ID="))
+                .unwrap_or_else(|| panic!("{group:?}: no LEASEHOLD_ID: {ours:?}"));
+            assert_ne!(id, "m", "{group:?}: the outer term's id");
+            assert!(
+                id.contains('-')
+                    && id
+                        .rsplit('-')
+                        .next()
+                        .is_some_and(|pid| pid.parse::<u32>().is_ok()),
+                "{group:?}: not a default id (<hostname>-<pid>): {id}"
+            );
             for outer in ["SHARD", "SHARDS", "SLOT", "SLOTS"] {
                 let outer = format!("LEASEHOLD_{outer}=");
                 assert!(
@@ -605,5 +618,42 @@ fn a_nested_run_gives_its_command_only_its_own_term() {
                 );
             }
         }
+    }
+}
+
+/// A `run` or `campaign` started by another `run`'s command without an
+/// election of its own: the LEASEHOLD_ELECTION it inherited names the
+/// outer run's election, so it is refused (exit 2, one line saying to give
+/// --election) instead of waiting, under the outer's id, for itself.
+#[test]
+fn a_nested_run_without_an_election_of_its_own_is_refused() {
+    let scratch = Scratch::new();
+    let store = scratch.store_url();
+    // Under `timeout`: before, the inner `run` waited for itself forever.
+    let inner = r#"timeout 10 "$0" run --store "$1" -- true 2> run.err; echo "run $?" >> codes
+timeout 10 "$0" campaign --store "$1" 2> campaign.err; echo "campaign $?" >> codes"#;
+    let out = leasehold()
+        .args(["run", "--election", "outer", "--id", "m", "--store", &store])
+        .args([
+            "--",
+            "sh",
+            "-c",
+            inner,
+            env!("CARGO_BIN_EXE_leasehold"),
+            &store,
+        ])
+        .current_dir(scratch.dir.path())
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(read_lines(&scratch.path("codes")), ["run 2", "campaign 2"]);
+    for name in ["run.err", "campaign.err"] {
+        let err = std::fs::read_to_string(scratch.path(name)).expect("stderr");
+        assert_eq!(err.lines().count(), 1, "{name}: {err}");
+        assert!(err.contains("give this one --election"), "{name}: {err}");
     }
 }

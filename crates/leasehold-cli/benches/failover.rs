@@ -1,12 +1,9 @@
 //! Crash failover at the physical limit, on every store, side by side with
-//! an earlier build of leasehold and with `etcdctl lock` on the same etcd
-//! cluster.
+//! `etcdctl lock` on the same etcd cluster.
 //!
-//! `cargo bench -p leasehold-cli --bench failover [-- --rounds N --before PATH]`
+//! `cargo bench -p leasehold-cli --bench failover [-- --rounds N]`
 //!
-//! `--before PATH` names another `leasehold` executable (say, one built
-//! from an earlier commit) measured in the same run. Rounds, per store and
-//! build, with a TTL of 5 s:
+//! Rounds, per store, with a TTL of 5 s:
 //!
 //! - SIGKILL of the leading `run` (its host lives): time from the signal to
 //!   the waiting replica's command's first line, and whether the killed
@@ -28,7 +25,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 mod common;
-use common::{Replica, alive, arg, arg_text, ms, percentile};
+use common::{Replica, alive, arg, ms, percentile};
 
 /// Prints `start PID ESCAPEE`, then works until stopped. The escapee is a
 /// process in a new session, outside the command's process group.
@@ -137,8 +134,7 @@ fn measure(tool: &Tool, name: &str, signal: Signal, rounds: usize) -> Outcome {
 
 fn main() {
     let rounds = arg("--rounds", 10);
-    let before = arg_text("--before");
-    let now = env!("CARGO_BIN_EXE_leasehold").to_owned();
+    let bin = env!("CARGO_BIN_EXE_leasehold").to_owned();
     let scratch = tempfile::tempdir().expect("temp dir");
     let etcd = EtcdCluster::start(3);
     let zookeeper = ZooKeeperServer::start();
@@ -152,24 +148,15 @@ fn main() {
         ("zookeeper", zookeeper.url("/bench")),
         ("postgres", postgres.url()),
     ];
-    let mut builds = vec![("now", now)];
-    if let Some(before) = before {
-        builds.push(("before", before));
-    }
     let mut rows: Vec<[String; 4]> = Vec::new();
     for (store_name, store) in &stores {
-        let mut tools: Vec<(String, Tool)> = builds
-            .iter()
-            .map(|(build, bin)| {
-                (
-                    format!("leasehold run ({build})"),
-                    Tool::Leasehold {
-                        bin: bin.clone(),
-                        store: store.clone(),
-                    },
-                )
-            })
-            .collect();
+        let mut tools: Vec<(String, Tool)> = vec![(
+            "leasehold run".into(),
+            Tool::Leasehold {
+                bin: bin.clone(),
+                store: store.clone(),
+            },
+        )];
         if store.starts_with("etcd") {
             tools.push((
                 "etcdctl lock".into(),

@@ -3,11 +3,7 @@
 //! SIGTERM on the same etcd cluster (it has no transfer: stopping the
 //! holder is how its users move a lock).
 //!
-//! `cargo bench -p leasehold-cli --bench planned [-- --rounds N --before PATH]`
-//!
-//! `--before PATH` names another `leasehold` executable (say, one built
-//! from an earlier commit): each transfer round then runs once with each
-//! build, one after the other, for a table of both from the same run.
+//! `cargo bench -p leasehold-cli --bench planned [-- --rounds N]`
 //!
 //! Per round, replicas a (leading), b and c (waiting, b first in line), a
 //! TTL of 30 s (so no move is an expiry):
@@ -33,7 +29,7 @@ use leasehold::testing::{EtcdCluster, PostgresServer, ZooKeeperServer};
 use nix::sys::signal::Signal;
 
 mod common;
-use common::{Replica, alive, arg, arg_text, ms, percentile};
+use common::{Replica, alive, arg, ms, percentile};
 
 /// Prints `start PID` and, when SIGTERM stops it, `stop` (then exits).
 const WORK: &str =
@@ -202,7 +198,6 @@ fn etcdctl_round(endpoints: &str, i: usize, samples: &mut Samples) {
 
 fn main() {
     let rounds = arg("--rounds", 10);
-    let before = arg_text("--before");
     let scratch = tempfile::tempdir().expect("temp dir");
     let etcd = EtcdCluster::start(3);
     let zookeeper = ZooKeeperServer::start();
@@ -230,19 +225,12 @@ fn main() {
         eprintln!("measuring on {name}…");
         let tag = name.replace(|c: char| !c.is_ascii_alphanumeric(), "-");
         let mut transfer = Samples::default();
-        let mut transfer_before = Samples::default();
         let mut preempt = Samples::default();
         for i in 0..rounds {
             transfer_round(NOW, store, &tag, i, &mut transfer);
-            if let Some(before) = &before {
-                transfer_round(before, store, &format!("{tag}-b"), i, &mut transfer_before);
-            }
             preemption_round(store, &tag, i, &mut preempt);
         }
         rows.push(row(name, "leasehold transfer --to c", &transfer));
-        if before.is_some() {
-            rows.push(row(name, "  the same, --before build", &transfer_before));
-        }
         rows.push(row(name, "run --priority 5 (preempts)", &preempt));
         if store.starts_with("etcd") {
             // It leaves its lease to expire (30 s a round): three rounds.

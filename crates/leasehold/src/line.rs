@@ -72,16 +72,12 @@ fn parse_candidate(note: &Note) -> Option<Standby> {
     if note.name != CANDIDATE {
         return None;
     }
+    // `{priority} {mark} {id}`, the mark `-` or a token.
     let (priority, rest) = note.text.split_once(' ')?;
-    // `{mark} {id}`, the mark `-` or a token; a note without a mark (an
-    // earlier build's `{priority} {id}`) is unmarked.
-    let (chosen_by, candidate) = match rest.split_once(' ') {
-        Some(("-", id)) => (None, id),
-        Some((mark, id)) => match mark.parse() {
-            Ok(token) => (Some(FencingToken(token)), id),
-            Err(_) => (None, rest),
-        },
-        None => (None, rest),
+    let (mark, candidate) = rest.split_once(' ')?;
+    let chosen_by = match mark {
+        "-" => None,
+        token => Some(FencingToken(token.parse().ok()?)),
     };
     Some(Standby {
         candidate: CandidateId::new(candidate).ok()?,
@@ -516,11 +512,11 @@ mod tests {
     #[test]
     fn the_line_is_by_priority_then_order_and_skips_other_shapes() {
         let notes = [
-            note(1, CANDIDATE, 1, "0 a"),
-            note(2, CANDIDATE, 2, "5 b"),
-            note(3, CANDIDATE, 3, "0 c"),
-            note(4, CANDIDATE, 4, "5 d"),
-            note(5, CANDIDATE, 5, "x e"),
+            note(1, CANDIDATE, 1, "0 - a"),
+            note(2, CANDIDATE, 2, "5 - b"),
+            note(3, CANDIDATE, 3, "0 - c"),
+            note(4, CANDIDATE, 4, "5 - d"),
+            note(5, CANDIDATE, 5, "x - e"),
             note(6, CANDIDATE, 6, "7"),
             note(7, "other", 7, "9 f"),
         ];
@@ -553,11 +549,11 @@ mod tests {
     }
 
     #[test]
-    fn an_id_may_hold_spaces_and_an_unmarked_note_of_an_earlier_build_reads() {
+    fn an_id_may_hold_spaces_and_a_note_without_a_mark_is_skipped() {
         let notes = [
             note(1, CANDIDATE, 1, "0 - web 3"),
             note(2, CANDIDATE, 2, "0 9 db 1 "),
-            note(3, CANDIDATE, 3, "0 old id"),
+            note(3, CANDIDATE, 3, "0 no mark"),
             note(4, CANDIDATE, 4, "0 x"),
         ];
         let line: Vec<(String, Option<FencingToken>)> = standbys(&notes)
@@ -569,8 +565,6 @@ mod tests {
             [
                 ("web 3".to_owned(), None),
                 ("db 1 ".to_owned(), Some(FencingToken(9))),
-                ("old id".to_owned(), None),
-                ("x".to_owned(), None),
             ]
         );
         let spaced = &standbys(&notes)[0];
@@ -581,9 +575,9 @@ mod tests {
     #[test]
     fn a_standby_knows_who_is_just_ahead_of_it() {
         let notes = [
-            note(1, CANDIDATE, 1, "0 a"),
-            note(2, CANDIDATE, 2, "5 b"),
-            note(3, CANDIDATE, 3, "0 c"),
+            note(1, CANDIDATE, 1, "0 - a"),
+            note(2, CANDIDATE, 2, "5 - b"),
+            note(3, CANDIDATE, 3, "0 - c"),
         ];
         let line = standbys(&notes);
         assert_eq!(place(&line, SessionId(2)), Some(None));

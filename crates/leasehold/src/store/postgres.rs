@@ -399,16 +399,6 @@ impl Inner {
         }
         self.check_marker(found.marker_columns.as_deref())?;
         self.check_version(client, found.tables).await?;
-        if found.planned_tables < 2 && !self.read_only {
-            // A schema an earlier version created: add what planned moves need.
-            let ddl = fill_schema_placeholders(PLANNED_SQL, &self.schema);
-            timed(
-                "add the tables for planned moves",
-                client.batch_execute(&ddl),
-            )
-            .await?;
-            return Ok(true);
-        }
         Ok(false)
     }
 
@@ -439,7 +429,6 @@ impl Inner {
             exists: row.get(0),
             marker_columns: row.get(1),
             tables: row.get(2),
-            planned_tables: row.get(3),
         })
     }
 
@@ -501,8 +490,6 @@ impl Inner {
     /// exists (the caller checked, under the lock, that it does not).
     async fn create_schema(&self, client: &Client) -> Result<()> {
         let ddl = fill_schema_placeholders(SCHEMA_SQL, &self.schema);
-        timed("create the schema", client.batch_execute(&ddl)).await?;
-        let ddl = fill_schema_placeholders(PLANNED_SQL, &self.schema);
         timed("create the schema", client.batch_execute(&ddl)).await
     }
 
@@ -653,15 +640,16 @@ impl Inner {
 /// - `notify_release(election)`: `NOTIFY` with `"{election} {head}"`, so that
 ///   only the first in line wakes (no herd); observers read any notice.
 /// - `release(election, token, session)`, `withdraw(election, session)`,
-///   `close_session(session)`: the guarded release, leaving the line, and
+///   `close_session(session)`: the guarded release (which records the
+///   released token in `releases`, for lock-delay), leaving the line, and
 ///   ending a session (releasing its grants and its places in line).
+/// - `put_note(election, session, name, text)` and
+///   `delete_note(election, session, name)`: the notes of planned moves
+///   (see `line.rs`) in `notes`; `put_note` puts a note of a live session
+///   only (false if it has ended) and drops the election's notes of ended
+///   sessions. Both `NOTIFY` `"#n {election}"`: no election name starts
+///   with `#`, so no waiter takes it for a release.
 const SCHEMA_SQL: &str = include_str!("postgres/schema.sql");
-
-/// The objects planned moves need (`postgres/planned.sql`): the tables
-/// `notes` and `releases`, `put_note` and `delete_note` (which `NOTIFY`
-/// `"#n {election}"`: no election name starts with `#`, so no waiter takes
-/// it for a release), and `release` again, recording the released token.
-const PLANNED_SQL: &str = include_str!("postgres/planned.sql");
 
 /// What [`Inner::inspect_schema`] finds (`postgres/inspect_schema.sql`).
 const INSPECT_SCHEMA_SQL: &str = include_str!("postgres/inspect_schema.sql");
@@ -673,8 +661,6 @@ struct FoundSchema {
     marker_columns: Option<String>,
     /// How many of leasehold's tables sessions and elections it has.
     tables: i64,
-    /// How many of the tables for planned moves (notes, releases) it has.
-    planned_tables: i64,
 }
 
 /// `sql` with `{schema}` replaced by the schema's name `schema` (checked to

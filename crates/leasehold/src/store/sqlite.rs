@@ -109,6 +109,19 @@ const SIBLING_SETTLE: Duration = Duration::from_secs(2);
 /// an earlier one at the same path to stop.
 const GENERATION_WAIT: Duration = Duration::from_secs(5);
 
+/// The schema, version 1, created in one transaction with
+/// [`names::TABLE`]:
+/// - `sessions`, and `elections` with their holders and token counters;
+/// - `session_locks`: the sessions whose process holds a lock on the notify
+///   file (device `dev`, inode `ino`) that the kernel ends with the process
+///   (see `liveness`); rows whose session is gone are deleted with the
+///   expired sessions;
+/// - planned moves (see `line`): `notes`, the notes sessions keep on
+///   elections (the line of standbys, a leader's chosen successor, transfer
+///   requests), in the order first put (`id`, never reused), gone with
+///   their session; and `releases`, the token of each election's last
+///   released grant, written in the releasing transaction, so that a
+///   successor tells a release from an expiry (lock-delay).
 const SCHEMA: &str = "
 CREATE TABLE sessions (
     id            INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -124,31 +137,12 @@ CREATE TABLE elections (
     holder_candidate TEXT,
     holder_token     INTEGER
 ) WITHOUT ROWID;
-";
-
-/// The sessions whose process holds a lock on the notify file (device
-/// `dev`, inode `ino`) that the kernel ends with the process (see
-/// `liveness`). Added to schema version 1 without changing its number:
-/// earlier versions never read it, and their sessions, having no row here,
-/// end at their TTL as before; rows whose session is gone are deleted with
-/// the expired sessions.
-const SESSION_LOCKS: &str = "
-CREATE TABLE IF NOT EXISTS session_locks (
+CREATE TABLE session_locks (
     session INTEGER PRIMARY KEY,
     dev     INTEGER NOT NULL,
     ino     INTEGER NOT NULL
 );
-";
-
-/// Planned moves (see `line`): the notes sessions keep on elections (the
-/// line of standbys, a leader's chosen successor, transfer requests), in
-/// the order first put (`id`, never reused), gone with their session; and
-/// the token of each election's last released grant, written in the
-/// releasing transaction, so that a successor tells a release from an
-/// expiry (lock-delay). Added to schema version 1 as `session_locks` was:
-/// earlier versions never read them.
-const PLANNED: &str = "
-CREATE TABLE IF NOT EXISTS notes (
+CREATE TABLE notes (
     id       INTEGER PRIMARY KEY AUTOINCREMENT,
     election TEXT    NOT NULL,
     session  INTEGER NOT NULL,
@@ -156,7 +150,7 @@ CREATE TABLE IF NOT EXISTS notes (
     text     TEXT    NOT NULL,
     UNIQUE (election, session, name)
 );
-CREATE TABLE IF NOT EXISTS releases (
+CREATE TABLE releases (
     election TEXT    PRIMARY KEY,
     token    INTEGER NOT NULL
 ) WITHOUT ROWID;
@@ -1121,7 +1115,7 @@ impl Db {
             .map_err(&err)?;
         conn.pragma_update(None, "synchronous", "FULL")
             .map_err(&err)?;
-        if identity.version == SCHEMA_VERSION && has_current_tables(&conn).map_err(&err)? {
+        if identity.version == SCHEMA_VERSION {
             return Ok(());
         }
         let tx = conn
@@ -1132,15 +1126,12 @@ impl Db {
         self.check_identity(identity)?;
         if identity.version == 0 {
             tx.execute_batch(SCHEMA).map_err(&err)?;
+            tx.execute_batch(names::TABLE).map_err(&err)?;
             tx.pragma_update(None, "application_id", APPLICATION_ID)
                 .map_err(&err)?;
             tx.pragma_update(None, "user_version", SCHEMA_VERSION)
                 .map_err(&err)?;
         }
-        // A database an earlier version created gets the tables too.
-        tx.execute_batch(SESSION_LOCKS).map_err(&err)?;
-        tx.execute_batch(PLANNED).map_err(&err)?;
-        tx.execute_batch(names::TABLE).map_err(&err)?;
         self.check_file()?;
         tx.commit().map_err(&err)
     }
@@ -1937,9 +1928,6 @@ impl Db {
     ) -> Result<(Vec<Note>, Option<Duration>, Vec<i64>)> {
         let conn = self.conn();
         self.usable(&conn)?;
-        if !has_table(&conn, "notes").map_err(self.err())? {
-            return Ok((Vec::new(), None, Vec::new()));
-        }
         let now = monotonic_ns();
         let mut stmt = conn
             .prepare_cached(
@@ -2006,9 +1994,6 @@ impl Db {
     fn last_release(&self, election: &ElectionName) -> Result<Option<FencingToken>> {
         let conn = self.conn();
         self.usable(&conn)?;
-        if !has_table(&conn, "releases").map_err(self.err())? {
-            return Ok(None);
-        }
         let token = conn
             .query_row(
                 "SELECT token FROM releases WHERE election = ?1",
@@ -2059,30 +2044,6 @@ impl Db {
             })
             .collect()
     }
-}
-
-/// Whether the tables added to schema version 1 later exist (a database
-/// an earlier version created has none until a writer of this version
-/// opens it).
-fn has_current_tables(conn: &Connection) -> rusqlite::Result<bool> {
-    conn.query_row(
-        "SELECT count(*) FROM sqlite_master WHERE type = 'table'
-         AND name IN ('session_locks', 'notes', 'releases', 'name_in_use')",
-        [],
-        |r| r.get::<_, i64>(0),
-    )
-    .map(|n| n == 4)
-}
-
-/// Whether `table` exists: a read-only handle on a database no writer of
-/// this version opened yet reads no notes and no releases.
-fn has_table(conn: &Connection, table: &str) -> rusqlite::Result<bool> {
-    conn.query_row(
-        "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = ?1",
-        params![table],
-        |r| r.get::<_, i64>(0),
-    )
-    .map(|n| n > 0)
 }
 
 fn is_busy(error: &Error) -> bool {

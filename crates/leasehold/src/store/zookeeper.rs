@@ -27,14 +27,9 @@
 //! `leasehold 1` (the layout version), and the nodes under it. The first
 //! use creates the root with the marker and `{root}/elections` in one
 //! transaction (parents of the root that are missing are created empty). A
-//! root that exists without the marker is refused before anything is
-//! written, unless everything under it has exactly the shape an earlier
-//! leasehold left (no data; one child `elections`, empty; under it empty
-//! persistent election nodes, under those only candidates ephemeral to
-//! the session their name gives, holding `{ttl_ms} {candidate}`): that one
-//! gets the marker, guarded by the root's version. Any node with data
-//! leasehold never writes makes the root another program's. Roots inside another leasehold store, and ZooKeeper's own
-//! `/zookeeper`, are refused. Within the space, a candidate is a node named
+//! root that exists without the marker is another program's, refused
+//! before anything is written. Roots inside another leasehold store, and
+//! ZooKeeper's own `/zookeeper`, are refused. Within the space, a candidate is a node named
 //! `c-{session}-{sequence}` that is ephemeral to that very session; other
 //! nodes among an election's candidates are skipped, with a warning. A
 //! store opened read-only ([`ZkStore::connect_read_only`]) writes nothing.
@@ -112,8 +107,8 @@
 //!   opening for writing makes (the `elections` node's create); the node's
 //!   ACL then tells whether it names the same user (a wrong password) or
 //!   another. A store opened read-only cannot tell.
-//! - A root made without credentials (an earlier leasehold, a run without
-//!   them) still works with credentials, with a warning at each opening
+//! - A root made by a run without credentials still works with
+//!   credentials, with a warning at each opening
 //!   that its nodes are open: leasehold never changes the ACL of a node it
 //!   did not create so. To protect such a store, stop its replicas and
 //!   delete the root (or choose a new one) so an authenticated run creates
@@ -783,14 +778,14 @@ impl Inner {
     }
 
     /// Checks that the root is a leasehold store this build can use and,
-    /// unless read-only, creates it if it does not exist, or marks it if an
-    /// earlier leasehold made it. Writes nothing otherwise.
+    /// unless read-only, creates it if it does not exist. Writes nothing
+    /// otherwise.
     async fn open_root(&self, client: &Client) -> Result<()> {
         self.refuse_enclosing_store(client).await?;
         let root = self.root.as_str();
         for _ in 0..ATTEMPTS {
-            let (data, stat) = match request("read the root node", client.get_data(root)).await? {
-                Ok(found) => found,
+            let data = match request("read the root node", client.get_data(root)).await? {
+                Ok((data, _)) => data,
                 Err(zookeeper_client::Error::NoNode) => {
                     if self.read_only {
                         return Err(Error::NotFound(format!(
@@ -805,29 +800,22 @@ impl Inner {
                 }
                 Err(error) => return Err(self.failed("read the root node", root, error)),
             };
-            match marker_version(&data) {
-                Some(found) if found > LAYOUT_VERSION => {
-                    return Err(Error::IncompatibleSchema {
-                        found,
-                        supported: LAYOUT_VERSION,
-                    });
-                }
-                Some(_) if self.read_only => return Ok(()),
+            return match marker_version(&data) {
+                Some(found) if found > LAYOUT_VERSION => Err(Error::IncompatibleSchema {
+                    found,
+                    supported: LAYOUT_VERSION,
+                }),
+                Some(_) if self.read_only => Ok(()),
                 Some(_) => {
                     self.restore_elections_node(client).await?;
                     self.warn_if_open(client).await;
-                    return Ok(());
+                    Ok(())
                 }
-                None => {}
-            }
-            self.refuse_unmarked_foreign(client, &data).await?;
-            if self.read_only {
-                return Ok(());
-            }
-            if self.mark_root(client, stat.version).await? {
-                self.warn_if_open(client).await;
-                return Ok(());
-            }
+                None => Err(Error::Corrupt(format!(
+                    "zookeeper node {root} exists but leasehold did not create it \
+                     (it holds no leasehold marker); use a root of its own"
+                ))),
+            };
         }
         Err(Error::Unavailable {
             reason: format!("zookeeper node {root} kept changing while leasehold checked it"),
@@ -927,8 +915,7 @@ impl Inner {
     }
 
     /// With credentials, warns if the root or its elections node lets
-    /// anyone change it (made without credentials, by an earlier leasehold
-    /// or an unauthenticated run): anyone can then delete leasehold's nodes
+    /// anyone change it (made by a run without credentials): anyone can then delete leasehold's nodes
     /// and depose a leader. Leasehold never changes the ACL of a node it
     /// did not create with the ACL it wants; new nodes under these get the
     /// guarded ACL, but ZooKeeper checks a delete against the parent.
@@ -957,51 +944,6 @@ impl Inner {
                  protect the store, stop every replica and delete the root (or use a new one) \
                  so that an authenticated run creates it again"
             );
-        }
-    }
-
-    /// Refuses a root without leasehold's marker (its `data`) unless it is
-    /// an earlier leasehold's: empty, and its nodes leasehold's.
-    async fn refuse_unmarked_foreign(&self, client: &Client, data: &[u8]) -> Result<()> {
-        let root = self.root.as_str();
-        let foreign = if data.is_empty() {
-            self.foreign_in_earlier_layout(client).await?
-        } else {
-            Some(root.to_owned())
-        };
-        let Some(node) = foreign else {
-            return Ok(());
-        };
-        let which = if node == root {
-            String::new()
-        } else {
-            format!(", and {node} is not leasehold's")
-        };
-        Err(Error::Corrupt(format!(
-            "zookeeper node {root} exists but leasehold did not create it \
-             (it holds no leasehold marker{which}); use a root of its own"
-        )))
-    }
-
-    /// Marks an earlier leasehold's root, read at `version`, with this
-    /// layout; `false` if it changed meanwhile (to be read again).
-    async fn mark_root(&self, client: &Client, version: i32) -> Result<bool> {
-        let root = self.root.as_str();
-        match request(
-            "mark the root node",
-            client.set_data(root, &marker(LAYOUT_VERSION), Some(version)),
-        )
-        .await?
-        {
-            Ok(_) => {
-                tracing::debug!(root, "marked an earlier leasehold's zookeeper root");
-                Ok(true)
-            }
-            Err(zookeeper_client::Error::BadVersion | zookeeper_client::Error::NoNode) => Ok(false),
-            Err(zookeeper_client::Error::NoAuth) => Err(self
-                .explain_denial(client, "mark the root node", root, Permission::WRITE)
-                .await),
-            Err(error) => Err(self.failed("mark the root node", root, error)),
         }
     }
 
@@ -1040,86 +982,6 @@ impl Inner {
                 .await),
             Err(error) => Err(self.failed(WHAT, parent, error)),
         }
-    }
-
-    /// Whether the root (whose data is empty) has exactly the shape an
-    /// earlier leasehold (before the marker) left: one child `elections`,
-    /// empty and persistent; under it, election nodes named as elections,
-    /// empty and persistent; under those, only candidates, each ephemeral
-    /// to the session its name gives and holding `{ttl_ms} {candidate}`.
-    /// `Some(node)` names the first node that is not leasehold's: a node
-    /// with data leasehold never writes makes the root another program's.
-    async fn foreign_in_earlier_layout(&self, client: &Client) -> Result<Option<String>> {
-        let root = self.root.as_str();
-        let children = request("read the root node", client.list_children(root))
-            .await?
-            .map_err(|e| self.failed("read the root node", root, e))?;
-        if children != ["elections"] {
-            let other = children.iter().find(|c| *c != "elections");
-            return Ok(Some(match other {
-                Some(child) => format!("{root}/{child}"),
-                None => root.to_owned(),
-            }));
-        }
-        let elections = self.elections_dir();
-        // A node read: `None` when it is gone (an ephemeral candidate may
-        // go at any time).
-        let read = |path: String| async move {
-            match request("read the store", client.get_data(&path)).await? {
-                Ok(found) => Ok(Some(found)),
-                Err(zookeeper_client::Error::NoNode) => Ok(None),
-                Err(error) => Err(self.failed("read the store", &path, error)),
-            }
-        };
-        let list = |path: String| async move {
-            match request("read the store", client.list_children(&path)).await? {
-                Ok(found) => Ok(Some(found)),
-                Err(zookeeper_client::Error::NoNode) => Ok(None),
-                Err(error) => Err(self.failed("read the store", &path, error)),
-            }
-        };
-        let plain = |data: &[u8], stat: &zookeeper_client::Stat| {
-            data.is_empty() && stat.ephemeral_owner == 0
-        };
-        match read(elections.clone()).await? {
-            Some((data, stat)) if plain(&data, &stat) => {}
-            _ => return Ok(Some(elections)),
-        }
-        let Some(names) = list(elections.clone()).await? else {
-            return Ok(Some(elections));
-        };
-        for name in names {
-            let dir = format!("{elections}/{name}");
-            if decode(&name).is_none() {
-                return Ok(Some(dir));
-            }
-            match read(dir.clone()).await? {
-                Some((data, stat)) if plain(&data, &stat) => {}
-                Some(_) => return Ok(Some(dir)),
-                // Deleted meanwhile: nothing of it is left to judge.
-                None => continue,
-            }
-            let Some(nodes) = list(dir.clone()).await? else {
-                continue;
-            };
-            let named = queue(nodes.clone());
-            for node in nodes {
-                let path = format!("{dir}/{node}");
-                let Some(candidate) = named.iter().find(|c| c.name == node) else {
-                    return Ok(Some(path));
-                };
-                match read(path.clone()).await? {
-                    Some((data, stat))
-                        if owned(candidate, &stat)
-                            && stat.num_children == 0
-                            && parse_node_data(&path, &data).is_ok() => {}
-                    Some(_) => return Ok(Some(path)),
-                    // An ephemeral candidate whose session ended.
-                    None => {}
-                }
-            }
-        }
-        Ok(None)
     }
 
     fn election_dir(&self, election: &ElectionName) -> String {

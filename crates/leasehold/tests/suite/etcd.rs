@@ -709,49 +709,6 @@ async fn an_idle_handle_keeps_its_watches_without_reading() {
     }
 }
 
-/// A prefix an earlier leasehold (before the marker) filled is read as it
-/// is read-only, and gets the marker on its first use for writing.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_prefix_an_earlier_leasehold_filled_is_adopted() {
-    let cluster = cluster().await;
-    let endpoints = cluster.endpoints();
-    let granted = etcdctl(&cluster, &["lease", "grant", "60"]);
-    let lease = granted
-        .split_whitespace()
-        .nth(1)
-        .expect("`lease ID granted with TTL(60s)`")
-        .to_owned();
-    let id = i64::from_str_radix(&lease, 16).expect("hex lease id");
-    etcdctl(&cluster, &["put", "/old/k/job", ""]);
-    etcdctl(
-        &cluster,
-        &[
-            "put",
-            &format!("/old/e/job/{id:016x}"),
-            "earlier",
-            &format!("--lease={lease}"),
-        ],
-    );
-    let before = dump(&cluster, "/old");
-    let job = leasehold::ElectionName::new("job").expect("name");
-    let reader =
-        EtcdStore::connect_read_only(&endpoints, "/old", &leasehold::store::Security::none())
-            .await
-            .expect("read-only");
-    let leader = reader.leader(&job).await.expect("read").expect("a leader");
-    assert_eq!(leader.candidate.as_str(), "earlier");
-    assert_eq!(dump(&cluster, "/old"), before, "read-only wrote");
-    let store = EtcdStore::connect(&endpoints, "/old", &leasehold::store::Security::none())
-        .await
-        .expect("adopted");
-    assert_eq!(
-        etcdctl(&cluster, &["get", "/old/leasehold", "--print-value-only"]),
-        "leasehold 1\n"
-    );
-    let leader = store.leader(&job).await.expect("read").expect("a leader");
-    assert_eq!(leader.candidate.as_str(), "earlier");
-}
-
 /// Reading a prefix where no store was ever created says so and writes
 /// nothing; a store opened read-only opens no session.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -658,8 +658,7 @@ async fn a_schema_leasehold_did_not_create_is_refused_untouched() {
 }
 
 /// Reading a schema that does not exist says so and creates nothing; a
-/// store opened read-only opens no session. A schema an earlier leasehold
-/// created (its `schema_version` is the marker) is used as it is.
+/// store opened read-only opens no session.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reading_a_schema_that_does_not_exist_creates_nothing() {
     let server = server().await;

@@ -367,36 +367,26 @@ fn a_notify_file_of_another_user_is_refused() {
 }
 
 /// The notify file is created complete, with a marker, and announcing
-/// grants and releases never changes its content — nor that of the single
-/// byte earlier versions left.
+/// grants and releases never changes its content.
 #[tokio::test]
 async fn the_notify_file_is_created_with_a_marker_and_never_changed() {
-    for legacy in [false, true] {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let path = dir.path().join("leasehold.db");
-        let notify = sibling(&path, "-notify");
-        if legacy {
-            std::fs::write(&notify, [1u8]).expect("write");
-        }
-        let store = SqliteStore::open(&path).expect("open");
-        let before = std::fs::read(&notify).expect("read");
-        if legacy {
-            assert_eq!(before, [1u8]);
-        } else {
-            assert!(
-                before.starts_with(b"\x01leasehold notify file\n"),
-                "{before:?}"
-            );
-        }
-        let election = leasehold::testing::unique_election("notify");
-        for _ in 0..3 {
-            let grant =
-                leasehold::testing::campaign_on_new_session(&store, &election, "a", MINUTE).await;
-            store.resign(&grant).await.expect("resign");
-            store.close_session(grant.session).await.expect("close");
-        }
-        assert_eq!(std::fs::read(&notify).expect("read"), before);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("leasehold.db");
+    let notify = sibling(&path, "-notify");
+    let store = SqliteStore::open(&path).expect("open");
+    let before = std::fs::read(&notify).expect("read");
+    assert!(
+        before.starts_with(b"\x01leasehold notify file\n"),
+        "{before:?}"
+    );
+    let election = leasehold::testing::unique_election("notify");
+    for _ in 0..3 {
+        let grant =
+            leasehold::testing::campaign_on_new_session(&store, &election, "a", MINUTE).await;
+        store.resign(&grant).await.expect("resign");
+        store.close_session(grant.session).await.expect("close");
     }
+    assert_eq!(std::fs::read(&notify).expect("read"), before);
 }
 
 /// The database deleted (with its -wal and -shm) under a leader: the

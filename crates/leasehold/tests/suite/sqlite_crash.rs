@@ -486,10 +486,8 @@ async fn a_helper_holding_the_lock_file_keeps_the_session_alive() {
     granted_within(&mut waiter, FAST, "after the helper was killed").await;
 }
 
-/// A session without a lock record — as every session an earlier
-/// leasehold wrote — is never taken for dead: it ends at its TTL. And a
-/// database an earlier version created gets the record table on the first
-/// open for writing, its rows left as they were.
+/// A session without a lock record is never taken for dead: it ends at
+/// its TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_without_a_lock_record_end_at_their_ttl() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -515,42 +513,6 @@ async fn sessions_without_a_lock_record_end_at_their_ttl() {
     .await;
     let (granted_at, _) = granted_within(&mut waiter, FAST, "after the TTL").await;
     assert!(granted_at - killed_at >= ttl / 2);
-
-    // A database as an earlier version wrote it: no session_locks table.
-    let old = dir.path().join("old.db");
-    {
-        let conn = sql(&old);
-        conn.execute_batch(
-            "PRAGMA journal_mode = WAL;
-             CREATE TABLE sessions (
-                 id INTEGER PRIMARY KEY AUTOINCREMENT, boot_id TEXT NOT NULL,
-                 expires_at_ns INTEGER NOT NULL, ttl_ms INTEGER NOT NULL, pid INTEGER NOT NULL);
-             CREATE TABLE elections (
-                 name TEXT PRIMARY KEY, last_token INTEGER NOT NULL, holder_session INTEGER,
-                 holder_candidate TEXT, holder_token INTEGER) WITHOUT ROWID;
-             INSERT INTO elections VALUES ('kept', 41, NULL, NULL, NULL);
-             PRAGMA application_id = 1280526404;
-             PRAGMA user_version = 1;",
-        )
-        .expect("an earlier version's database");
-    }
-    let store = SqliteStore::open(&old).expect("open the earlier version's database");
-    let grant = leasehold::testing::campaign_on_new_session(
-        &store,
-        &ElectionName::new("kept").expect("name"),
-        "a",
-        LONG_TTL,
-    )
-    .await;
-    assert_eq!(grant.token.0, 42);
-    let tables: i64 = sql(&old)
-        .query_row(
-            "SELECT count(*) FROM sqlite_master WHERE name = 'session_locks'",
-            [],
-            |r| r.get(0),
-        )
-        .expect("count");
-    assert_eq!(tables, 1);
 }
 
 /// The notify file is the one the session's lock was recorded on: after

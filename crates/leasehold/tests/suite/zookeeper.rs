@@ -616,35 +616,6 @@ async fn nodes_leasehold_did_not_create_are_never_taken_for_a_leader() {
     );
 }
 
-/// A root an earlier leasehold (before the marker) made is read as it is
-/// read-only, and marked on its first use for writing.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_root_an_earlier_leasehold_made_is_adopted() {
-    let server = server().await;
-    let raw = raw_client(&server).await;
-    raw.mkdir("/old/elections/job", &persistent())
-        .await
-        .expect("an earlier leasehold's nodes");
-    let reader = ZkStore::connect_read_only(
-        &server.endpoints(),
-        "/old",
-        &leasehold::store::Security::none(),
-    )
-    .await
-    .expect("read-only");
-    let job = leasehold::ElectionName::new("job").expect("name");
-    assert_eq!(reader.leader(&job).await.expect("read"), None);
-    assert_eq!(raw.get_data("/old").await.expect("read").0, b"", "written");
-    ZkStore::connect(
-        &server.endpoints(),
-        "/old",
-        &leasehold::store::Security::none(),
-    )
-    .await
-    .expect("adopted");
-    assert_eq!(raw.get_data("/old").await.expect("read").0, b"leasehold 1");
-}
-
 /// Reading a root that does not exist says so and creates nothing; a store
 /// opened read-only opens no session.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -687,13 +658,12 @@ async fn reading_a_root_that_does_not_exist_creates_nothing() {
     ));
 }
 
-/// A node another program made with leasehold-like child names is not an
-/// earlier leasehold's root: any node with data leasehold never writes
-/// (an election node with data, an `elections` node with data, a
-/// persistent node named like a candidate) makes it refused, read-only
-/// too, and left untouched (before: marked "leasehold 1" and written to).
+/// A node another program made with leasehold-like child names (an
+/// election node with data, an `elections` node with data, a persistent
+/// node named like a candidate) is not leasehold's without the marker: it
+/// is refused, read-only too, and left untouched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_foreign_node_shaped_like_an_earlier_leasehold_root_is_refused_untouched() {
+async fn a_foreign_node_shaped_like_a_leasehold_root_is_refused_untouched() {
     let server = server().await;
     let raw = raw_client(&server).await;
     let nodes: [(&str, &[u8]); 9] = [

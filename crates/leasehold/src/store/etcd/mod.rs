@@ -28,9 +28,7 @@
 //! The first writer creates the marker in a transaction that requires the
 //! prefix to hold no key at all, and no enclosing prefix to hold a store,
 //! so a prefix that holds other programs' keys is refused before anything
-//! is written. A prefix that a version before the marker filled (only
-//! keys of leasehold's shape) gets the marker, in a transaction that
-//! requires no key to have changed since they were checked. Within the
+//! is written. Within the
 //! space, leasehold writes only keys it creates: a candidate key is
 //! created only if absent, and an election's `{prefix}/k/{election}` key
 //! only if absent (it is never overwritten). Keys it did not write that
@@ -293,8 +291,9 @@ fn marker_version(kv: &KeyValue) -> Result<i64> {
 struct Survey {
     revision: i64,
     marker: Option<KeyValue>,
-    /// How many keys are under `{prefix}/`, the marker included.
-    keys: i64,
+    /// The first key under `{prefix}/` (the marker, when it is the only
+    /// one), if any.
+    first_key: Option<Vec<u8>>,
     /// An enclosing prefix that holds a leasehold store.
     enclosing: Option<String>,
     /// The enclosing prefixes' marker keys this client may read (all of
@@ -422,7 +421,7 @@ impl EtcdStore {
             .collect()
     }
 
-    /// Reads the marker, how many keys the prefix holds and the markers of
+    /// Reads the marker, the prefix's first key and the markers of
     /// enclosing prefixes, in one transaction.
     ///
     /// With etcd's authentication on, a user may be granted its prefix
@@ -471,14 +470,15 @@ impl EtcdStore {
         Ok(survey)
     }
 
-    /// The marker, the count of keys under the prefix and the `enclosing`
+    /// The marker, the first key under the prefix and the `enclosing`
     /// markers, read in one transaction.
     async fn survey_with(&self, enclosing: &[String]) -> Result<Survey, EtcdError> {
         let mut reads = vec![
             get(self.marker_key()),
             RequestOp {
                 request: Some(pb::request_op::Request::RequestRange(RangeRequest {
-                    count_only: true,
+                    limit: 1,
+                    keys_only: true,
                     ..range_of_prefix(&self.space())
                 })),
             },
@@ -495,7 +495,10 @@ impl EtcdStore {
             _ => pb::RangeResponse::default(),
         });
         let marker = ranges.next().and_then(|r| r.kvs.into_iter().next());
-        let keys = ranges.next().map_or(0, |r| r.count);
+        let first_key = ranges
+            .next()
+            .and_then(|r| r.kvs.into_iter().next())
+            .map(|kv| kv.key);
         let found = ranges
             .zip(enclosing)
             .find(|(r, _)| r.kvs.first().is_some_and(|kv| marker_version(kv).is_ok()))
@@ -503,15 +506,15 @@ impl EtcdStore {
         Ok(Survey {
             revision: revision_of(read.header.as_ref()),
             marker,
-            keys,
+            first_key,
             enclosing: found,
             readable: enclosing.to_vec(),
         })
     }
 
     /// Checks that the prefix is a leasehold store this build can use, and
-    /// (unless read-only) makes it one if it is empty or was filled by a
-    /// leasehold without the marker. Writes nothing otherwise.
+    /// (unless read-only) makes it one if it is empty. Writes nothing
+    /// otherwise.
     async fn open_space(&self) -> Result<()> {
         for attempt in 0..ATTEMPTS {
             let survey = if attempt == 0 {
@@ -522,10 +525,8 @@ impl EtcdStore {
             if self.is_usable_store(&survey)? {
                 return Ok(());
             }
-            let Some(guards) = self.marking_guards(&survey).await? else {
-                return Ok(());
-            };
-            if self.mark_space(guards, survey.keys > 0).await? {
+            let guards = self.marking_guards(&survey)?;
+            if self.mark_space(guards).await? {
                 return Ok(());
             }
             // The prefix changed between the read and the write: read again.
@@ -583,12 +584,26 @@ impl EtcdStore {
     }
 
     /// The conditions under which the unmarked, surveyed prefix may be
-    /// marked: empty, or as an earlier leasehold left it (checked), and
-    /// unchanged; `None` when read-only and there is nothing to refuse.
-    async fn marking_guards(&self, survey: &Survey) -> Result<Option<Vec<pb::Compare>>> {
-        let space = range_of_prefix(&self.space());
+    /// marked: empty, and no enclosing prefix became a store. A prefix that
+    /// holds any key is refused with [`Error::Corrupt`], naming one; an
+    /// empty one opened read-only is [`Error::NotFound`].
+    fn marking_guards(&self, survey: &Survey) -> Result<Vec<pb::Compare>> {
+        if let Some(key) = &survey.first_key {
+            return Err(Error::Corrupt(format!(
+                "etcd prefix {} holds keys leasehold did not write (such as {}); \
+                 use a prefix of its own",
+                self.prefix,
+                shown(key)
+            )));
+        }
+        if self.read_only {
+            return Err(Error::NotFound(format!(
+                "at etcd prefix {}: nothing has campaigned there yet",
+                self.prefix
+            )));
+        }
         // No enclosing prefix (that this client may read) became a store
-        // meanwhile.
+        // meanwhile, and the prefix is still empty.
         let mut guards: Vec<pb::Compare> = survey
             .readable
             .iter()
@@ -601,29 +616,13 @@ impl EtcdStore {
                 unchanged_since(&key, survey.revision)
             })
             .collect();
-        if survey.keys == 0 {
-            if self.read_only {
-                return Err(Error::NotFound(format!(
-                    "at etcd prefix {}: nothing has campaigned there yet",
-                    self.prefix
-                )));
-            }
-            guards.push(no_key_in(&space));
-        } else {
-            self.check_earlier_layout(&space, survey.revision).await?;
-            if self.read_only {
-                return Ok(None);
-            }
-            guards.push(created_at(self.marker_key(), 0));
-            guards.push(unchanged_since(&space, survey.revision));
-        }
-        Ok(Some(guards))
+        guards.push(no_key_in(&range_of_prefix(&self.space())));
+        Ok(guards)
     }
 
     /// Writes the marker if `guards` hold; `false` if they did not (the
-    /// prefix changed). `adopted`: the prefix held an earlier leasehold's
-    /// keys.
-    async fn mark_space(&self, guards: Vec<pb::Compare>, adopted: bool) -> Result<bool> {
+    /// prefix changed).
+    async fn mark_space(&self, guards: Vec<pb::Compare>) -> Result<bool> {
         let txn = TxnRequest {
             compare: guards,
             success: vec![put(
@@ -634,55 +633,10 @@ impl EtcdStore {
             failure: Vec::new(),
         };
         if self.txn("create the store", txn).await?.succeeded {
-            tracing::debug!(prefix = %self.prefix, adopted, "marked the etcd prefix as leasehold's");
+            tracing::debug!(prefix = %self.prefix, "marked the etcd prefix as leasehold's");
             return Ok(true);
         }
         Ok(false)
-    }
-
-    /// Checks that every key under the prefix (read at `revision`) has the
-    /// shape a leasehold without the marker wrote: `k/{election}` keys,
-    /// empty and without a lease, and candidate keys. `Corrupt`, naming
-    /// one key, otherwise.
-    async fn check_earlier_layout(&self, space: &RangeRequest, revision: i64) -> Result<()> {
-        let all = self
-            .range(
-                "read the store",
-                RangeRequest {
-                    revision,
-                    ..space.clone()
-                },
-            )
-            .await?;
-        let space = self.space();
-        let foreign = all.kvs.iter().find(|kv| {
-            let Some(rest) = kv.key.strip_prefix(space.as_bytes()) else {
-                return true;
-            };
-            if let Some(name) = rest.strip_prefix(b"k/") {
-                let named = std::str::from_utf8(name).is_ok_and(|n| ElectionName::new(n).is_ok());
-                return !(named && kv.value.is_empty() && kv.lease == 0);
-            }
-            let candidate = rest
-                .strip_prefix(b"e/")
-                .and_then(|rest| std::str::from_utf8(rest).ok())
-                .and_then(|rest| rest.rsplit_once('/'))
-                .and_then(|(escaped, _)| ElectionName::new(escaped.replace("%2F", "/")).ok())
-                .is_some_and(|election| {
-                    self.candidate_in(&self.election_prefix(&election), kv)
-                        .is_some()
-                });
-            !candidate
-        });
-        match foreign {
-            None => Ok(()),
-            Some(kv) => Err(Error::Corrupt(format!(
-                "etcd prefix {} holds keys leasehold did not write (such as {}); \
-                 use a prefix of its own",
-                self.prefix,
-                shown(&kv.key)
-            ))),
-        }
     }
 
     /// `{prefix}/e/{election}/`; slashes in the name are escaped so that no

@@ -3,7 +3,7 @@
 //! server's clock), in the order first put (`seq`). `put_note` and
 //! `delete_note` are one statement each and `NOTIFY` the store's channel
 //! with `"#n {election}"`; the release records its token in
-//! `{schema}.releases` in the same statement (`postgres/planned.sql`).
+//! `{schema}.releases` in the same statement (`postgres/schema.sql`).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -111,7 +111,7 @@ impl Inner {
     /// its session expires unless renewed.
     async fn note_rows(&self, election: &ElectionName) -> Result<Vec<(Note, Duration)>> {
         let client = self.client().await?;
-        let rows = match timed(
+        let rows = timed(
             "read notes",
             client.query(
                 &format!(
@@ -127,12 +127,7 @@ impl Inner {
                 &[&election.as_str()],
             ),
         )
-        .await
-        {
-            Ok(rows) => rows,
-            Err(_) if self.lacks_planned_tables(&client).await? => return Ok(Vec::new()),
-            Err(error) => return Err(error),
-        };
+        .await?;
         Ok(rows
             .into_iter()
             .map(|row| {
@@ -154,7 +149,7 @@ impl Inner {
         election: &ElectionName,
     ) -> Result<Option<FencingToken>> {
         let client = self.client().await?;
-        let row = match timed(
+        let row = timed(
             "read the last release",
             client.query_opt(
                 &format!(
@@ -164,29 +159,8 @@ impl Inner {
                 &[&election.as_str()],
             ),
         )
-        .await
-        {
-            Ok(row) => row,
-            Err(_) if self.lacks_planned_tables(&client).await? => None,
-            Err(error) => return Err(error),
-        };
-        Ok(row.map(|row| FencingToken::from_stored(row.get(0))))
-    }
-
-    /// Whether the schema lacks the tables for planned moves: one an
-    /// earlier version created, read by a read-only handle before any
-    /// writer of this version opened it (which adds them). It has no
-    /// notes and no recorded release then.
-    async fn lacks_planned_tables(&self, client: &tokio_postgres::Client) -> Result<bool> {
-        let row = timed(
-            "look for the tables of planned moves",
-            client.query_one(
-                "SELECT to_regclass($1) IS NULL OR to_regclass($2) IS NULL",
-                &[&self.table("notes"), &self.table("releases")],
-            ),
-        )
         .await?;
-        Ok(row.get(0))
+        Ok(row.map(|row| FencingToken::from_stored(row.get(0))))
     }
 
     /// Watches `election`'s notes, or with `only` that one note. A notice

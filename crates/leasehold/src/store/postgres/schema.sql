@@ -20,6 +20,16 @@ CREATE TABLE {schema}.waiters (
     election text NOT NULL,
     session bigint NOT NULL,
     UNIQUE (election, session));
+CREATE TABLE {schema}.notes (
+    seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    election text NOT NULL,
+    session bigint NOT NULL,
+    name text NOT NULL,
+    text text NOT NULL,
+    UNIQUE (election, session, name));
+CREATE TABLE {schema}.releases (
+    election text PRIMARY KEY,
+    token bigint NOT NULL);
 CREATE OR REPLACE FUNCTION {schema}.queue_head(
     p_name text, OUT o_session bigint, OUT o_left_ms bigint)
 LANGUAGE sql AS $fn$
@@ -124,6 +134,8 @@ BEGIN
     IF NOT FOUND THEN
         RETURN false;
     END IF;
+    INSERT INTO {schema}.releases (election, token) VALUES (p_name, p_token)
+        ON CONFLICT (election) DO UPDATE SET token = excluded.token;
     PERFORM {schema}.notify_release(p_name);
     RETURN true;
 END
@@ -154,6 +166,39 @@ BEGIN
         FROM (SELECT name AS n FROM released UNION SELECT election FROM unqueued) x;
     DELETE FROM {schema}.sessions h WHERE h.id = p_session;
     PERFORM {schema}.notify_release(n) FROM unnest(coalesce(v_names, '{}')) n;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION {schema}.put_note(
+    p_name text, p_session bigint, p_note text, p_text text) RETURNS boolean
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    PERFORM 1 FROM {schema}.sessions h
+        WHERE h.id = p_session AND h.expires_at > clock_timestamp() FOR SHARE;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    DELETE FROM {schema}.notes n
+        WHERE n.election = p_name AND NOT EXISTS (
+            SELECT 1 FROM {schema}.sessions h
+            WHERE h.id = n.session AND h.expires_at > clock_timestamp());
+    INSERT INTO {schema}.notes (election, session, name, text)
+        VALUES (p_name, p_session, p_note, p_text)
+        ON CONFLICT (election, session, name) DO UPDATE SET text = excluded.text;
+    PERFORM pg_notify('leasehold_{schema}', '#n ' || p_name);
+    RETURN true;
+END
+$fn$;
+
+CREATE OR REPLACE FUNCTION {schema}.delete_note(
+    p_name text, p_session bigint, p_note text) RETURNS void
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    DELETE FROM {schema}.notes n
+        WHERE n.election = p_name AND n.session = p_session AND n.name = p_note;
+    IF FOUND THEN
+        PERFORM pg_notify('leasehold_{schema}', '#n ' || p_name);
+    END IF;
 END
 $fn$;
 

@@ -50,11 +50,10 @@
 //! session of its own, which gives it an open file description of its
 //! own). Slower, never unsafe.
 //!
-//! Sessions without a record — written by an earlier leasehold, or when the
-//! notify file cannot carry locks (not writable by this user, or on a
-//! filesystem not known to be local) — and records naming another notify
-//! file (it was deleted and created anew) are never tested: they end at
-//! their TTL, as before.
+//! Sessions without a record — opened while the notify file could not
+//! carry locks (not writable by this user, or on a filesystem not known to
+//! be local) — and records naming another notify file (it was deleted and
+//! created anew) are never tested: they end at their TTL.
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};

@@ -15,8 +15,7 @@
 //! - An existing one is used only if it is a regular file, not a symbolic
 //!   link (opened with `O_NOFOLLOW | O_NONBLOCK`, so a FIFO never blocks),
 //!   owned by the database's owner or by this user, whose content starts
-//!   with [`MARKER`] (or is the single byte 0x01 that earlier versions
-//!   wrote). Anything else is refused before anything is written.
+//!   with [`MARKER`]. Anything else is refused before anything is written.
 //! - The only write is the byte 0x01 at offset 0, which is already there:
 //!   the content never changes; the write is what wakes the watchers. The
 //!   marker is checked again before each write.
@@ -65,9 +64,6 @@ this host wake up; the content never changes. Processes using the database\n\
 hold a shared lock on this file, and each of their sessions a lock on one\n\
 byte past its end (the kernel ends it when the process dies). It may be\n\
 removed while no leasehold process uses the database.\n";
-
-/// What earlier versions of leasehold left in the file.
-const LEGACY: &[u8] = &[1];
 
 /// If inotify cannot be used (e.g. the per-user instance limit is reached),
 /// waiters fall back to re-reading on this period.
@@ -250,10 +246,9 @@ fn check_opened(path: &Path, file: &File, owners: &[u32]) -> Result<()> {
     Ok(())
 }
 
-/// Whether `file` begins with leasehold's marker (or is what earlier
-/// versions wrote).
+/// Whether `file` begins with leasehold's marker.
 fn has_marker(file: &File) -> bool {
-    let mut head = [0u8; MARKER.len() + 1];
+    let mut head = [0u8; MARKER.len()];
     let mut read = 0;
     while read < head.len() {
         match file.read_at(&mut head[read..], read as u64) {
@@ -263,8 +258,7 @@ fn has_marker(file: &File) -> bool {
             Err(_) => return false,
         }
     }
-    let head = &head[..read];
-    head.starts_with(MARKER) || head == LEGACY
+    head[..read].starts_with(MARKER)
 }
 
 /// Creates the notify file next to `db_path`, or opens the one another

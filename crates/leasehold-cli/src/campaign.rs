@@ -39,9 +39,19 @@ pub async fn run(args: CampaignArgs) -> anyhow::Result<ExitCode> {
     for _ in 0..args.rounds {
         emit(&event("campaigning", None, None))?;
         let leadership = tokio::select! {
-            outcome = elector.campaign(election) => {
-                outcome.with_context(|| format!("campaign for {election} failed"))?
-            }
+            outcome = elector.campaign(election) => match outcome {
+                Ok(leadership) => leadership,
+                Err(error) => {
+                    // Out of the line and the session closed now, not at
+                    // the TTL: a store that cannot tell that this process
+                    // ended would keep it waiting in front of the others.
+                    if let Err(closing) = elector.close().await {
+                        tracing::debug!(error = %closing, "could not close the session");
+                    }
+                    return Err(anyhow::Error::new(error)
+                        .context(format!("campaign for {election} failed")));
+                }
+            },
             signal = signals.recv() => {
                 tracing::info!(%signal, "stopping while waiting to lead");
                 break;

@@ -497,6 +497,74 @@ fn a_second_name_for_the_database_is_refused_while_the_first_leads() {
     );
 }
 
+/// Another database file (a copy of the store, and another leasehold
+/// database) bind-mounted over the store's path in a mount namespace of
+/// its own while a replica leads through the path: the path's `-wal`,
+/// `-shm` and `-notify` are the leader's. `run` there is refused (exit 1,
+/// one line), the leader keeps its term and the copy is left intact
+/// (before: the leader's -wal was emptied or paired with the copy, the
+/// leader was granted its token again, and the copy was left malformed).
+#[test]
+fn another_database_mounted_over_the_path_of_a_leader_is_refused() {
+    let scratch = Scratch::new();
+    let (_a, command, _) = leading(&scratch);
+    let db = scratch.path("leasehold.db");
+    let copy = scratch.path("copy.db");
+    let other = scratch.path("other.db");
+    rusqlite::Connection::open(&db)
+        .and_then(|c| c.execute("VACUUM INTO ?1", [copy.to_str().expect("UTF-8")]))
+        .expect("copy the store");
+    let out = leasehold()
+        .args(["campaign", "-e", "elsewhere", "--hold", "0s"])
+        .args(["--store", &format!("sqlite:{}", other.display())])
+        .output()
+        .expect("campaign");
+    assert!(out.status.success(), "{}", super::harness::stderr(&out));
+    for (name, mounted) in [("copy", &copy), ("other", &other)] {
+        let script = format!(
+            "mount --bind {} {} && exec \"$@\"",
+            mounted.display(),
+            db.display()
+        );
+        let (code, err) = finish(
+            &scratch,
+            name,
+            Command::new("unshare")
+                .args([
+                    "--mount",
+                    "--propagation",
+                    "private",
+                    "sh",
+                    "-c",
+                    &script,
+                    "sh",
+                ])
+                .arg(env!("CARGO_BIN_EXE_leasehold"))
+                .args([
+                    "run",
+                    "-e",
+                    "nightly-billing",
+                    "--store",
+                    &scratch.store_url(),
+                ])
+                .args(["--", "sh", "-c", "echo MOUNTED >> billing.log"])
+                .current_dir(scratch.dir.path()),
+        );
+        assert_refused(code, &err, "another database file open at this path");
+        let check: String = rusqlite::Connection::open(mounted)
+            .and_then(|c| c.query_row("PRAGMA integrity_check", [], |r| r.get(0)))
+            .expect("read the mounted file");
+        assert_eq!(check, "ok", "{name} was damaged");
+    }
+    assert!(alive(command), "the leader's command was stopped");
+    assert_eq!(runs(&scratch).len(), 1, "the election was granted again");
+    assert!(
+        !read_lines(&scratch.path("billing.log"))
+            .iter()
+            .any(|l| l == "MOUNTED")
+    );
+}
+
 /// Runs the binary (a copy anyone may run, in `dir`) as `user` with
 /// `args`; its exit code, stdout and stderr. Needs root, as CI runs.
 /// With `observe` first, it runs for a second under `timeout` (exit 124).

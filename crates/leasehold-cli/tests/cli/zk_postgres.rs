@@ -524,3 +524,27 @@ fn twelve_shards_over_three_replicas_on_postgres() {
         &Scratch::new(),
     );
 }
+
+/// A campaign refused as corrupt (its counter set below zero by hand)
+/// leaves nobody waiting: its session is closed as it exits, so once the
+/// counter is set right the next campaign is granted at once (before: the
+/// exited process stayed in line for its TTL, shown by `status`, and the
+/// next campaign waited behind it).
+#[test]
+fn a_refused_campaign_leaves_nobody_waiting_on_postgres() {
+    let server = PostgresServer::start();
+    let store = server.url();
+    let (code, err, _) = leasehold_on(&store, &["campaign", "--election", "job", "--hold", "0s"]);
+    assert_eq!(code, Some(0), "{err}");
+    psql(
+        &server,
+        "UPDATE leasehold.elections SET token = -7 WHERE name = 'job'",
+    );
+    let (code, err, _) = leasehold_on(&store, &["campaign", "--election", "job", "--ttl", "60s"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("no count of grants"), "{err}");
+    let (code, err, out) = leasehold_on(&store, &["status", "--election", "job", "--json"]);
+    assert_eq!(code, Some(0), "{err}");
+    let status: serde_json::Value = serde_json::from_slice(&out).expect("status --json");
+    assert_eq!(status["candidates"], serde_json::json!([]), "{status}");
+}

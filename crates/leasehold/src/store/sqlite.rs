@@ -618,7 +618,8 @@ fn check_path(path: &Path, read_only: bool) -> Result<Option<Metadata>> {
         Some(_) if !read_only => match nix::unistd::access(path, nix::unistd::AccessFlags::W_OK) {
             Err(error @ (nix::errno::Errno::EACCES | nix::errno::Errno::EROFS)) => {
                 Err(Error::Denied(format!(
-                    "{shown} is not writable by this user ({error}), so it cannot campaign                      there; `status`, `list` and `observe` only read it; nothing was written"
+                    "{shown} is not writable by this user ({error}), so it cannot campaign \
+                     there; `status`, `list` and `observe` only read it; nothing was written"
                 )))
             }
             _ => Ok(existing),

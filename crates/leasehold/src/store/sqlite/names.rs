@@ -57,7 +57,10 @@ use nix::fcntl::FcntlArg;
 use nix::libc;
 use rusqlite::{Connection, params};
 
-use super::{BUSY_TIMEOUT, OnDisk, lock_unused, on_disk, open_connection, sibling, sql_error};
+use super::{
+    BUSY_TIMEOUT, OnDisk, SHARED_FIRST, SHARED_SIZE, lock_unused, on_disk, open_connection,
+    sibling, sql_error,
+};
 use crate::error::{Error, Result};
 
 /// The first of the bytes names lock: far past SQLite's lock bytes (at
@@ -254,6 +257,14 @@ pub(super) fn claim(file: &File, path: &Path, read_only: bool) -> Result<Option<
             return Ok(None);
         }
     }
+    if siblings_of_another_file(file, path) {
+        return Err(Error::Conflict(format!(
+            "the -wal and -shm at {} are in use by processes that have another database file open \
+             at this path (another file was mounted or moved onto it, in another mount namespace \
+             or container): SQLite would pair their -wal with this file; nothing was written",
+            path.display()
+        )));
+    }
     let other = other_name(file, byte).unwrap_or_else(|error| {
         tracing::debug!(path = %path.display(), %error, "cannot test the database file's locks; its names are not checked");
         None
@@ -269,6 +280,30 @@ pub(super) fn claim(file: &File, path: &Path, read_only: bool) -> Result<Option<
         share(file, &claim, path)?;
     }
     Ok(Some(claim))
+}
+
+/// SQLite's lock byte in a `-shm` file (unix VFS, `UNIX_SHM_DMS`): every
+/// connection that uses the `-shm` holds a read lock on it.
+const SHM_IN_USE_BYTE: i64 = 128;
+
+/// Whether the `-shm` next to `path` is in use by SQLite connections while
+/// none uses the database `file` (in WAL mode, each holds a read lock on
+/// it): those connections have another file open at this path (see the
+/// caller), and their `-wal` is not this file's.
+fn siblings_of_another_file(file: &File, path: &Path) -> bool {
+    let Ok(shm) = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags((nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK).bits())
+        .open(sibling(path, "-shm"))
+    else {
+        return false;
+    };
+    let held = |file: &File, start: i64, len: i64| {
+        let mut arg = lock_arg(libc::F_WRLCK, start, len);
+        nix::fcntl::fcntl(file, FcntlArg::F_OFD_GETLK(&mut arg))
+            .is_ok_and(|_| libc::c_int::from(arg.l_type) != libc::F_UNLCK)
+    };
+    held(&shm, SHM_IN_USE_BYTE, 1) && !held(file, SHARED_FIRST, SHARED_SIZE)
 }
 
 /// Whether the database file records `claim`'s name; refuses another

@@ -141,38 +141,36 @@ pub struct StoreArgs {
 }
 
 /// The environment variable that may hold the store's password, so that
-/// the URL (and so the command line) holds none.
-pub const PASSWORD_ENV: &str = "LEASEHOLD_STORE_PASSWORD";
+/// the URL (and so the command line) holds none. The library's
+/// `store::open` takes it; `run` passes it on to neither its guard nor its
+/// command.
+pub const PASSWORD_ENV: &str = leasehold::store::PASSWORD_ENV;
 
 /// The environment variable that may hold the store URL (`--store`).
 pub const STORE_ENV: &str = "LEASEHOLD_STORE";
 
 impl StoreArgs {
-    /// The store's URL, the default SQLite file's when none is given, with
-    /// the password from `LEASEHOLD_STORE_PASSWORD` if that is set.
-    pub fn url(&self) -> anyhow::Result<StoreUrl> {
-        let url = match &self.store {
+    /// The store's URL as given, the default SQLite file's when none is.
+    fn given(&self) -> anyhow::Result<StoreUrl> {
+        Ok(match &self.store {
             Some(url) => url.clone(),
             None => StoreUrl::default_sqlite()?,
-        };
-        let Some(password) = std::env::var_os(PASSWORD_ENV) else {
-            return Ok(url);
-        };
-        let Some(password) = password.to_str().filter(|p| !p.is_empty()) else {
-            return Err(leasehold::Error::InvalidInput {
-                what: "store password",
-                reason: format!(
-                    "{PASSWORD_ENV} is empty or not UTF-8 text; unset it, or give the password"
-                ),
-            }
-            .into());
-        };
-        Ok(url.with_password(leasehold::store::Secret::new(password))?)
+        })
+    }
+
+    /// The store's URL, the default SQLite file's when none is given, with
+    /// the password from `LEASEHOLD_STORE_PASSWORD` if that is set (what
+    /// the guard is given: its environment has no password).
+    pub fn url(&self) -> anyhow::Result<StoreUrl> {
+        Ok(self.given()?.with_password_from_env()?)
     }
 
     /// Opens the store, or the default SQLite file (creating its folder).
     pub async fn open(&self) -> anyhow::Result<Arc<dyn Store>> {
-        let url = self.url()?;
+        let url = self.given()?;
+        // A password the store cannot take is refused as bad usage before
+        // the folder is made; `store::open` takes the password itself.
+        url.clone().with_password_from_env()?;
         if self.store.is_none()
             && let StoreUrl::Sqlite(path) = &url
             && let Some(dir) = path.parent()
@@ -189,7 +187,8 @@ impl StoreArgs {
     /// creates nothing, not even the default SQLite file's folder; a store
     /// that does not exist is an error.
     pub async fn open_read_only(&self) -> anyhow::Result<Arc<dyn Store>> {
-        let url = self.url()?;
+        let url = self.given()?;
+        url.clone().with_password_from_env()?;
         leasehold::store::open_read_only(&url)
             .await
             .with_context(|| format!("cannot read store {url}"))

@@ -8,7 +8,9 @@ use serde::Serialize;
 
 use crate::cli::{ListArgs, ObserveArgs, StatusArgs};
 
-/// The JSON object of docs/DESIGN.md: `{"election":E,"leader":{…}|null}`.
+/// The JSON object of docs/DESIGN.md: `{"election":E,"leader":{…}|null}`,
+/// the same for `status --json`, each line of `observe` and each element
+/// of `list --json`.
 ///
 /// `observe` prints `{"election":E,"leader":null,"unknown":true,"error":"…"}`
 /// while the store does not answer: the leader is unknown (the last one
@@ -18,7 +20,8 @@ pub struct Status<'a> {
     pub election: &'a str,
     pub leader: Option<LeaderJson>,
     /// The waiting candidates in the order they would be granted; absent
-    /// where not read (`observe`) or not kept (a store without notes).
+    /// where not kept (a store without notes) or not known (`observe`'s
+    /// line while the store does not answer).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub candidates: Option<Vec<CandidateJson>>,
     /// When the name is a group's (`run --shards`, `run --slots`): its
@@ -31,7 +34,7 @@ pub struct Status<'a> {
     pub error: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct CandidateJson {
     pub id: String,
     pub priority: i64,
@@ -285,7 +288,8 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// A line per change of leader (never per renewal); while the store does
+/// A line per change of leader or of the line of waiting replicas (never
+/// per renewal), each `status --json`'s object; while the store does
 /// not answer, a warning on stderr and a line saying the leader is unknown,
 /// then the true state once it answers again. A store that can never be
 /// watched again (a SQLite file replaced under it) ends the watch: exit 1,
@@ -301,17 +305,20 @@ pub async fn observe(args: ObserveArgs) -> anyhow::Result<ExitCode> {
     let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let election = &args.election;
-    let mut printed: Option<(LeaderStatus, Option<GroupSeen>)> = None;
+    let mut printed: Option<Printed> = None;
     loop {
         let current = watch.borrow_and_update().clone();
         let seen = group.seen(&*store, election).await?;
-        let changed = printed.as_ref().is_none_or(|(status, group)| {
-            !status.same_as(&current) || !GroupSeen::same(group.as_ref(), seen.as_ref())
+        let candidates = group.candidates(current.leader());
+        let changed = printed.as_ref().is_none_or(|p| {
+            !p.status.same_as(&current)
+                || !GroupSeen::same(p.group.as_ref(), seen.as_ref())
+                || p.candidates != candidates
         });
         if changed {
             if printed
                 .as_ref()
-                .is_some_and(|(status, _)| status.is_unknown() && !current.is_unknown())
+                .is_some_and(|p| p.status.is_unknown() && !current.is_unknown())
             {
                 tracing::info!(%election, "the store answers again");
             }
@@ -325,11 +332,19 @@ pub async fn observe(args: ObserveArgs) -> anyhow::Result<ExitCode> {
                         "the store does not answer; the leader is unknown until it does");
                     Status::unknown(election, error)
                 }
-                None => Status::new(election, current.leader()),
+                None => {
+                    let mut line = Status::new(election, current.leader());
+                    line.candidates.clone_from(&candidates);
+                    line
+                }
             };
             line.group = seen.as_ref().map(GroupSeen::json);
             print_line(&serde_json::to_string(&line)?)?;
-            printed = Some((current, seen));
+            printed = Some(Printed {
+                status: current,
+                group: seen,
+                candidates,
+            });
         }
         tokio::select! {
             changed = watch.changed() => if changed.is_err() {
@@ -345,11 +360,20 @@ pub async fn observe(args: ObserveArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// What `observe` last printed.
+struct Printed {
+    status: LeaderStatus,
+    group: Option<GroupSeen>,
+    candidates: Option<Vec<CandidateJson>>,
+}
+
 /// What `observe` watches of a group: its members' notes and, once it has
 /// members, each shard's or slot's election. Any change wakes
 /// [`GroupWatch::changed`].
 struct GroupWatch {
-    /// `None` on a store that keeps no notes, and so no groups.
+    /// The name's notes: a group's members, or the election's line of
+    /// waiting replicas. `None` on a store that keeps no notes, and so no
+    /// groups and no line.
     notes: Option<leasehold::NoteWatch>,
     /// The kind the watched elections are for, and their watches.
     owners: Option<(leasehold::group::GroupKind, Vec<leasehold::StatusWatch>)>,
@@ -465,8 +489,18 @@ impl GroupWatch {
         }))
     }
 
-    /// Resolves when the members or an owner may have changed; never on a
-    /// store without notes.
+    /// The line of waiting replicas as the watched notes show it, less
+    /// `leader` (as `status` reads it, [`read_line`]); `None` on a store
+    /// that keeps no notes.
+    fn candidates(&self, leader: Option<&Leader>) -> Option<Vec<CandidateJson>> {
+        let notes = self.notes.as_ref()?;
+        let mut line = leasehold::line::standbys(&notes.borrow());
+        line.retain(|w| leader.is_none_or(|l| l.candidate != w.candidate));
+        Some(CandidateJson::line(&line))
+    }
+
+    /// Resolves when the members, an owner or the line of waiting replicas
+    /// may have changed; never on a store without notes.
     async fn changed(&mut self) {
         let Some(notes) = self.notes.as_mut() else {
             return std::future::pending().await;

@@ -71,6 +71,16 @@ fn observe_and_run_on_postgres_say_each_change_once_and_report_an_outage() {
         read(&scratch.path("a.err"))
     );
     let _b = runner(&scratch, &store, "b", "exec sleep 600");
+    // b waits in line before `observe` starts: a change of the line is a
+    // change of `observe`'s object, and would print a second line.
+    assert!(
+        wait_until(
+            PATIENCE,
+            || status_json_once_created(&store, "e")["candidates"][0]["id"] == "b"
+        ),
+        "b does not wait: {}",
+        read(&scratch.path("b.err"))
+    );
     let _observe = spawn_logged(
         &scratch,
         "observe",

@@ -5,8 +5,11 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
+use serde_json::Value;
+
 use super::harness::{
-    Proc, Scratch, alive, leasehold, read_lines, status_json, stderr, wait_until,
+    Proc, Scratch, alive, leasehold, read_lines, status_json, status_json_once_created, stderr,
+    wait_until,
 };
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -609,9 +612,92 @@ fn status_observe_and_list_print_the_documented_json() {
     );
     let lines = reader.join().expect("reader");
     assert_eq!(lines.len(), 3, "null, leader, null: {lines:?}");
-    assert_eq!(lines[0], r#"{"election":"nightly-billing","leader":null}"#);
+    assert_eq!(
+        lines[0],
+        r#"{"election":"nightly-billing","leader":null,"candidates":[]}"#
+    );
     assert!(lines[1].starts_with(prefix), "{}", lines[1]);
     assert_eq!(lines[2], lines[0]);
+}
+
+/// An `observe` line is `status --json`'s object: the same keys, the
+/// waiting replicas included, and a new line when the line of waiting
+/// replicas changes (as `status --json` would then print another object).
+#[test]
+fn an_observe_line_has_the_keys_of_status_json() {
+    let scratch = Scratch::new();
+    let store = scratch.store_url();
+    let _leader = replica(&scratch, "keys-leader", "30s", "exec sleep 600");
+    assert!(wait_until(10 * SECOND, || {
+        status_json_once_created(&store, "nightly-billing")["leader"]["id"] == "keys-leader"
+    }));
+    let _waiter = replica(&scratch, "keys-waiter", "30s", "exec sleep 600");
+    assert!(wait_until(10 * SECOND, || {
+        status_json(&store, "nightly-billing")["candidates"]
+            .as_array()
+            .is_some_and(|c| !c.is_empty())
+    }));
+    let mut observer = Proc::spawn(
+        leasehold()
+            .args([
+                "observe",
+                "--election",
+                "nightly-billing",
+                "--store",
+                &store,
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null()),
+    );
+    let stdout = observer.child.stdout.take().expect("stdout");
+    let (sender, lines) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if sender.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let next_line = || -> Value {
+        let line = lines.recv_timeout(10 * SECOND).expect("an observe line");
+        serde_json::from_str(&line).expect("observe prints JSON")
+    };
+    let keys = |v: &Value| -> Vec<String> {
+        v.as_object()
+            .map(|o| o.keys().cloned().collect())
+            .unwrap_or_default()
+    };
+    let observed = next_line();
+    let status = status_json(&store, "nightly-billing");
+    assert_eq!(keys(&observed), keys(&status), "{observed} vs {status}");
+    assert_eq!(observed["candidates"], status["candidates"], "{observed}");
+    assert_eq!(
+        observed["candidates"][0],
+        serde_json::json!({"id": "keys-waiter", "priority": 0}),
+        "{observed}"
+    );
+    assert_eq!(observed["leader"]["id"], "keys-leader", "{observed}");
+
+    // A second replica joins the line: the leader is the same, the object
+    // is not.
+    let _second = replica(&scratch, "keys-second", "30s", "exec sleep 600");
+    let observed = next_line();
+    assert_eq!(observed["leader"]["id"], "keys-leader", "{observed}");
+    let waiting: Vec<&Value> = observed["candidates"]
+        .as_array()
+        .map(|c| c.iter().map(|c| &c["id"]).collect())
+        .unwrap_or_default();
+    assert_eq!(waiting, ["keys-waiter", "keys-second"], "{observed}");
+    observer.signal(Signal::SIGTERM);
+    assert!(
+        observer
+            .wait_for_exit(5 * SECOND)
+            .is_some_and(|s| s.success())
+    );
 }
 
 /// A command that ignores SIGTERM gets SIGKILL after --grace; the election

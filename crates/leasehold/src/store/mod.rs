@@ -32,7 +32,8 @@ pub use security::{Password, Secret, Security};
 #[cfg(feature = "postgres")]
 pub(crate) use url::postgres_connect;
 pub use url::{
-    Layout, MAX_FILE_PATH_LEN, PgSslMode, StoreUrl, open, open_read_only, release_orphaned,
+    Layout, MAX_FILE_PATH_LEN, PASSWORD_ENV, PgSslMode, StoreUrl, open, open_read_only,
+    release_orphaned,
 };
 pub(crate) use watch_driver::status_of;
 

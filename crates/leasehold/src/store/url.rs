@@ -30,6 +30,12 @@ use crate::store::Store;
 use crate::store::memory::MemoryStore;
 use crate::store::security::{Password, Secret, Security};
 
+/// The environment variable that may hold the store's password, so that
+/// the URL (and so a command line or a configuration file) holds none:
+/// [`open`], [`open_read_only`] and [`release_orphaned`] take it
+/// ([`StoreUrl::with_password_from_env`]).
+pub const PASSWORD_ENV: &str = "LEASEHOLD_STORE_PASSWORD";
+
 /// A parsed store URL.
 ///
 /// Its `Debug` and `Display` never show a password.
@@ -1345,6 +1351,26 @@ impl StoreUrl {
         ))
     }
 
+    /// The URL with the password in [`PASSWORD_ENV`]
+    /// (`LEASEHOLD_STORE_PASSWORD`) if that is set, as [`open`],
+    /// [`open_read_only`] and [`release_orphaned`] take it: refused as
+    /// [`StoreUrl::with_password`] refuses it, and when the variable is
+    /// empty or not UTF-8 text. Unchanged when it is not set.
+    pub fn with_password_from_env(self) -> Result<StoreUrl> {
+        let Some(password) = std::env::var_os(PASSWORD_ENV) else {
+            return Ok(self);
+        };
+        let Some(password) = password.to_str().filter(|p| !p.is_empty()) else {
+            return Err(Error::invalid(
+                "store password",
+                format!(
+                    "{PASSWORD_ENV} is empty or not UTF-8 text; unset it, or give the password"
+                ),
+            ));
+        };
+        self.with_password(Secret::new(password))
+    }
+
     /// The URL with `password` as its password, as `LEASEHOLD_STORE_PASSWORD`
     /// gives it: refused if the URL already has one (in the URL or as a
     /// password file), names no user (etcd, ZooKeeper), or is a store that
@@ -1645,8 +1671,22 @@ async fn resolve_any(what: &str, endpoints: &[String]) -> Result<()> {
 
 /// Opens the store a URL names (connecting to it, for a remote store),
 /// after checking the URL against the grammar ([`StoreUrl::validate`]).
+///
+/// The password may come from the environment variable
+/// `LEASEHOLD_STORE_PASSWORD` ([`PASSWORD_ENV`]) instead of the URL, as
+/// for the command line: the URL then names only the user (etcd,
+/// ZooKeeper; PostgreSQL may take its user from elsewhere too). While it
+/// is set, a URL that holds a password (or a `password_file`) and a store
+/// that takes none (`memory:`, `sqlite:`) are refused
+/// ([`StoreUrl::with_password_from_env`]).
 pub async fn open(url: &StoreUrl) -> Result<Arc<dyn Store>> {
     url.validate()?;
+    open_checked(&url.clone().with_password_from_env()?).await
+}
+
+/// [`open`] of a URL already checked, its password from the environment
+/// already taken.
+async fn open_checked(url: &StoreUrl) -> Result<Arc<dyn Store>> {
     match url {
         StoreUrl::Memory => Ok(Arc::new(MemoryStore::new())),
         #[cfg(feature = "sqlite")]
@@ -1717,6 +1757,7 @@ pub async fn open(url: &StoreUrl) -> Result<Arc<dyn Store>> {
 /// connection; SQLite and etcd open as [`open`] does.
 pub async fn release_orphaned(url: &StoreUrl, grant: &crate::store::Grant) -> Result<()> {
     url.validate()?;
+    let url = &url.clone().with_password_from_env()?;
     let store: Arc<dyn Store> = match url {
         #[cfg(feature = "zookeeper")]
         StoreUrl::ZooKeeper {
@@ -1734,7 +1775,7 @@ pub async fn release_orphaned(url: &StoreUrl, grant: &crate::store::Grant) -> Re
         StoreUrl::Postgres { url, schema } => {
             Arc::new(crate::store::postgres::PostgresStore::connect_to_release(url, schema).await?)
         }
-        _ => open(url).await?,
+        _ => open_checked(url).await?,
     };
     let released = store.release_orphaned(grant).await;
     // A shard's holder that died is no member of its group any more: its
@@ -1765,6 +1806,7 @@ pub async fn release_orphaned(url: &StoreUrl, grant: &crate::store::Grant) -> Re
 /// new, empty store either way.
 pub async fn open_read_only(url: &StoreUrl) -> Result<Arc<dyn Store>> {
     url.validate()?;
+    let url = &url.clone().with_password_from_env()?;
     #[cfg(feature = "sqlite")]
     if let StoreUrl::Sqlite(path) = url {
         return Ok(Arc::new(crate::store::sqlite::SqliteStore::open_read_only(

@@ -7,6 +7,7 @@ mod etcd_secure;
 mod examples;
 mod fence;
 mod memory;
+mod password_env;
 mod postgres;
 mod postgres_faults;
 mod postgres_tls;

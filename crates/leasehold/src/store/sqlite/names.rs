@@ -290,7 +290,13 @@ const SHM_IN_USE_BYTE: i64 = 128;
 /// none uses the database `file` (in WAL mode, each holds a read lock on
 /// it): those connections have another file open at this path (see the
 /// caller), and their `-wal` is not this file's.
+/// Only a leasehold database is judged here: any other file is refused
+/// later, saying what it is, and a new one waits for the processes still
+/// using the one it replaces.
 fn siblings_of_another_file(file: &File, path: &Path) -> bool {
+    if !matches!(on_disk(file), Ok(OnDisk::Leasehold)) {
+        return false;
+    }
     let Ok(shm) = std::fs::OpenOptions::new()
         .read(true)
         .custom_flags((nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK).bits())

@@ -565,6 +565,97 @@ fn another_database_mounted_over_the_path_of_a_leader_is_refused() {
     );
 }
 
+/// The replicas of the store's path are killed outright (their `-wal`,
+/// holding the last grants, stays at the path), and then a copy of the
+/// store or an empty file is bind-mounted over the path in a mount
+/// namespace of its own: `campaign` there is refused (exit 1, one line),
+/// the mounted file and the `-wal` are left as they were, and the next
+/// grant through the path outside is later than every one before (before:
+/// that -wal was replayed into the mounted file and deleted, and the
+/// killed leader's token was granted again).
+#[test]
+fn another_file_mounted_over_the_path_of_killed_replicas_is_refused() {
+    let scratch = Scratch::new();
+    let (a, command, grandchild) = leading(&scratch);
+    let db = scratch.path("leasehold.db");
+    let copy = scratch.path("copy.db");
+    let empty = scratch.path("empty.db");
+    rusqlite::Connection::open(&db)
+        .and_then(|c| c.execute("VACUUM INTO ?1", [copy.to_str().expect("UTF-8")]))
+        .expect("copy the store");
+    File::create(&empty).expect("an empty file");
+    let mut killed: Vec<i32> = vec![a.pid(), command, grandchild];
+    killed.extend(super::harness::children_of(a.pid()));
+    for pid in killed {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+    }
+    drop(a);
+    assert!(
+        wait_until(PATIENCE, || !alive(command)),
+        "the command lives"
+    );
+    let wal = std::fs::read(sibling(&db, "-wal")).expect("the killed replica's -wal");
+    assert!(!wal.is_empty(), "the killed replica left no -wal");
+    for (name, mounted) in [("copy", &copy), ("empty", &empty)] {
+        let before = std::fs::read(mounted).expect("read");
+        let script = format!(
+            "mount --bind {} {} && exec \"$@\"",
+            mounted.display(),
+            db.display()
+        );
+        let (code, err) = finish(
+            &scratch,
+            name,
+            Command::new("unshare")
+                .args([
+                    "--mount",
+                    "--propagation",
+                    "private",
+                    "sh",
+                    "-c",
+                    &script,
+                    "sh",
+                ])
+                .arg(env!("CARGO_BIN_EXE_leasehold"))
+                .args(["campaign", "-e", "nightly-billing", "--hold", "1ms"])
+                .args(["--store", &scratch.store_url()])
+                .current_dir(scratch.dir.path()),
+        );
+        assert_refused(code, &err, "does not record that it was theirs");
+        assert_eq!(
+            std::fs::read(mounted).expect("read"),
+            before,
+            "{name} was written"
+        );
+        assert_eq!(
+            std::fs::read(sibling(&db, "-wal")).expect("the -wal"),
+            wal,
+            "{name}: the -wal was changed"
+        );
+    }
+    let killed_token = runs(&scratch)[0].0;
+    let out = leasehold()
+        .args([
+            "campaign",
+            "-e",
+            "nightly-billing",
+            "--hold",
+            "1ms",
+            "--ttl",
+            "3s",
+        ])
+        .args(["--store", &scratch.store_url()])
+        .output()
+        .expect("campaign");
+    assert!(out.status.success(), "{}", super::harness::stderr(&out));
+    let token = super::harness::events(&out.stdout)
+        .iter()
+        .find(|e| e.event == "acquired")
+        .and_then(|e| e.token)
+        .expect("acquired");
+    assert!(token > killed_token, "token {token} after {killed_token}");
+}
+
 /// Runs the binary (a copy anyone may run, in `dir`) as `user` with
 /// `args`; its exit code, stdout and stderr. Needs root, as CI runs.
 /// With `observe` first, it runs for a second under `timeout` (exit 124).

@@ -916,6 +916,15 @@ impl Db {
     /// accepts the schema.
     fn prepare(&mut self) -> Result<()> {
         let identity = retry_busy(|| self.inspect())?;
+        // A leasehold database that only a -wal killed processes left
+        // holds: it is another file's (see `names`), unless this file
+        // records it.
+        if identity.version != 0
+            && let Some(claim) = &self.claim
+            && matches!(on_disk(&self.file), Ok(OnDisk::EmptyDatabase))
+        {
+            names::refuse_a_leftover(claim, &self.path)?;
+        }
         if self.read_only {
             if identity.version == 0 {
                 return Err(Error::NotFound(format!(

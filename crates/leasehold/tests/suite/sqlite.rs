@@ -884,11 +884,13 @@ fn a_wal_or_shm_of_another_user_is_refused_and_left_as_it_was() {
     drop(SqliteStore::open(&path).expect("usable once they are gone"));
 }
 
-/// A `-wal` left at one name by processes killed before that name's
-/// record reached the file (so before their first grant), after which
-/// another name used the file: replayed when the first name is opened
-/// again, it would roll back what the other name wrote (its grants
-/// forgotten, their tokens granted again). It is emptied instead.
+/// A `-wal` left at one name by processes that did not close the file,
+/// after another name used the file (so the file no longer records the
+/// first name): replayed when the first name is opened again, it would
+/// roll back what the other name wrote (its grants forgotten, their tokens
+/// granted again). Opening the first name is refused instead, and nothing
+/// is written; once that -wal is moved away, it opens with the other
+/// name's grant kept.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wal_left_before_another_name_used_the_file_is_not_replayed() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -913,7 +915,32 @@ async fn a_wal_left_before_another_name_used_the_file_is_not_replayed() {
     let granted = leasehold::testing::campaign_on_new_session(&b, &new, "b", ttl).await;
     drop(b);
     std::fs::write(sibling(&first, "-wal"), &left).expect("leave the old -wal");
-    drop(open_once_unused(&first));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let refused = loop {
+        match SqliteStore::open(&first) {
+            Err(Error::Conflict(message)) if message.contains("in use now") => {
+                assert!(std::time::Instant::now() < deadline, "{message}");
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            other => break other,
+        }
+    };
+    match refused {
+        Err(Error::Conflict(message)) => {
+            assert!(
+                message.contains("does not record that it was theirs"),
+                "{message}"
+            );
+        }
+        other => panic!("the first name was opened over an old -wal: {other:?}"),
+    }
+    assert_eq!(
+        std::fs::read(sibling(&first, "-wal")).expect("the -wal"),
+        left,
+        "the -wal was changed"
+    );
+    std::fs::remove_file(sibling(&first, "-wal")).expect("move it away");
+    drop(SqliteStore::open(&first).expect("the first name, the -wal moved away"));
     let last = rusqlite_conn(&first)
         .query_row(
             "SELECT last_token FROM elections WHERE name = ?1",

@@ -38,12 +38,17 @@
 //! byte (two names whose hashes collide, found on purpose) is refused as
 //! a name in use. Writers also hold a second byte of the name's, which
 //! readers do not: the last writer to close, whatever readers still have
-//! the database open, is the one that finds it alone. A `-wal` of its own
-//! name left by killed processes whose record is not in the file was
-//! started before another name used the file (the record goes into the
-//! file before the first grant, and comes out after the last is in the
-//! file) or its record was removed by hand: it is emptied rather than
-//! replayed over what the file holds now.
+//! the database open, is the one that finds it alone.
+//!
+//! The `-wal` next to a path belongs to whichever database file was
+//! opened there, which another file mounted or moved onto the path is
+//! not. So the record also names the database file (device and inode),
+//! and a `-wal` with content that no connection uses (killed processes
+//! left it) is only ever replayed into the file that records both the
+//! name and itself: next to any other leasehold or empty file (a copy, a
+//! backup put back, another file mounted over the path, or a file whose
+//! record was removed by hand) it is refused, and left as it is. A `-shm`
+//! in use while nobody uses the file means the same, with live processes.
 
 use std::ffi::OsStr;
 use std::fs::File;
@@ -58,8 +63,7 @@ use nix::libc;
 use rusqlite::{Connection, params};
 
 use super::{
-    BUSY_TIMEOUT, OnDisk, SHARED_FIRST, SHARED_SIZE, lock_unused, on_disk, open_connection,
-    sibling, sql_error,
+    BUSY_TIMEOUT, OnDisk, SHARED_FIRST, SHARED_SIZE, on_disk, open_connection, sibling, sql_error,
 };
 use crate::error::{Error, Result};
 
@@ -76,7 +80,9 @@ CREATE TABLE IF NOT EXISTS name_in_use (
     dev  INTEGER NOT NULL,
     ino  INTEGER NOT NULL,
     byte INTEGER NOT NULL,
-    path BLOB    NOT NULL
+    path BLOB    NOT NULL,
+    file_dev INTEGER NOT NULL,
+    file_ino INTEGER NOT NULL
 );
 ";
 
@@ -127,10 +133,15 @@ impl Name {
 pub(super) struct Claim {
     name: Name,
     byte: i64,
+    /// The database file's device and inode.
+    file: (u64, u64),
     /// Whether the database file records this name already.
     recorded: bool,
     /// Whether the name's byte is held alone, until [`share`].
     alone: bool,
+    /// Whether a `-wal` that killed processes left was next to the file
+    /// when it was claimed (see [`leftover_wal`]).
+    leftover: bool,
 }
 
 impl Claim {
@@ -245,11 +256,16 @@ pub(super) fn claim(file: &File, path: &Path, read_only: bool) -> Result<Option<
     let Some(alone) = take_byte(file, byte, path)? else {
         return Ok(None);
     };
+    let meta = file
+        .metadata()
+        .map_err(|e| Error::unavailable(format!("cannot inspect {}: {e}", path.display()), e))?;
     let mut claim = Claim {
         name,
         byte,
+        file: (meta.dev(), meta.ino()),
         recorded: false,
         alone,
+        leftover: false,
     };
     if !read_only {
         let writer = claim.writer_byte();
@@ -257,7 +273,8 @@ pub(super) fn claim(file: &File, path: &Path, read_only: bool) -> Result<Option<
             return Ok(None);
         }
     }
-    if siblings_of_another_file(file, path) {
+    // With other handles of this name open, the -shm is theirs too.
+    if alone && siblings_of_another_file(file, path) {
         return Err(Error::Conflict(format!(
             "the -wal and -shm at {} are in use by processes that have another database file open \
              at this path (another file was mounted or moved onto it, in another mount namespace \
@@ -273,13 +290,33 @@ pub(super) fn claim(file: &File, path: &Path, read_only: bool) -> Result<Option<
         return Err(Error::Conflict(refusal(file, path, other)));
     }
     claim.recorded = check_record(file, path, &claim)?;
-    if alone && !read_only && !claim.recorded {
-        empty_leftover_wal(file, path)?;
+    // With other handles of this name open, the -wal is theirs.
+    claim.leftover = alone && leftover_wal(file, path);
+    // A SQLite file without tables has its -wal judged once SQLite has
+    // told whose it is (another program's is refused as such).
+    if matches!(on_disk(file), Ok(OnDisk::Leasehold | OnDisk::Empty)) {
+        refuse_a_leftover(&claim, path)?;
     }
     if read_only {
         share(file, &claim, path)?;
     }
     Ok(Some(claim))
+}
+
+/// Refuses a `-wal` that killed processes left next to a file that does
+/// not record both this name and itself (see the module's documentation).
+pub(super) fn refuse_a_leftover(claim: &Claim, path: &Path) -> Result<()> {
+    if claim.leftover && !claim.recorded {
+        return Err(Error::Conflict(format!(
+            "{}-wal holds what processes that did not close the database (killed) wrote, and this \
+             database file does not record that it was theirs: it may belong to another database \
+             file that was at this path or was mounted over it, whose grants it holds. Open that \
+             file at this path once (`leasehold campaign` there empties it into that file); if \
+             nothing needs it, move it away. Nothing was written",
+            path.display()
+        )));
+    }
+    Ok(())
 }
 
 /// SQLite's lock byte in a `-shm` file (unix VFS, `UNIX_SHM_DMS`): every
@@ -294,22 +331,54 @@ const SHM_IN_USE_BYTE: i64 = 128;
 /// later, saying what it is, and a new one waits for the processes still
 /// using the one it replaces.
 fn siblings_of_another_file(file: &File, path: &Path) -> bool {
-    if !matches!(on_disk(file), Ok(OnDisk::Leasehold)) {
-        return false;
-    }
-    let Ok(shm) = std::fs::OpenOptions::new()
+    let seen = || shm_in_use(path) && !db_in_use(file);
+    // As long as it lasts: a connection of this file that opens or closes
+    // holds the -shm a moment without the file's lock.
+    matches!(on_disk(file), Ok(OnDisk::Leasehold))
+        && (0..5).all(|_| {
+            let now = seen();
+            if now {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            now
+        })
+}
+
+/// Whether any SQLite connection, in any process, holds a lock on the
+/// `-shm` next to `path`.
+fn shm_in_use(path: &Path) -> bool {
+    std::fs::OpenOptions::new()
         .read(true)
         .custom_flags((nix::fcntl::OFlag::O_NOFOLLOW | nix::fcntl::OFlag::O_NONBLOCK).bits())
         .open(sibling(path, "-shm"))
-    else {
-        return false;
-    };
-    let held = |file: &File, start: i64, len: i64| {
-        let mut arg = lock_arg(libc::F_WRLCK, start, len);
-        nix::fcntl::fcntl(file, FcntlArg::F_OFD_GETLK(&mut arg))
-            .is_ok_and(|_| libc::c_int::from(arg.l_type) != libc::F_UNLCK)
-    };
-    held(&shm, SHM_IN_USE_BYTE, 1) && !held(file, SHARED_FIRST, SHARED_SIZE)
+        .is_ok_and(|shm| held(&shm, SHM_IN_USE_BYTE, 1))
+}
+
+/// Whether any SQLite connection, in any process, has the database `file`
+/// open (in WAL mode, each holds a read lock on its `SHARED` range).
+fn db_in_use(file: &File) -> bool {
+    held(file, SHARED_FIRST, SHARED_SIZE)
+}
+
+/// Whether a lock that another open file description holds meets
+/// `start..start + len` of `file`.
+fn held(file: &File, start: i64, len: i64) -> bool {
+    let mut arg = lock_arg(libc::F_WRLCK, start, len);
+    nix::fcntl::fcntl(file, FcntlArg::F_OFD_GETLK(&mut arg))
+        .is_ok_and(|_| libc::c_int::from(arg.l_type) != libc::F_UNLCK)
+}
+
+/// Whether a `-wal` with content that no SQLite connection uses is next
+/// to `path`, by a leasehold database file or an empty one: what killed
+/// processes left, which SQLite would replay into `file`. Asked before
+/// this process's connection reads (it would then hold the `-shm`).
+fn leftover_wal(file: &File, path: &Path) -> bool {
+    let wal = std::fs::symlink_metadata(sibling(path, "-wal"));
+    let ours = matches!(
+        on_disk(file),
+        Ok(OnDisk::Leasehold | OnDisk::Empty | OnDisk::EmptyDatabase)
+    );
+    wal.is_ok_and(|m| m.is_file() && m.len() > 0) && ours && !shm_in_use(path) && !db_in_use(file)
 }
 
 /// Whether the database file records `claim`'s name; refuses another
@@ -317,7 +386,10 @@ fn siblings_of_another_file(file: &File, path: &Path) -> bool {
 /// this one's) or that its processes died.
 fn check_record(file: &File, path: &Path, claim: &Claim) -> Result<bool> {
     match recorded(file, path)? {
-        Some(kept) if kept.name == claim.name => Ok(true),
+        Some(kept) if kept.name == claim.name && kept.file == claim.file => Ok(true),
+        // A copy of a file this name used (or a backup put back): its
+        // record is that file's, and so may be the -wal at this path.
+        Some(kept) if kept.name == claim.name => Ok(false),
         // Two names whose bytes are one: the other holds it with this
         // name's handles, or alone has recorded it before sharing it.
         Some(kept) if kept.byte == claim.byte && !claim.alone => {
@@ -348,6 +420,8 @@ struct Recorded {
     name: Name,
     byte: i64,
     path: PathBuf,
+    /// The device and inode of the database file that recorded it.
+    file: (u64, u64),
 }
 
 /// The record in the database file itself (not in any `-wal`), if the
@@ -372,10 +446,22 @@ fn recorded(file: &File, path: &Path) -> Result<Option<Recorded>> {
 
 fn read_record(path: &Path) -> Result<Option<Recorded>> {
     let conn = open_connection(path, true, true)?;
-    let row = conn.query_row("SELECT dev, ino, byte, path FROM name_in_use", [], |r| {
-        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
-    });
-    let (dev, ino, byte, kept): (i64, i64, i64, Vec<u8>) = match row {
+    let row = conn.query_row(
+        "SELECT dev, ino, byte, path, file_dev, file_ino FROM name_in_use",
+        [],
+        |r| {
+            Ok((
+                r.get(0)?,
+                r.get(1)?,
+                r.get(2)?,
+                r.get(3)?,
+                r.get(4)?,
+                r.get(5)?,
+            ))
+        },
+    );
+    #[allow(clippy::type_complexity)]
+    let (dev, ino, byte, kept, file_dev, file_ino): (i64, i64, i64, Vec<u8>, i64, i64) = match row {
         Ok(row) => row,
         Err(rusqlite::Error::QueryReturnedNoRows) => return Ok(None),
         // A file whose tables are not in it yet (still in a -wal).
@@ -390,14 +476,16 @@ fn read_record(path: &Path) -> Result<Option<Recorded>> {
     let Some(file) = kept.file_name().map(|f| f.as_bytes().to_vec()) else {
         return Ok(None);
     };
+    let unsigned = |n: i64| u64::from_ne_bytes(n.to_ne_bytes());
     Ok(Some(Recorded {
         name: Name {
-            dev: u64::from_ne_bytes(dev.to_ne_bytes()),
-            ino: u64::from_ne_bytes(ino.to_ne_bytes()),
+            dev: unsigned(dev),
+            ino: unsigned(ino),
             file,
         },
         byte,
         path: kept,
+        file: (unsigned(file_dev), unsigned(file_ino)),
     }))
 }
 
@@ -407,38 +495,6 @@ fn closed(other: &Recorded) -> bool {
     // Its folder, if it is the one at its path here: then its -wal tells.
     let seen = Name::of(&other.path).is_ok_and(|here| here == other.name);
     seen && std::fs::symlink_metadata(sibling(&other.path, "-wal")).map_or(true, |m| m.len() == 0)
-}
-
-/// Empties a `-wal` of this name that killed processes left, when the
-/// database file does not record this name (see the module's
-/// documentation): replayed, it would roll back what the file holds now.
-fn empty_leftover_wal(file: &File, path: &Path) -> Result<()> {
-    let wal = sibling(path, "-wal");
-    let leftover = std::fs::symlink_metadata(&wal).is_ok_and(|m| m.is_file() && m.len() > 0);
-    // Left: no SQLite connection, in any process, uses the database.
-    if !leftover || !matches!(on_disk(file), Ok(OnDisk::Leasehold)) || !lock_unused(file, true) {
-        return Ok(());
-    }
-    let emptied = std::fs::OpenOptions::new()
-        .write(true)
-        .custom_flags(nix::fcntl::OFlag::O_NOFOLLOW.bits())
-        .open(&wal)
-        .and_then(|wal| wal.set_len(0));
-    lock_unused(file, false);
-    match emptied {
-        Ok(()) => {
-            tracing::warn!(path = %path.display(), "emptied the -wal that processes which did not close the database left at this path: the database file does not record this path any more (another path used it since, or the record was removed by hand), so what that -wal held is not replayed over it");
-            Ok(())
-        }
-        Err(error) => Err(Error::unavailable(
-            format!(
-                "{} holds a -wal left by processes that did not close the database, which the \
-                 database file no longer records, and it cannot be emptied: {error}",
-                path.display()
-            ),
-            error,
-        )),
-    }
 }
 
 fn left_behind(path: &Path, other: &Recorded) -> String {
@@ -465,12 +521,15 @@ pub(super) fn record(conn: &Connection, claim: &Claim, path: &Path) -> Result<()
     }
     let as_i64 = |n: u64| i64::from_ne_bytes(n.to_ne_bytes());
     conn.execute(
-        "INSERT OR REPLACE INTO name_in_use (one, dev, ino, byte, path) VALUES (1, ?1, ?2, ?3, ?4)",
+        "INSERT OR REPLACE INTO name_in_use (one, dev, ino, byte, path, file_dev, file_ino)
+         VALUES (1, ?1, ?2, ?3, ?4, ?5, ?6)",
         params![
             as_i64(claim.name.dev),
             as_i64(claim.name.ino),
             claim.byte,
-            path.as_os_str().as_bytes()
+            path.as_os_str().as_bytes(),
+            as_i64(claim.file.0),
+            as_i64(claim.file.1)
         ],
     )
     .map_err(|e| sql_error(path, e))?;

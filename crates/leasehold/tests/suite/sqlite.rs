@@ -1063,3 +1063,63 @@ fn a_reader_left_open_does_not_keep_the_record_of_a_clean_close() {
 }
 
 const LONG: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The lock byte of the name `file` in `dir` (see `colliding_names`).
+fn lock_byte(dir: &std::path::Path, file: &str) -> i64 {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(dir).expect("stat");
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let bytes = meta
+        .dev()
+        .to_le_bytes()
+        .into_iter()
+        .chain(meta.ino().to_le_bytes());
+    for b in bytes.chain(file.bytes()) {
+        hash = (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    (1i64 << 40) + i64::try_from(hash & 0xffff_ffff).expect("32 bits")
+}
+
+/// A process killed after writing its path's record into the `-wal` and
+/// before that record reached the file (a few milliseconds into its
+/// start): the `-wal` holds this path's and this file's record only, so
+/// the file is opened at its path again (before: refused as another
+/// file's `-wal`, until someone moved it away).
+#[test]
+fn a_record_that_did_not_reach_the_file_before_a_kill_keeps_the_path_usable() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("db");
+    drop(SqliteStore::open(&path).expect("create"));
+    let as_i64 = |n: u64| i64::from_ne_bytes(n.to_ne_bytes());
+    let (folder, file) = (
+        std::fs::metadata(dir.path()).expect("stat"),
+        std::fs::metadata(&path).expect("stat"),
+    );
+    // What the killed process left: its record in the -wal alone.
+    let conn = rusqlite_conn(&path);
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+        true,
+    )
+    .expect("no checkpoint on close");
+    conn.execute(
+        "INSERT INTO name_in_use (one, dev, ino, byte, path, file_dev, file_ino)
+         VALUES (1, ?1, ?2, ?3, ?4, ?5, ?6)",
+        rusqlite::params![
+            as_i64(folder.dev()),
+            as_i64(folder.ino()),
+            lock_byte(dir.path(), "db"),
+            std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str()),
+            as_i64(file.dev()),
+            as_i64(file.ino())
+        ],
+    )
+    .expect("the record");
+    drop(conn);
+    assert!(
+        std::fs::metadata(sibling(&path, "-wal")).is_ok_and(|m| m.len() > 0),
+        "no -wal was left"
+    );
+    drop(SqliteStore::open(&path).expect("the file at its own path"));
+}

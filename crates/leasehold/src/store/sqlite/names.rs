@@ -292,6 +292,9 @@ pub(super) fn claim(file: &File, path: &Path, read_only: bool) -> Result<Option<
     claim.recorded = check_record(file, path, &claim)?;
     // With other handles of this name open, the -wal is theirs.
     claim.leftover = alone && leftover_wal(file, path);
+    if claim.leftover && !claim.recorded {
+        claim.recorded = recorded_only_in_the_wal(file, path, &claim);
+    }
     // A SQLite file without tables has its -wal judged once SQLite has
     // told whose it is (another program's is refused as such).
     if matches!(on_disk(file), Ok(OnDisk::Leasehold | OnDisk::Empty)) {
@@ -301,6 +304,27 @@ pub(super) fn claim(file: &File, path: &Path, read_only: bool) -> Result<Option<
         share(file, &claim, path)?;
     }
     Ok(Some(claim))
+}
+
+/// Whether a leasehold file that records no name has, in the `-wal` that
+/// killed processes left next to it, the record of this name and this
+/// file: they were killed after writing it and before it reached the
+/// file (their grants come only after), so the `-wal` is this file's.
+/// Read without writing the file: a `-wal` that is not this file's reads
+/// as something else, or as damaged.
+fn recorded_only_in_the_wal(file: &File, path: &Path, claim: &Claim) -> bool {
+    if !matches!(on_disk(file), Ok(OnDisk::Leasehold)) || !matches!(recorded(file, path), Ok(None))
+    {
+        return false;
+    }
+    let Ok(conn) = open_connection(path, true, false) else {
+        return false;
+    };
+    let kept = read_record_with(&conn, path);
+    drop(conn);
+    kept.ok()
+        .flatten()
+        .is_some_and(|kept| kept.name == claim.name && kept.file == claim.file)
 }
 
 /// Refuses a `-wal` that killed processes left next to a file that does
@@ -445,7 +469,10 @@ fn recorded(file: &File, path: &Path) -> Result<Option<Recorded>> {
 }
 
 fn read_record(path: &Path) -> Result<Option<Recorded>> {
-    let conn = open_connection(path, true, true)?;
+    read_record_with(&open_connection(path, true, true)?, path)
+}
+
+fn read_record_with(conn: &Connection, path: &Path) -> Result<Option<Recorded>> {
     let row = conn.query_row(
         "SELECT dev, ino, byte, path, file_dev, file_ino FROM name_in_use",
         [],

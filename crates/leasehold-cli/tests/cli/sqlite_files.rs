@@ -521,35 +521,17 @@ fn another_database_mounted_over_the_path_of_a_leader_is_refused() {
         .expect("campaign");
     assert!(out.status.success(), "{}", super::harness::stderr(&out));
     for (name, mounted) in [("copy", &copy), ("other", &other)] {
-        let script = format!(
-            "mount --bind {} {} && exec \"$@\"",
-            mounted.display(),
-            db.display()
-        );
-        let (code, err) = finish(
-            &scratch,
-            name,
-            Command::new("unshare")
-                .args([
-                    "--mount",
-                    "--propagation",
-                    "private",
-                    "sh",
-                    "-c",
-                    &script,
-                    "sh",
-                ])
-                .arg(env!("CARGO_BIN_EXE_leasehold"))
-                .args([
-                    "run",
-                    "-e",
-                    "nightly-billing",
-                    "--store",
-                    &scratch.store_url(),
-                ])
-                .args(["--", "sh", "-c", "echo MOUNTED >> billing.log"])
-                .current_dir(scratch.dir.path()),
-        );
+        let mut leasehold = Command::new(env!("CARGO_BIN_EXE_leasehold"));
+        leasehold
+            .args([
+                "run",
+                "-e",
+                "nightly-billing",
+                "--store",
+                &scratch.store_url(),
+            ])
+            .args(["--", "sh", "-c", "echo MOUNTED >> billing.log"]);
+        let (code, err) = mounted_over(&scratch, name, mounted, &db, &leasehold);
         assert_refused(code, &err, "another database file open at this path");
         let check: String = rusqlite::Connection::open(mounted)
             .and_then(|c| c.query_row("PRAGMA integrity_check", [], |r| r.get(0)))
@@ -598,29 +580,11 @@ fn another_file_mounted_over_the_path_of_killed_replicas_is_refused() {
     assert!(!wal.is_empty(), "the killed replica left no -wal");
     for (name, mounted) in [("copy", &copy), ("empty", &empty)] {
         let before = std::fs::read(mounted).expect("read");
-        let script = format!(
-            "mount --bind {} {} && exec \"$@\"",
-            mounted.display(),
-            db.display()
-        );
-        let (code, err) = finish(
-            &scratch,
-            name,
-            Command::new("unshare")
-                .args([
-                    "--mount",
-                    "--propagation",
-                    "private",
-                    "sh",
-                    "-c",
-                    &script,
-                    "sh",
-                ])
-                .arg(env!("CARGO_BIN_EXE_leasehold"))
-                .args(["campaign", "-e", "nightly-billing", "--hold", "1ms"])
-                .args(["--store", &scratch.store_url()])
-                .current_dir(scratch.dir.path()),
-        );
+        let mut leasehold = Command::new(env!("CARGO_BIN_EXE_leasehold"));
+        leasehold
+            .args(["campaign", "-e", "nightly-billing", "--hold", "1ms"])
+            .args(["--store", &scratch.store_url()]);
+        let (code, err) = mounted_over(&scratch, name, mounted, &db, &leasehold);
         assert_refused(code, &err, "does not record that it was theirs");
         assert_eq!(
             std::fs::read(mounted).expect("read"),
@@ -654,6 +618,39 @@ fn another_file_mounted_over_the_path_of_killed_replicas_is_refused() {
         .and_then(|e| e.token)
         .expect("acquired");
     assert!(token > killed_token, "token {token} after {killed_token}");
+}
+
+/// Runs `leasehold` (its arguments) in a mount namespace of its own in
+/// which `mounted` is bind-mounted over `db`; its exit code and stderr.
+fn mounted_over(
+    scratch: &Scratch,
+    name: &str,
+    mounted: &Path,
+    db: &Path,
+    leasehold: &Command,
+) -> (Option<i32>, String) {
+    let script = format!(
+        "mount --bind {} {} && exec \"$@\"",
+        mounted.display(),
+        db.display()
+    );
+    finish(
+        scratch,
+        name,
+        Command::new("unshare")
+            .args([
+                "--mount",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                &script,
+                "sh",
+            ])
+            .arg(leasehold.get_program())
+            .args(leasehold.get_args())
+            .current_dir(scratch.dir.path()),
+    )
 }
 
 /// Runs the binary (a copy anyone may run, in `dir`) as `user` with

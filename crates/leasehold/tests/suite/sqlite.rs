@@ -973,25 +973,10 @@ fn open_once_unused(path: &std::path::Path) -> SqliteStore {
 /// the folder's device and inode and the file name, kept to 32 bits, as
 /// anyone who reads the database's `name_in_use` table can work out.
 fn colliding_names(dir: &std::path::Path) -> (String, String) {
-    use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::metadata(dir).expect("stat");
-    let mut folder: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in meta
-        .dev()
-        .to_le_bytes()
-        .into_iter()
-        .chain(meta.ino().to_le_bytes())
-    {
-        folder = (folder ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-    }
     let mut seen = std::collections::HashMap::new();
     for i in 0u64.. {
         let name = format!("n{i}.db");
-        let mut hash = folder;
-        for &b in name.as_bytes() {
-            hash = (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-        }
-        if let Some(first) = seen.insert(hash & 0xffff_ffff, name.clone()) {
+        if let Some(first) = seen.insert(lock_byte(dir, &name), name.clone()) {
             return (first, name);
         }
     }

@@ -511,9 +511,7 @@ fn another_database_mounted_over_the_path_of_a_leader_is_refused() {
     let db = scratch.path("leasehold.db");
     let copy = scratch.path("copy.db");
     let other = scratch.path("other.db");
-    rusqlite::Connection::open(&db)
-        .and_then(|c| c.execute("VACUUM INTO ?1", [copy.to_str().expect("UTF-8")]))
-        .expect("copy the store");
+    copy_of(&db, &copy);
     let out = leasehold()
         .args(["campaign", "-e", "elsewhere", "--hold", "0s"])
         .args(["--store", &format!("sqlite:{}", other.display())])
@@ -562,16 +560,9 @@ fn another_file_mounted_over_the_path_of_killed_replicas_is_refused() {
     let db = scratch.path("leasehold.db");
     let copy = scratch.path("copy.db");
     let empty = scratch.path("empty.db");
-    rusqlite::Connection::open(&db)
-        .and_then(|c| c.execute("VACUUM INTO ?1", [copy.to_str().expect("UTF-8")]))
-        .expect("copy the store");
+    copy_of(&db, &copy);
     File::create(&empty).expect("an empty file");
-    let mut killed: Vec<i32> = vec![a.pid(), command, grandchild];
-    killed.extend(super::harness::children_of(a.pid()));
-    for pid in killed {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
-    }
-    drop(a);
+    kill_replica(a, command, grandchild);
     assert!(
         wait_until(PATIENCE, || !alive(command)),
         "the command lives"
@@ -831,12 +822,7 @@ fn killed_replicas_keep_other_names_away(scratch: &Scratch) {
     let linked = scratch.path("linked");
     std::fs::create_dir_all(&linked).expect("mkdir");
     std::fs::hard_link(&first, linked.join("leasehold.db")).expect("link");
-    let mut killed: Vec<i32> = vec![a.pid(), command, grandchild];
-    killed.extend(super::harness::children_of(a.pid()));
-    for pid in killed {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
-    }
-    drop(a);
+    kill_replica(a, command, grandchild);
     assert!(
         wait_until(PATIENCE, || !alive(command)),
         "the command lives"
@@ -878,4 +864,22 @@ fn killed_replicas_keep_other_names_away(scratch: &Scratch) {
         assert!(token > last, "token {token} after {last} on {store}");
         last = token;
     }
+}
+
+/// A copy of the database at `db` (through its `-wal`) written to `copy`.
+fn copy_of(db: &Path, copy: &Path) {
+    rusqlite::Connection::open(db)
+        .and_then(|c| c.execute("VACUUM INTO ?1", [copy.to_str().expect("UTF-8")]))
+        .expect("copy the store");
+}
+
+/// Kills a replica outright, as `docker kill` does: its runner, guard,
+/// command and the command's child.
+fn kill_replica(a: Proc, command: i32, grandchild: i32) {
+    let mut killed: Vec<i32> = vec![a.pid(), command, grandchild];
+    killed.extend(super::harness::children_of(a.pid()));
+    for pid in killed {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+    }
+    drop(a);
 }

@@ -818,23 +818,7 @@ fn a_database_reached_by_a_second_name_is_refused_naming_the_first() {
     let holder = SqliteStore::open(&first).expect("open the first name");
     std::fs::hard_link(&first, &second).expect("link");
     let before = listing(&other);
-    for read_only in [false, true] {
-        let refused = if read_only {
-            SqliteStore::open_read_only(&second)
-        } else {
-            SqliteStore::open(&second)
-        };
-        match refused {
-            Err(Error::Conflict(message)) => {
-                assert!(
-                    message.contains(&format!("in use now as {}", first.display())),
-                    "{message}"
-                );
-                assert!(message.contains("nothing was written"), "{message}");
-            }
-            other => panic!("a second name was opened (read-only: {read_only}): {other:?}"),
-        }
-    }
+    refused_both_ways(&second, &first);
     assert_eq!(listing(&other), before, "the refused name created files");
     // Another handle of the first name is no second name.
     drop(open_once_unused(&first));
@@ -995,24 +979,7 @@ async fn two_names_that_lock_one_byte_are_two_names_all_the_same() {
     let election = leasehold::testing::unique_election("collide");
     leasehold::testing::campaign_on_new_session(&holder, &election, "a", LONG).await;
     std::fs::hard_link(&first, &second).expect("link");
-    for read_only in [false, true] {
-        let refused = if read_only {
-            SqliteStore::open_read_only(&second)
-        } else {
-            SqliteStore::open(&second)
-        };
-        match refused {
-            Err(Error::Conflict(message)) => {
-                assert!(
-                    message.contains(&format!("in use now as {}", first.display())),
-                    "{message}"
-                );
-            }
-            other => panic!(
-                "a second name with the same byte was opened (read-only: {read_only}): {other:?}"
-            ),
-        }
-    }
+    refused_both_ways(&second, &first);
     // The other way round, while the first name's writers open at once.
     drop(holder);
     let opened: Vec<_> = std::thread::scope(|s| {
@@ -1107,4 +1074,26 @@ fn a_record_that_did_not_reach_the_file_before_a_kill_keeps_the_path_usable() {
         "no -wal was left"
     );
     drop(SqliteStore::open(&path).expect("the file at its own path"));
+}
+
+/// Opening `second`, for writing and for reading, is refused as a second
+/// name of the file in use as `first`, naming it, with nothing written.
+fn refused_both_ways(second: &std::path::Path, first: &std::path::Path) {
+    for read_only in [false, true] {
+        let refused = if read_only {
+            SqliteStore::open_read_only(second)
+        } else {
+            SqliteStore::open(second)
+        };
+        match refused {
+            Err(Error::Conflict(message)) => {
+                assert!(
+                    message.contains(&format!("in use now as {}", first.display())),
+                    "{message}"
+                );
+                assert!(message.contains("nothing was written"), "{message}");
+            }
+            other => panic!("a second name was opened (read-only: {read_only}): {other:?}"),
+        }
+    }
 }

@@ -611,6 +611,79 @@ fn another_file_mounted_over_the_path_of_killed_replicas_is_refused() {
     assert!(token > killed_token, "token {token} after {killed_token}");
 }
 
+/// A copy of the store taken while its leader ran, put back with `cp`
+/// into the same file (the same inode) after the replicas were killed
+/// outright: the `-wal` they left does not fit the copy's pages, so
+/// `campaign` is refused (exit 1, one line) and the copy and the `-wal` are
+/// left as they were (before: SQLite replayed that `-wal` into the copy,
+/// and the file was left malformed). With the `-wal` and `-shm` removed, as
+/// the GUIDE says to do before putting a backup back, the copy is used.
+#[test]
+fn a_backup_put_back_into_the_same_file_beside_a_killed_wal_is_refused() {
+    let scratch = Scratch::new();
+    let db = scratch.path("leasehold.db");
+    let copy = scratch.path("copy.db");
+    let campaign = |name: &str, election: &str| {
+        finish(
+            &scratch,
+            name,
+            leasehold()
+                .args(["campaign", "-e", election, "--hold", "1ms"])
+                .args(["--ttl", "3s", "--store", &scratch.store_url()]),
+        )
+    };
+    assert_eq!(campaign("first", "nightly-billing").0, Some(0));
+    // Many elections, a range of them gone: the file has free pages in
+    // the middle, which a copy (`VACUUM INTO`) does not have, so the
+    // pages of the copy lie elsewhere.
+    rusqlite::Connection::open(&db)
+        .and_then(|c| {
+            c.execute_batch(
+                "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 400)
+                 INSERT INTO elections (name, last_token)
+                 SELECT printf('m-%04d-%s', i, hex(zeroblob(60))), 1 FROM n;
+                 DELETE FROM elections WHERE name BETWEEN 'm-0100' AND 'm-0300';",
+            )
+        })
+        .expect("fill the store");
+    let (a, command, grandchild) = leading(&scratch);
+    copy_of(&db, &copy);
+    let long = "x".repeat(100);
+    for i in 0..10 {
+        let name = format!("later-{i}");
+        assert_eq!(campaign(&name, &format!("z-{i}-{long}")).0, Some(0));
+    }
+    kill_replica(a, command, grandchild);
+    assert!(
+        wait_until(PATIENCE, || !alive(command)),
+        "the command lives"
+    );
+    let wal = std::fs::read(sibling(&db, "-wal")).expect("the killed replica's -wal");
+    assert!(!wal.is_empty(), "the killed replica left no -wal");
+    let inode = |p: &Path| std::os::unix::fs::MetadataExt::ino(&p.metadata().expect("stat"));
+    let before = inode(&db);
+    std::fs::copy(&copy, &db).expect("put the copy back");
+    assert_eq!(inode(&db), before, "cp wrote another file");
+    let restored = std::fs::read(&db).expect("read");
+    let (code, err) = campaign("restored", "nightly-billing");
+    assert_refused(code, &err, "does not fit this database file");
+    assert_eq!(
+        std::fs::read(&db).expect("read"),
+        restored,
+        "the copy was written"
+    );
+    assert_eq!(
+        std::fs::read(sibling(&db, "-wal")).expect("the -wal"),
+        wal,
+        "the -wal was changed"
+    );
+    for suffix in ["-wal", "-shm"] {
+        std::fs::remove_file(sibling(&db, suffix)).expect("remove");
+    }
+    let (code, err) = campaign("without-the-wal", "nightly-billing");
+    assert_eq!(code, Some(0), "{err}");
+}
+
 /// Runs `leasehold` (its arguments) in a mount namespace of its own in
 /// which `mounted` is bind-mounted over `db`; its exit code and stderr.
 fn mounted_over(

@@ -300,6 +300,9 @@ pub(super) fn claim(file: &File, path: &Path, read_only: bool) -> Result<Option<
     if matches!(on_disk(file), Ok(OnDisk::Leasehold | OnDisk::Empty)) {
         refuse_a_leftover(&claim, path)?;
     }
+    if claim.leftover && claim.recorded && !wal_fits(path) {
+        return Err(Error::Conflict(misfit(path)));
+    }
     if read_only {
         share(file, &claim, path)?;
     }
@@ -325,6 +328,41 @@ fn recorded_only_in_the_wal(file: &File, path: &Path, claim: &Claim) -> bool {
     kept.ok()
         .flatten()
         .is_some_and(|kept| kept.name == claim.name && kept.file == claim.file)
+}
+
+/// Whether the database at `path`, read through the `-wal` that killed
+/// processes left (without writing the file: SQLite writes a `-wal` into
+/// its file only at a checkpoint, which this read-only connection never
+/// runs), is whole. A `-wal` replayed into another file than the one it
+/// was written for (a copy put back into the same inode, whose pages lie
+/// elsewhere) reads as damaged.
+fn wal_fits(path: &Path) -> bool {
+    let Ok(conn) = open_connection(path, true, false) else {
+        return false;
+    };
+    let verdict: rusqlite::Result<Vec<String>> = conn
+        .prepare("PRAGMA quick_check")
+        .and_then(|mut s| s.query_map([], |row| row.get(0))?.collect());
+    match verdict {
+        Ok(lines) if lines == ["ok"] => true,
+        other => {
+            tracing::debug!(path = %path.display(), ?other, "the -wal left by killed processes does not fit the file");
+            false
+        }
+    }
+}
+
+/// One line for a `-wal` that does not fit the file at its path.
+fn misfit(path: &Path) -> String {
+    format!(
+        "{}-wal holds what processes that did not close the database (killed) wrote, and it does \
+         not fit this database file: replaying it would damage the file (a backup or a copy put \
+         back at this path beside it?). Nothing was written. To keep its grants, put back the \
+         file it belongs to; to use this file, stop every replica and move the -wal and -shm \
+         away (the file's token counters are then its own: see the GUIDE's section on a lost \
+         SQLite file)",
+        path.display()
+    )
 }
 
 /// Refuses a `-wal` that killed processes left next to a file that does

@@ -118,7 +118,7 @@ impl LeaseConfig {
     /// `None` when that is not positive.
     ///
     /// A granted TTL above [`MAX_TTL`] counts as [`MAX_TTL`], and a drift
-    /// bound that is not a number as [`MAX_DRIFT`]: both only make the
+    /// bound that is not a number as its largest allowed value (0.5): both only make the
     /// deadline earlier, and no input makes this panic.
     pub fn validity(&self, granted_ttl: Duration) -> Option<Duration> {
         let drift = if self.drift.is_nan() {

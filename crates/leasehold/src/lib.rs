@@ -27,6 +27,7 @@
 //! "DESIGN rule N"), and names the tests that enforce each.
 //! `examples/campaign.rs` (campaign, fenced writes, resign) and
 //! `examples/follow.rs` (watch the leader) are complete programs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod clock;
 mod config;
@@ -44,7 +45,6 @@ pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod tune;
-/// A `tokio::sync::watch` replacement whose receivers wake in a deterministic (FIFO) order.
 pub mod watch;
 
 pub use config::{DEFAULT_DRIFT, DEFAULT_SKEW, DEFAULT_TTL, LeaseConfig, MAX_TTL, RENEWAL_RULE};
@@ -53,11 +53,21 @@ pub use error::{Error, QUOTED_CHARS, Result, quoted};
 pub use group::{Shard, Shards, Slot};
 pub use lease::LostReason;
 pub use names::{CandidateId, ElectionName, MAX_NAME_LEN};
+/// The `rusqlite` whose `Connection` and `Transaction` the SQLite fence
+/// helpers ([`fence::sqlite`]) take: use this one (or the same version,
+/// 0.37) for the connections you pass them.
+#[cfg(feature = "sqlite")]
+pub use rusqlite;
 pub use session::{RenewalEvent, RenewalObserver, Session};
 pub use store::{
     ElectionState, FencingToken, Grant, Leader, LeaderStatus, LeaderWatch, Note, NoteWatch,
     SessionId, SessionLease, StatusWatch, Store, StoreUrl,
 };
+/// The `tokio-postgres` whose clients and transactions the PostgreSQL fence
+/// helpers ([`fence::postgres`]) take: use this one (or the same version,
+/// 0.7) for the connections you pass them.
+#[cfg(feature = "postgres")]
+pub use tokio_postgres;
 
 // The README's Rust blocks are compiled and run as doc tests
 // (`cargo test -p leasehold --doc`), so the README cannot drift from the API.

@@ -16,13 +16,13 @@
 //!   holding `token` hand over to that standby, or to the first in line.
 //!   A leader holding a newer grant answers it, once its elector has taken
 //!   that grant up, by amending it to `{token} {to} {taken}`, `taken`
-//!   being its own grant's token ([`answers`]): the request succeeds only
+//!   being its own grant's token (`answers`): the request succeeds only
 //!   then. The store alone does not tell: on etcd and ZooKeeper the next
 //!   key in line holds as soon as the leader's goes, whether or not its
 //!   process is there to act (stopped, or killed before its session
 //!   expired).
 //!
-//! Only the *chosen* standby campaigns in the store ([`chosen`]): the one a
+//! Only the *chosen* standby campaigns in the store (`chosen`): the one a
 //! leader marked while it waits, or else the first in line. So the store's
 //! own compare-and-swap still decides who holds (every safety rule is the
 //! store's, as before), and the notes decide only who asks.
@@ -386,7 +386,7 @@ struct Asked {
 
 /// Waits for the grant that ends the handover `asked` for ([`successor`]),
 /// and then for its leader to say on the request's note that it took that
-/// grant up ([`answers`]). A grant the store made to a standby whose
+/// grant up (`answers`). A grant the store made to a standby whose
 /// process does not act on it (stopped, or killed before its session
 /// expired) is never answered, and this waits on: for that grant to end
 /// and the line to move on, or for the caller's timeout.

@@ -97,7 +97,7 @@
 //!   candidates) gets the ACL `auth` ALL (only the creating identity may
 //!   write, create, delete or change the ACL) plus `world:anyone` READ,
 //!   so that `status`, `list` and `observe` read without credentials (see
-//!   [`GUARDED`] for why). ZooKeeper checks CREATE and DELETE against the
+//!   `GUARDED` in this module's source for why). ZooKeeper checks CREATE and DELETE against the
 //!   parent, so another identity can neither add a candidate nor delete a
 //!   leader's node: every replica of one store must use the same
 //!   ZooKeeper user and password. Without credentials, nodes are open to

@@ -13,10 +13,8 @@ use crate::cli::RunArgs;
 use crate::guard::{Launch, Supervised};
 use crate::metrics::{RunnerMetrics, StepDown};
 use crate::signals::{IgnoredSignals, PassedSignals, StopSignals};
-use crate::term::{Request, TermEnd};
+use crate::term::{EXIT_CANNOT_START, Request, TermEnd, already_gone};
 
-/// Exit status when the command could not be started.
-pub const EXIT_CANNOT_START: u8 = 127;
 /// Pause before campaigning again after a transient store error.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
 
@@ -519,16 +517,6 @@ async fn stop_requested(
     }
 }
 
-/// Whether a release failed only because the grant had already ended
-/// (lost, expired, or taken by a successor): nothing is left to release,
-/// and nothing to warn about.
-pub(crate) fn already_gone(error: &leasehold::Error) -> bool {
-    matches!(
-        error,
-        leasehold::Error::NotHolder { .. } | leasehold::Error::SessionExpired(_)
-    )
-}
-
 /// Releases the election; whether it is released (or had already ended).
 async fn release(leadership: Leadership) -> bool {
     match leadership.resign().await {
@@ -590,32 +578,5 @@ async fn count_waiting(
         if notes.changed().await.is_err() {
             return;
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::already_gone;
-    use leasehold::{Error, FencingToken, SessionId};
-
-    #[test]
-    fn only_a_grant_that_already_ended_is_released_without_a_warning() {
-        let not_holder = Error::NotHolder {
-            election: "e".to_owned(),
-            token: FencingToken(3),
-        };
-        assert!(already_gone(&not_holder));
-        assert!(already_gone(&Error::SessionExpired(SessionId(7))));
-        let unanswered = Error::Unavailable {
-            reason: "no answer".to_owned(),
-            source: None,
-        };
-        assert!(
-            !already_gone(&unanswered),
-            "a release the store did not answer must warn"
-        );
-        assert!(!already_gone(&Error::Timeout(
-            std::time::Duration::from_secs(1)
-        )));
     }
 }

@@ -204,7 +204,7 @@ impl ShardRunner {
                 tracing::info!(group = %settings.group, %id, %signal, "stopped; every shard released");
                 ExitCode::SUCCESS
             }
-            None => ExitCode::from(crate::run::EXIT_CANNOT_START),
+            None => ExitCode::from(crate::term::EXIT_CANNOT_START),
         })
     }
 }
@@ -268,7 +268,7 @@ async fn run_term(
                 .unwrap_or_default();
             crate::say(&format!("cannot run {program}: {error:#}"));
             if let Err(error) = shard.resign().await
-                && !crate::run::already_gone(&error)
+                && !crate::term::already_gone(&error)
             {
                 tracing::warn!(shard = index, %error, "could not release the shard");
             }
@@ -331,7 +331,7 @@ async fn run_term(
         TermEnd::HandedOver(_) => (StepDown::HandedOver, shard.resign().await),
     };
     if let Err(error) = released
-        && !crate::run::already_gone(&error)
+        && !crate::term::already_gone(&error)
     {
         tracing::warn!(shard = index, %error, "could not release the shard (the store expires it after the TTL)");
     }

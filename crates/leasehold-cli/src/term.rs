@@ -12,6 +12,19 @@ use tokio::time::{Instant, sleep_until};
 use crate::guard::{Ended, GUARD_WAKE, Supervised};
 use crate::signals::{AnySignal, forwarded_as};
 
+/// Exit status when the command could not be started.
+pub const EXIT_CANNOT_START: u8 = 127;
+
+/// Whether a release failed only because the grant had already ended
+/// (lost, expired, or taken by a successor): nothing is left to release,
+/// and nothing to warn about.
+pub(crate) fn already_gone(error: &leasehold::Error) -> bool {
+    matches!(
+        error,
+        leasehold::Error::NotHolder { .. } | leasehold::Error::SessionExpired(_)
+    )
+}
+
 /// Why a term of leadership ended.
 pub enum TermEnd {
     /// The command exited by itself.
@@ -174,5 +187,32 @@ impl Term<'_> {
                 "the guard process was killed; the command's tree was killed with it");
         }
         why
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::already_gone;
+    use leasehold::{Error, FencingToken, SessionId};
+
+    #[test]
+    fn only_a_grant_that_already_ended_is_released_without_a_warning() {
+        let not_holder = Error::NotHolder {
+            election: "e".to_owned(),
+            token: FencingToken(3),
+        };
+        assert!(already_gone(&not_holder));
+        assert!(already_gone(&Error::SessionExpired(SessionId(7))));
+        let unanswered = Error::Unavailable {
+            reason: "no answer".to_owned(),
+            source: None,
+        };
+        assert!(
+            !already_gone(&unanswered),
+            "a release the store did not answer must warn"
+        );
+        assert!(!already_gone(&Error::Timeout(
+            std::time::Duration::from_secs(1)
+        )));
     }
 }

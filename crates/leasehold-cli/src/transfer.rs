@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use leasehold::line::request_transfer;
+use leasehold::transfer::request_transfer;
 use leasehold::{ElectionName, Leader};
 
 use crate::cli::TransferArgs;

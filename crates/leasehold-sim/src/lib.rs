@@ -883,9 +883,14 @@ async fn fault_phase(
                 );
                 lock(&world.history).transfers_requested += 1;
                 tokio::spawn(async move {
-                    let _ =
-                        leasehold::line::request_transfer(&store, &election, to.as_ref(), ttl, ttl)
-                            .await;
+                    let _ = leasehold::transfer::request_transfer(
+                        &store,
+                        &election,
+                        to.as_ref(),
+                        ttl,
+                        ttl,
+                    )
+                    .await;
                 });
             }
         }
@@ -951,7 +956,8 @@ async fn crash_chosen_standby(world: &World, slots: &mut [Slot], rng: &mut Rng) 
         world.scenario.ttl,
     );
     tokio::spawn(async move {
-        let _ = leasehold::line::request_transfer(&store, &election, Some(&to), ttl, ttl * 2).await;
+        let _ =
+            leasehold::transfer::request_transfer(&store, &election, Some(&to), ttl, ttl * 2).await;
     });
     // Long enough for the request to reach the leader, not for the
     // handover to finish.

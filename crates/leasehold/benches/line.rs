@@ -21,9 +21,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use leasehold::line::{self, request_transfer};
+use leasehold::line;
 use leasehold::store::{Store, StoreUrl};
 use leasehold::testing::{CountingStore, Counts, EtcdCluster, PostgresServer, ZooKeeperServer};
+use leasehold::transfer::request_transfer;
 use leasehold::{CandidateId, ElectionName, Elector, LeaseConfig};
 
 const TTL: Duration = Duration::from_secs(30);

@@ -39,11 +39,13 @@ pub mod group;
 mod ids;
 pub mod lease;
 pub mod line;
+mod mutex;
 mod names;
 mod session;
 pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod transfer;
 pub mod tune;
 pub mod watch;
 

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::watch;
@@ -14,6 +14,7 @@ use crate::clock::{Clock, Instant};
 use crate::config::{LeaseConfig, humanize};
 use crate::error::{Error, Result};
 use crate::lease::{DeadlinePolicy, LeaseAction, LeaseEvent, LeaseState, LostReason, NoValidity};
+use crate::mutex::lock;
 use crate::names::ElectionName;
 use crate::store::{FencingToken, Grant, SessionId, SessionLease, Store};
 
@@ -92,14 +93,6 @@ struct Shared {
     /// deadline ended the session.
     for_renewer: Mutex<Vec<LeaseAction>>,
     kick: tokio::sync::Notify,
-}
-
-/// Locks `mutex`, using a poisoned lock as it is: for state that a panic
-/// while the lock was held cannot leave half-changed. The lease core is
-/// such state (each `handle` call completes or changes nothing that
-/// matters for safety).
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Shared {

@@ -209,7 +209,7 @@ impl Leadership {
                 )
             })?,
         };
-        if !mark_chosen(&*self.store, &election, target, self.grant.token).await? {
+        if !line::mark_chosen(&*self.store, &election, target, self.grant.token).await? {
             return Err(Error::invalid(
                 "transfer",
                 format!("{} left the line of {election}", target.candidate),
@@ -284,7 +284,7 @@ impl Leadership {
                 outcome = succeeded => outcome.map(drop),
                 () = session.sleep(patience) => Ok(()),
             };
-            if let Err(error) = unmark_chosen(&*store, &grant.election, grant.token).await {
+            if let Err(error) = line::unmark_chosen(&*store, &grant.election, grant.token).await {
                 tracing::debug!(election = %grant.election, %error, "withdrawing the choice of a standby failed; it ends with that standby's wait");
             }
         });
@@ -384,44 +384,4 @@ impl Monitor {
             }
         }
     }
-}
-
-/// Marks `standby`'s note as the choice of the leader holding `token`;
-/// `false` if it left the line meanwhile.
-pub(super) async fn mark_chosen(
-    store: &dyn Store,
-    election: &ElectionName,
-    standby: &line::Standby,
-    token: FencingToken,
-) -> Result<bool> {
-    store
-        .amend_note(
-            standby.session,
-            election,
-            line::CANDIDATE,
-            &line::chosen_note(standby, Some(token)),
-        )
-        .await
-}
-
-/// Withdraws the mark of the leader holding `token` from every standby
-/// that still waits with it (one whose campaign ended another way).
-async fn unmark_chosen(
-    store: &dyn Store,
-    election: &ElectionName,
-    token: FencingToken,
-) -> Result<()> {
-    for standby in line::line(store, election).await? {
-        if standby.chosen_by == Some(token) {
-            store
-                .amend_note(
-                    standby.session,
-                    election,
-                    line::CANDIDATE,
-                    &line::chosen_note(&standby, None),
-                )
-                .await?;
-        }
-    }
-    Ok(())
 }

@@ -299,7 +299,7 @@ impl Elector {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum HandoverCause {
-    /// Someone asked for it ([`crate::line::request_transfer`],
+    /// Someone asked for it ([`crate::transfer::request_transfer`],
     /// `leasehold transfer`).
     Transfer,
     /// A waiting candidate of higher priority waited out the settling

@@ -111,7 +111,7 @@ impl Elector {
     /// Counts a campaign of this elector for `election` starting: the
     /// number it is given.
     fn started(&self, election: &ElectionName) -> u64 {
-        let mut joins = crate::session::lock(&self.joins);
+        let mut joins = crate::mutex::lock(&self.joins);
         let started = joins.entry(election.clone()).or_default();
         *started += 1;
         *started
@@ -400,7 +400,7 @@ async fn leave_line(
     tokio::time::sleep(LATER_CAMPAIGN).await;
     crate::store::cleanup::until_done("leave the line", || {
         let (store, election) = (Arc::clone(&store), election.clone());
-        let later = crate::session::lock(&joins).get(&election).copied() != Some(started);
+        let later = crate::mutex::lock(&joins).get(&election).copied() != Some(started);
         async move {
             if later {
                 return Ok(());

@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use super::leadership::mark_chosen;
 use super::{Handover, HandoverCause, Planned, WATCH_RETRY};
 use crate::clock::Instant;
 use crate::error::Error;
@@ -140,7 +139,8 @@ impl Steward {
     async fn request(&self, handover: Handover, standby: Option<Standby>) {
         let election = &self.grant.election;
         if let Some(standby) = standby {
-            match mark_chosen(&*self.store, election, &standby, self.grant.token).await {
+            match crate::line::mark_chosen(&*self.store, election, &standby, self.grant.token).await
+            {
                 Ok(true) => {}
                 Ok(false) => {
                     tracing::info!(%election, to = %standby.candidate, "the chosen standby left the line; handing over to the first in line");

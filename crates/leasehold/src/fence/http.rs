@@ -77,7 +77,7 @@ async fn enforce(State(fenced): State<Arc<Fenced>>, request: Request, next: Next
         }
     };
     let lock = {
-        let mut paths = fenced.paths.lock().unwrap_or_else(|p| p.into_inner());
+        let mut paths = crate::mutex::lock(&fenced.paths);
         Arc::clone(paths.entry(resource.clone()).or_default())
     };
     let _serialized = lock.lock().await;

@@ -63,14 +63,14 @@ impl MemoryFence {
         token: FencingToken,
         write: impl FnOnce() -> T,
     ) -> Result<T> {
-        let mut highest = self.highest.lock().unwrap_or_else(|p| p.into_inner());
+        let mut highest = crate::mutex::lock(&self.highest);
         advance(&mut highest, resource, token)?;
         Ok(write())
     }
 
     /// The highest token accepted for `resource`, if any.
     pub fn highest(&self, resource: &str) -> Option<FencingToken> {
-        let highest = self.highest.lock().unwrap_or_else(|p| p.into_inner());
+        let highest = crate::mutex::lock(&self.highest);
         highest.get(resource).copied().map(FencingToken)
     }
 }

@@ -102,7 +102,7 @@ impl SqliteFence {
         token: FencingToken,
         write: impl FnOnce(&Transaction<'_>) -> Result<T>,
     ) -> Result<T> {
-        let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        let mut conn = crate::mutex::lock(&self.conn);
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(sql)?;

@@ -25,7 +25,7 @@ use std::fmt;
 
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
-use crate::store::{Note, SessionId, Store};
+use crate::store::{Grant, Note, SessionId, Store, StoreUrl};
 
 pub use assign::assign;
 pub(crate) use many::LeaderWatches;
@@ -129,6 +129,24 @@ pub(crate) fn group_of_shard(election: &ElectionName) -> Option<ElectionName> {
     let (group, index) = election.as_str().rsplit_once("/shard/")?;
     index.parse::<u32>().ok()?;
     ElectionName::new(group).ok()
+}
+
+/// Releases `grant`, whose holder's process is known to be dead, as
+/// [`crate::store::release_orphaned`] does; when it is a shard's, its
+/// holder also leaves the group, so that the other members take its
+/// shards now rather than once its session expires (each still waits for
+/// its grant's release, which that shard's own guard makes once its
+/// command is gone). A runner's guard calls this after its runner died.
+pub async fn release_orphaned(url: &StoreUrl, grant: &Grant) -> Result<()> {
+    let store = crate::store::open_to_release(url).await?;
+    let released = store.release_orphaned(grant).await;
+    if matches!(released, Ok(()) | Err(Error::NotHolder { .. }))
+        && let Some(group) = group_of_shard(&grant.election)
+        && let Err(error) = store.delete_note(grant.session, &group, MEMBER).await
+    {
+        tracing::debug!(%group, %error, "could not remove a dead member from its group");
+    }
+    released
 }
 
 /// The election the waiters for a group's slots line up on: its holder is

@@ -12,6 +12,7 @@ use crate::names::{CandidateId, ElectionName};
 pub(crate) mod cleanup;
 #[cfg(feature = "etcd")]
 pub mod etcd;
+mod layout;
 mod local;
 pub mod memory;
 mod note_watch;
@@ -28,11 +29,12 @@ pub(crate) mod watch_driver;
 pub mod zookeeper;
 
 pub use crate::grant::{FencingToken, Grant, Leader, SessionId, SessionLease};
+pub use layout::Layout;
 pub use security::{Password, Secret, Security};
 #[cfg(feature = "postgres")]
 pub(crate) use url::postgres_connect;
 pub use url::{
-    Layout, MAX_FILE_PATH_LEN, PASSWORD_ENV, PgSslMode, StoreUrl, open, open_read_only,
+    MAX_FILE_PATH_LEN, PASSWORD_ENV, PgSslMode, StoreUrl, open, open_read_only, open_to_release,
     release_orphaned,
 };
 pub(crate) use watch_driver::status_of;

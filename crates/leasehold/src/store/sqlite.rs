@@ -59,7 +59,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
-use crate::session::lock;
+use crate::mutex::lock;
 use std::time::Duration;
 
 use crate::watch;

@@ -27,6 +27,7 @@ use std::sync::Arc;
 // password.
 use crate::error::{Error, Result, quoted};
 use crate::store::Store;
+use crate::store::layout::Layout;
 use crate::store::memory::MemoryStore;
 use crate::store::security::{Password, Secret, Security};
 
@@ -85,42 +86,7 @@ pub enum StoreUrl {
     },
 }
 
-/// How a store lays out its elections: leasehold's own layout, or the
-/// wire layout of another election recipe, so that its clients and
-/// leasehold's take part in the same elections (`?layout=` of an etcd or
-/// ZooKeeper URL).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Layout {
-    /// leasehold's own keys or nodes under its prefix or root, with its
-    /// marker (the default).
-    #[default]
-    Leasehold,
-    /// etcd's `concurrency.Election` (Go clients, `etcdctl elect`).
-    Concurrency,
-    /// Apache Curator's `LeaderLatch` (ZooKeeper).
-    Curator,
-    /// kazoo's `Election` (ZooKeeper).
-    Kazoo,
-}
-
 impl Layout {
-    /// The `?layout=` value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Layout::Leasehold => "leasehold",
-            Layout::Concurrency => "concurrency",
-            Layout::Curator => "curator",
-            Layout::Kazoo => "kazoo",
-        }
-    }
-
-    /// Whether this is another recipe's layout (no notes: the recipe's
-    /// own order is the only line).
-    pub fn is_foreign(self) -> bool {
-        self != Layout::Leasehold
-    }
-
     fn parse(cluster: Cluster, value: &str) -> Result<Layout, String> {
         let (known, expected): (&[Layout], &str) = match cluster {
             Cluster::Etcd => (
@@ -1756,9 +1722,16 @@ async fn open_checked(url: &StoreUrl) -> Result<Arc<dyn Store>> {
 /// the store) and start no watch, so the release goes out after one
 /// connection; SQLite and etcd open as [`open`] does.
 pub async fn release_orphaned(url: &StoreUrl, grant: &crate::store::Grant) -> Result<()> {
+    open_to_release(url).await?.release_orphaned(grant).await
+}
+
+/// Opens the store a URL names for [`release_orphaned`] and nothing else
+/// (see there): on PostgreSQL and ZooKeeper, without the checks of a first
+/// use and without watches.
+pub async fn open_to_release(url: &StoreUrl) -> Result<Arc<dyn Store>> {
     url.validate()?;
     let url = &url.clone().with_password_from_env()?;
-    let store: Arc<dyn Store> = match url {
+    Ok(match url {
         #[cfg(feature = "zookeeper")]
         StoreUrl::ZooKeeper {
             endpoints,
@@ -1776,21 +1749,7 @@ pub async fn release_orphaned(url: &StoreUrl, grant: &crate::store::Grant) -> Re
             Arc::new(crate::store::postgres::PostgresStore::connect_to_release(url, schema).await?)
         }
         _ => open_checked(url).await?,
-    };
-    let released = store.release_orphaned(grant).await;
-    // A shard's holder that died is no member of its group any more: its
-    // note goes too, so that the others take its shards now rather than
-    // once its session expires (each still waits for its grant's release,
-    // which that shard's own guard makes once its command is gone).
-    if matches!(released, Ok(()) | Err(Error::NotHolder { .. }))
-        && let Some(group) = crate::group::group_of_shard(&grant.election)
-        && let Err(error) = store
-            .delete_note(grant.session, &group, crate::group::MEMBER)
-            .await
-    {
-        tracing::debug!(%group, %error, "could not remove a dead member from its group");
-    }
-    released
+    })
 }
 
 /// Opens the store a URL names for reading only — what `status`, `list`

@@ -363,10 +363,7 @@ fn watch_read_faults()
     use std::collections::HashMap;
     use std::sync::{Mutex, OnceLock};
     static FAULTS: OnceLock<Mutex<HashMap<ElectionName, WatchReadFault>>> = OnceLock::new();
-    FAULTS
-        .get_or_init(Mutex::default)
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
+    crate::mutex::lock(FAULTS.get_or_init(Mutex::default))
 }
 
 /// Until [`heal_watch_reads`], every read that a watch task of any store in

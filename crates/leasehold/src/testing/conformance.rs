@@ -1269,7 +1269,7 @@ pub async fn a_recipe_layout_refuses_what_only_leasehold_keeps(harness: &dyn Sto
         .expect("config"),
     );
     let leadership = plain.campaign(&election).await.expect("a plain campaign");
-    match crate::line::request_transfer(
+    match crate::transfer::request_transfer(
         &store,
         &election,
         None,

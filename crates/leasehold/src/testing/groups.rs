@@ -445,7 +445,7 @@ pub async fn a_group_is_never_transferred(harness: &dyn StoreHarness) {
         .expect("a shard's name");
     for (name, says) in [(&group, "is a group of 2 shards"), (&shard, "belongs to")] {
         let before = store.notes(name).await.expect("notes");
-        match crate::line::request_transfer(&store, name, None, TTL, PATIENCE).await {
+        match crate::transfer::request_transfer(&store, name, None, TTL, PATIENCE).await {
             Err(Error::InvalidInput { reason, .. }) => assert!(
                 reason.contains(says) && reason.contains(group.as_str()),
                 "the refusal of transferring {name} must say {says:?} and name {group}: {reason}"

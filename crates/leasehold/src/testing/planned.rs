@@ -13,9 +13,10 @@ use crate::config::LeaseConfig;
 use crate::elector::{Elector, HandoverCause, Leadership};
 use crate::error::Error;
 use crate::lease::LostReason;
-use crate::line::{self, request_transfer};
+use crate::line;
 use crate::names::{CandidateId, ElectionName};
 use crate::store::Store;
+use crate::transfer::request_transfer;
 
 /// How long a test waits for something that must happen.
 const PATIENCE: Duration = Duration::from_secs(15);

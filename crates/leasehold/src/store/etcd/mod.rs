@@ -65,9 +65,9 @@ use crate::config::StoreTtl;
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
 use crate::store::cleanup::OnDrop;
+use crate::store::layout::Layout;
 use crate::store::security::Security;
 use crate::store::shared_read::SharedReads;
-use crate::store::url::Layout;
 use crate::store::watch_driver::{self as leader_watch, Event, Source};
 use crate::store::{
     ElectionState, FencingToken, Grant, Leader, LeaderWatch, Note, NoteWatch, SessionId,

@@ -6,8 +6,8 @@
 //! there: no marker, no notes, no record of releases.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use zookeeper_client::{Client, CreateMode};
@@ -16,7 +16,7 @@ use super::{ATTEMPTS, Inner, ZkSession, granted_token, not_holder, request, toke
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
 use crate::store::cleanup::OnDrop;
-use crate::store::url::Layout;
+use crate::store::layout::Layout;
 use crate::store::{Grant, Leader, SessionId};
 
 /// The election recipe whose wire layout a store speaks.
@@ -197,10 +197,7 @@ impl ZkSession {
     /// do) rather than make a second; the number tells a dropped campaign's
     /// withdrawal that a later campaign took the node over.
     fn start_recipe_campaign(&self, recipe: Recipe, election: &ElectionName) -> (String, u64) {
-        let mut campaigns = self
-            .recipe_campaigns
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let mut campaigns = crate::mutex::lock(&self.recipe_campaigns);
         let (prefix, number) = campaigns
             .entry(election.clone())
             .or_insert_with(|| (recipe.new_prefix(), 0));
@@ -211,18 +208,13 @@ impl ZkSession {
     /// The prefix of this session's candidate node in `election`, if it
     /// ever campaigned there.
     pub(super) fn known_recipe_prefix(&self, election: &ElectionName) -> Option<String> {
-        self.recipe_campaigns
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        crate::mutex::lock(&self.recipe_campaigns)
             .get(election)
             .map(|(prefix, _)| prefix.clone())
     }
 
     fn holds(&self, election: &ElectionName) -> bool {
-        self.held
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .contains(election)
+        crate::mutex::lock(&self.held).contains(election)
     }
 }
 
@@ -443,10 +435,7 @@ impl Inner {
                 };
                 // Checked while the guard would still withdraw the node.
                 let token = granted_token(election, &stat)?;
-                zk.held
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .insert(election.clone());
+                crate::mutex::lock(&zk.held).insert(election.clone());
                 guard.disarm();
                 tracing::debug!(%election, %session, node = %line[0], recipe = %recipe.layout(), "granted by zookeeper");
                 return Ok(Grant {
@@ -484,10 +473,7 @@ async fn withdraw(
     };
     for node in children.iter().filter(|c| c.starts_with(&prefix)) {
         let delete = {
-            let campaigns = session
-                .recipe_campaigns
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
+            let campaigns = crate::mutex::lock(&session.recipe_campaigns);
             let latest = campaigns.get(&election).map(|(_, n)| *n);
             if latest != Some(number) || session.holds(&election) {
                 return;

@@ -232,6 +232,61 @@ fn a_database_moved_onto_the_store_is_left_as_it_was_and_its_leader_stops() {
     assert_eq!(std::fs::read(&db).expect("read"), before);
 }
 
+/// A copy of the store (a leasehold database: a backup) moved onto the
+/// path under a running leader and a waiting replica: both exit 1, the
+/// leader's command stopped, and the next `campaign` uses the copy as it
+/// is, with its own counters (before: they left their `-wal` at the path,
+/// and every later command was refused because of it, naming a file that
+/// `mv` had unlinked).
+#[test]
+fn a_backup_moved_onto_the_store_under_its_replicas_is_used_once_they_are_gone() {
+    let scratch = Scratch::new();
+    let (mut a, a_child, a_grandchild) = leading(&scratch);
+    let mut b = replica(&scratch, "b", "");
+    assert!(
+        wait_until(PATIENCE, || std::fs::read_to_string(scratch.path("b.err"))
+            .is_ok_and(|e| e.contains("waiting; election is led"))),
+        "b does not wait"
+    );
+    let db = scratch.path("leasehold.db");
+    let copy = scratch.path("copy.db");
+    copy_of(&db, &copy);
+    std::fs::rename(&copy, &db).expect("move the copy onto the store");
+    for (name, replica) in [("a", &mut a), ("b", &mut b)] {
+        let status = replica.wait_for_exit(PATIENCE);
+        let err = std::fs::read_to_string(scratch.path(&format!("{name}.err"))).unwrap_or_default();
+        let status = status.unwrap_or_else(|| panic!("{name} does not exit: {err}"));
+        assert_eq!(status.code(), Some(1), "{name}: {err}");
+        assert!(err.contains("another file is there now"), "{name}: {err}");
+    }
+    assert!(
+        wait_until(PATIENCE, || !alive(a_child) && !alive(a_grandchild)),
+        "a's command outlived its store"
+    );
+    assert_eq!(runs(&scratch).len(), 1, "b ran");
+    let out = leasehold()
+        .args(["campaign", "-e", "nightly-billing", "--hold", "1ms"])
+        .args(["--ttl", "3s", "--store", &scratch.store_url()])
+        .output()
+        .expect("campaign");
+    assert!(out.status.success(), "{}", super::harness::stderr(&out));
+    let token = super::harness::events(&out.stdout)
+        .iter()
+        .find(|e| e.event == "acquired")
+        .and_then(|e| e.token)
+        .expect("acquired");
+    assert_eq!(
+        token,
+        runs(&scratch)[0].0 + 1,
+        "the copy's counter, plus one"
+    );
+    let conn = rusqlite::Connection::open(&db).expect("open");
+    let check: String = conn
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .expect("check");
+    assert_eq!(check, "ok");
+}
+
 /// `status`, `list` and `observe` on a store that does not exist say so in
 /// one line, exit 1, and create nothing: not the default file nor its
 /// folder under `$XDG_STATE_HOME`, not a database in an empty file.

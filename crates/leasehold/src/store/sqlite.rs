@@ -39,10 +39,9 @@
 //!   none), the handle is dead: renewals fail with
 //!   [`Error::SessionExpired`], so leaders step down at once, everything
 //!   else with [`Error::Replaced`], and nothing more is written — except
-//!   that, if what is at the path now is not a leasehold database, the
-//!   handle empties its own `-wal` (a checkpoint into its own file, through
-//!   SQLite's open descriptors), so that SQLite never pairs it with the new
-//!   file.
+//!   that the handle empties its own `-wal` (a checkpoint into its own
+//!   file, through SQLite's open descriptors), so that SQLite never pairs
+//!   it with the new file.
 //! - A new database is created only under the exclusive generation lock on
 //!   the notify file, which every process using the database holds shared:
 //!   while a process still uses an earlier database at the path, a new one

@@ -375,8 +375,8 @@ impl Db {
     }
 
     /// [`Db::check_file`] before using the connection; once the file was
-    /// replaced, also empties this handle's `-wal` when what the path holds
-    /// now is not a leasehold database (see the module's documentation).
+    /// replaced, also empties this handle's `-wal` (see the module's
+    /// documentation).
     pub(super) fn usable(&self, conn: &Connection) -> Result<()> {
         let checked = self.check_file();
         if let Err(Error::Replaced(_)) = &checked {
@@ -390,17 +390,12 @@ impl Db {
     /// only this handle's own files are written, wherever they are now.
     /// Without it, SQLite would pair the `-wal` still at `<path>-wal` with
     /// whatever file is put at the path, and write leasehold's pages into
-    /// it.
+    /// it — another leasehold database (a backup moved there) too, whose
+    /// pages lie elsewhere. Nobody else writes that `-wal` meanwhile: a
+    /// process opening the new file refuses it while this handle uses the
+    /// `-shm` (see `names`).
     pub(super) fn empty_wal(&self, conn: &Connection) {
         if self.read_only || self.wal_emptied.load(Ordering::SeqCst) {
-            return;
-        }
-        let there = open_database_file(&self.path)
-            .and_then(|f| on_disk(&f))
-            .ok();
-        if matches!(there, Some(OnDisk::Leasehold | OnDisk::EmptyDatabase)) {
-            tracing::debug!(path = %self.path.display(),
-                "a leasehold database is at the path now; leaving the WAL as it is");
             return;
         }
         match conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| {

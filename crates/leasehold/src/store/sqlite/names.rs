@@ -489,15 +489,27 @@ struct Recorded {
 /// The record in the database file itself (not in any `-wal`), if the
 /// file is a leasehold database that holds one. A read that fails (a
 /// writer of this name checkpointing into the file) is tried again.
+/// How long a file that reads as damaged is read again before it is
+/// taken to be damaged (a checkpoint of a large store takes tens of
+/// milliseconds).
+const DAMAGED_WAIT: Duration = Duration::from_millis(500);
+
 fn recorded(file: &File, path: &Path) -> Result<Option<Recorded>> {
     let started = Instant::now();
     loop {
         if !matches!(on_disk(file), Ok(OnDisk::Leasehold)) {
             return Ok(None);
         }
-        match read_record(path) {
+        let read = read_record(path);
+        // A file read while another process checkpoints into it may read
+        // as damaged for a moment; one that still does is damaged.
+        let patience = match &read {
+            Err(Error::Corrupt(_)) => DAMAGED_WAIT,
+            _ => BUSY_TIMEOUT,
+        };
+        match read {
             Ok(kept) => return Ok(kept),
-            Err(error) if started.elapsed() < BUSY_TIMEOUT => {
+            Err(error) if started.elapsed() < patience => {
                 tracing::debug!(path = %path.display(), %error, "cannot read the name record yet");
                 std::thread::sleep(Duration::from_millis(20));
             }

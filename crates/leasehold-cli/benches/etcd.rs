@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use leasehold::store::etcd::EtcdStore;
-use leasehold::testing::EtcdCluster;
+use leasehold_testkit::EtcdCluster;
 use nix::sys::signal::Signal;
 
 mod common;

@@ -20,7 +20,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use leasehold::testing::{EtcdCluster, PostgresServer, ZooKeeperServer};
+use leasehold_testkit::{EtcdCluster, PostgresServer, ZooKeeperServer};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 

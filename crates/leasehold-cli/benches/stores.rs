@@ -11,7 +11,7 @@
 
 use std::time::{Duration, Instant};
 
-use leasehold::testing::{EtcdCluster, PostgresServer, ZooKeeperServer};
+use leasehold_testkit::{EtcdCluster, PostgresServer, ZooKeeperServer};
 use nix::sys::signal::Signal;
 
 mod common;

@@ -46,7 +46,7 @@ use crate::clock::{DriftingClock, StoreClock};
 use crate::history::{Crash, Granted, History, Term, Write};
 pub use crate::invariants::Violation;
 use crate::link::Link;
-use leasehold::testing::Rng;
+use leasehold_testkit::Rng;
 
 /// What one run simulates.
 #[derive(Debug, Clone)]

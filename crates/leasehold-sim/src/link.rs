@@ -18,7 +18,7 @@ use leasehold::store::{
 };
 use leasehold::{CandidateId, ElectionName, Error, Result};
 
-use leasehold::testing::Rng;
+use leasehold_testkit::Rng;
 
 /// How often a watch held by a partition looks whether it has healed.
 const PARTITION_POLL: Duration = Duration::from_millis(10);

@@ -17,8 +17,8 @@ use std::time::Duration;
 use leasehold::clock::Instant;
 use leasehold::group::GroupKind;
 use leasehold::store::Store;
-use leasehold::testing::Rng;
 use leasehold::{CandidateId, ElectionName, Elector, Error, LeaseConfig, Shard, Shards};
+use leasehold_testkit::Rng;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 

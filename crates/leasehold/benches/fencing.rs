@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use leasehold::FencingToken;
 use leasehold::fence::MemoryFence;
 use leasehold::fence::sqlite::{check_and_advance, create_table};
-use leasehold::testing::PostgresServer;
+use leasehold_testkit::PostgresServer;
 use rusqlite::TransactionBehavior;
 
 fn percentile(samples: &[Duration], p: f64) -> Duration {

@@ -40,10 +40,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use leasehold::store::{Store, StoreUrl};
-use leasehold::testing::{
-    CountingStore, Counts, EtcdCluster, FaultyStore, PostgresServer, ZooKeeperServer, watch_reads,
-};
+use leasehold::testing::{CountingStore, Counts, FaultyStore, watch_reads};
 use leasehold::{CandidateId, ElectionName, Elector, LeaseConfig, Shards};
+use leasehold_testkit::{EtcdCluster, PostgresServer, ZooKeeperServer};
 use tokio::task::JoinSet;
 
 /// The system allocator, counting the bytes allocated and not yet freed,

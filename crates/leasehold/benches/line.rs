@@ -23,9 +23,10 @@ use std::time::{Duration, Instant};
 
 use leasehold::line;
 use leasehold::store::{Store, StoreUrl};
-use leasehold::testing::{CountingStore, Counts, EtcdCluster, PostgresServer, ZooKeeperServer};
+use leasehold::testing::{CountingStore, Counts};
 use leasehold::transfer::request_transfer;
 use leasehold::{CandidateId, ElectionName, Elector, LeaseConfig};
+use leasehold_testkit::{EtcdCluster, PostgresServer, ZooKeeperServer};
 
 const TTL: Duration = Duration::from_secs(30);
 const PATIENCE: Duration = Duration::from_secs(20);

@@ -22,8 +22,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use leasehold::store::{Store, StoreUrl};
-use leasehold::testing::{EtcdCluster, PostgresServer, TestCa, Usage, ZooKeeperServer};
 use leasehold::{CandidateId, ElectionName};
+use leasehold_testkit::{EtcdCluster, PostgresServer, TestCa, Usage, ZooKeeperServer};
 
 fn ms(d: Duration) -> String {
     format!("{:.2}", d.as_secs_f64() * 1e3)

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use leasehold::testing::{EtcdCluster, PostgresServer, Rng, ZooKeeperEnsemble};
+use leasehold_testkit::{EtcdCluster, PostgresServer, Rng, ZooKeeperEnsemble};
 use nix::sys::signal::Signal;
 
 /// The nemesis's faults, by kind.
@@ -169,11 +169,11 @@ impl Cluster {
                 (format!("sigstop zookeeper m{m}"), m, rng.millis(1000, 4000))
             }
             (Cluster::Postgres(s), Fault::RestartPostgresFast) => {
-                s.stop_with(leasehold::testing::Shutdown::Fast);
+                s.stop_with(leasehold_testkit::Shutdown::Fast);
                 ("postgres fast shutdown".into(), 0, rng.millis(200, 2000))
             }
             (Cluster::Postgres(s), Fault::RestartPostgresImmediate) => {
-                s.stop_with(leasehold::testing::Shutdown::Immediate);
+                s.stop_with(leasehold_testkit::Shutdown::Immediate);
                 (
                     "postgres immediate shutdown".into(),
                     0,

@@ -34,7 +34,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use leasehold::clock::host_monotonic_ns;
-use leasehold::testing::Rng;
+use leasehold_testkit::Rng;
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 

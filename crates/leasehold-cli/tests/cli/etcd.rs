@@ -1,7 +1,7 @@
 //! The runner on etcd: the same behaviour as on SQLite, against a real
 //! 3-member cluster.
 
-use leasehold::testing::EtcdCluster;
+use leasehold_testkit::EtcdCluster;
 
 use super::guard::sigkill_hands_over_at_once;
 use super::harness::Scratch;
@@ -37,7 +37,7 @@ fn exit_status_and_release_on_etcd() {
     exit_status_and_release(&cluster.url("/exit"));
     // A URL asking for TLS of these plaintext members.
     let dir = tempfile::tempdir().expect("temp dir");
-    let ca = leasehold::testing::TestCa::new(dir.path(), "ca");
+    let ca = leasehold_testkit::TestCa::new(dir.path(), "ca");
     tls_mismatch_exits_1(
         &format!("{}?cacert={}", cluster.url("/exit"), ca.ca_path().display()),
         "does not offer TLS (it answered in plaintext), and cacert= in the URL requires it",
@@ -185,7 +185,7 @@ fn reading_a_prefix_without_a_store_exits_1_and_writes_nothing() {
 /// password, at `-vvv` too.
 #[test]
 fn a_secured_etcd_with_the_password_from_the_environment() {
-    use leasehold::testing::{TestCa, Usage};
+    use leasehold_testkit::{TestCa, Usage};
     let dir = tempfile::tempdir().expect("temp dir");
     let ca = TestCa::new(dir.path(), "ca");
     let cluster = EtcdCluster::start_secured(dir.path(), &ca, None);

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use leasehold::testing::{PostgresServer, ZooKeeperServer};
+use leasehold_testkit::{PostgresServer, ZooKeeperServer};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 

@@ -308,7 +308,7 @@ fn planned_move_flags_are_checked_and_explained() {
 /// before any store is reached (the URLs name a port nothing listens on).
 #[test]
 fn recipe_layouts_refuse_what_their_recipe_cannot_honour() {
-    let port = leasehold::testing::free_port();
+    let port = leasehold_testkit::free_port();
     let etcd = format!("etcd://127.0.0.1:{port}/svc?layout=concurrency");
     let zk = format!("zk://127.0.0.1:{port}/svc?layout=curator");
     let kazoo = format!("zk://127.0.0.1:{port}?layout=kazoo");

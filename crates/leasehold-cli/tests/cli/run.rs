@@ -851,7 +851,7 @@ pub fn unreachable_exits_1(url: &str, needle: &str) {
 }
 
 pub fn free_port() -> u16 {
-    leasehold::testing::free_port()
+    leasehold_testkit::free_port()
 }
 
 /// A replica with a 60 s TTL whose log goes to `ID.err` in the scratch

@@ -4,7 +4,7 @@
 use std::process::Output;
 use std::time::Duration;
 
-use leasehold::testing::PostgresServer;
+use leasehold_testkit::PostgresServer;
 
 use super::harness::{Proc, Scratch, children_of, leasehold, wait_until};
 

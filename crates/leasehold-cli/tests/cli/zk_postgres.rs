@@ -1,7 +1,7 @@
 //! The runner on ZooKeeper and PostgreSQL: the same behaviour as on SQLite
 //! and etcd, against real servers.
 
-use leasehold::testing::{PostgresServer, ZooKeeperServer};
+use leasehold_testkit::{PostgresServer, ZooKeeperServer};
 
 use super::guard::sigkill_hands_over_at_once;
 use super::harness::Scratch;
@@ -363,7 +363,7 @@ fn a_zookeeper_node_shaped_like_leaseholds_is_refused_untouched() {
 /// naming the cause, never the password — at `-vvv` too.
 #[test]
 fn run_and_status_on_a_secured_postgres_with_leasehold_store_password() {
-    use leasehold::testing::{TestCa, Usage};
+    use leasehold_testkit::{TestCa, Usage};
     let dir = tempfile::tempdir().expect("temp dir");
     let ca = TestCa::new(dir.path(), "pg");
     let server_files = ca.issue("server", "localhost", Usage::Server, false);

@@ -39,7 +39,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::time::{Duration, Instant};
 
-use leasehold::testing::{EtcdCluster, ZooKeeperServer};
+use leasehold_testkit::{EtcdCluster, ZooKeeperServer};
 use nix::sys::signal::Signal;
 
 /// The kazoo release the clients run, from PyPI.

@@ -1,21 +1,11 @@
 //! For backend implementers and tests: the shared conformance suite every
 //! store runs, and fault-injecting wrappers (cargo feature `testing`).
 
-mod certs;
 pub mod conformance;
 mod counting;
-#[cfg(feature = "etcd")]
-mod etcd_cluster;
 mod faults;
 mod groups;
 mod planned;
-#[cfg(feature = "postgres")]
-mod postgres_server;
-mod rng;
-#[cfg(feature = "zookeeper")]
-mod zookeeper_ensemble;
-#[cfg(feature = "zookeeper")]
-mod zookeeper_server;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,54 +15,12 @@ use async_trait::async_trait;
 pub use crate::store::watch_driver::{
     fail_watch_reads, failed_watch_reads, heal_watch_reads, watch_reads, watch_reads_of,
 };
-pub use certs::{CertFiles, TestCa, Usage};
 pub use counting::{CountingStore, Counts};
-#[cfg(feature = "etcd")]
-pub use etcd_cluster::EtcdCluster;
 pub use faults::FaultyStore;
 pub use planned::a_line_on_one_handle_reads_only_at_its_front;
-#[cfg(feature = "postgres")]
-pub use postgres_server::{PostgresServer, SECURED_HBA, Shutdown};
-pub use rng::Rng;
-#[cfg(feature = "zookeeper")]
-pub use zookeeper_ensemble::ZooKeeperEnsemble;
-#[cfg(feature = "zookeeper")]
-pub use zookeeper_server::ZooKeeperServer;
 
 use crate::names::ElectionName;
 use crate::store::Store;
-
-/// A loopback port that is free now and lies below the kernel's range of
-/// ephemeral ports (`net.ipv4.ip_local_port_range`), so that no outgoing
-/// connection of a concurrent test can take it between this call and the
-/// server's bind, nor while a killed server is down before its restart on
-/// the same port. Chosen at random among the ports that bind, so tests in
-/// parallel processes rarely pick the same one; a server that still finds
-/// its port taken is started again on another one by its harness.
-pub fn free_port() -> u16 {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
-        .unwrap_or(32768);
-    let low: u16 = 10_000;
-    let high = ephemeral_low.max(low + 1_000);
-    let mut rng = Rng::new(
-        crate::clock::host_monotonic_ns().unsigned_abs()
-            ^ (u64::from(std::process::id()) << 32)
-            ^ NEXT.fetch_add(1, Ordering::Relaxed),
-    );
-    for _ in 0..1_000 {
-        let port = low + u16::try_from(rng.below(u64::from(high - low))).unwrap_or(0);
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
-    }
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
-}
 
 /// Gives the conformance suite handles onto the store under test.
 #[async_trait]
@@ -109,8 +57,9 @@ pub trait StoreHarness: Send + Sync {
     }
 }
 
-/// A [`StoreHarness`] over a running server (an [`EtcdCluster`], a
-/// [`ZooKeeperServer`], a [`PostgresServer`]): every handle opens the store
+/// A [`StoreHarness`] over a running server (in leasehold's own tests, an
+/// `EtcdCluster`, a `ZooKeeperServer` or a `PostgresServer` of the
+/// workspace's test kit, `leasehold-testkit`): every handle opens the store
 /// URL anew; the server lives as long as the harness.
 #[derive(Debug)]
 pub struct ServerHarness<S> {

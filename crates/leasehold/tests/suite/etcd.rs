@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use leasehold::store::Store;
 use leasehold::store::etcd::EtcdStore;
-use leasehold::testing::{EtcdCluster, ServerHarness};
+use leasehold::testing::ServerHarness;
+use leasehold_testkit::EtcdCluster;
 
 async fn harness() -> ServerHarness<EtcdCluster> {
     let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(3))
@@ -230,7 +231,7 @@ async fn a_handover_among_100_waiters_touches_only_the_next_in_line() {
 /// seed; rerun with `LEASEHOLD_SEED=<seed>`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fenced_puts_from_earlier_leaders_never_land() {
-    let (seed, mut rng) = leasehold::testing::Rng::from_env();
+    let (seed, mut rng) = leasehold_testkit::Rng::from_env();
     let mut next = move |n: u64| rng.below(n);
     let cluster = cluster().await;
     let store = EtcdStore::connect(

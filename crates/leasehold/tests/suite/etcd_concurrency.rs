@@ -8,8 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold::store::Store;
-use leasehold::testing::{EtcdCluster, ServerHarness, unique_election};
+use leasehold::testing::{ServerHarness, unique_election};
 use leasehold::{CandidateId, ElectionName, Elector, LeaseConfig};
+use leasehold_testkit::EtcdCluster;
 
 async fn cluster() -> EtcdCluster {
     tokio::task::spawn_blocking(|| EtcdCluster::start(1))

@@ -25,10 +25,11 @@ use std::time::Duration;
 
 use leasehold::store::etcd::EtcdStore;
 use leasehold::store::{Security, Store};
-use leasehold::testing::{EtcdCluster, Rng, campaign_until_granted, unique_election};
+use leasehold::testing::{campaign_until_granted, unique_election};
 use leasehold::{
     CandidateId, ElectionName, Elector, FencingToken, Grant, Leadership, LeaseConfig, SessionId,
 };
+use leasehold_testkit::{EtcdCluster, Rng};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};

@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use leasehold::store::etcd::EtcdStore;
 use leasehold::store::{Store, StoreUrl};
-use leasehold::testing::{EtcdCluster, ServerHarness, TestCa, Usage, unique_election};
+use leasehold::testing::{ServerHarness, unique_election};
 use leasehold::{CandidateId, Elector, Error, LeaseConfig};
+use leasehold_testkit::{EtcdCluster, TestCa, Usage};
 
 const PASSWORD: &str = "Sup3r-s3cret-pw";
 

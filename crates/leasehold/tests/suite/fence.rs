@@ -264,8 +264,8 @@ mod http {
 
 mod postgres {
     use leasehold::fence::postgres::{check_and_advance, create_table};
-    use leasehold::testing::PostgresServer;
     use leasehold::{Error, FencingToken};
+    use leasehold_testkit::PostgresServer;
 
     async fn client(url: &str) -> tokio_postgres::Client {
         let mut last = None;
@@ -325,7 +325,7 @@ mod postgres {
             .await
             .expect("server");
         let mut clients = setup(&server).await;
-        let (seed, mut rng) = leasehold::testing::Rng::from_env();
+        let (seed, mut rng) = leasehold_testkit::Rng::from_env();
         let mut next = move |n: u64| rng.below(n);
         let mut highest = 0;
         for _ in 0..200 {

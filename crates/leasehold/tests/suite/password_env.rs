@@ -12,7 +12,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use leasehold::store::StoreUrl;
-use leasehold::testing::ZooKeeperServer;
+use leasehold_testkit::ZooKeeperServer;
 
 /// The URL the child process opens; its presence makes [`open_in_child`]
 /// one.

@@ -8,10 +8,10 @@ use leasehold::store::StatusWatch;
 use leasehold::store::Store;
 use leasehold::store::postgres::{PostgresStore, SCHEMA_VERSION};
 use leasehold::testing::{
-    PostgresServer, ServerHarness, StoreHarness, campaign_until_granted, spawn_campaign,
-    unique_election,
+    ServerHarness, StoreHarness, campaign_until_granted, spawn_campaign, unique_election,
 };
 use leasehold::{CandidateId, ElectionName, Elector, Error, Grant, LeaderStatus, LeaseConfig};
+use leasehold_testkit::PostgresServer;
 use tokio::time::Instant;
 
 async fn server() -> PostgresServer {

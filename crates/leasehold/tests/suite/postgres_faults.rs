@@ -42,8 +42,9 @@ use std::time::Duration;
 
 use leasehold::store::Store;
 use leasehold::store::postgres::PostgresStore;
-use leasehold::testing::{PostgresServer, unique_election};
+use leasehold::testing::unique_election;
 use leasehold::{CandidateId, ElectionName, Elector, Error, Leadership, LeaseConfig, LostReason};
+use leasehold_testkit::PostgresServer;
 use tokio::time::Instant;
 
 /// How many candidates wait in line behind the leader.

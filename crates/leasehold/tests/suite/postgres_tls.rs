@@ -2,7 +2,7 @@
 //! scram-sha-256 passwords, client certificates, a least-privilege role,
 //! one-line refusals, and certificates rotated without a restart — against
 //! a real server that takes TCP connections over TLS only
-//! ([`PostgresServer::start_secured`], [`leasehold::testing::SECURED_HBA`]).
+//! ([`PostgresServer::start_secured`], [`leasehold_testkit::SECURED_HBA`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -10,10 +10,9 @@ use std::time::Duration;
 
 use leasehold::store::Store;
 use leasehold::store::postgres::PostgresStore;
-use leasehold::testing::{
-    CertFiles, PostgresServer, ServerHarness, TestCa, Usage, unique_election,
-};
+use leasehold::testing::{ServerHarness, unique_election};
 use leasehold::{CandidateId, Elector, Error, LeaseConfig};
+use leasehold_testkit::{CertFiles, PostgresServer, TestCa, Usage};
 use tokio::time::Instant;
 
 /// The least-privilege setup the docs give: a database of its own, the

@@ -8,10 +8,9 @@ use std::time::Duration;
 
 use leasehold::store::Store;
 use leasehold::store::zookeeper::ZkStore;
-use leasehold::testing::{
-    ServerHarness, ZooKeeperServer, campaign_until_granted, spawn_campaign, unique_election,
-};
+use leasehold::testing::{ServerHarness, campaign_until_granted, spawn_campaign, unique_election};
 use leasehold::{CandidateId, Elector, LeaderStatus, LeaseConfig, LostReason};
+use leasehold_testkit::ZooKeeperServer;
 use nix::sys::signal::Signal;
 use tokio::time::Instant;
 

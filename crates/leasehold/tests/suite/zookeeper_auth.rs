@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold::store::{Store, StoreUrl};
-use leasehold::testing::{ServerHarness, ZooKeeperServer, unique_election};
+use leasehold::testing::{ServerHarness, unique_election};
 use leasehold::{CandidateId, ElectionName, Elector, Error, LeaseConfig};
+use leasehold_testkit::ZooKeeperServer;
 use zookeeper_client::{Acl, CreateMode, Permission};
 
 /// The user and password every replica of the test stores uses.

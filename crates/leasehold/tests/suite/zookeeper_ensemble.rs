@@ -25,10 +25,11 @@ use std::time::Duration;
 
 use leasehold::store::Store;
 use leasehold::store::zookeeper::ZkStore;
-use leasehold::testing::{ZooKeeperEnsemble, spawn_campaign, unique_election};
+use leasehold::testing::{spawn_campaign, unique_election};
 use leasehold::{
     CandidateId, ElectionName, Elector, Leadership, LeaseConfig, LostReason, SessionId,
 };
+use leasehold_testkit::ZooKeeperEnsemble;
 use nix::sys::signal::Signal;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;

@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use leasehold::store::zookeeper::ZkStore;
 use leasehold::store::{FencingToken, Layout, Security, Store};
-use leasehold::testing::{ServerHarness, ZooKeeperServer};
+use leasehold::testing::ServerHarness;
 use leasehold::{CandidateId, ElectionName, Error};
+use leasehold_testkit::ZooKeeperServer;
 use zookeeper_client::{Acls, Client, CreateMode, CreateOptions};
 
 async fn server() -> ZooKeeperServer {

@@ -1693,7 +1693,7 @@ fn candidate_txn(
 #[cfg(all(test, feature = "testing"))]
 mod tests {
     use super::*;
-    use crate::testing::EtcdCluster;
+    use leasehold_testkit::EtcdCluster;
 
     /// A renewal that hangs (its member stopped answering, say) must not
     /// hold up the renewals of the handle's other sessions: with a thousand

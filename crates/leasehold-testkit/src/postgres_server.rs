@@ -134,7 +134,7 @@ impl PostgresServer {
     /// client certificates checked against `ca`, passwords kept as
     /// scram-sha-256, and [`SECURED_HBA`]. Create users with
     /// [`PostgresServer::psql`].
-    pub fn start_secured(ca: &Path, server: &crate::testing::CertFiles) -> Self {
+    pub fn start_secured(ca: &Path, server: &crate::CertFiles) -> Self {
         let mut pg = Self::init();
         let tls = pg.dir.join("tls");
         std::fs::create_dir_all(&tls).expect("create the TLS folder");
@@ -236,7 +236,7 @@ impl PostgresServer {
         let dir = std::env::temp_dir().join(format!(
             "leasehold-pg-{}-{}",
             std::process::id(),
-            crate::clock::host_monotonic_ns()
+            crate::monotonic_ns()
         ));
         std::fs::create_dir_all(&dir).expect("create the server folder");
         let data = dir.join("data");
@@ -254,7 +254,7 @@ impl PostgresServer {
             .status()
             .expect("cannot run initdb: install Debian's postgresql package (scripts/test does)");
         assert!(status.success(), "initdb failed in {}", data.display());
-        let port = super::free_port();
+        let port = crate::free_port();
         PostgresServer {
             dir,
             port,

@@ -4,7 +4,7 @@
 //! folder, stopped by process id when dropped (also when a test panics).
 //!
 //! The members are tuned for tests on a small machine: a 100 ms tick (as
-//! the standalone [`super::ZooKeeperServer`]: sessions of 200 ms to 60 s),
+//! the standalone [`crate::ZooKeeperServer`]: sessions of 200 ms to 60 s),
 //! `initLimit` 10 and `syncLimit` 5 ticks (a follower that does not hear
 //! from its leader for 500 ms looks for a new one), a quick leader election
 //! (`zookeeper.fastleader.minNotificationInterval` 50 ms instead of 200 ms,
@@ -148,22 +148,22 @@ impl ZooKeeperEnsemble {
         let dir = std::env::temp_dir().join(format!(
             "leasehold-zk-ensemble-{}-{}",
             std::process::id(),
-            crate::clock::host_monotonic_ns()
+            crate::monotonic_ns()
         ));
         let archive = class_archive();
         let writes_archive = (!archive.exists()).then(|| {
             archive.with_extension(format!(
                 "{}-{}.tmp",
                 std::process::id(),
-                crate::clock::host_monotonic_ns()
+                crate::monotonic_ns()
             ))
         });
         let members: Vec<Member> = (0..n)
             .map(|i| Member {
                 id: i + 1,
-                client_port: super::free_port(),
-                quorum_port: super::free_port(),
-                election_port: super::free_port(),
+                client_port: crate::free_port(),
+                quorum_port: crate::free_port(),
+                election_port: crate::free_port(),
                 process: Mutex::new(None),
                 paused: AtomicBool::new(false),
                 writes_archive: if i == 0 { writes_archive.clone() } else { None },
@@ -452,7 +452,7 @@ impl ZooKeeperEnsemble {
     }
 
     /// The member a client session is connected to now, by its id (as
-    /// [`crate::store::SessionId`] holds it): the running member whose
+    /// `leasehold::store::SessionId` holds it): the running member whose
     /// `cons` lists a connection with `sid=0x…` of it; `None` if none does
     /// (killed or paused members are not asked).
     pub fn member_of_session(&self, session: u64) -> Option<usize> {
@@ -667,7 +667,7 @@ impl Relay {
     /// A relay to `127.0.0.1:target` on a free port.
     fn start(target: u16) -> Self {
         let listener = loop {
-            if let Ok(listener) = TcpListener::bind(("127.0.0.1", super::free_port())) {
+            if let Ok(listener) = TcpListener::bind(("127.0.0.1", crate::free_port())) {
                 break listener;
             }
         };

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::certs::{CertFiles, TestCa, Usage};
+use crate::certs::{CertFiles, TestCa, Usage};
 
 /// One member's process and addresses.
 #[derive(Debug)]
@@ -81,20 +81,20 @@ impl EtcdCluster {
         let dir = std::env::temp_dir().join(format!(
             "leasehold-etcd-{}-{}",
             std::process::id(),
-            crate::clock::host_monotonic_ns()
+            crate::monotonic_ns()
         ));
         std::fs::create_dir_all(&dir).expect("create the cluster folder");
         let members = (0..size)
             .map(|i| Member {
                 name: format!("m{i}"),
-                client_port: super::free_port(),
-                peer_port: super::free_port(),
-                metrics_port: super::free_port(),
+                client_port: crate::free_port(),
+                peer_port: crate::free_port(),
+                metrics_port: crate::free_port(),
                 process: None,
             })
             .collect();
         EtcdCluster {
-            token: format!("leasehold-{}", crate::clock::host_monotonic_ns()),
+            token: format!("leasehold-{}", crate::monotonic_ns()),
             dir,
             members,
             secured,
@@ -117,7 +117,7 @@ impl EtcdCluster {
             token_ttl,
         };
         let cluster = Self::start_on_fresh_ports(1, Some(&secured));
-        let password = format!("root-{}", crate::clock::host_monotonic_ns());
+        let password = format!("root-{}", crate::monotonic_ns());
         cluster.etcdctl(&[
             "user",
             "add",
@@ -560,7 +560,7 @@ impl EtcdCluster {
         if data.exists() {
             std::fs::remove_dir_all(&data).expect("wipe the member's data folder");
         }
-        self.members[i].peer_port = super::free_port();
+        self.members[i].peer_port = crate::free_port();
         let peer = format!("http://127.0.0.1:{}", self.members[i].peer_port);
         while !listed(self).contains(&peer) {
             let add = [

@@ -33,7 +33,7 @@ impl ZooKeeperServer {
         let dir = std::env::temp_dir().join(format!(
             "leasehold-zk-{}-{}",
             std::process::id(),
-            crate::clock::host_monotonic_ns()
+            crate::monotonic_ns()
         ));
         std::fs::create_dir_all(dir.join("data")).expect("create the server folder");
         let mut server = ZooKeeperServer {
@@ -46,7 +46,7 @@ impl ZooKeeperServer {
         // another port.
         let mut attempt = 1;
         loop {
-            server.port = super::free_port();
+            server.port = crate::free_port();
             server.write_config();
             match server.spawn() {
                 Ok(()) => return server,

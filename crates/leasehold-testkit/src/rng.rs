@@ -12,7 +12,7 @@ impl Rng {
         let seed = std::env::var("LEASEHOLD_SEED")
             .ok()
             .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| crate::clock::host_monotonic_ns().unsigned_abs());
+            .unwrap_or_else(|| crate::monotonic_ns().unsigned_abs());
         println!("seed = {seed} (rerun with LEASEHOLD_SEED={seed})");
         (seed, Rng::new(seed))
     }

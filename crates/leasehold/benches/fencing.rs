@@ -3,7 +3,7 @@
 //!
 //! `cargo bench -p leasehold --bench fencing [-- --writes N]`
 //!
-//! The PostgreSQL server is the test harness's (Debian's binaries, loopback,
+//! The PostgreSQL server is the test kit's (Debian's binaries, loopback,
 //! `fsync=off`), so its figures show the check's cost, not disk latency.
 
 use std::time::{Duration, Instant};

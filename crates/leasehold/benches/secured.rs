@@ -1,6 +1,6 @@
 //! What securing a store costs: each store plaintext and unauthenticated
 //! beside the same store secured as GUIDE's "Securing the store" sets it
-//! up, in one run, on servers the test harness starts on loopback.
+//! up, in one run, on servers the test kit starts on loopback.
 //!
 //! `cargo bench -p leasehold --bench secured [-- --rounds N]`
 //!

@@ -154,7 +154,7 @@ impl Error {
     pub(crate) fn tokens_exhausted(store: &dyn std::fmt::Display, election: &str) -> Self {
         Error::Corrupt(format!(
             "{store}: the fencing token counter of election {election} is exhausted: its last \
-             token is {}, the largest a store keeps; nothing was written",
+             token is {}, the largest a store keeps; no grant was written",
             FencingToken::LAST
         ))
     }

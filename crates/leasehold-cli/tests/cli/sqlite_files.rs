@@ -287,6 +287,53 @@ fn a_backup_moved_onto_the_store_under_its_replicas_is_used_once_they_are_gone()
     assert_eq!(check, "ok");
 }
 
+/// A backup moved onto the path, its `-wal` and `-shm` removed, while the
+/// leader's runner is stopped (SIGSTOP): a `campaign` on the backup is
+/// refused while that runner lives (before: it was granted at once, with
+/// the stopped leader's own token, both commands alive), and once the
+/// runner runs again it leaves (store replaced), after which the backup is
+/// used.
+#[test]
+fn a_backup_moved_onto_the_path_of_a_stopped_leader_waits_for_it() {
+    let scratch = Scratch::new();
+    let campaign = |name: &str| {
+        finish(
+            &scratch,
+            name,
+            leasehold()
+                .args(["campaign", "-e", "nightly-billing", "--hold", "1ms"])
+                .args(["--ttl", "3s", "--store", &scratch.store_url()]),
+        )
+    };
+    assert_eq!(campaign("first").0, Some(0));
+    let db = scratch.path("leasehold.db");
+    let backup = scratch.path("backup.db");
+    std::fs::copy(&db, &backup).expect("a backup");
+    let (mut a, a_child, _) = leading(&scratch);
+    let pid = nix::unistd::Pid::from_raw(a.pid());
+    nix::sys::signal::kill(pid, nix::sys::signal::SIGSTOP).expect("stop a");
+    std::fs::rename(&backup, &db).expect("move the backup onto the path");
+    for suffix in ["-wal", "-shm"] {
+        std::fs::remove_file(sibling(&db, suffix)).expect("remove");
+    }
+    let (code, err) = campaign("while-a-is-stopped");
+    nix::sys::signal::kill(pid, nix::sys::signal::SIGCONT).expect("continue a");
+    assert_refused(
+        code,
+        &err,
+        "processes still use the database that was at this path before",
+    );
+    let status = a.wait_for_exit(PATIENCE).expect("a exits");
+    let a_err = std::fs::read_to_string(scratch.path("a.err")).unwrap_or_default();
+    assert_eq!(status.code(), Some(1), "{a_err}");
+    assert!(
+        wait_until(PATIENCE, || !alive(a_child)),
+        "a's command outlived its store"
+    );
+    let (code, err) = campaign("after-a");
+    assert_eq!(code, Some(0), "{err}");
+}
+
 /// `status`, `list` and `observe` on a store that does not exist say so in
 /// one line, exit 1, and create nothing: not the default file nor its
 /// folder under `$XDG_STATE_HOME`, not a database in an empty file.
@@ -865,6 +912,63 @@ fn another_user_reads_a_store_it_may_not_write_and_creates_nothing() {
         assert!(err.contains("store refused access"), "{err}");
         assert!(!err.contains("unavailable"), "{err}");
     }
+}
+
+/// The owner's replica is killed outright (its `-wal` stays) and the
+/// `-shm` is gone, in a folder anyone may write: a reader of another user
+/// is refused access and creates nothing (before: `status` created a
+/// `-shm` of its own, and the owner's next command was refused because of
+/// it); the owner reads.
+#[test]
+fn a_reader_does_not_create_a_missing_shm_that_would_lock_the_owner_out() {
+    use std::os::unix::fs::PermissionsExt;
+    let scratch = Scratch::new();
+    let root = scratch.dir.path();
+    std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let dir = root.join("sticky");
+    std::fs::create_dir(&dir).expect("mkdir");
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+    let store = format!("sqlite:{}/db", dir.display());
+    let (code, _, err) = as_user(root, DAEMON, &["campaign", "-e", "job", "--store", &store]);
+    assert_eq!(code, Some(0), "the owner campaigns: {err}");
+    let err_file = File::create(root.join("run.err")).expect("stderr file");
+    let mut owner = Proc::spawn(
+        Command::new("setpriv")
+            .args(["--reuid", DAEMON, "--regid", DAEMON, "--clear-groups", "--"])
+            .arg(root.join("leasehold"))
+            .args(["run", "-e", "job", "--ttl", "30s", "--store", &store, "--"])
+            .args(["sleep", "600"])
+            .stdout(Stdio::null())
+            .stderr(err_file),
+    );
+    assert!(
+        wait_until(PATIENCE, || std::fs::read_to_string(root.join("run.err"))
+            .is_ok_and(|e| e.contains("command started"))),
+        "the owner's replica does not lead"
+    );
+    let mut tree = vec![owner.pid()];
+    let mut i = 0;
+    while i < tree.len() {
+        tree.extend(super::harness::children_of(tree[i]));
+        i += 1;
+    }
+    for pid in tree {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+    }
+    owner.wait_for_exit(PATIENCE).expect("killed");
+    let db = dir.join("db");
+    assert!(
+        sibling(&db, "-wal").metadata().is_ok_and(|m| m.len() > 0),
+        "no -wal left"
+    );
+    std::fs::remove_file(sibling(&db, "-shm")).expect("remove the -shm");
+    let before = files_in(&dir);
+    let (code, _, err) = as_user(root, NOBODY, &["status", "-e", "job", "--store", &store]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("store refused access"), "{err}");
+    assert_eq!(files_in(&dir), before, "the reader created files");
+    let (code, _, err) = as_user(root, DAEMON, &["status", "-e", "job", "--store", &store]);
+    assert_eq!(code, Some(0), "the owner reads: {err}");
 }
 
 /// A user who may only read the database, in a folder anyone may write,

@@ -585,7 +585,7 @@ impl Inner {
             && db.code() == &SqlState::DATA_CORRUPTED
         {
             return Error::Corrupt(format!(
-                "{}: {}; nothing was written",
+                "{}: {}; no grant was written",
                 self.table("elections"),
                 db.message()
             ));

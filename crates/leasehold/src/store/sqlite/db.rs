@@ -22,6 +22,9 @@ impl Db {
             notify = settle_new_database(path, &owners, notify)?;
         }
         let quiet = read_only && !in_use(path);
+        if read_only && !quiet && !shm_existed {
+            refuse_to_create_the_shm(path)?;
+        }
         let conn = open_connection(path, read_only, quiet)?;
         let (file, meta) = hold_regular_file(path, read_only)?;
         let claim = names::claim(&file, path, read_only)?;
@@ -246,7 +249,10 @@ impl Db {
     }
 
     /// Under the generation lock, creates the schema if the file has none;
-    /// holds the lock shared from then on.
+    /// holds the lock shared from then on. The first handle of a file takes
+    /// it exclusive first, a new file's or an existing one's (a backup moved
+    /// onto the path): no file is used while a process still uses the file
+    /// it replaced.
     pub(super) fn settle(&self, mut identity: Identity) -> Result<()> {
         let started = std::time::Instant::now();
         let mut pause = Duration::from_millis(2);
@@ -263,18 +269,27 @@ impl Db {
         };
         loop {
             let creating = identity.version == 0;
-            if lock(creating)? {
+            let first = self
+                .claim
+                .as_ref()
+                .is_some_and(|claim| !names::others_use(&self.file, claim));
+            if lock(creating || first)? {
                 break;
             }
             if started.elapsed() >= GENERATION_WAIT {
                 let shown = self.path.display();
                 return Err(Error::Unavailable {
-                    reason: if creating {
+                    reason: if creating || first {
                         format!(
-                            "{shown} is new, but processes still use the database that was at \
+                            "{shown} is {}, but processes still use the database that was at \
                              this path before (it was deleted or replaced while they had it open); \
-                             a new one is created only once they have stopped, which they do as \
-                             soon as they notice"
+                             it is used only once they have stopped, which they do as soon as they \
+                             notice",
+                            if creating {
+                                "new"
+                            } else {
+                                "another file than the one they use"
+                            }
                         )
                     } else {
                         format!("{shown} is still being created by another process")
@@ -490,4 +505,21 @@ pub(super) struct Identity {
     pub(super) app_id: i64,
     pub(super) version: i64,
     pub(super) objects: i64,
+}
+
+/// A reader that would have SQLite create the `-shm` (a `-wal` with
+/// content is there, its `-shm` is not) as another user than the
+/// database's owner: that `-shm` would lock the owner out (see
+/// `check_siblings`), so it is refused, creating nothing.
+fn refuse_to_create_the_shm(path: &Path) -> Result<()> {
+    let owner = std::fs::metadata(path).map(|m| m.uid()).ok();
+    if owner.is_none_or(|uid| uid == nix::unistd::geteuid().as_raw()) {
+        return Ok(());
+    }
+    Err(Error::Denied(format!(
+        "reading {shown} now needs {shown}-shm, which is missing; SQLite would create it as this \
+         user, and that would lock the database's owner out. Nothing was created: open the store \
+         once as its owner (its replicas, or `leasehold status` run by that user)",
+        shown = path.display()
+    )))
 }

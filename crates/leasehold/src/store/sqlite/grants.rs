@@ -528,7 +528,7 @@ impl Db {
                 .ok_or_else(|| Error::tokens_exhausted(&shown, election.as_str())),
             Some(other) => Err(Error::Corrupt(format!(
                 "{shown}: the fencing token counter of election {election} holds {}, which is \
-                 no count of grants; nothing was written",
+                 no count of grants; no grant was written",
                 stored_value(&other)
             ))),
         }

@@ -292,7 +292,9 @@ pub(super) fn claim(file: &File, path: &Path, read_only: bool) -> Result<Option<
     claim.recorded = check_record(file, path, &claim)?;
     // With other handles of this name open, the -wal is theirs.
     claim.leftover = alone && leftover_wal(file, path);
-    if claim.leftover && !claim.recorded {
+    // Reading through the -wal creates a -shm: a reader (of another user,
+    // maybe) never does; it reads the file alone.
+    if claim.leftover && !claim.recorded && !read_only {
         claim.recorded = recorded_only_in_the_wal(file, path, &claim);
     }
     // A SQLite file without tables has its -wal judged once SQLite has
@@ -300,7 +302,7 @@ pub(super) fn claim(file: &File, path: &Path, read_only: bool) -> Result<Option<
     if matches!(on_disk(file), Ok(OnDisk::Leasehold | OnDisk::Empty)) {
         refuse_a_leftover(&claim, path)?;
     }
-    if claim.leftover && claim.recorded && !wal_fits(path) {
+    if claim.leftover && claim.recorded && !read_only && !wal_fits(path) {
         return Err(Error::Conflict(misfit(path)));
     }
     if read_only {
@@ -365,6 +367,12 @@ fn misfit(path: &Path) -> String {
     )
 }
 
+/// Whether other handles of `claim`'s name have the database `file` open
+/// (each holds the name's byte while it does).
+pub(super) fn others_use(file: &File, claim: &Claim) -> bool {
+    held(file, claim.byte, 1)
+}
+
 /// Refuses a `-wal` that killed processes left next to a file that does
 /// not record both this name and itself (see the module's documentation).
 pub(super) fn refuse_a_leftover(claim: &Claim, path: &Path) -> Result<()> {
@@ -373,8 +381,10 @@ pub(super) fn refuse_a_leftover(claim: &Claim, path: &Path) -> Result<()> {
             "{}-wal holds what processes that did not close the database (killed) wrote, and this \
              database file does not record that it was theirs: it may belong to another database \
              file that was at this path or was mounted over it, whose grants it holds. Open that \
-             file at this path once (`leasehold campaign` there empties it into that file); if \
-             nothing needs it, move it away. Nothing was written",
+             file at this path once (`leasehold campaign` there empties it into that file); if it \
+             is this file's own, written by another program that did not close it (sqlite3 after \
+             an error), open the file once with that program; if nothing needs it, move it away. \
+             Nothing was written",
             path.display()
         )));
     }

@@ -75,6 +75,12 @@ pub async fn run(args: CampaignArgs) -> anyhow::Result<ExitCode> {
             }
             signal = signals.recv() => Some(signal),
         };
+        // The hold may end after the deadline (this process was stopped or
+        // starved past it): then leadership is lost, not released.
+        if let Some(reason) = leadership.lost_reason() {
+            emit(&event("lost", token, Some(reason.to_string())))?;
+            anyhow::bail!("lost {election} while holding it: {reason}");
+        }
         let reason = stopped.map(|signal| format!("{signal} received"));
         // The last moment this process acts as leader, before the release.
         // Released even if stdout is gone (a closed terminal): the election

@@ -423,3 +423,45 @@ fn a_reader_gone_before_acquired_releases_the_election() {
     let status = status_json(&scratch.store_url(), "held");
     assert!(status["leader"].is_null(), "still held: {status}");
 }
+
+/// A `campaign` stopped (SIGSTOP) during `--hold` past its lease's
+/// deadline, and continued after its hold ended: it says `lost`, never
+/// `releasing` (before: it printed `releasing` with a time after its
+/// successor's whole term, as if it had led through it), and exits 1.
+#[test]
+fn a_hold_that_ends_after_the_deadline_is_reported_lost() {
+    let scratch = Scratch::new();
+    let out = scratch.path("a.out");
+    let mut a = Proc::spawn(
+        leasehold()
+            .args(["campaign", "--election", "held", "--ttl", "1s"])
+            .args([
+                "--hold",
+                "1500ms",
+                "--id",
+                "a",
+                "--store",
+                &scratch.store_url(),
+            ])
+            .stdout(std::fs::File::create(&out).expect("out file"))
+            .stderr(Stdio::null()),
+    );
+    assert!(
+        wait_until(Duration::from_secs(30), || lines(&out)
+            .iter()
+            .any(|l| l.contains("\"acquired\""))),
+        "a was not granted"
+    );
+    let pid = nix::unistd::Pid::from_raw(a.pid());
+    nix::sys::signal::kill(pid, Signal::SIGSTOP).expect("stop");
+    std::thread::sleep(Duration::from_secs(2));
+    nix::sys::signal::kill(pid, Signal::SIGCONT).expect("continue");
+    let status = a.wait_for_exit(Duration::from_secs(30)).expect("a exits");
+    let seen: Vec<String> = events(&std::fs::read(&out).expect("read"))
+        .into_iter()
+        .map(|e| e.event)
+        .collect();
+    assert_eq!(status.code(), Some(1), "{seen:?}");
+    assert!(seen.iter().any(|e| e == "lost"), "{seen:?}");
+    assert!(!seen.iter().any(|e| e == "releasing"), "{seen:?}");
+}

@@ -334,6 +334,43 @@ fn a_backup_moved_onto_the_path_of_a_stopped_leader_waits_for_it() {
     assert_eq!(code, Some(0), "{err}");
 }
 
+/// The store is reached through a symbolic link to its file, and the link
+/// is pointed at another store under the running leader (`ln -sfn`, a
+/// deploy's habit): the leader steps down, its command stopped, and exits
+/// 1 saying so (before: it led on through the old file while a replica
+/// started through the link led the other store, both with token 1).
+#[test]
+fn a_symbolic_link_pointed_at_another_store_ends_the_leader_behind_it() {
+    let scratch = Scratch::new();
+    let (first, second, linked) = (
+        scratch.path("first.db"),
+        scratch.path("second.db"),
+        scratch.path("leasehold.db"),
+    );
+    for store in [&first, &second] {
+        let out = leasehold()
+            .args(["campaign", "-e", "other", "--hold", "1ms", "--store"])
+            .arg(format!("sqlite:{}", store.display()))
+            .output()
+            .expect("campaign");
+        assert!(out.status.success(), "{}", super::harness::stderr(&out));
+    }
+    std::os::unix::fs::symlink(&first, &linked).expect("link");
+    let (mut a, a_child, a_grandchild) = leading(&scratch);
+    let next = scratch.path("next-link");
+    std::os::unix::fs::symlink(&second, &next).expect("link");
+    std::fs::rename(&next, &linked).expect("point the link at the second store");
+    let status = a.wait_for_exit(PATIENCE);
+    let a_err = std::fs::read_to_string(scratch.path("a.err")).unwrap_or_default();
+    let status = status.unwrap_or_else(|| panic!("a leads on: {a_err}"));
+    assert_eq!(status.code(), Some(1), "{a_err}");
+    assert!(a_err.contains("names another file now"), "{a_err}");
+    assert!(
+        wait_until(PATIENCE, || !alive(a_child) && !alive(a_grandchild)),
+        "a's command outlived its store"
+    );
+}
+
 /// `status`, `list` and `observe` on a store that does not exist say so in
 /// one line, exit 1, and create nothing: not the default file nor its
 /// folder under `$XDG_STATE_HOME`, not a database in an empty file.

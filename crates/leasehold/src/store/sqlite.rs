@@ -198,6 +198,10 @@ struct Inner {
 #[derive(Debug)]
 struct Db {
     path: PathBuf,
+    /// The symbolic link `path` was reached by, if any: it must keep
+    /// naming the file too (a link pointed at another store is a
+    /// replacement).
+    link: Option<PathBuf>,
     conn: Mutex<Connection>,
     boot_id: String,
     /// Opened by [`SqliteStore::open_read_only`]: writes nothing.
@@ -330,8 +334,12 @@ impl SqliteStore {
     }
 
     fn open_in(path: &Path, read_only: bool) -> Result<Self> {
-        let path = resolve_symbolic_link(path)?;
-        let db = Arc::new(Db::open(&path, read_only)?);
+        let resolved = resolve_symbolic_link(path)?;
+        let mut db = Db::open(&resolved, read_only)?;
+        if resolved != path {
+            db.link = Some(path.to_owned());
+        }
+        let db = Arc::new(db);
         let stop_notifier = CancellationToken::new();
         Ok(SqliteStore {
             inner: Arc::new(Inner {

@@ -31,6 +31,7 @@ impl Db {
         owners[0] = meta.uid();
         let mut db = Db {
             path: path.to_owned(),
+            link: None,
             conn: Mutex::new(conn),
             boot_id: boot_id(),
             read_only,
@@ -349,7 +350,15 @@ impl Db {
         if self.replaced.is_cancelled() {
             return Err(self.replaced_error());
         }
+        let linked = self.link.as_ref().map(std::fs::metadata);
         let why = match std::fs::metadata(&self.path) {
+            Ok(_)
+                if linked
+                    .as_ref()
+                    .is_some_and(|l| !matches!(l, Ok(m) if FileId::of(m) == self.id)) =>
+            {
+                "the symbolic link it was reached by names another file now"
+            }
             Ok(meta) if FileId::of(&meta) == self.id => return Ok(()),
             Ok(_) => "another file is there now",
             Err(error)
@@ -518,8 +527,8 @@ fn refuse_to_create_the_shm(path: &Path) -> Result<()> {
     }
     Err(Error::Denied(format!(
         "reading {shown} now needs {shown}-shm, which is missing; SQLite would create it as this \
-         user, and that would lock the database's owner out. Nothing was created: open the store \
-         once as its owner (its replicas, or `leasehold status` run by that user)",
+         user, and that would lock the database's owner out. Nothing was created: start a replica \
+         (`leasehold run`) as the owner, which creates it",
         shown = path.display()
     )))
 }

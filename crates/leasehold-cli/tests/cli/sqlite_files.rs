@@ -371,6 +371,106 @@ fn a_symbolic_link_pointed_at_another_store_ends_the_leader_behind_it() {
     );
 }
 
+/// A hot rollback journal of another copy of the store, put next to it
+/// (a backup set copied back with a leftover `-journal`): `campaign` is
+/// refused and leaves the journal and the database as they were (before:
+/// SQLite rolled the journal back into the database, its counter went
+/// back from 5 to 3, and token 3 was granted again).
+#[test]
+fn another_files_rollback_journal_next_to_the_store_is_refused() {
+    let scratch = Scratch::new();
+    let campaign = |name: &str, rounds: &str| {
+        let out = leasehold()
+            .args([
+                "campaign",
+                "-e",
+                "nightly-billing",
+                "--hold",
+                "1ms",
+                "--rounds",
+                rounds,
+            ])
+            .args(["--ttl", "3s", "--store", &scratch.store_url()])
+            .stderr(Stdio::piped())
+            .output()
+            .expect("campaign");
+        let tokens: Vec<u64> = super::harness::events(&out.stdout)
+            .iter()
+            .filter(|e| e.event == "acquired")
+            .filter_map(|e| e.token)
+            .collect();
+        (
+            out.status.code(),
+            super::harness::stderr(&out),
+            tokens,
+            name.to_owned(),
+        )
+    };
+    assert_eq!(campaign("first", "2").2, vec![1, 2]);
+    let db = scratch.path("leasehold.db");
+    let old = scratch.path("old.db");
+    std::fs::copy(&db, &old).expect("copy");
+    assert_eq!(campaign("second", "3").2, vec![3, 4, 5]);
+    let conn = rusqlite::Connection::open(&old).expect("open the copy");
+    conn.execute_batch(
+        "PRAGMA journal_mode=DELETE; BEGIN EXCLUSIVE; UPDATE elections SET last_token = 99;",
+    )
+    .expect("write in the copy");
+    let journal = sibling(&db, "-journal");
+    std::fs::copy(sibling(&old, "-journal"), &journal).expect("a hot journal");
+    conn.execute_batch("ROLLBACK").expect("rollback");
+    drop(conn);
+    let (journal_before, db_before) = (
+        std::fs::read(&journal).expect("read"),
+        std::fs::read(&db).expect("read"),
+    );
+    let (code, err, tokens, _) = campaign("refused", "1");
+    assert_refused(
+        code,
+        &err,
+        "is a rollback journal next to a database in WAL mode",
+    );
+    assert!(tokens.is_empty(), "granted {tokens:?}");
+    assert_eq!(
+        std::fs::read(&journal).expect("the journal"),
+        journal_before
+    );
+    assert_eq!(std::fs::read(&db).expect("the database"), db_before);
+    std::fs::remove_file(&journal).expect("move the journal away");
+    assert_eq!(campaign("after", "1").2, vec![6]);
+}
+
+/// A symbolic link at the store's path that another user made (in a
+/// folder anyone may write), pointing at an empty file in a folder only
+/// this user may write: `campaign` refuses to follow it, and the file stays
+/// empty with nothing created next to it (before: it became a leasehold
+/// database, with a `-notify` beside it).
+#[test]
+fn a_symbolic_link_of_another_user_is_not_followed() {
+    let scratch = Scratch::new();
+    let private = scratch.path("private");
+    std::fs::create_dir(&private).expect("mkdir");
+    let target = private.join("empty");
+    File::create(&target).expect("an empty file");
+    let link = scratch.path("leasehold.db");
+    std::os::unix::fs::symlink(&target, &link).expect("link");
+    std::os::unix::fs::lchown(&link, Some(65534), Some(65534)).expect("give the link to nobody");
+    let (code, err) = finish(
+        &scratch,
+        "campaign",
+        leasehold()
+            .args(["campaign", "-e", "nightly-billing", "--hold", "1ms"])
+            .args(["--store", &scratch.store_url()]),
+    );
+    assert_refused(code, &err, "neither this user nor root");
+    assert_eq!(std::fs::metadata(&target).expect("stat").len(), 0);
+    assert_eq!(
+        std::fs::read_dir(&private).expect("ls").count(),
+        1,
+        "files were created next to the target"
+    );
+}
+
 /// `status`, `list` and `observe` on a store that does not exist say so in
 /// one line, exit 1, and create nothing: not the default file nor its
 /// folder under `$XDG_STATE_HOME`, not a database in an empty file.

@@ -8,8 +8,21 @@ use super::*;
 /// files next to the database (`-wal`, `-shm`, `-journal`, `-notify`) look
 /// where SQLite puts them: next to the file the link resolves to. Any
 /// other path is returned as it is.
+/// A link that belongs to another user than this one or root is refused:
+/// in a folder others may write, it may point anywhere this user may
+/// write (as the kernel's `fs.protected_symlinks` refuses in sticky
+/// folders).
 pub(super) fn resolve_symbolic_link(path: &Path) -> Result<PathBuf> {
+    let me = nix::unistd::geteuid().as_raw();
     match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_symlink() && ![0, me].contains(&meta.uid()) => {
+            Err(Error::Denied(format!(
+                "{} is a symbolic link that belongs to user {}, neither this user nor root: it \
+                 is not followed; nothing was written",
+                path.display(),
+                meta.uid()
+            )))
+        }
         Ok(meta) if meta.file_type().is_symlink() => std::fs::canonicalize(path).map_err(|error| {
             Error::unavailable(
                 format!(
@@ -284,6 +297,10 @@ pub(super) fn check_siblings(path: &Path, owners: &[u32]) -> Result<()> {
                 "belongs to user {}, neither the database's owner nor this user",
                 meta.uid()
             )
+        } else if suffix == "-journal" && meta.len() > 0 && in_wal_mode(path) {
+            "is a rollback journal next to a database in WAL mode, which never has one: it is \
+             another database file's (SQLite would roll it back into this one)"
+                .to_owned()
         } else {
             continue;
         };
@@ -294,6 +311,16 @@ pub(super) fn check_siblings(path: &Path, owners: &[u32]) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Whether the file at `path` is a SQLite database in WAL mode (its
+/// header's read and write versions are 2), as every leasehold database is
+/// once it was first opened.
+fn in_wal_mode(path: &Path) -> bool {
+    let mut header = [0u8; 20];
+    File::open(path)
+        .and_then(|f| f.read_exact_at(&mut header, 0))
+        .is_ok_and(|()| header.starts_with(b"SQLite format 3\0") && header[18..20] == [2, 2])
 }
 
 /// SQLite's connection to the database (created if missing, unless

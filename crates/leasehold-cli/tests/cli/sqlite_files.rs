@@ -264,17 +264,7 @@ fn a_backup_moved_onto_the_store_under_its_replicas_is_used_once_they_are_gone()
         "a's command outlived its store"
     );
     assert_eq!(runs(&scratch).len(), 1, "b ran");
-    let out = leasehold()
-        .args(["campaign", "-e", "nightly-billing", "--hold", "1ms"])
-        .args(["--ttl", "3s", "--store", &scratch.store_url()])
-        .output()
-        .expect("campaign");
-    assert!(out.status.success(), "{}", super::harness::stderr(&out));
-    let token = super::harness::events(&out.stdout)
-        .iter()
-        .find(|e| e.event == "acquired")
-        .and_then(|e| e.token)
-        .expect("acquired");
+    let token = granted(&scratch.store_url());
     assert_eq!(
         token,
         runs(&scratch)[0].0 + 1,
@@ -680,53 +670,24 @@ fn a_second_name_for_the_database_is_refused_while_the_first_leads() {
     std::fs::hard_link(&first, linked.join("leasehold.db")).expect("link");
     File::create(mounted.join("leasehold.db")).expect("mount point");
     let needle = format!("is in use now as {}", first.display());
-    let run_on = |db: &Path| -> Vec<String> {
-        let store = format!("sqlite:{}", db.display());
-        let exe = env!("CARGO_BIN_EXE_leasehold");
-        vec![
-            exe.into(),
-            "run".into(),
-            "-e".into(),
-            "nightly-billing".into(),
-            "--store".into(),
-            store,
-            "--".into(),
-            "sh".into(),
-            "-c".into(),
-            "echo SECOND >> billing.log".into(),
-        ]
+    let run_on = |db: &Path| {
+        let mut run = leasehold();
+        run.args(["run", "-e", "nightly-billing", "--store"])
+            .arg(format!("sqlite:{}", db.display()))
+            .args(["--", "sh", "-c", "echo SECOND >> billing.log"])
+            .current_dir(scratch.dir.path());
+        run
     };
     let (code, err) = finish(
         &scratch,
         "linked",
-        leasehold()
-            .args(&run_on(&linked.join("leasehold.db"))[1..])
-            .current_dir(scratch.dir.path()),
+        &mut run_on(&linked.join("leasehold.db")),
     );
     assert_refused(code, &err, &needle);
     // The bind mount lives only in the namespace `unshare` makes (root,
     // as CI runs); the file's lock is the kernel's, seen from every one.
-    let script = format!(
-        "mount --bind {} {} && exec \"$@\"",
-        first.display(),
-        mounted.join("leasehold.db").display()
-    );
-    let (code, err) = finish(
-        &scratch,
-        "mounted",
-        Command::new("unshare")
-            .args([
-                "--mount",
-                "--propagation",
-                "private",
-                "sh",
-                "-c",
-                &script,
-                "sh",
-            ])
-            .args(run_on(&mounted.join("leasehold.db")))
-            .current_dir(scratch.dir.path()),
-    );
+    let target = mounted.join("leasehold.db");
+    let (code, err) = mounted_over(&scratch, "mounted", &first, &target, &run_on(&target));
     assert_refused(code, &err, &needle);
     assert!(
         !read_lines(&scratch.path("billing.log"))
@@ -828,25 +789,7 @@ fn another_file_mounted_over_the_path_of_killed_replicas_is_refused() {
         );
     }
     let killed_token = runs(&scratch)[0].0;
-    let out = leasehold()
-        .args([
-            "campaign",
-            "-e",
-            "nightly-billing",
-            "--hold",
-            "1ms",
-            "--ttl",
-            "3s",
-        ])
-        .args(["--store", &scratch.store_url()])
-        .output()
-        .expect("campaign");
-    assert!(out.status.success(), "{}", super::harness::stderr(&out));
-    let token = super::harness::events(&out.stdout)
-        .iter()
-        .find(|e| e.event == "acquired")
-        .and_then(|e| e.token)
-        .expect("acquired");
+    let token = granted(&scratch.store_url());
     assert!(token > killed_token, "token {token} after {killed_token}");
 }
 
@@ -1058,16 +1001,8 @@ fn another_user_reads_a_store_it_may_not_write_and_creates_nothing() {
 /// it); the owner reads.
 #[test]
 fn a_reader_does_not_create_a_missing_shm_that_would_lock_the_owner_out() {
-    use std::os::unix::fs::PermissionsExt;
     let scratch = Scratch::new();
-    let root = scratch.dir.path();
-    std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let dir = root.join("sticky");
-    std::fs::create_dir(&dir).expect("mkdir");
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
-    let store = format!("sqlite:{}/db", dir.display());
-    let (code, _, err) = as_user(root, DAEMON, &["campaign", "-e", "job", "--store", &store]);
-    assert_eq!(code, Some(0), "the owner campaigns: {err}");
+    let (root, dir, store) = sticky_store(&scratch);
     let err_file = File::create(root.join("run.err")).expect("stderr file");
     let mut owner = Proc::spawn(
         Command::new("setpriv")
@@ -1083,15 +1018,7 @@ fn a_reader_does_not_create_a_missing_shm_that_would_lock_the_owner_out() {
             .is_ok_and(|e| e.contains("command started"))),
         "the owner's replica does not lead"
     );
-    let mut tree = vec![owner.pid()];
-    let mut i = 0;
-    while i < tree.len() {
-        tree.extend(super::harness::children_of(tree[i]));
-        i += 1;
-    }
-    for pid in tree {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
-    }
+    kill_tree(owner.pid());
     owner.wait_for_exit(PATIENCE).expect("killed");
     let db = dir.join("db");
     assert!(
@@ -1108,14 +1035,11 @@ fn a_reader_does_not_create_a_missing_shm_that_would_lock_the_owner_out() {
     assert_eq!(code, Some(0), "the owner reads: {err}");
 }
 
-/// A user who may only read the database, in a folder anyone may write,
-/// runs `campaign` and `run` there: refused access (exit 1), and nothing
-/// created (before: a `-wal` and `-shm` of that user's were left, and the
-/// owners' next campaign was refused for them).
-#[test]
-fn a_user_who_may_only_read_cannot_lock_the_owners_out_by_campaigning() {
+/// A folder anyone may write (sticky) in `scratch`, holding a store its
+/// owner (user `DAEMON`) has campaigned on: the scratch folder, that
+/// folder, and the store's URL.
+fn sticky_store(scratch: &Scratch) -> (&Path, PathBuf, String) {
     use std::os::unix::fs::PermissionsExt;
-    let scratch = Scratch::new();
     let root = scratch.dir.path();
     std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     let dir = root.join("sticky");
@@ -1124,6 +1048,17 @@ fn a_user_who_may_only_read_cannot_lock_the_owners_out_by_campaigning() {
     let store = format!("sqlite:{}/db", dir.display());
     let (code, _, err) = as_user(root, DAEMON, &["campaign", "-e", "job", "--store", &store]);
     assert_eq!(code, Some(0), "the owner campaigns: {err}");
+    (root, dir, store)
+}
+
+/// A user who may only read the database, in a folder anyone may write,
+/// runs `campaign` and `run` there: refused access (exit 1), and nothing
+/// created (before: a `-wal` and `-shm` of that user's were left, and the
+/// owners' next campaign was refused for them).
+#[test]
+fn a_user_who_may_only_read_cannot_lock_the_owners_out_by_campaigning() {
+    let scratch = Scratch::new();
+    let (root, dir, store) = sticky_store(&scratch);
     let before = files_in(&dir);
     for args in [
         vec!["campaign", "-e", "job", "--hold", "0s"],
@@ -1219,20 +1154,25 @@ fn killed_replicas_keep_other_names_away(scratch: &Scratch) {
     let killed_token = runs(scratch)[0].0;
     let mut last = killed_token;
     for store in [scratch.store_url(), second] {
-        let out = leasehold()
-            .args(["campaign", "-e", "nightly-billing", "--hold", "1ms"])
-            .args(["--ttl", "3s", "--store", &store])
-            .output()
-            .expect("campaign");
-        assert!(out.status.success(), "{}", super::harness::stderr(&out));
-        let token = super::harness::events(&out.stdout)
-            .iter()
-            .find(|e| e.event == "acquired")
-            .and_then(|e| e.token)
-            .expect("acquired");
+        let token = granted(&store);
         assert!(token > last, "token {token} after {last} on {store}");
         last = token;
     }
+}
+
+/// The token of one `campaign` on `store` (which must be granted).
+fn granted(store: &str) -> u64 {
+    let out = leasehold()
+        .args(["campaign", "-e", "nightly-billing", "--hold", "1ms"])
+        .args(["--ttl", "3s", "--store", store])
+        .output()
+        .expect("campaign");
+    assert!(out.status.success(), "{}", super::harness::stderr(&out));
+    super::harness::events(&out.stdout)
+        .iter()
+        .find(|e| e.event == "acquired")
+        .and_then(|e| e.token)
+        .expect("acquired")
 }
 
 /// A copy of the database at `db` (through its `-wal`) written to `copy`.
@@ -1245,10 +1185,22 @@ fn copy_of(db: &Path, copy: &Path) {
 /// Kills a replica outright, as `docker kill` does: its runner, guard,
 /// command and the command's child.
 fn kill_replica(a: Proc, command: i32, grandchild: i32) {
-    let mut killed: Vec<i32> = vec![a.pid(), command, grandchild];
-    killed.extend(super::harness::children_of(a.pid()));
-    for pid in killed {
+    kill_tree(a.pid());
+    for pid in [command, grandchild] {
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
     }
     drop(a);
+}
+
+/// SIGKILLs `pid` and every process below it.
+fn kill_tree(pid: i32) {
+    let mut tree = vec![pid];
+    let mut i = 0;
+    while i < tree.len() {
+        tree.extend(super::harness::children_of(tree[i]));
+        i += 1;
+    }
+    for pid in tree {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+    }
 }

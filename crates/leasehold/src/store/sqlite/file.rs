@@ -55,21 +55,12 @@ pub(super) enum OnDisk {
 
 /// Reads the header of the database file (its first page begins with it).
 pub(super) fn on_disk(file: &File) -> std::io::Result<OnDisk> {
-    let mut head = [0u8; 108];
-    let mut read = 0;
-    while read < head.len() {
-        match file.read_at(&mut head[read..], read as u64) {
-            Ok(0) => break,
-            Ok(n) => read += n,
-            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(error) => return Err(error),
-        }
-    }
+    let (read, head) = header(file)?;
     let be32 = |at: usize| u32::from_be_bytes([head[at], head[at + 1], head[at + 2], head[at + 3]]);
     if read == 0 {
         return Ok(OnDisk::Empty);
     }
-    if read < 108 || &head[..16] != b"SQLite format 3\0" {
+    if !is_sqlite(read, &head) {
         return Ok(OnDisk::NotSqlite);
     }
     let app_id = be32(68);
@@ -313,14 +304,33 @@ pub(super) fn check_siblings(path: &Path, owners: &[u32]) -> Result<()> {
     Ok(())
 }
 
+/// The first bytes of a database file (its 100-byte header and the start
+/// of page 1), and how many of them it has.
+fn header(file: &File) -> std::io::Result<(usize, [u8; 108])> {
+    let mut head = [0u8; 108];
+    let mut read = 0;
+    while read < head.len() {
+        match file.read_at(&mut head[read..], read as u64) {
+            Ok(0) => break,
+            Ok(n) => read += n,
+            Err(error) if error.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok((read, head))
+}
+
+fn is_sqlite(read: usize, head: &[u8; 108]) -> bool {
+    read == head.len() && &head[..16] == b"SQLite format 3\0"
+}
+
 /// Whether the file at `path` is a SQLite database in WAL mode (its
 /// header's read and write versions are 2), as every leasehold database is
 /// once it was first opened.
 fn in_wal_mode(path: &Path) -> bool {
-    let mut header = [0u8; 20];
     File::open(path)
-        .and_then(|f| f.read_exact_at(&mut header, 0))
-        .is_ok_and(|()| header.starts_with(b"SQLite format 3\0") && header[18..20] == [2, 2])
+        .and_then(|f| header(&f))
+        .is_ok_and(|(read, head)| is_sqlite(read, &head) && head[18..20] == [2, 2])
 }
 
 /// SQLite's connection to the database (created if missing, unless

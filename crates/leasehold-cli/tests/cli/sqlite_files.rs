@@ -365,7 +365,8 @@ fn a_symbolic_link_pointed_at_another_store_ends_the_leader_behind_it() {
 /// (a backup set copied back with a leftover `-journal`): `campaign` is
 /// refused and leaves the journal and the database as they were (before:
 /// SQLite rolled the journal back into the database, its counter went
-/// back from 5 to 3, and token 3 was granted again).
+/// back from 5 to 3, and token 3 was granted again). A journal that goes
+/// within a moment is waited for.
 #[test]
 fn another_files_rollback_journal_next_to_the_store_is_refused() {
     let scratch = Scratch::new();
@@ -426,8 +427,15 @@ fn another_files_rollback_journal_next_to_the_store_is_refused() {
         journal_before
     );
     assert_eq!(std::fs::read(&db).expect("the database"), db_before);
-    std::fs::remove_file(&journal).expect("move the journal away");
+    // A journal that goes within a moment is the one of a process turning
+    // the new database to WAL mode: opening waits for it (before: refused
+    // at once, and one of twenty replicas starting together failed).
+    let remove = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        std::fs::remove_file(&journal).expect("move the journal away");
+    });
     assert_eq!(campaign("after", "1").2, vec![6]);
+    remove.join().expect("removed");
 }
 
 /// A symbolic link at the store's path that another user made (in a

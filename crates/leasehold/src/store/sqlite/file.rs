@@ -288,7 +288,7 @@ pub(super) fn check_siblings(path: &Path, owners: &[u32]) -> Result<()> {
                 "belongs to user {}, neither the database's owner nor this user",
                 meta.uid()
             )
-        } else if suffix == "-journal" && meta.len() > 0 && in_wal_mode(path) {
+        } else if suffix == "-journal" && meta.len() > 0 && foreign_journal_stays(path) {
             "is a rollback journal next to a database in WAL mode, which never has one: it is \
              another database file's (SQLite would roll it back into this one)"
                 .to_owned()
@@ -302,6 +302,26 @@ pub(super) fn check_siblings(path: &Path, owners: &[u32]) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Whether a non-empty `-journal` stays next to the database in WAL mode
+/// for [`SIBLING_SETTLE`]. The process that turns a new database to WAL
+/// mode writes the header before it deletes its journal, so for a few
+/// milliseconds both are there: only a journal that stays is another
+/// file's.
+fn foreign_journal_stays(path: &Path) -> bool {
+    let journal = sibling(path, "-journal");
+    let there = || {
+        std::fs::symlink_metadata(&journal).is_ok_and(|meta| meta.len() > 0) && in_wal_mode(path)
+    };
+    let settle = std::time::Instant::now() + SIBLING_SETTLE;
+    while there() {
+        if std::time::Instant::now() >= settle {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    false
 }
 
 /// The first bytes of a database file (its 100-byte header and the start

@@ -957,10 +957,11 @@ fn open_once_unused(path: &std::path::Path) -> SqliteStore {
 /// the folder's device and inode and the file name, kept to 32 bits, as
 /// anyone who reads the database's `name_in_use` table can work out.
 fn colliding_names(dir: &std::path::Path) -> (String, String) {
+    let folder = FolderHash::of(dir);
     let mut seen = std::collections::HashMap::new();
     for i in 0u64.. {
         let name = format!("n{i}.db");
-        if let Some(first) = seen.insert(lock_byte(dir, &name), name.clone()) {
+        if let Some(first) = seen.insert(lock_byte_with(&folder, &name), name.clone()) {
             return (first, name);
         }
     }
@@ -993,6 +994,34 @@ async fn two_names_that_lock_one_byte_are_two_names_all_the_same() {
     );
 }
 
+/// Two names that lock one byte, whose writers open at once while a
+/// reader of one holds the byte (shared, with no record in the file): one
+/// name is opened, the other refused (before: both found the byte shared
+/// and no record, and both were opened).
+#[test]
+fn beside_a_reader_two_names_that_lock_one_byte_are_not_opened_at_once() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (a, b) = colliding_names(dir.path());
+    let (first, second) = (dir.path().join(&a), dir.path().join(&b));
+    drop(SqliteStore::open(&first).expect("create"));
+    std::fs::hard_link(&first, &second).expect("link");
+    let reader = SqliteStore::open_read_only(&first).expect("read the first name");
+    for round in 0..5 {
+        let opened: Vec<_> = std::thread::scope(|s| {
+            let one = s.spawn(|| SqliteStore::open(&second));
+            let two = s.spawn(|| SqliteStore::open(&first));
+            vec![one.join().expect("join"), two.join().expect("join")]
+        });
+        let refused: Vec<_> = opened.iter().filter_map(|o| o.as_ref().err()).collect();
+        assert_eq!(
+            refused.len(),
+            1,
+            "round {round}: not one name was opened, refused: {refused:?}"
+        );
+    }
+    drop(reader);
+}
+
 /// The last writer of a name closes cleanly while a reader of the name
 /// still has the database open: once the reader is gone too, another name
 /// may be used (before: it was refused as if the writer had been killed).
@@ -1018,17 +1047,34 @@ const LONG: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The lock byte of the name `file` in `dir` (see `colliding_names`).
 fn lock_byte(dir: &std::path::Path, file: &str) -> i64 {
-    use std::os::unix::fs::MetadataExt;
-    let meta = std::fs::metadata(dir).expect("stat");
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    let bytes = meta
-        .dev()
-        .to_le_bytes()
-        .into_iter()
-        .chain(meta.ino().to_le_bytes());
-    for b in bytes.chain(file.bytes()) {
+    lock_byte_with(&FolderHash::of(dir), file)
+}
+
+/// FNV-1a (64 bits) of a folder's device and inode, to which a file name
+/// is added (see `lock_byte`).
+struct FolderHash(u64);
+
+impl FolderHash {
+    fn of(dir: &std::path::Path) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(dir).expect("stat");
+        let bytes = meta.dev().to_le_bytes().into_iter();
+        FolderHash(fnv(
+            0xcbf2_9ce4_8422_2325,
+            bytes.chain(meta.ino().to_le_bytes()),
+        ))
+    }
+}
+
+fn fnv(mut hash: u64, bytes: impl Iterator<Item = u8>) -> u64 {
+    for b in bytes {
         hash = (hash ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
     }
+    hash
+}
+
+fn lock_byte_with(folder: &FolderHash, file: &str) -> i64 {
+    let hash = fnv(folder.0, file.bytes());
     (1i64 << 40) + i64::try_from(hash & 0xffff_ffff).expect("32 bits")
 }
 

@@ -38,7 +38,11 @@
 //! byte (two names whose hashes collide, found on purpose) is refused as
 //! a name in use. Writers also hold a second byte of the name's, which
 //! readers do not: the last writer to close, whatever readers still have
-//! the database open, is the one that finds it alone.
+//! the database open, is the one that finds it alone. And a writer holds
+//! one byte of the file's alone from before it takes its name's byte until
+//! its record is in the file: two writers that find the byte shared only
+//! with readers, or with the last writer of another name as it closes,
+//! take turns, and the second finds the first's record.
 //!
 //! The `-wal` next to a path belongs to whichever database file was
 //! opened there, which another file mounted or moved onto the path is
@@ -72,6 +76,11 @@ use crate::error::{Error, Result};
 const FIRST_NAME_BYTE: i64 = 1 << 40;
 /// How many bytes names are spread over.
 const NAME_BYTES: i64 = 1 << 32;
+/// The byte a writer holds alone from before it takes its name's byte
+/// until its record is in the file: of two writers that find the name's
+/// byte shared (with readers, or with a writer that is closing) and no
+/// record, the second finds the first's.
+const CLAIM_BYTE: i64 = FIRST_NAME_BYTE - 1;
 
 /// The table of the name in use: one row at most.
 pub(super) const TABLE: &str = "
@@ -139,6 +148,8 @@ pub(super) struct Claim {
     recorded: bool,
     /// Whether the name's byte is held alone, until [`share`].
     alone: bool,
+    /// Whether [`CLAIM_BYTE`] is held, until [`share`].
+    claiming: bool,
     /// Whether a `-wal` that killed processes left was next to the file
     /// when it was claimed (see [`leftover_wal`]).
     leftover: bool,
@@ -253,6 +264,10 @@ pub(super) fn claim(file: &File, path: &Path, read_only: bool) -> Result<Option<
         }
     };
     let byte = name.byte();
+    let claiming = !read_only;
+    if claiming && waiting(path, || set_lock(file, libc::F_WRLCK, CLAIM_BYTE))?.is_none() {
+        return Ok(None);
+    }
     let Some(alone) = take_byte(file, byte, path)? else {
         return Ok(None);
     };
@@ -265,6 +280,7 @@ pub(super) fn claim(file: &File, path: &Path, read_only: bool) -> Result<Option<
         file: (meta.dev(), meta.ino()),
         recorded: false,
         alone,
+        claiming,
         leftover: false,
     };
     if !read_only {
@@ -473,12 +489,18 @@ fn check_record(file: &File, path: &Path, claim: &Claim) -> Result<bool> {
 }
 
 /// Shares the name's byte with the other handles of the name, once this
-/// handle, holding it alone, has checked and recorded.
+/// handle, holding it alone, has checked and recorded, and lets the next
+/// writer claim.
 pub(super) fn share(file: &File, claim: &Claim, path: &Path) -> Result<()> {
-    if !claim.alone {
-        return Ok(());
-    }
-    set_lock(file, libc::F_RDLCK, claim.byte).map_err(|error| {
+    let shared = match claim.alone {
+        true => set_lock(file, libc::F_RDLCK, claim.byte),
+        false => Ok(()),
+    };
+    let done = match claim.claiming {
+        true => set_lock(file, libc::F_UNLCK, CLAIM_BYTE),
+        false => Ok(()),
+    };
+    shared.and(done).map_err(|error| {
         Error::unavailable(
             format!("cannot share the lock on {}", path.display()),
             std::io::Error::from(error),

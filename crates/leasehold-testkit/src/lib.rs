@@ -15,6 +15,7 @@ mod certs;
 mod etcd_cluster;
 mod postgres_server;
 mod rng;
+pub mod shared;
 mod zookeeper_ensemble;
 mod zookeeper_server;
 

@@ -2,6 +2,7 @@
 //! 3-member cluster.
 
 use leasehold_testkit::EtcdCluster;
+use leasehold_testkit::shared::{self, unique};
 
 use super::guard::sigkill_hands_over_at_once;
 use super::harness::Scratch;
@@ -14,32 +15,33 @@ use super::run::{
 
 #[test]
 fn worked_example_1_and_the_sigkill_fast_path_on_etcd() {
-    let cluster = EtcdCluster::start(3);
-    worked_example_1(&cluster.url("/we1"), &Scratch::new());
-    sigkill_hands_over_at_once(&cluster.url("/fast"), &Scratch::new());
+    let cluster = shared::etcd();
+    worked_example_1(&cluster.url(&unique("/we1")), &Scratch::new());
+    sigkill_hands_over_at_once(&cluster.url(&unique("/fast")), &Scratch::new());
 }
 
 #[test]
 fn sigterm_and_transfer_hand_over_on_etcd() {
-    let cluster = EtcdCluster::start(3);
+    let cluster = shared::etcd();
     let scratch = Scratch::new();
-    sigterm_handover(&cluster.url("/term"), &scratch);
-    transfer_to_the_named_replica(&cluster.url("/transfer"), &Scratch::new());
+    sigterm_handover(&cluster.url(&unique("/term")), &scratch);
+    transfer_to_the_named_replica(&cluster.url(&unique("/transfer")), &Scratch::new());
     a_transfer_to_a_stopped_replica_fails_after_its_timeout(
-        &cluster.url("/stopped"),
+        &cluster.url(&unique("/stopped")),
         &Scratch::new(),
     );
 }
 
 #[test]
 fn exit_status_and_release_on_etcd() {
-    let cluster = EtcdCluster::start(3);
-    exit_status_and_release(&cluster.url("/exit"));
+    let cluster = shared::etcd();
+    let prefix = unique("/exit");
+    exit_status_and_release(&cluster.url(&prefix));
     // A URL asking for TLS of these plaintext members.
     let dir = tempfile::tempdir().expect("temp dir");
     let ca = leasehold_testkit::TestCa::new(dir.path(), "ca");
     tls_mismatch_exits_1(
-        &format!("{}?cacert={}", cluster.url("/exit"), ca.ca_path().display()),
+        &format!("{}?cacert={}", cluster.url(&prefix), ca.ca_path().display()),
         "does not offer TLS (it answered in plaintext), and cacert= in the URL requires it",
     );
 }

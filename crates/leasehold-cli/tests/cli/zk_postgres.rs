@@ -1,6 +1,7 @@
 //! The runner on ZooKeeper and PostgreSQL: the same behaviour as on SQLite
 //! and etcd, against real servers.
 
+use leasehold_testkit::shared::{self, Server, unique};
 use leasehold_testkit::{PostgresServer, ZooKeeperServer};
 
 use super::guard::sigkill_hands_over_at_once;
@@ -14,26 +15,26 @@ use super::run::{
 
 #[test]
 fn worked_example_1_and_the_sigkill_fast_path_on_zookeeper() {
-    let server = ZooKeeperServer::start();
-    worked_example_1(&server.url("/we1"), &Scratch::new());
-    sigkill_hands_over_at_once(&server.url("/fast"), &Scratch::new());
+    let server = shared::zookeeper();
+    worked_example_1(&server.url(&unique("/we1")), &Scratch::new());
+    sigkill_hands_over_at_once(&server.url(&unique("/fast")), &Scratch::new());
 }
 
 #[test]
 fn sigterm_and_transfer_hand_over_on_zookeeper() {
-    let server = ZooKeeperServer::start();
-    sigterm_handover(&server.url("/term"), &Scratch::new());
-    transfer_to_the_named_replica(&server.url("/transfer"), &Scratch::new());
+    let server = shared::zookeeper();
+    sigterm_handover(&server.url(&unique("/term")), &Scratch::new());
+    transfer_to_the_named_replica(&server.url(&unique("/transfer")), &Scratch::new());
     a_transfer_to_a_stopped_replica_fails_after_its_timeout(
-        &server.url("/stopped"),
+        &server.url(&unique("/stopped")),
         &Scratch::new(),
     );
 }
 
 #[test]
 fn exit_status_and_release_on_zookeeper() {
-    let server = ZooKeeperServer::start();
-    exit_status_and_release(&server.url("/exit"));
+    let server = shared::zookeeper();
+    exit_status_and_release(&server.url(&unique("/exit")));
 }
 
 #[test]
@@ -47,25 +48,27 @@ fn an_unreachable_zookeeper_exits_1() {
 
 #[test]
 fn worked_example_1_and_the_sigkill_fast_path_on_postgres() {
-    let server = PostgresServer::start();
-    worked_example_1(&server.url(), &Scratch::new());
-    sigkill_hands_over_at_once(&format!("{}?schema=fast", server.url()), &Scratch::new());
+    let server = shared::postgres();
+    worked_example_1(&schema(&server, "we1"), &Scratch::new());
+    sigkill_hands_over_at_once(&schema(&server, "fast"), &Scratch::new());
 }
 
 #[test]
 fn sigterm_and_transfer_hand_over_on_postgres() {
-    let server = PostgresServer::start();
-    sigterm_handover(&format!("{}?schema=term", server.url()), &Scratch::new());
-    transfer_to_the_named_replica(
-        &format!("{}?schema=transfer", server.url()),
-        &Scratch::new(),
-    );
+    let server = shared::postgres();
+    sigterm_handover(&schema(&server, "term"), &Scratch::new());
+    transfer_to_the_named_replica(&schema(&server, "transfer"), &Scratch::new());
 }
 
 #[test]
 fn exit_status_and_release_on_postgres() {
-    let server = PostgresServer::start();
-    exit_status_and_release(&server.url());
+    let server = shared::postgres();
+    exit_status_and_release(&schema(&server, "exit"));
+}
+
+/// A schema of its own (from `stem`) on `server`.
+fn schema(server: &Server<PostgresServer>, stem: &str) -> String {
+    format!("{}?schema={}", server.url(), unique(stem))
 }
 
 #[test]
@@ -83,10 +86,10 @@ fn an_unreachable_postgres_exits_1() {
 /// renewal rule for the granted TTL, and the lease line says so.
 #[test]
 fn a_clamped_zookeeper_ttl_shortens_the_period_and_run_says_so() {
-    let server = ZooKeeperServer::start();
+    let server = shared::zookeeper();
     let out = super::harness::leasehold()
         .args(["run", "--election", "clamped", "--ttl", "120s"])
-        .args(["--store", &server.url("/clamped"), "--", "true"])
+        .args(["--store", &server.url(&unique("/clamped")), "--", "true"])
         .env_remove("RUST_LOG")
         .output()
         .expect("spawn");

@@ -7,12 +7,15 @@ use leasehold::store::Store;
 use leasehold::store::etcd::EtcdStore;
 use leasehold::testing::ServerHarness;
 use leasehold_testkit::EtcdCluster;
+use leasehold_testkit::shared::{self, Server};
 
-async fn harness() -> ServerHarness<EtcdCluster> {
-    let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(3))
+/// The conformance suite's store: a prefix of its own on the run's
+/// shared cluster (see `leasehold_testkit::shared`).
+async fn harness() -> ServerHarness<Server<EtcdCluster>> {
+    let cluster = tokio::task::spawn_blocking(shared::etcd)
         .await
         .expect("cluster start");
-    let url = cluster.url("/conformance");
+    let url = cluster.url(&shared::unique("/conformance"));
     ServerHarness::new(cluster, &url)
 }
 

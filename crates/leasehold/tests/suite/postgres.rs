@@ -12,6 +12,7 @@ use leasehold::testing::{
 };
 use leasehold::{CandidateId, ElectionName, Elector, Error, Grant, LeaderStatus, LeaseConfig};
 use leasehold_testkit::PostgresServer;
+use leasehold_testkit::shared::{self, Server};
 use tokio::time::Instant;
 
 async fn server() -> PostgresServer {
@@ -20,35 +21,48 @@ async fn server() -> PostgresServer {
         .expect("server start")
 }
 
-/// The conformance suite's store: schema `conformance` of a server of its
-/// own, whose token counters a test may set.
-struct PgHarness(ServerHarness<PostgresServer>);
+/// The conformance suite's store: a schema of its own on the run's shared
+/// server (see `leasehold_testkit::shared`), whose token counters a test
+/// may set.
+struct PgHarness {
+    harness: ServerHarness<Server<PostgresServer>>,
+    schema: String,
+}
 
 async fn harness() -> PgHarness {
-    let server = server().await;
-    let url = format!("{}?schema=conformance", server.url());
-    PgHarness(ServerHarness::new(server, &url))
+    let server = tokio::task::spawn_blocking(shared::postgres)
+        .await
+        .expect("server start");
+    let schema = shared::unique("conformance");
+    let url = format!("{}?schema={schema}", server.url());
+    PgHarness {
+        harness: ServerHarness::new(server, &url),
+        schema,
+    }
 }
 
 #[async_trait::async_trait]
 impl StoreHarness for PgHarness {
     async fn open(&self) -> Arc<dyn Store> {
-        self.0.open().await
+        self.harness.open().await
     }
 
     fn durable(&self) -> bool {
-        self.0.durable()
+        self.harness.durable()
     }
 
     fn campaigns_unwaited(&self) -> bool {
-        self.0.campaigns_unwaited()
+        self.harness.campaigns_unwaited()
     }
 
     async fn set_last_token(&self, election: &ElectionName, last: i64) -> bool {
-        let set = sql(&self.0.server().url())
+        let set = sql(&self.harness.server().url())
             .await
             .execute(
-                "UPDATE conformance.elections SET token = $2 WHERE name = $1",
+                &format!(
+                    "UPDATE {}.elections SET token = $2 WHERE name = $1",
+                    self.schema
+                ),
                 &[&election.as_str(), &last],
             )
             .await
@@ -57,10 +71,13 @@ impl StoreHarness for PgHarness {
     }
 
     async fn last_token(&self, election: &ElectionName) -> Option<i64> {
-        sql(&self.0.server().url())
+        sql(&self.harness.server().url())
             .await
             .query_opt(
-                "SELECT token FROM conformance.elections WHERE name = $1",
+                &format!(
+                    "SELECT token FROM {}.elections WHERE name = $1",
+                    self.schema
+                ),
                 &[&election.as_str()],
             )
             .await

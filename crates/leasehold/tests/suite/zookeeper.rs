@@ -11,6 +11,7 @@ use leasehold::store::zookeeper::ZkStore;
 use leasehold::testing::{ServerHarness, campaign_until_granted, spawn_campaign, unique_election};
 use leasehold::{CandidateId, Elector, LeaderStatus, LeaseConfig, LostReason};
 use leasehold_testkit::ZooKeeperServer;
+use leasehold_testkit::shared::{self, Server};
 use nix::sys::signal::Signal;
 use tokio::time::Instant;
 
@@ -20,9 +21,13 @@ async fn server() -> ZooKeeperServer {
         .expect("server start")
 }
 
-async fn harness() -> ServerHarness<ZooKeeperServer> {
-    let server = server().await;
-    let url = server.url("/conformance");
+/// The conformance suite's store: a root of its own on the run's shared
+/// server (see `leasehold_testkit::shared`).
+async fn harness() -> ServerHarness<Server<ZooKeeperServer>> {
+    let server = tokio::task::spawn_blocking(shared::zookeeper)
+        .await
+        .expect("server start");
+    let url = server.url(&shared::unique("/conformance"));
     ServerHarness::new(server, &url)
 }
 

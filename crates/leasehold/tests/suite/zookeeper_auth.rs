@@ -10,6 +10,7 @@ use leasehold::store::{Store, StoreUrl};
 use leasehold::testing::{ServerHarness, unique_election};
 use leasehold::{CandidateId, ElectionName, Elector, Error, LeaseConfig};
 use leasehold_testkit::ZooKeeperServer;
+use leasehold_testkit::shared::{self, Server};
 use zookeeper_client::{Acl, CreateMode, Permission};
 
 /// The user and password every replica of the test stores uses.
@@ -25,9 +26,13 @@ async fn server() -> ZooKeeperServer {
 mod conformance {
     use super::*;
 
-    async fn harness() -> ServerHarness<ZooKeeperServer> {
-        let server = server().await;
-        let url = server.url_as(USER, PASSWORD, "/conformance");
+    /// A root of its own on the run's shared server (see
+    /// `leasehold_testkit::shared`).
+    async fn harness() -> ServerHarness<Server<ZooKeeperServer>> {
+        let server = tokio::task::spawn_blocking(shared::zookeeper)
+            .await
+            .expect("server start");
+        let url = server.url_as(USER, PASSWORD, &shared::unique("/conformance"));
         ServerHarness::new(server, &url)
     }
 

@@ -12,6 +12,7 @@ use leasehold::store::{FencingToken, Layout, Security, Store};
 use leasehold::testing::ServerHarness;
 use leasehold::{CandidateId, ElectionName, Error};
 use leasehold_testkit::ZooKeeperServer;
+use leasehold_testkit::shared::{self, Server};
 use zookeeper_client::{Acls, Client, CreateMode, CreateOptions};
 
 async fn server() -> ZooKeeperServer {
@@ -20,9 +21,14 @@ async fn server() -> ZooKeeperServer {
         .expect("server start")
 }
 
-async fn harness(layout: &str) -> ServerHarness<ZooKeeperServer> {
-    let server = server().await;
-    let url = format!("{}?layout={layout}", server.url("/recipes"));
+/// The conformance suite's store: a root of its own on the run's shared
+/// server (see `leasehold_testkit::shared`).
+async fn harness(layout: &str) -> ServerHarness<Server<ZooKeeperServer>> {
+    let server = tokio::task::spawn_blocking(shared::zookeeper)
+        .await
+        .expect("server start");
+    let root = shared::unique("/recipes");
+    let url = format!("{}?layout={layout}", server.url(&root));
     ServerHarness::new(server, &url)
 }
 
@@ -343,7 +349,7 @@ async fn a_dropped_campaign_withdraws_its_node(layout: Layout) {
 mod curator {
     use super::*;
 
-    async fn harness() -> ServerHarness<ZooKeeperServer> {
+    async fn harness() -> ServerHarness<Server<ZooKeeperServer>> {
         super::harness("curator").await
     }
 
@@ -502,7 +508,7 @@ mod curator {
 mod kazoo {
     use super::*;
 
-    async fn harness() -> ServerHarness<ZooKeeperServer> {
+    async fn harness() -> ServerHarness<Server<ZooKeeperServer>> {
         super::harness("kazoo").await
     }
 

@@ -1,0 +1,54 @@
+//! Starts the servers the tests of one run share (see
+//! `leasehold_testkit::shared`): one 3-member etcd cluster, one ZooKeeper
+//! server and one PostgreSQL server, on free loopback ports in temporary
+//! folders. Writes `export NAME=VALUE` lines naming them into the file
+//! given as its argument once all answer, then waits for SIGTERM, SIGINT
+//! or SIGHUP (or for its parent to exit) and stops them by process id.
+//!
+//! Usage: `shared-servers ENV_FILE`
+
+use leasehold_testkit::shared;
+use leasehold_testkit::{EtcdCluster, PostgresServer, ZooKeeperServer};
+use nix::sys::signal::{SigSet, Signal};
+
+fn main() {
+    let Some(env_file) = std::env::args_os().nth(1) else {
+        eprintln!("usage: shared-servers ENV_FILE");
+        std::process::exit(2);
+    };
+    // Blocked before any thread starts, so that every thread inherits the
+    // mask and only `wait` below takes them; the parent's exit sends one.
+    let mut stop = SigSet::empty();
+    for signal in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+        stop.add(signal);
+    }
+    stop.thread_block().expect("block the stopping signals");
+    nix::sys::prctl::set_pdeathsig(Signal::SIGTERM).expect("stop with the parent");
+    let etcd = std::thread::spawn(|| EtcdCluster::start(3));
+    let zookeeper = std::thread::spawn(ZooKeeperServer::start);
+    let postgres = PostgresServer::start();
+    // Both joined before either is judged: a server that started is
+    // stopped (dropped) whatever the other did.
+    let (etcd, zookeeper) = (etcd.join(), zookeeper.join());
+    let (etcd, zookeeper) = (
+        etcd.expect("etcd started"),
+        zookeeper.expect("zookeeper started"),
+    );
+    let lines = format!(
+        "export {}={}\nexport {}={}\nexport {}={}\n",
+        shared::ETCD,
+        etcd.endpoints().join(","),
+        shared::ZOOKEEPER,
+        zookeeper.endpoints().join(","),
+        shared::POSTGRES,
+        postgres.url(),
+    );
+    // Whole or not at all: the script waits for the file to appear.
+    let env_file = std::path::PathBuf::from(env_file);
+    let fresh = env_file.with_extension("new");
+    std::fs::write(&fresh, lines).expect("write the servers' names");
+    std::fs::rename(&fresh, &env_file).expect("name the servers");
+    let signal = stop.wait().expect("wait for a stopping signal");
+    eprintln!("shared-servers: {signal}: stopping the servers");
+    drop((etcd, zookeeper, postgres));
+}

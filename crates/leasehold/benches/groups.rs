@@ -40,14 +40,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use leasehold::store::{Store, StoreUrl};
-use leasehold::testing::{CountingStore, Counts, FaultyStore, watch_reads};
-use leasehold::{CandidateId, ElectionName, Elector, LeaseConfig, Shards};
+use leasehold::testing::{CountingStore, Counts, watch_reads};
+use leasehold::{CandidateId, ElectionName, Elector, LeaseConfig};
 use leasehold_testkit::{EtcdCluster, PostgresServer, ZooKeeperServer};
 use tokio::task::JoinSet;
 
 #[path = "groups/shards.rs"]
 mod shards;
-use shards::{Grouped, group};
+use shards::{Grouped, group, open_patiently};
 
 /// The system allocator, counting the bytes allocated and not yet freed,
 /// so that the bench can tell what held elections keep on the heap apart

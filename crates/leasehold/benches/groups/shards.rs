@@ -41,7 +41,7 @@ struct GroupMember {
 /// Opens `url`, trying again for up to 30 s: a store can be slow to
 /// answer just after the held phase let go of 10,000 elections at once
 /// (etcd deleting their keys with the lease).
-async fn open_patiently(url: &StoreUrl) -> Arc<dyn Store> {
+pub(super) async fn open_patiently(url: &StoreUrl) -> Arc<dyn Store> {
     let start = Instant::now();
     loop {
         match leasehold::store::open(url).await {

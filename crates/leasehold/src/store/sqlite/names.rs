@@ -400,7 +400,7 @@ pub(super) fn refuse_a_leftover(claim: &Claim, path: &Path) -> Result<()> {
              file at this path once (`leasehold campaign` there empties it into that file); if it \
              is this file's own, written by another program that did not close it (sqlite3 after \
              an error), open the file once with that program; if nothing needs it, move it away. \
-             Nothing was written",
+             Nothing was written (where no database was, an empty file is left at the path)",
             path.display()
         )));
     }

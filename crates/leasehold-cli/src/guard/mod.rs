@@ -18,6 +18,10 @@
 //!   kills the tree at the deadline, so the command never runs past its
 //!   lease even when its supervisor cannot act. It releases nothing then:
 //!   stopped is not dead, and the lease must expire;
+//! - on SQLite, kills the tree at once when the database file is gone from
+//!   its path (deleted with its `-notify`, its folder moved, a link
+//!   re-pointed): a replica opening the path may then be granted at once,
+//!   whether `run` can act or not;
 //! - when `run` died without ending the term (SIGKILL, a panic, the OOM
 //!   killer), confirms that no process of the tree and of the command's
 //!   group is left, and then releases the grant on the store, guarded by

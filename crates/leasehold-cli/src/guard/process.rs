@@ -3,9 +3,11 @@
 use std::ffi::OsString;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
+use std::pin::Pin;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use leasehold::store::sqlite::SqliteStore;
 use leasehold::{Error, Grant, StoreUrl};
 use nix::errno::Errno;
 use nix::sys::signal::{SigSet, Signal};
@@ -148,6 +150,13 @@ fn take_held(fd: i32) -> Option<OwnedFd> {
 #[derive(Debug, Default)]
 struct Guard {
     store: Option<StoreUrl>,
+    /// A SQLite store's database file, while its command runs: a file
+    /// gone from its path (deleted with its `-notify`, its folder moved, a
+    /// link re-pointed) leaves nothing by which a replica that opens the
+    /// path could know of this term, so it may be granted at once. The
+    /// guard, which runs on while `run` is stopped, kills the command as
+    /// soon as it sees it, not at the deadline.
+    store_file: Option<std::path::PathBuf>,
     grant: Option<Grant>,
     deadline: Option<Instant>,
     argv: Vec<OsString>,
@@ -177,8 +186,15 @@ impl Guard {
                 None
             }
         };
+        let mut store_gone: Option<Pin<Box<dyn Future<Output = ()> + Send>>> = None;
         loop {
+            if store_gone.is_none()
+                && let Some(path) = &self.store_file
+            {
+                store_gone = SqliteStore::until_file_gone(path).map(|f| Box::pin(f) as _);
+            }
             let deadline = self.deadline.filter(|_| self.running());
+            let watched = self.running() && store_gone.is_some();
             tokio::select! {
                 // Orders first: after the guard was stopped, the deadlines
                 // `run` sent meanwhile count before the timer does.
@@ -192,6 +208,10 @@ impl Guard {
                     Ok(None) | Err(_) => break,
                 },
                 () = child_exited(&mut children) => self.reap_and_report(&mut write).await,
+                () = async { if let Some(gone) = store_gone.as_mut() { gone.await } }, if watched => {
+                    store_gone = None;
+                    self.kill_store_gone(&mut write).await;
+                }
                 () = sleep_until(deadline.unwrap_or_else(Instant::now)), if deadline.is_some() => {
                     // After the guard was stopped, tokio may see the timer
                     // before the socket: read the orders that wait first.
@@ -235,13 +255,31 @@ impl Guard {
         self.reap_and_report(write).await;
     }
 
+    async fn kill_store_gone(&mut self, write: &mut OwnedWriteHalf) {
+        let (election, token) = self.grant.as_ref().map_or_else(
+            || (String::new(), 0),
+            |g| (g.election.to_string(), g.token.0),
+        );
+        let path = self.store_file.take().unwrap_or_default();
+        tracing::warn!(%election, token, path = %path.display(),
+            "the store's database file is no longer at its path (deleted, moved or replaced): a replica may be granted the election there now; killing the command");
+        self.killed_at_deadline = true;
+        self.kill_tree().await;
+        self.reap_and_report(write).await;
+    }
+
     fn running(&self) -> bool {
         self.leader.is_some() && !self.reported
     }
 
     async fn obey(&mut self, order: Order, write: &mut OwnedWriteHalf) {
         match order {
-            Order::Store(url) => self.store = Some(url),
+            Order::Store(url) => {
+                if let StoreUrl::Sqlite(path) = &url {
+                    self.store_file = Some(path.clone());
+                }
+                self.store = Some(url);
+            }
             Order::Grant(grant) => self.grant = Some(grant),
             Order::Deadline(ns) => self.deadline = Some(instant_of(ns)),
             Order::Arg(arg) => self.argv.push(arg),

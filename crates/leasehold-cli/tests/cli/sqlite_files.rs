@@ -177,6 +177,45 @@ fn a_deleted_store_stops_its_leader_before_another_replica_runs() {
     drop(b);
 }
 
+/// The database deleted with its `-notify` (all that tells a replica of
+/// the leader) while the leader's runner is stopped (SIGSTOP), and another
+/// replica started at once: the first leader's guard, which runs on, kills
+/// its command as soon as the file is gone from its path, before the
+/// second replica's command runs (before: both commands ran until the
+/// first one's lease deadline, the new one with token 1).
+#[test]
+fn a_store_deleted_under_a_stopped_leader_stops_its_command_before_another_runs() {
+    let scratch = Scratch::new();
+    let (mut a, a_child, a_grandchild) = leading(&scratch);
+    let pid = nix::unistd::Pid::from_raw(a.pid());
+    nix::sys::signal::kill(pid, nix::sys::signal::SIGSTOP).expect("stop a");
+    let db = scratch.path("leasehold.db");
+    for suffix in ["", "-wal", "-shm", "-notify"] {
+        std::fs::remove_file(sibling(&db, suffix)).expect("remove");
+    }
+    let b = replica(&scratch, "b", &format!("{a_child} {a_grandchild}"));
+    let b_ran = wait_until(PATIENCE, || runs(&scratch).len() == 2);
+    nix::sys::signal::kill(pid, nix::sys::signal::SIGCONT).expect("continue a");
+    assert!(
+        b_ran,
+        "b never ran: {}",
+        std::fs::read_to_string(scratch.path("b.err")).unwrap_or_default()
+    );
+    assert_eq!(
+        overlaps(&scratch),
+        Vec::<String>::new(),
+        "two leaders at once"
+    );
+    let status = a.wait_for_exit(PATIENCE).expect("a exits");
+    let a_err = std::fs::read_to_string(scratch.path("a.err")).unwrap_or_default();
+    assert_eq!(status.code(), Some(1), "{a_err}");
+    assert!(
+        a_err.contains("no longer at its path"),
+        "the guard said nothing: {a_err}"
+    );
+    drop(b);
+}
+
 /// Another program's SQLite database moved onto the path under a running
 /// leader, and another replica started at once: the first leader's
 /// command is stopped and its runner exits; the second refuses the file;
@@ -359,6 +398,47 @@ fn a_symbolic_link_pointed_at_another_store_ends_the_leader_behind_it() {
         wait_until(PATIENCE, || !alive(a_child) && !alive(a_grandchild)),
         "a's command outlived its store"
     );
+}
+
+/// The same with the leader's runner stopped (SIGSTOP), and another
+/// replica started through the re-pointed link: the stopped leader's guard
+/// kills its command before the other replica's runs (before: both ran,
+/// both with token 1, until the first one's lease deadline).
+#[test]
+fn a_symbolic_link_re_pointed_under_a_stopped_leader_stops_its_command() {
+    let scratch = Scratch::new();
+    let (first, second, linked) = (
+        scratch.path("first.db"),
+        scratch.path("second.db"),
+        scratch.path("leasehold.db"),
+    );
+    for store in [&first, &second] {
+        drop(leasehold::store::sqlite::SqliteStore::open(store).expect("a store"));
+    }
+    std::os::unix::fs::symlink(&first, &linked).expect("link");
+    let (mut a, a_child, a_grandchild) = leading(&scratch);
+    let pid = nix::unistd::Pid::from_raw(a.pid());
+    nix::sys::signal::kill(pid, nix::sys::signal::SIGSTOP).expect("stop a");
+    let next = scratch.path("next-link");
+    std::os::unix::fs::symlink(&second, &next).expect("link");
+    std::fs::rename(&next, &linked).expect("point the link at the second store");
+    let b = replica(&scratch, "b", &format!("{a_child} {a_grandchild}"));
+    let b_ran = wait_until(PATIENCE, || runs(&scratch).len() == 2);
+    nix::sys::signal::kill(pid, nix::sys::signal::SIGCONT).expect("continue a");
+    assert!(
+        b_ran,
+        "b never ran: {}",
+        std::fs::read_to_string(scratch.path("b.err")).unwrap_or_default()
+    );
+    assert_eq!(
+        overlaps(&scratch),
+        Vec::<String>::new(),
+        "two leaders at once"
+    );
+    let status = a.wait_for_exit(PATIENCE).expect("a exits");
+    let a_err = std::fs::read_to_string(scratch.path("a.err")).unwrap_or_default();
+    assert_eq!(status.code(), Some(1), "{a_err}");
+    drop(b);
 }
 
 /// A hot rollback journal of another copy of the store, put next to it

@@ -1143,3 +1143,37 @@ fn refused_both_ways(second: &std::path::Path, first: &std::path::Path) {
         }
     }
 }
+
+/// `SqliteStore::until_file_gone` stays pending while the path leads to
+/// the file, whatever is written to it, and resolves once it does not: the
+/// file moved away, and a folder further up moved (which inotify on the
+/// file's folder does not see).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn until_file_gone_resolves_once_the_path_leads_elsewhere() {
+    use std::time::Duration;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let folder = dir.path().join("up").join("store");
+    std::fs::create_dir_all(&folder).expect("mkdir");
+    let path = folder.join("db");
+    drop(SqliteStore::open(&path).expect("create"));
+    let gone = SqliteStore::until_file_gone(&path).expect("the path leads to a file");
+    tokio::pin!(gone);
+    std::fs::write(folder.join("other"), "x").expect("a file beside it");
+    drop(SqliteStore::open(&path).expect("open again"));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(600), &mut gone)
+            .await
+            .is_err(),
+        "resolved while the path still leads to the file"
+    );
+    std::fs::rename(&path, folder.join("moved")).expect("move the file away");
+    tokio::time::timeout(LONG, &mut gone)
+        .await
+        .expect("resolves once the file is moved away");
+
+    let again = SqliteStore::until_file_gone(&folder.join("moved")).expect("a file");
+    std::fs::rename(dir.path().join("up"), dir.path().join("elsewhere")).expect("move up");
+    tokio::time::timeout(LONG, again)
+        .await
+        .expect("resolves once a folder further up is moved");
+}

@@ -442,6 +442,57 @@ pub(super) fn spawn(
     });
 }
 
+/// Resolves once `path` no longer leads to `file` (device and inode): the
+/// file deleted or moved away, another moved onto the path, a folder on
+/// the way moved or a symbolic link re-pointed. The database's folder is
+/// watched with inotify, and the whole path looked up again every
+/// [`PATH_RECHECK`] as well (inotify sees neither a folder further up nor
+/// a link moved), or every [`FALLBACK_PERIOD`] without inotify. A path
+/// that cannot be looked up for another reason (a permission) is not taken
+/// for gone.
+pub(super) async fn until_gone(path: &Path, file: (u64, u64)) {
+    let gone = || match std::fs::metadata(path) {
+        Ok(meta) => (meta.dev(), meta.ino()) != file,
+        Err(error) => error.kind() == std::io::ErrorKind::NotFound,
+    };
+    let dir = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_owned(),
+        _ => ".".into(),
+    };
+    let watch = watch_dir(&dir).ok();
+    let mut recheck = tokio::time::interval(match watch {
+        Some(_) => PATH_RECHECK,
+        None => FALLBACK_PERIOD,
+    });
+    loop {
+        if gone() {
+            return;
+        }
+        let Some(fd) = watch.as_ref() else {
+            recheck.tick().await;
+            continue;
+        };
+        tokio::select! {
+            _ = recheck.tick() => {}
+            ready = fd.readable() => match ready {
+                // Whatever the events, the path is looked up again.
+                Ok(mut ready) => {
+                    if let Err(Errno::EAGAIN) = ready.get_inner().0.read_events() {
+                        ready.clear_ready();
+                    }
+                }
+                Err(_) => {
+                    recheck.tick().await;
+                }
+            },
+        }
+    }
+}
+
+/// How often [`until_gone`] looks the whole path up again besides
+/// inotify's events on the database's folder.
+const PATH_RECHECK: Duration = Duration::from_millis(250);
+
 /// The events on a folder's entries that give a name to another file or
 /// take it away.
 const RENAMES: AddWatchFlags = AddWatchFlags::IN_CREATE

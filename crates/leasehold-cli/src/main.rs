@@ -17,6 +17,7 @@ mod generate;
 mod guard;
 mod http;
 mod inspect;
+mod logfields;
 mod logwriter;
 mod metrics;
 mod run;
@@ -313,6 +314,7 @@ fn init_logging(verbose: u8, quiet: bool, format: cli::LogFormat) {
         .with_writer(|| QuietStderr);
     match format {
         cli::LogFormat::Text => builder
+            .fmt_fields(logfields::TextFields)
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .init(),
         cli::LogFormat::Json => builder.json().flatten_event(true).init(),

@@ -955,3 +955,34 @@ fn an_exhausted_token_counter_ends_run_and_campaign_at_once() {
         .expect("the counter");
     assert_eq!((last, holder), (i64::MAX, None), "something was written");
 }
+
+/// A candidate id made to look like other fields of a text log line, or
+/// holding a character that changes how the line shows: its value is
+/// quoted with escapes, so the line's own token and election stand alone
+/// (before: `id=A token=999 election=PROD token=1`).
+#[test]
+fn an_id_cannot_pass_for_other_fields_of_a_log_line() {
+    let scratch = Scratch::new();
+    for (id, shown) in [
+        (
+            "A token=999 election=PROD",
+            r#"id="A token=999 election=PROD""#,
+        ),
+        ("B\u{202e}X", r#"id="B\u{202e}X""#),
+    ] {
+        let out = leasehold()
+            .args(["campaign", "-e", "quoted", "--hold", "1ms", "--id", id])
+            .args(["--store", &scratch.store_url()])
+            .env_remove("RUST_LOG")
+            .output()
+            .expect("campaign");
+        let err = stderr(&out);
+        assert!(out.status.success(), "{err}");
+        let line = err
+            .lines()
+            .find(|l| l.contains("became leader"))
+            .unwrap_or_else(|| panic!("no leader line: {err}"));
+        assert!(line.contains(shown), "{line}");
+        assert!(line.contains(" election=quoted "), "{line}");
+    }
+}

@@ -23,7 +23,12 @@ fn main() {
         stop.add(signal);
     }
     stop.thread_block().expect("block the stopping signals");
+    let parent = nix::unistd::getppid();
     nix::sys::prctl::set_pdeathsig(Signal::SIGTERM).expect("stop with the parent");
+    if nix::unistd::getppid() != parent {
+        eprintln!("shared-servers: its parent exited before the servers started");
+        std::process::exit(1);
+    }
     let etcd = std::thread::spawn(|| EtcdCluster::start(3));
     let zookeeper = std::thread::spawn(ZooKeeperServer::start);
     let postgres = PostgresServer::start();

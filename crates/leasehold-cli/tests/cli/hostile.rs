@@ -840,7 +840,8 @@ fn a_closed_stdout_never_writes_into_the_database() {
 }
 
 /// A 100,000-byte value is not quoted back: the error line says how long
-/// it is and the limit, showing at most a short prefix.
+/// it is and the limit, showing at most a short prefix (before, a TLS or
+/// password file's path was repeated whole, twice).
 #[test]
 fn huge_values_are_measured_not_quoted_back() {
     let scratch = Scratch::new();
@@ -852,7 +853,21 @@ fn huge_values_are_measured_not_quoted_back() {
         args.extend(["--".into(), "true".into()]);
         args
     };
-    let measured: [(Vec<String>, &str); 4] = [
+    let tls = |url: String| vec!["list".into(), "--store".into(), url];
+    let measured: [(Vec<String>, &str); 8] = [
+        (tls(format!("etcd://h:1/p?cacert=/{huge}")), "at most 4095"),
+        (
+            tls(format!("zk://h:1/p?password_file=/{huge}")),
+            "at most 4095",
+        ),
+        (
+            tls(format!("postgresql://u@h/db?sslrootcert=/{huge}")),
+            "at most 4095",
+        ),
+        (
+            tls(format!("postgresql://u@h/db?password_file=/{huge}")),
+            "at most 4095",
+        ),
         (run(&["-e", &huge]), "at most 200"),
         (run(&["-e", "ok", "--id", &huge]), "at most 200"),
         (

@@ -173,7 +173,7 @@ fn read_bounded(path: &Path, max: u64) -> std::result::Result<Vec<u8>, String> {
         .read(true)
         .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
         .open(path)
-        .map_err(|e| format!("cannot open: {}", e.kind()))?;
+        .map_err(|e| format!("cannot open: {e}"))?;
     let metadata = file
         .metadata()
         .map_err(|e| format!("cannot read: {}", e.kind()))?;

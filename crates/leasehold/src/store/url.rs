@@ -210,6 +210,19 @@ fn percent_decode(s: &str) -> Vec<u8> {
 }
 
 /// A SQLite path: a plain file name, taken literally.
+/// Refuses a file named by option `key` (a TLS file, a password file)
+/// whose path is longer than a path can be, saying how long it is rather
+/// than repeating it.
+fn check_file_path_len(key: &str, path: &str) -> Result<(), String> {
+    if path.len() > MAX_FILE_PATH_LEN {
+        return Err(format!(
+            "the {key} path is {} bytes long, at most {MAX_FILE_PATH_LEN} allowed",
+            path.len()
+        ));
+    }
+    Ok(())
+}
+
 fn check_sqlite_path(path: &[u8]) -> Result<(), String> {
     if path.is_empty() {
         return Err("names no file; expected sqlite:PATH".into());

@@ -284,7 +284,9 @@ pub(super) fn parse_cluster_options(
         if value.is_empty() {
             return Err(format!("option {key:?} names no file"));
         }
-        let path = PathBuf::from(decoded(&format!("{key} path"), value)?);
+        let path = decoded(&format!("{key} path"), value)?;
+        check_file_path_len(key, &path)?;
+        let path = PathBuf::from(path);
         match key {
             "cacert" => security.cacert = Some(path),
             "cert" => security.cert = Some(path),

@@ -238,6 +238,9 @@ impl<'a> PgUrl<'a> {
             if self.param(key).is_some_and(str::is_empty) {
                 return Err(format!("parameter {key:?} names no file"));
             }
+            if let Some(path) = self.param(key) {
+                check_file_path_len(key, path)?;
+            }
         }
         if self.param("sslcert").is_some() != self.param("sslkey").is_some() {
             return Err("sslcert= and sslkey= go together: give both, or neither".into());

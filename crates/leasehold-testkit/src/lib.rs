@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use certs::{CertFiles, TestCa, Usage};
 pub use etcd_cluster::EtcdCluster;
-pub use postgres_server::{PostgresServer, SECURED_HBA, Shutdown};
+pub use postgres_server::{LEAST_PRIVILEGE, PostgresServer, SECURED_HBA, Shutdown};
 pub use rng::Rng;
 pub use zookeeper_ensemble::ZooKeeperEnsemble;
 pub use zookeeper_server::ZooKeeperServer;

@@ -35,6 +35,24 @@ hostssl all  certuser  127.0.0.1/32   cert
 hostssl all  all       127.0.0.1/32   scram-sha-256
 ";
 
+/// The least-privilege setup the GUIDE gives, for a server started with
+/// [`PostgresServer::start_secured`]: a database `lease` of its own; the
+/// role `app` (password `app-Pa55word`) may connect and create (its
+/// schema, on first use), nothing more; `mtls` (`mtls-Pa55word`) needs a
+/// client certificate as well ([`SECURED_HBA`]); `nocreate`
+/// (`nocreate-Pa55word`) may connect, not create. PUBLIC's default
+/// CONNECT and TEMP on the database are revoked.
+pub const LEAST_PRIVILEGE: &[&str] = &[
+    "CREATE DATABASE lease",
+    "REVOKE ALL ON DATABASE lease FROM PUBLIC",
+    "CREATE ROLE app LOGIN PASSWORD 'app-Pa55word'",
+    "GRANT CONNECT, CREATE ON DATABASE lease TO app",
+    "CREATE ROLE mtls LOGIN PASSWORD 'mtls-Pa55word'",
+    "GRANT CONNECT, CREATE ON DATABASE lease TO mtls",
+    "CREATE ROLE nocreate LOGIN PASSWORD 'nocreate-Pa55word'",
+    "GRANT CONNECT ON DATABASE lease TO nocreate",
+];
+
 /// How [`PostgresServer::stop_with`] and [`PostgresServer::restart_with`]
 /// shut the server down (PostgreSQL's shutdown modes, as `pg_ctl stop -m`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -19,6 +19,10 @@ pub const ETCD: &str = "TESTKIT_SHARED_ETCD";
 pub const ZOOKEEPER: &str = "TESTKIT_SHARED_ZOOKEEPER";
 /// The shared PostgreSQL server's URL for its superuser.
 pub const POSTGRES: &str = "TESTKIT_SHARED_POSTGRES";
+/// The shared PostgreSQL server that takes TLS only
+/// ([`PostgresServer::start_secured`], with [`crate::LEAST_PRIVILEGE`]):
+/// `PORT CA_FILE`, the CA that signed its certificate.
+pub const POSTGRES_TLS: &str = "TESTKIT_SHARED_POSTGRES_TLS";
 
 /// A server a test uses: the run's shared one (named by its address or
 /// URL), or one of the test's own, stopped when the test drops it.
@@ -45,6 +49,15 @@ pub fn zookeeper() -> Server<ZooKeeperServer> {
 /// The run's PostgreSQL server, or one of the test's own.
 pub fn postgres() -> Server<PostgresServer> {
     shared(POSTGRES).map_or_else(|| Server::Own(PostgresServer::start()), Server::Shared)
+}
+
+/// The run's secured PostgreSQL server (see [`POSTGRES_TLS`]): its port
+/// and the CA file that signed its certificate. `None` without one: a
+/// test then starts its own.
+pub fn postgres_tls() -> Option<(u16, std::path::PathBuf)> {
+    let value = shared(POSTGRES_TLS)?;
+    let (port, ca) = value.split_once(' ')?;
+    Some((port.parse().ok()?, ca.into()))
 }
 
 impl Server<EtcdCluster> {

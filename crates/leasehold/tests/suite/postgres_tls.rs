@@ -12,24 +12,9 @@ use leasehold::store::Store;
 use leasehold::store::postgres::PostgresStore;
 use leasehold::testing::{ServerHarness, unique_election};
 use leasehold::{CandidateId, Elector, Error, LeaseConfig};
-use leasehold_testkit::{CertFiles, PostgresServer, TestCa, Usage};
+use leasehold_testkit::shared;
+use leasehold_testkit::{CertFiles, LEAST_PRIVILEGE, PostgresServer, TestCa, Usage};
 use tokio::time::Instant;
-
-/// The least-privilege setup the docs give: a database of its own, the
-/// role may connect and create (its schema, on first use), nothing more;
-/// PUBLIC's default CONNECT and TEMP on the database are revoked.
-const LEAST_PRIVILEGE: &[&str] = &[
-    "CREATE DATABASE lease",
-    "REVOKE ALL ON DATABASE lease FROM PUBLIC",
-    "CREATE ROLE app LOGIN PASSWORD 'app-Pa55word'",
-    "GRANT CONNECT, CREATE ON DATABASE lease TO app",
-    // Needs a client certificate as well as its password (SECURED_HBA).
-    "CREATE ROLE mtls LOGIN PASSWORD 'mtls-Pa55word'",
-    "GRANT CONNECT, CREATE ON DATABASE lease TO mtls",
-    // May connect, not create: its first use must be refused.
-    "CREATE ROLE nocreate LOGIN PASSWORD 'nocreate-Pa55word'",
-    "GRANT CONNECT ON DATABASE lease TO nocreate",
-];
 
 const APP_PASSWORD: &str = "app-Pa55word";
 
@@ -50,11 +35,12 @@ impl Secured {
     /// `postgresql://USER[:PASSWORD]@127.0.0.1:PORT/lease?sslmode=verify-full&sslrootcert=CA`
     /// followed by `extra` (`&…`).
     fn url(&self, user: &str, password: Option<&str>, extra: &str) -> String {
-        let password = password.map(|p| format!(":{p}")).unwrap_or_default();
-        format!(
-            "postgresql://{user}{password}@127.0.0.1:{}/lease?sslmode=verify-full&sslrootcert={}{extra}",
+        tls_url(
             self.server.port(),
-            self.ca.ca_path().display()
+            &self.ca.ca_path(),
+            user,
+            password,
+            extra,
         )
     }
 
@@ -62,6 +48,16 @@ impl Secured {
     fn client_files(&self) -> String {
         cert_params(&self.client)
     }
+}
+
+/// `postgresql://USER[:PASSWORD]@127.0.0.1:PORT/lease?sslmode=verify-full&sslrootcert=CA`
+/// followed by `extra` (`&…`).
+fn tls_url(port: u16, ca: &Path, user: &str, password: Option<&str>, extra: &str) -> String {
+    let password = password.map(|p| format!(":{p}")).unwrap_or_default();
+    format!(
+        "postgresql://{user}{password}@127.0.0.1:{port}/lease?sslmode=verify-full&sslrootcert={}{extra}",
+        ca.display()
+    )
 }
 
 fn cert_params(files: &CertFiles) -> String {
@@ -96,14 +92,24 @@ async fn secured() -> Secured {
 /// The conformance suite on the secured server: `sslmode=verify-full`,
 /// scram-sha-256 with channel binding required, as the least-privilege
 /// role `app`.
-async fn harness() -> ServerHarness<Secured> {
-    let secured = secured().await;
-    let url = secured.url(
-        "app",
-        Some(APP_PASSWORD),
-        "&channel_binding=require&schema=conformance",
+/// On the run's shared secured server (see `leasehold_testkit::shared`)
+/// when there is one, in a schema of its own; else on a server of its own.
+async fn harness() -> ServerHarness<Option<Secured>> {
+    let extra = format!(
+        "&channel_binding=require&schema={}",
+        shared::unique("conformance")
     );
-    ServerHarness::new(secured, &url)
+    match shared::postgres_tls() {
+        Some((port, ca)) => {
+            let url = tls_url(port, &ca, "app", Some(APP_PASSWORD), &extra);
+            ServerHarness::new(None, &url)
+        }
+        None => {
+            let secured = secured().await;
+            let url = secured.url("app", Some(APP_PASSWORD), &extra);
+            ServerHarness::new(Some(secured), &url)
+        }
+    }
 }
 
 mod conformance {

@@ -311,20 +311,6 @@ impl Drop for Db {
 }
 
 impl SqliteStore {
-    /// A future that resolves once `path` no longer leads to the database
-    /// file it leads to now: the file deleted or moved away (with its
-    /// `-notify`, nothing tells a replica that opens the path afterwards of
-    /// the grants in it: it may be granted at once), another file moved
-    /// onto the path, a folder on the way moved, a symbolic link
-    /// re-pointed. For a process that acts for a grant and must stop then,
-    /// whatever its store handle does (`leasehold run`'s guard, which runs
-    /// on while `run` is stopped). `None` if `path` cannot be looked up now.
-    pub fn until_file_gone(path: &Path) -> Option<impl Future<Output = ()> + Send + 'static> {
-        let meta = std::fs::metadata(path).ok()?;
-        let (path, file) = (path.to_owned(), (meta.dev(), meta.ino()));
-        Some(async move { notify::until_gone(&path, file).await })
-    }
-
     /// Opens (creating if needed) the database at `path`.
     ///
     /// Refuses, without writing anything, a directory, a file that is not a

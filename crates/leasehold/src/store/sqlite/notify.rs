@@ -442,6 +442,22 @@ pub(super) fn spawn(
     });
 }
 
+impl super::SqliteStore {
+    /// A future that resolves once `path` no longer leads to the database
+    /// file it leads to now: the file deleted or moved away (with its
+    /// `-notify`, nothing tells a replica that opens the path afterwards of
+    /// the grants in it: it may be granted at once), another file moved
+    /// onto the path, a folder on the way moved, a symbolic link
+    /// re-pointed. For a process that acts for a grant and must stop then,
+    /// whatever its store handle does (`leasehold run`'s guard, which runs
+    /// on while `run` is stopped). `None` if `path` cannot be looked up now.
+    pub fn until_file_gone(path: &Path) -> Option<impl Future<Output = ()> + Send + 'static> {
+        let meta = std::fs::metadata(path).ok()?;
+        let (path, file) = (path.to_owned(), (meta.dev(), meta.ino()));
+        Some(async move { until_gone(&path, file).await })
+    }
+}
+
 /// Resolves once `path` no longer leads to `file` (device and inode): the
 /// file deleted or moved away, another moved onto the path, a folder on
 /// the way moved or a symbolic link re-pointed. The database's folder is
@@ -450,7 +466,7 @@ pub(super) fn spawn(
 /// a link moved), or every [`FALLBACK_PERIOD`] without inotify. A path
 /// that cannot be looked up for another reason (a permission) is not taken
 /// for gone.
-pub(super) async fn until_gone(path: &Path, file: (u64, u64)) {
+async fn until_gone(path: &Path, file: (u64, u64)) {
     let gone = || match std::fs::metadata(path) {
         Ok(meta) => (meta.dev(), meta.ino()) != file,
         Err(error) => error.kind() == std::io::ErrorKind::NotFound,

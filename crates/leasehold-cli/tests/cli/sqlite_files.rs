@@ -186,15 +186,29 @@ fn a_deleted_store_stops_its_leader_before_another_replica_runs() {
 #[test]
 fn a_store_deleted_under_a_stopped_leader_stops_its_command_before_another_runs() {
     let scratch = Scratch::new();
-    let (mut a, a_child, a_grandchild) = leading(&scratch);
+    let a_err = under_a_stopped_leader(&scratch, || {
+        let db = scratch.path("leasehold.db");
+        for suffix in ["", "-wal", "-shm", "-notify"] {
+            std::fs::remove_file(sibling(&db, suffix)).expect("remove");
+        }
+    });
+    assert!(
+        a_err.contains("no longer at its path"),
+        "the guard said nothing: {a_err}"
+    );
+}
+
+/// Leader `a` leads; its runner is stopped (SIGSTOP) while `change` is
+/// made to the store's files, and replica `b` is started at once: `b`'s
+/// command runs, never beside `a`'s, and `a`, continued, exits 1. `a`'s
+/// stderr.
+fn under_a_stopped_leader(scratch: &Scratch, change: impl FnOnce()) -> String {
+    let (mut a, a_child, a_grandchild) = leading(scratch);
     let pid = nix::unistd::Pid::from_raw(a.pid());
     nix::sys::signal::kill(pid, nix::sys::signal::SIGSTOP).expect("stop a");
-    let db = scratch.path("leasehold.db");
-    for suffix in ["", "-wal", "-shm", "-notify"] {
-        std::fs::remove_file(sibling(&db, suffix)).expect("remove");
-    }
-    let b = replica(&scratch, "b", &format!("{a_child} {a_grandchild}"));
-    let b_ran = wait_until(PATIENCE, || runs(&scratch).len() == 2);
+    change();
+    let b = replica(scratch, "b", &format!("{a_child} {a_grandchild}"));
+    let b_ran = wait_until(PATIENCE, || runs(scratch).len() == 2);
     nix::sys::signal::kill(pid, nix::sys::signal::SIGCONT).expect("continue a");
     assert!(
         b_ran,
@@ -202,18 +216,15 @@ fn a_store_deleted_under_a_stopped_leader_stops_its_command_before_another_runs(
         std::fs::read_to_string(scratch.path("b.err")).unwrap_or_default()
     );
     assert_eq!(
-        overlaps(&scratch),
+        overlaps(scratch),
         Vec::<String>::new(),
         "two leaders at once"
     );
     let status = a.wait_for_exit(PATIENCE).expect("a exits");
     let a_err = std::fs::read_to_string(scratch.path("a.err")).unwrap_or_default();
     assert_eq!(status.code(), Some(1), "{a_err}");
-    assert!(
-        a_err.contains("no longer at its path"),
-        "the guard said nothing: {a_err}"
-    );
     drop(b);
+    a_err
 }
 
 /// Another program's SQLite database moved onto the path under a running
@@ -416,29 +427,11 @@ fn a_symbolic_link_re_pointed_under_a_stopped_leader_stops_its_command() {
         drop(leasehold::store::sqlite::SqliteStore::open(store).expect("a store"));
     }
     std::os::unix::fs::symlink(&first, &linked).expect("link");
-    let (mut a, a_child, a_grandchild) = leading(&scratch);
-    let pid = nix::unistd::Pid::from_raw(a.pid());
-    nix::sys::signal::kill(pid, nix::sys::signal::SIGSTOP).expect("stop a");
-    let next = scratch.path("next-link");
-    std::os::unix::fs::symlink(&second, &next).expect("link");
-    std::fs::rename(&next, &linked).expect("point the link at the second store");
-    let b = replica(&scratch, "b", &format!("{a_child} {a_grandchild}"));
-    let b_ran = wait_until(PATIENCE, || runs(&scratch).len() == 2);
-    nix::sys::signal::kill(pid, nix::sys::signal::SIGCONT).expect("continue a");
-    assert!(
-        b_ran,
-        "b never ran: {}",
-        std::fs::read_to_string(scratch.path("b.err")).unwrap_or_default()
-    );
-    assert_eq!(
-        overlaps(&scratch),
-        Vec::<String>::new(),
-        "two leaders at once"
-    );
-    let status = a.wait_for_exit(PATIENCE).expect("a exits");
-    let a_err = std::fs::read_to_string(scratch.path("a.err")).unwrap_or_default();
-    assert_eq!(status.code(), Some(1), "{a_err}");
-    drop(b);
+    under_a_stopped_leader(&scratch, || {
+        let next = scratch.path("next-link");
+        std::os::unix::fs::symlink(&second, &next).expect("link");
+        std::fs::rename(&next, &linked).expect("point the link at the second store");
+    });
 }
 
 /// A hot rollback journal of another copy of the store, put next to it

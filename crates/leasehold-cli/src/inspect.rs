@@ -7,6 +7,7 @@ use leasehold::{ElectionName, Leader, LeaderStatus};
 use serde::Serialize;
 
 use crate::cli::{ListArgs, ObserveArgs, StatusArgs};
+use crate::logfields::shown;
 
 /// The JSON object of docs/DESIGN.md: `{"election":E,"leader":{…}|null}`,
 /// the same for `status --json`, each line of `observe` and each element
@@ -114,7 +115,10 @@ impl<'a> Status<'a> {
         let mut line = match &self.leader {
             Some(l) => format!(
                 "{}: led by {} (token {}, lease expires in {} ms unless renewed)",
-                self.election, l.id, l.token, l.expires_in_ms
+                self.election,
+                shown(&l.id),
+                l.token,
+                l.expires_in_ms
             ),
             None => format!("{}: no leader", self.election),
         };
@@ -128,9 +132,9 @@ impl<'a> Status<'a> {
                     .iter()
                     .map(|c| {
                         if c.priority == 0 {
-                            c.id.clone()
+                            shown(&c.id).into_owned()
                         } else {
-                            format!("{} (priority {})", c.id, c.priority)
+                            format!("{} (priority {})", shown(&c.id), c.priority)
                         }
                     })
                     .collect();
@@ -212,7 +216,7 @@ impl GroupJson {
         let members: Vec<String> = self
             .members
             .iter()
-            .map(|m| format!("{} owns {}", m.id, m.owns))
+            .map(|m| format!("{} owns {}", shown(&m.id), m.owns))
             .collect();
         let mut text = format!(
             "{name}: group of {} {kind}, {} member{}{}{}; {owned} of {} owned",
@@ -227,7 +231,9 @@ impl GroupJson {
             match &o.owner {
                 Some(l) => text.push_str(&format!(
                     "\n  {unit} {}: {} (token {})",
-                    o.index, l.id, l.token
+                    o.index,
+                    shown(&l.id),
+                    l.token
                 )),
                 None => text.push_str(&format!("\n  {unit} {}: no owner", o.index)),
             }
@@ -549,11 +555,11 @@ pub async fn list(args: ListArgs) -> anyhow::Result<ExitCode> {
     for s in &statuses {
         let (id, token, expires) = match &s.leader {
             Some(l) => (
-                l.id.as_str(),
+                shown(&l.id),
                 l.token.to_string(),
                 l.expires_in_ms.to_string(),
             ),
-            None => ("-", "-".to_owned(), "-".to_owned()),
+            None => ("-".into(), "-".to_owned(), "-".to_owned()),
         };
         let waiting = s
             .candidates

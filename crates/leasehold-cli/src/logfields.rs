@@ -1,3 +1,6 @@
+//! How values show in text meant for people: [`shown`] for a candidate id
+//! in `status`, `list` and `transfer`, and [`TextFields`] for the log.
+//!
 //! The fields of a text log line, `name=value`, each value quoted (with
 //! Rust's escapes) unless it is plain: a value that holds whitespace, `=`,
 //! a quote, a backslash or a character that does not show as itself (a
@@ -79,6 +82,20 @@ impl VisitFmt for TextVisitor<'_> {
     }
 }
 
+/// A value (a candidate id) as the human output of `status`, `list` and
+/// `transfer` shows it: as it is when plain and free of the separators
+/// those lines use (`,` `;` `(` `)`), and not `-` (no leader, in `list`);
+/// else quoted with Rust's escapes, so that it cannot pass for more of the
+/// line.
+pub fn shown(value: &str) -> std::borrow::Cow<'_, str> {
+    let separators = [',', ';', '(', ')'];
+    if plain(value) && value != "-" && !value.contains(separators) {
+        std::borrow::Cow::Borrowed(value)
+    } else {
+        std::borrow::Cow::Owned(format!("{value:?}"))
+    }
+}
+
 /// Whether `text` shows as itself in a `name=value` field: not empty, and
 /// nothing in it that Rust's escapes would change, nor whitespace or `=`.
 fn plain(text: &str) -> bool {
@@ -91,6 +108,14 @@ fn plain(text: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::plain;
+
+    #[test]
+    fn ids_that_could_pass_for_more_of_a_line_are_shown_quoted() {
+        assert_eq!(super::shown("web-2"), "web-2");
+        for id in ["w3, w4 (priority 9)", "a;b", "-", "a b", "x\u{202e}y"] {
+            assert_eq!(super::shown(id), format!("{id:?}"));
+        }
+    }
 
     #[test]
     fn only_values_that_show_as_themselves_are_plain() {

@@ -7,6 +7,7 @@ use leasehold::transfer::request_transfer;
 use leasehold::{ElectionName, Leader};
 
 use crate::cli::TransferArgs;
+use crate::logfields::shown;
 
 /// The TTL of the session that carries the request: long enough that
 /// renewals never matter during a transfer's timeout (the session is
@@ -33,7 +34,10 @@ pub async fn run(args: TransferArgs) -> anyhow::Result<ExitCode> {
         Ok(done) => {
             let now_leads = format!(
                 "{election}: {} leads now (token {}); {} (token {}) led before",
-                done.to.candidate, done.to.token, done.from.candidate, done.from.token
+                shown(done.to.candidate.as_str()),
+                done.to.token,
+                shown(done.from.candidate.as_str()),
+                done.from.token
             );
             match &done.asked_for {
                 Some(asked) if asked != &done.to.candidate => {

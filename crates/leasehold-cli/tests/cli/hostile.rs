@@ -1001,3 +1001,40 @@ fn an_id_cannot_pass_for_other_fields_of_a_log_line() {
         assert!(line.contains(" election=quoted "), "{line}");
     }
 }
+
+/// A leader whose id is made to look like more of `status`'s line (a
+/// second candidate, a fake leader line): `status` and `list` show it
+/// quoted (before: `led by evil (token 999, …); nobody waiting (token 1,
+/// …)`).
+#[test]
+fn status_and_list_quote_an_id_that_could_pass_for_more_of_the_line() {
+    let scratch = Scratch::new();
+    let store = scratch.store_url();
+    let id = "evil (token 999, lease expires in 1 ms unless renewed); nobody waiting";
+    let mut leader = leasehold()
+        .args(["campaign", "-e", "shown", "--hold", "30s", "--id", id])
+        .args(["--store", &store])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("campaign");
+    let status = || {
+        let out = leasehold()
+            .args(["status", "-e", "shown", "--store", &store])
+            .output()
+            .expect("status");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let led = wait_until(Duration::from_secs(10), || status().contains("led by"));
+    let line = status();
+    let list = leasehold()
+        .args(["list", "--store", &store])
+        .output()
+        .expect("list");
+    let _ = leader.kill();
+    let _ = leader.wait();
+    assert!(led, "{line}");
+    assert!(line.contains(&format!("led by {id:?} (token 1,")), "{line}");
+    let list = String::from_utf8_lossy(&list.stdout).into_owned();
+    assert!(list.contains(&format!("{id:?}")), "{list}");
+}

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Args as ClapArgs, CommandFactory, Parser, Subcommand};
-use leasehold::{CandidateId, ElectionName, LeaseConfig, Store, StoreUrl};
+use leasehold::{CandidateId, ElectionName, LeaseConfig, Store, StoreUrl, shortened};
 
 mod values;
 
@@ -181,12 +181,13 @@ impl StoreArgs {
             && let StoreUrl::Sqlite(path) = &url
             && let Some(dir) = path.parent()
         {
-            std::fs::create_dir_all(dir)
-                .with_context(|| format!("cannot create {}", dir.display()))?;
+            std::fs::create_dir_all(dir).with_context(|| {
+                format!("cannot create {}", shortened(&dir.display().to_string()))
+            })?;
         }
         leasehold::store::open(&url)
             .await
-            .with_context(|| format!("cannot open store {url}"))
+            .with_context(|| format!("cannot open store {}", shortened(&url.to_string())))
     }
 
     /// Opens the store for reading only (`status`, `list`, `observe`):
@@ -197,7 +198,7 @@ impl StoreArgs {
         url.clone().with_password_from_env()?;
         leasehold::store::open_read_only(&url)
             .await
-            .with_context(|| format!("cannot read store {url}"))
+            .with_context(|| format!("cannot read store {}", shortened(&url.to_string())))
     }
 }
 

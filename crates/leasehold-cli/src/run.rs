@@ -315,7 +315,7 @@ impl Runner {
                 // still be released below.
                 crate::say(&format!(
                     "cannot run {}: {error:#}",
-                    program.unwrap_or_default()
+                    leasehold::shortened(&program.unwrap_or_default())
                 ));
                 release(leadership).await;
                 return Ok(Next::Exit(ExitCode::from(EXIT_CANNOT_START)));

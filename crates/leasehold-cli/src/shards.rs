@@ -266,7 +266,10 @@ async fn run_term(
                 .first()
                 .map(|p| p.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            crate::say(&format!("cannot run {program}: {error:#}"));
+            crate::say(&format!(
+                "cannot run {}: {error:#}",
+                leasehold::shortened(&program)
+            ));
             if let Err(error) = shard.resign().await
                 && !crate::term::already_gone(&error)
             {

@@ -211,12 +211,42 @@ pub fn quoted(value: &str) -> String {
     }
 }
 
+/// The most characters of a URL or path [`shortened`] shows whole.
+pub const SHORTENED_CHARS: usize = 200;
+
+/// `value` (a URL, a path, a program) as a message shows it: whole up to
+/// [`SHORTENED_CHARS`] characters, else its first ones, `…` and how many
+/// bytes it has, so that an error line stays one short line.
+pub fn shortened(value: &str) -> std::borrow::Cow<'_, str> {
+    match value.char_indices().nth(SHORTENED_CHARS) {
+        None => std::borrow::Cow::Borrowed(value),
+        Some((end, _)) => {
+            std::borrow::Cow::Owned(format!("{}… ({} bytes)", &value[..end], value.len()))
+        }
+    }
+}
+
 /// Result alias used throughout the library.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 #[cfg(test)]
 mod tests {
     use super::{QUOTED_CHARS, quoted};
+
+    #[test]
+    fn long_values_are_shortened_with_their_length() {
+        assert_eq!(super::shortened("sqlite:/a"), "sqlite:/a");
+        let long = "é".repeat(super::SHORTENED_CHARS + 1);
+        let shown = super::shortened(&long);
+        assert!(
+            shown.ends_with(&format!("… ({} bytes)", long.len())),
+            "{shown}"
+        );
+        assert_eq!(
+            shown.chars().filter(|&c| c == 'é').count(),
+            super::SHORTENED_CHARS
+        );
+    }
 
     #[test]
     fn quoted_values_are_cut_short() {

@@ -51,7 +51,7 @@ pub mod watch;
 
 pub use config::{DEFAULT_DRIFT, DEFAULT_SKEW, DEFAULT_TTL, LeaseConfig, MAX_TTL, RENEWAL_RULE};
 pub use elector::{Elector, Handover, HandoverCause, Leadership};
-pub use error::{Error, QUOTED_CHARS, Result, quoted};
+pub use error::{Error, QUOTED_CHARS, Result, SHORTENED_CHARS, quoted, shortened};
 pub use group::{Shard, Shards, Slot};
 pub use lease::LostReason;
 pub use names::{CandidateId, ElectionName, MAX_NAME_LEN};

@@ -854,7 +854,17 @@ fn huge_values_are_measured_not_quoted_back() {
         args
     };
     let tls = |url: String| vec!["list".into(), "--store".into(), url];
-    let measured: [(Vec<String>, &str); 8] = [
+    let measured: [(Vec<String>, &str); 12] = [
+        (tls(format!("etcd://{huge}:pw@h:1/p")), "at most 200"),
+        (tls(format!("postgresql://u@h/{huge}")), "at most 63"),
+        (
+            tls(format!("postgresql://u@h/db?application_name={huge}")),
+            "at most 63",
+        ),
+        (
+            tls(format!("postgresql://u@h/db?options={huge}")),
+            "at most 4095",
+        ),
         (tls(format!("etcd://h:1/p?cacert=/{huge}")), "at most 4095"),
         (
             tls(format!("zk://h:1/p?password_file=/{huge}")),
@@ -889,6 +899,35 @@ fn huge_values_are_measured_not_quoted_back() {
             "{what}: {err}"
         );
         assert!(err.contains(limit), "{what}: {err}");
+    }
+    // A home folder and a program that cannot be used: the line names them
+    // cut short, with their length.
+    let home = leasehold()
+        .args(["list"])
+        .env("HOME", format!("/{huge}"))
+        .env_remove("XDG_STATE_HOME")
+        .env_remove("LEASEHOLD_STORE")
+        .output()
+        .expect("spawn");
+    let program = leasehold()
+        .args([
+            "run",
+            "-e",
+            "ok",
+            "--store",
+            &store,
+            "--",
+            &format!("/{huge}"),
+        ])
+        .current_dir(scratch.dir.path())
+        .output()
+        .expect("spawn");
+    for (what, out) in [("HOME", home), ("the program", program)] {
+        assert!(!out.status.success(), "{what}");
+        let err = stderr(&out);
+        let line = err.lines().last().unwrap_or_default();
+        assert!(line.len() < 400, "{what}: {} bytes", line.len());
+        assert!(line.contains("… (1000"), "{what}: {line}");
     }
     // Values checked otherwise are shown cut short too.
     let shortened = [

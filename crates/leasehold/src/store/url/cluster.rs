@@ -332,6 +332,12 @@ pub(super) fn parse_cluster(
                 );
             }
             let (user, password) = parse_credentials(credentials)?;
+            if user.len() > MAX_PATH_LEN {
+                return Err(format!(
+                    "the user name is {} bytes long, at most {MAX_PATH_LEN} allowed",
+                    user.len()
+                ));
+            }
             security.user = Some(user);
             security.password = password;
             rest

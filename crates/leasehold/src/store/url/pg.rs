@@ -162,9 +162,44 @@ impl<'a> PgUrl<'a> {
             }
         }
         self.check_host_params()?;
+        self.check_lengths()?;
         self.check_tls()?;
         if let Some(schema) = self.param("schema") {
             check_schema(schema)?;
+        }
+        Ok(())
+    }
+
+    /// Refuses a name longer than PostgreSQL keeps (63 bytes: it would cut
+    /// it), and any other value longer than a path can be, saying how long
+    /// it is rather than repeating it.
+    fn check_lengths(&self) -> Result<(), String> {
+        const NAME_LEN: usize = 63;
+        let names = [("user name", self.user), ("database name", self.dbname)]
+            .into_iter()
+            .chain(
+                ["user", "dbname", "application_name"]
+                    .into_iter()
+                    .map(|key| (key, self.param(key))),
+            );
+        for (what, value) in names {
+            // Counted once percent-decoded, as the server gets it.
+            let len = value.map_or(0, |v| percent_decode(v).len());
+            if len > NAME_LEN {
+                return Err(format!(
+                    "the {what} is {len} bytes long, at most {NAME_LEN} allowed (PostgreSQL's \
+                     limit for names)"
+                ));
+            }
+        }
+        for (key, value) in &self.params {
+            if value.len() > MAX_FILE_PATH_LEN {
+                return Err(format!(
+                    "parameter {} is {} bytes long, at most {MAX_FILE_PATH_LEN} allowed",
+                    quoted(key),
+                    value.len()
+                ));
+            }
         }
         Ok(())
     }

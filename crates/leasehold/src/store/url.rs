@@ -881,6 +881,10 @@ mod tests {
                 "not followed by two hex digits",
             ),
             (
+                "postgres://app:Sup3r%zzSecret@h/db",
+                "not followed by two hex digits",
+            ),
+            (
                 "etcd://127.0.0.1:0",
                 "port of endpoint \"127.0.0.1:…\" is not a number",
             ),

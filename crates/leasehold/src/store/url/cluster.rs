@@ -199,6 +199,25 @@ pub(super) fn percent_encode(s: &str, keep: &[u8]) -> String {
 
 /// `USER[:PASSWORD]` before the `@` of an etcd or ZooKeeper URL; errors
 /// never quote either.
+/// Refuses a user name or password holding a '%' not followed by two hex
+/// digits. Strict where tokio-postgres is lenient: such a '%' is not taken
+/// literally, since a password that happens to contain "%2F" would
+/// otherwise be silently changed. Every store's URL is read so.
+pub(super) fn check_escapes(user: &str, password: Option<&str>) -> Result<(), String> {
+    for (what, part) in [("user name", Some(user)), ("password", password)] {
+        if let Some(part) = part
+            && part.split('%').skip(1).any(|after| {
+                after.len() < 2 || !after.as_bytes()[..2].iter().all(u8::is_ascii_hexdigit)
+            })
+        {
+            return Err(format!(
+                "the {what} holds a '%' not followed by two hex digits: write a '%' as %25"
+            ));
+        }
+    }
+    Ok(())
+}
+
 pub(super) fn parse_credentials(credentials: &str) -> Result<(String, Option<Password>), String> {
     if credentials.contains(['/', '?', '#']) {
         return Err(
@@ -211,20 +230,7 @@ pub(super) fn parse_credentials(credentials: &str) -> Result<(String, Option<Pas
         Some((user, password)) => (user, Some(password)),
         None => (credentials, None),
     };
-    // Strict where tokio-postgres is lenient: a '%' not followed by two
-    // hex digits is refused rather than taken literally, since a password
-    // that happens to contain "%2F" would otherwise be silently changed.
-    for (what, part) in [("user name", Some(user)), ("password", password)] {
-        if let Some(part) = part
-            && part.split('%').skip(1).any(|after| {
-                after.len() < 2 || !after.as_bytes()[..2].iter().all(u8::is_ascii_hexdigit)
-            })
-        {
-            return Err(format!(
-                "the {what} holds a '%' not followed by two hex digits: write a '%' as %25"
-            ));
-        }
-    }
+    check_escapes(user, password)?;
     if password == Some("") {
         return Err(
             "the password after ':' is empty; leave out the ':' (and give the \

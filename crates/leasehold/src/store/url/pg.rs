@@ -86,6 +86,7 @@ impl<'a> PgUrl<'a> {
                 if user.is_empty() {
                     return Err("the user name before '@' is empty".into());
                 }
+                check_escapes(user, password)?;
                 if std::str::from_utf8(&percent_decode(user)).is_err() {
                     return Err("the user name is not UTF-8 once percent-decoded".into());
                 }

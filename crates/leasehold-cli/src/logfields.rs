@@ -60,6 +60,9 @@ impl Visit for TextVisitor<'_> {
     }
 
     fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        if field.name().starts_with("log.") {
+            return;
+        }
         let mut text = String::new();
         if write!(text, "{value:?}").is_err() {
             self.result = Err(fmt::Error);

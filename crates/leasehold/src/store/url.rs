@@ -210,17 +210,21 @@ fn percent_decode(s: &str) -> Vec<u8> {
 }
 
 /// A SQLite path: a plain file name, taken literally.
-/// Refuses a file named by option `key` (a TLS file, a password file)
-/// whose path is longer than a path can be, saying how long it is rather
-/// than repeating it.
-fn check_file_path_len(key: &str, path: &str) -> Result<(), String> {
-    if path.len() > MAX_FILE_PATH_LEN {
+/// Refuses `what` (a path, a name) of `len` bytes when longer than `max`,
+/// saying how long it is rather than repeating it.
+fn check_len(what: &str, len: usize, max: usize) -> Result<(), String> {
+    if len > max {
         return Err(format!(
-            "the {key} path is {} bytes long, at most {MAX_FILE_PATH_LEN} allowed",
-            path.len()
+            "the {what} is {len} bytes long, at most {max} allowed"
         ));
     }
     Ok(())
+}
+
+/// Refuses a file named by option `key` (a TLS file, a password file)
+/// whose path is longer than a path can be.
+fn check_file_path_len(key: &str, path: &str) -> Result<(), String> {
+    check_len(&format!("{key} path"), path.len(), MAX_FILE_PATH_LEN)
 }
 
 fn check_sqlite_path(path: &[u8]) -> Result<(), String> {
@@ -249,12 +253,7 @@ fn check_sqlite_path(path: &[u8]) -> Result<(), String> {
     if path.contains(&0) {
         return Err("the SQLite path holds a NUL byte".into());
     }
-    if path.len() > MAX_FILE_PATH_LEN {
-        return Err(format!(
-            "the SQLite path is {} bytes long, at most {MAX_FILE_PATH_LEN} allowed",
-            path.len()
-        ));
-    }
+    check_len("SQLite path", path.len(), MAX_FILE_PATH_LEN)?;
     if path.ends_with(b"/") {
         return Err("the SQLite path ends with '/', which names a directory, not a file".into());
     }

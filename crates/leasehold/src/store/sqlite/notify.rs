@@ -452,13 +452,13 @@ impl super::SqliteStore {
     /// whatever its store handle does (`leasehold run`'s guard, which runs
     /// on while `run` is stopped). `None` if `path` cannot be looked up now.
     pub fn until_file_gone(path: &Path) -> Option<impl Future<Output = ()> + Send + 'static> {
-        let meta = std::fs::metadata(path).ok()?;
-        let (path, file) = (path.to_owned(), (meta.dev(), meta.ino()));
+        let file = super::FileId::of(&std::fs::metadata(path).ok()?);
+        let path = path.to_owned();
         Some(async move { until_gone(&path, file).await })
     }
 }
 
-/// Resolves once `path` no longer leads to `file` (device and inode): the
+/// Resolves once `path` no longer leads to `file`: the
 /// file deleted or moved away, another moved onto the path, a folder on
 /// the way moved or a symbolic link re-pointed. The database's folder is
 /// watched with inotify, and the whole path looked up again every
@@ -466,9 +466,9 @@ impl super::SqliteStore {
 /// a link moved), or every [`FALLBACK_PERIOD`] without inotify. A path
 /// that cannot be looked up for another reason (a permission) is not taken
 /// for gone.
-async fn until_gone(path: &Path, file: (u64, u64)) {
+async fn until_gone(path: &Path, file: super::FileId) {
     let gone = || match std::fs::metadata(path) {
-        Ok(meta) => (meta.dev(), meta.ino()) != file,
+        Ok(meta) => super::FileId::of(&meta) != file,
         Err(error) => error.kind() == std::io::ErrorKind::NotFound,
     };
     let dir = match path.parent() {

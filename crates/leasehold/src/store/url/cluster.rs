@@ -142,12 +142,7 @@ pub(super) fn check_path(cluster: Cluster, path: &str) -> Result<String, String>
     if path.is_empty() {
         return Ok(crate::store::etcd_default_prefix().to_owned());
     }
-    if path.len() > MAX_PATH_LEN {
-        return Err(format!(
-            "the {what} is {} bytes long, at most {MAX_PATH_LEN} allowed",
-            path.len()
-        ));
-    }
+    check_len(what, path.len(), MAX_PATH_LEN)?;
     for segment in path.split('/').skip(1) {
         if segment.is_empty() {
             return Err(format!("the {what} {} has an empty segment", quoted(path)));
@@ -338,12 +333,7 @@ pub(super) fn parse_cluster(
                 );
             }
             let (user, password) = parse_credentials(credentials)?;
-            if user.len() > MAX_PATH_LEN {
-                return Err(format!(
-                    "the user name is {} bytes long, at most {MAX_PATH_LEN} allowed",
-                    user.len()
-                ));
-            }
+            check_len("user name", user.len(), MAX_PATH_LEN)?;
             security.user = Some(user);
             security.password = password;
             rest

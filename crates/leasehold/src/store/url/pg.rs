@@ -186,21 +186,15 @@ impl<'a> PgUrl<'a> {
         for (what, value) in names {
             // Counted once percent-decoded, as the server gets it.
             let len = value.map_or(0, |v| percent_decode(v).len());
-            if len > NAME_LEN {
-                return Err(format!(
-                    "the {what} is {len} bytes long, at most {NAME_LEN} allowed (PostgreSQL's \
-                     limit for names)"
-                ));
-            }
+            check_len(what, len, NAME_LEN)
+                .map_err(|refused| format!("{refused} (PostgreSQL's limit for names)"))?;
         }
         for (key, value) in &self.params {
-            if value.len() > MAX_FILE_PATH_LEN {
-                return Err(format!(
-                    "parameter {} is {} bytes long, at most {MAX_FILE_PATH_LEN} allowed",
-                    quoted(key),
-                    value.len()
-                ));
-            }
+            check_len(
+                &format!("parameter {}", quoted(key)),
+                value.len(),
+                MAX_FILE_PATH_LEN,
+            )?;
         }
         Ok(())
     }

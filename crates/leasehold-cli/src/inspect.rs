@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use leasehold::{ElectionName, Leader, LeaderStatus};
+use leasehold::{ElectionName, Leader, LeaderStatus, Store};
 use serde::Serialize;
 
 use crate::cli::{ListArgs, ObserveArgs, StatusArgs};
@@ -354,15 +354,30 @@ pub async fn observe(args: ObserveArgs) -> anyhow::Result<ExitCode> {
         }
         tokio::select! {
             changed = watch.changed() => if changed.is_err() {
-                // The watch ended for good (a SQLite file replaced under
-                // this handle): the store says why on a read.
-                store.leader(election).await?;
-                anyhow::bail!("the store stopped reporting changes")
+                return Err(watch_ended(&*store, election).await);
             },
             () = group.changed() => {}
             _ = interrupt.recv() => return Ok(ExitCode::SUCCESS),
             _ = terminate.recv() => return Ok(ExitCode::SUCCESS),
         }
+    }
+}
+
+/// The end of `observe`'s watch, for good (a SQLite file replaced under
+/// its handle): a last line says the leader is unknown, with the reason
+/// the store gives on a read, which is returned.
+async fn watch_ended(store: &dyn Store, election: &ElectionName) -> anyhow::Error {
+    let error = match store.leader(election).await {
+        Err(error) => anyhow::Error::from(error),
+        Ok(_) => anyhow::anyhow!("the store stopped reporting changes"),
+    };
+    let line = Status::unknown(election, &format!("{error:#}"));
+    match serde_json::to_string(&line) {
+        Ok(line) => match print_line(&line) {
+            Ok(()) => error,
+            Err(printing) => printing,
+        },
+        Err(encoding) => encoding.into(),
     }
 }
 

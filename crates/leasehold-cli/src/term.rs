@@ -108,6 +108,10 @@ impl Term<'_> {
                     child.extend(moved).await;
                 }
                 reason = leadership.lost(), if !lost => {
+                    // The guard may have ended it while `run` was stopped.
+                    if let Some(ended) = child.ended_already().await {
+                        return (ended.status, self.term_end(why, ended, leadership));
+                    }
                     lost = true;
                     tracing::warn!(%election, %id, token, %reason, "leadership lost; killing the command");
                     child.signal_group(Signal::SIGTERM).await;
@@ -115,6 +119,10 @@ impl Term<'_> {
                     why = TermEnd::Lost(reason);
                 }
                 () = sleep_until(at_risk), if !stopping => {
+                    // The guard may have ended it while `run` was stopped.
+                    if let Some(ended) = child.ended_already().await {
+                        return (ended.status, self.term_end(why, ended, leadership));
+                    }
                     if leadership.deadline() <= deadline {
                         tracing::warn!(%election, %id, token,
                             "no renewal confirmed; asking the command to stop before the lease deadline");
@@ -124,6 +132,10 @@ impl Term<'_> {
                     }
                 }
                 () = sleep_until(kill_at.unwrap_or(deadline)), if kill_at.is_some() => {
+                    // The guard may have ended it while `run` was stopped.
+                    if let Some(ended) = child.ended_already().await {
+                        return (ended.status, self.term_end(why, ended, leadership));
+                    }
                     tracing::warn!(pgid = child.pgid, "the command did not exit in time; SIGKILL");
                     child.signal_group(Signal::SIGKILL).await;
                     kill_at = None;

@@ -62,6 +62,10 @@ pub const ARG: &str = "__guard";
 /// command's tree gone.
 const TREE_PATIENCE: Duration = Duration::from_secs(5);
 
+/// How long [`Supervised::ended_already`] gives a report that is there to
+/// be read (a line the guard writes at once).
+const REPORT_PATIENCE: Duration = Duration::from_millis(20);
+
 /// How often `run` continues its guard, should something have stopped it.
 pub const GUARD_WAKE: Duration = Duration::from_secs(1);
 
@@ -243,6 +247,33 @@ impl Supervised {
                 Ok(None) | Err(_) => return self.guard_gone().await,
             }
         }
+    }
+
+    /// The command's end, if the guard has reported it already. After
+    /// `run` was stopped (SIGSTOP) and continued, its runtime handles the
+    /// timers that fired meanwhile before it knows that the guard's socket
+    /// became readable (the kernel's wait for events returns EINTR then),
+    /// so a report that [`Supervised::wait`] would read is looked for here
+    /// directly.
+    pub async fn ended_already(&mut self) -> Option<Ended> {
+        let reader = self.reports.get_ref();
+        let mut byte = [0u8; 1];
+        let waiting = !reader.buffer().is_empty()
+            || matches!(
+                nix::sys::socket::recv(
+                    reader.get_ref().as_ref().as_raw_fd(),
+                    &mut byte,
+                    nix::sys::socket::MsgFlags::MSG_PEEK | nix::sys::socket::MsgFlags::MSG_DONTWAIT,
+                ),
+                Ok(n) if n > 0
+            );
+        if !waiting {
+            return None;
+        }
+        // A report is there: the runtime sees it at its next turn.
+        tokio::time::timeout(REPORT_PATIENCE, self.wait())
+            .await
+            .ok()
     }
 
     /// The guard was killed: `run`, a subreaper too, has inherited what was

@@ -95,6 +95,11 @@ fn a_notify_file_leasehold_did_not_create_is_refused_and_left_as_it_was() {
 /// `watch` (pids) still alive as `OVERLAP`, then appends `run TOKEN ID PID`
 /// and a grandchild's pid to billing.log and works until stopped.
 fn replica(scratch: &Scratch, id: &str, watch: &str) -> Proc {
+    replica_at(scratch, &scratch.store_url(), id, watch)
+}
+
+/// [`replica`] on the store `store`.
+fn replica_at(scratch: &Scratch, store: &str, id: &str, watch: &str) -> Proc {
     let script = r#"for p in $WATCH; do
   state=$(sed 's/.*) //' /proc/$p/stat 2>/dev/null | cut -c1)
   case "$state" in ''|Z|X) ;; *) echo "OVERLAP $p $state" >> billing.log ;; esac
@@ -106,7 +111,7 @@ wait"#;
     Proc::spawn(
         leasehold()
             .args(["run", "--election", "nightly-billing", "--ttl", "3s"])
-            .args(["--id", id, "--store", &scratch.store_url(), "--"])
+            .args(["--id", id, "--store", store, "--"])
             .args(["sh", "-c", script])
             .env("WATCH", watch)
             .current_dir(scratch.dir.path())
@@ -124,7 +129,12 @@ fn overlaps(scratch: &Scratch) -> Vec<String> {
 
 /// The leader `a` runs; returns its command's pid and grandchild's.
 fn leading(scratch: &Scratch) -> (Proc, i32, i32) {
-    let a = replica(scratch, "a", "");
+    leading_at(scratch, &scratch.store_url())
+}
+
+/// [`leading`] on the store `store`.
+fn leading_at(scratch: &Scratch, store: &str) -> (Proc, i32, i32) {
+    let a = replica_at(scratch, store, "a", "");
     assert!(
         wait_until(PATIENCE, || runs(scratch).len() == 1
             && grandchildren(scratch).len() == 1),
@@ -198,17 +208,55 @@ fn a_store_deleted_under_a_stopped_leader_stops_its_command_before_another_runs(
     );
 }
 
+/// A folder further up than the store's moved away (which inotify on the
+/// store's folder does not see) while the leader's runner is stopped, and
+/// a new folder made at its place, where another replica creates a new
+/// database at once: the first leader's guard kills its command before the
+/// new replica's command runs (before: the new file was used at once, and
+/// both commands ran, with token 1, until the guard's next look at the
+/// path, up to 250 ms later). `a`'s `run`, continued after its lease
+/// deadline, does not claim to kill the command the guard killed (before:
+/// "the command did not exit in time; SIGKILL").
+#[test]
+fn a_folder_moved_further_up_under_a_stopped_leader_stops_its_command_before_another_runs() {
+    let scratch = Scratch::new();
+    let folder = scratch.path("up").join("store");
+    std::fs::create_dir_all(&folder).expect("mkdir");
+    let store = format!("sqlite:{}", folder.join("leasehold.db").display());
+    // Past `a`'s lease deadline (TTL 3s): its timers fire once continued.
+    let a_err = under_a_stopped_leader_at(&scratch, &store, Duration::from_secs(3), || {
+        std::fs::rename(scratch.path("up"), scratch.path("elsewhere")).expect("move up");
+        std::fs::create_dir_all(&folder).expect("mkdir again");
+    });
+    assert!(
+        a_err.contains("no longer at its path"),
+        "the guard said nothing: {a_err}"
+    );
+}
+
 /// Leader `a` leads; its runner is stopped (SIGSTOP) while `change` is
 /// made to the store's files, and replica `b` is started at once: `b`'s
 /// command runs, never beside `a`'s, and `a`, continued, exits 1. `a`'s
 /// stderr.
 fn under_a_stopped_leader(scratch: &Scratch, change: impl FnOnce()) -> String {
-    let (mut a, a_child, a_grandchild) = leading(scratch);
+    under_a_stopped_leader_at(scratch, &scratch.store_url(), Duration::ZERO, change)
+}
+
+/// [`under_a_stopped_leader`] on the store `store`, `a` kept stopped for
+/// `longer` once `b` runs.
+fn under_a_stopped_leader_at(
+    scratch: &Scratch,
+    store: &str,
+    longer: Duration,
+    change: impl FnOnce(),
+) -> String {
+    let (mut a, a_child, a_grandchild) = leading_at(scratch, store);
     let pid = nix::unistd::Pid::from_raw(a.pid());
     nix::sys::signal::kill(pid, nix::sys::signal::SIGSTOP).expect("stop a");
     change();
-    let b = replica(scratch, "b", &format!("{a_child} {a_grandchild}"));
+    let b = replica_at(scratch, store, "b", &format!("{a_child} {a_grandchild}"));
     let b_ran = wait_until(PATIENCE, || runs(scratch).len() == 2);
+    std::thread::sleep(longer);
     nix::sys::signal::kill(pid, nix::sys::signal::SIGCONT).expect("continue a");
     assert!(
         b_ran,
@@ -223,6 +271,13 @@ fn under_a_stopped_leader(scratch: &Scratch, change: impl FnOnce()) -> String {
     let status = a.wait_for_exit(PATIENCE).expect("a exits");
     let a_err = std::fs::read_to_string(scratch.path("a.err")).unwrap_or_default();
     assert_eq!(status.code(), Some(1), "{a_err}");
+    // The guard killed the command; `run`, continued, does not claim to.
+    for claim in [
+        "did not exit in time",
+        "leadership lost; killing the command",
+    ] {
+        assert!(!a_err.contains(claim), "{a_err}");
+    }
     drop(b);
     a_err
 }
@@ -332,7 +387,7 @@ fn a_backup_moved_onto_the_store_under_its_replicas_is_used_once_they_are_gone()
 /// refused while that runner lives (before: it was granted at once, with
 /// the stopped leader's own token, both commands alive), and once the
 /// runner runs again it leaves (store replaced), after which the backup is
-/// used.
+/// used. The wait for it is said within a second.
 #[test]
 fn a_backup_moved_onto_the_path_of_a_stopped_leader_waits_for_it() {
     let scratch = Scratch::new();
@@ -358,9 +413,16 @@ fn a_backup_moved_onto_the_path_of_a_stopped_leader_waits_for_it() {
     }
     let (code, err) = campaign("while-a-is-stopped");
     nix::sys::signal::kill(pid, nix::sys::signal::SIGCONT).expect("continue a");
+    // The wait is said after a second (before: 5 s of silence), then the
+    // refusal in one line.
+    let (waiting, refusal) = err.split_once('\n').unwrap_or_default();
+    assert!(
+        waiting.contains("waiting for the processes that hold the notify file"),
+        "{err}"
+    );
     assert_refused(
         code,
-        &err,
+        refusal,
         "processes still use the database that was at this path before",
     );
     let status = a.wait_for_exit(PATIENCE).expect("a exits");
@@ -599,7 +661,9 @@ fn reading_a_store_that_does_not_exist_creates_nothing() {
 /// `observe` on a SQLite store whose file is deleted and created anew by
 /// another process exits 1, saying in one line that the store was
 /// replaced: that is permanent for its handle (before: it printed the
-/// leader as unknown and then waited forever).
+/// leader as unknown and then waited forever). Its last line on stdout
+/// says the leader is unknown (before: the old file's leader was the last
+/// word).
 #[test]
 fn observe_exits_when_its_store_is_replaced() {
     let scratch = Scratch::new();
@@ -647,6 +711,19 @@ fn observe_exits_when_its_store_is_replaced() {
     assert!(
         err.contains("is no longer the database file this process opened"),
         "{err}"
+    );
+    // Its last line says the leader is unknown: a reader of the lines is
+    // not left with the old file's leader.
+    let lines = read_lines(&out_path);
+    let last: serde_json::Value =
+        serde_json::from_str(lines.last().expect("lines")).expect("a JSON line");
+    assert_eq!(last["unknown"], true, "{lines:?}");
+    assert!(last["leader"].is_null(), "{lines:?}");
+    assert!(
+        last["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("store replaced")),
+        "{lines:?}"
     );
 }
 

@@ -114,6 +114,20 @@ const SIBLING_SETTLE: Duration = Duration::from_secs(2);
 /// How long creating a new database waits for the processes that still use
 /// an earlier one at the same path to stop.
 const GENERATION_WAIT: Duration = Duration::from_secs(5);
+/// When a process still waiting for [`GENERATION_WAIT`] says so: well after
+/// another's [`FIRST_USE_WAIT`].
+const GENERATION_WARN: Duration = Duration::from_secs(1);
+
+/// How long the first process to use a database file (a new one, or one
+/// that no process has open) waits, holding its `-notify` exclusively, so
+/// that nothing else uses it either, before it uses it. The `-notify` of a
+/// file that was at this path before tells of the processes still using
+/// it, unless it went with the file: when a folder on the way was moved or
+/// mounted over. The guard of a leader that used that file looks the path
+/// up every [`notify::PATH_RECHECK`] and kills its command once the path
+/// leads elsewhere: this wait lets it, before a new leader can be granted
+/// here (with token 1 again). A cold start pays it once.
+const FIRST_USE_WAIT: Duration = Duration::from_millis(300);
 
 /// The schema, version 1, created in one transaction with
 /// [`names::TABLE`]:

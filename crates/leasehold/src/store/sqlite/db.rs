@@ -253,10 +253,12 @@ impl Db {
     /// holds the lock shared from then on. The first handle of a file takes
     /// it exclusive first, a new file's or an existing one's (a backup moved
     /// onto the path): no file is used while a process still uses the file
-    /// it replaced.
+    /// it replaced, and none before [`FIRST_USE_WAIT`] has passed since the
+    /// first handle took it.
     pub(super) fn settle(&self, mut identity: Identity) -> Result<()> {
         let started = std::time::Instant::now();
         let mut pause = Duration::from_millis(2);
+        let mut warned = false;
         let lock = |exclusive| -> Result<bool> {
             let Some(notify) = &self.notify else {
                 return Ok(true);
@@ -275,28 +277,23 @@ impl Db {
                 .as_ref()
                 .is_some_and(|claim| !names::others_use(&self.file, claim));
             if lock(creating || first)? {
+                if creating || first {
+                    // Alone with the file: let the guards of a file that
+                    // was at this path before see that it is gone.
+                    std::thread::sleep(FIRST_USE_WAIT);
+                }
                 break;
             }
+            if !warned && started.elapsed() >= GENERATION_WARN {
+                warned = true;
+                tracing::warn!(
+                    path = %self.path.display(),
+                    up_to = ?GENERATION_WAIT,
+                    "waiting for the processes that hold the notify file to let go (those of a database that was at this path before, or one creating this one)"
+                );
+            }
             if started.elapsed() >= GENERATION_WAIT {
-                let shown = self.path.display();
-                return Err(Error::Unavailable {
-                    reason: if creating || first {
-                        format!(
-                            "{shown} is {}, but processes still use the database that was at \
-                             this path before (it was deleted or replaced while they had it open); \
-                             it is used only once they have stopped, which they do as soon as they \
-                             notice",
-                            if creating {
-                                "new"
-                            } else {
-                                "another file than the one they use"
-                            }
-                        )
-                    } else {
-                        format!("{shown} is still being created by another process")
-                    },
-                    source: None,
-                });
+                return Err(self.generation_refused(creating || first, creating));
             }
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(50));
@@ -314,6 +311,31 @@ impl Db {
                 e,
             )
         })
+    }
+
+    /// Why the file cannot be used after [`GENERATION_WAIT`]: an earlier
+    /// file's processes still hold the generation lock (`alone`: this
+    /// handle needed it alone), or another process still creates this one.
+    fn generation_refused(&self, alone: bool, creating: bool) -> Error {
+        let shown = self.path.display();
+        let reason = if alone {
+            format!(
+                "{shown} is {}, but processes still use the database that was at this path \
+                 before (it was deleted or replaced while they had it open); it is used only \
+                 once they have stopped, which they do as soon as they notice",
+                if creating {
+                    "new"
+                } else {
+                    "another file than the one they use"
+                }
+            )
+        } else {
+            format!("{shown} is still being created by another process")
+        };
+        Error::Unavailable {
+            reason,
+            source: None,
+        }
     }
 
     pub(super) fn create_schema(&self, identity: Identity) -> Result<()> {

@@ -506,8 +506,10 @@ async fn until_gone(path: &Path, file: super::FileId) {
 }
 
 /// How often [`until_gone`] looks the whole path up again besides
-/// inotify's events on the database's folder.
-const PATH_RECHECK: Duration = Duration::from_millis(250);
+/// inotify's events on the database's folder: a sixth of
+/// [`super::FIRST_USE_WAIT`], which must leave a guard time to look and
+/// kill. A look is one `stat` of the path.
+pub(super) const PATH_RECHECK: Duration = Duration::from_millis(50);
 
 /// The events on a folder's entries that give a name to another file or
 /// take it away.

@@ -62,7 +62,7 @@ pub async fn read_line(
 ) -> anyhow::Result<Option<Vec<leasehold::line::Standby>>> {
     match leasehold::line::line(store, election).await {
         Ok(mut line) => {
-            line.retain(|w| leader.is_none_or(|l| l.candidate != w.candidate));
+            line.retain(|w| leader.is_none_or(|l| !w.is_of(l)));
             Ok(Some(line))
         }
         Err(leasehold::Error::Unsupported(_)) => Ok(None),
@@ -516,7 +516,7 @@ impl GroupWatch {
     fn candidates(&self, leader: Option<&Leader>) -> Option<Vec<CandidateJson>> {
         let notes = self.notes.as_ref()?;
         let mut line = leasehold::line::standbys(&notes.borrow());
-        line.retain(|w| leader.is_none_or(|l| l.candidate != w.candidate));
+        line.retain(|w| leader.is_none_or(|l| !w.is_of(l)));
         Some(CandidateJson::line(&line))
     }
 

@@ -114,6 +114,7 @@ mod tests {
 
     fn leader(id: &str, token: u64) -> Leader {
         Leader {
+            session: None,
             candidate: leasehold::CandidateId::new(id).expect("valid id"),
             token: leasehold::FencingToken(token),
             expires_in: Duration::from_secs(30),

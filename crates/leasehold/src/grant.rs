@@ -40,6 +40,10 @@ pub struct Leader {
     /// How long the holder's session has left on the store's clock, when it
     /// was read.
     pub expires_in: Duration,
+    /// The holder's session, where the store tells it (not for a key
+    /// another program put without a lease): what tells two replicas given
+    /// one candidate id apart, in the line of waiting candidates.
+    pub session: Option<SessionId>,
 }
 
 impl Leader {

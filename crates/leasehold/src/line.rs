@@ -67,6 +67,18 @@ pub struct Standby {
     pub chosen_by: Option<FencingToken>,
 }
 
+impl Standby {
+    /// Whether this is `leader`'s own entry in the line: the same session,
+    /// where the store tells the leader's, else the same candidate id. A
+    /// replica given the leader's id waits in the line as another entry.
+    pub fn is_of(&self, leader: &Leader) -> bool {
+        match leader.session {
+            Some(session) => session == self.session,
+            None => self.candidate == leader.candidate,
+        }
+    }
+}
+
 fn parse_candidate(note: &Note) -> Option<Standby> {
     if note.name != CANDIDATE {
         return None;

@@ -106,7 +106,7 @@ pub async fn request_transfer(
             };
             standby.session.0.to_string()
         }
-        None if line.iter().all(|w| w.candidate == from.candidate) => {
+        None if line.iter().all(|w| w.is_of(&from)) => {
             return Err(Error::invalid(
                 "transfer",
                 format!("nobody is waiting to take over {election}"),
@@ -199,7 +199,7 @@ async fn taken_over(
 fn waiting_list(line: &[Standby], leader: &Leader) -> String {
     let waiting: Vec<&str> = line
         .iter()
-        .filter(|w| w.candidate != leader.candidate)
+        .filter(|w| !w.is_of(leader))
         .map(|w| w.candidate.as_str())
         .collect();
     if waiting.is_empty() {

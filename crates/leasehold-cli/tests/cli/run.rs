@@ -174,8 +174,8 @@ while :; do sleep 0.05; done"#;
 
 /// Two replicas given one `--id`: the second waits while the first leads
 /// (neither takes the election from the other), says that another
-/// replica holds it under the same id, and takes over with a higher token
-/// only once the first stops.
+/// replica holds it under the same id, and is shown waiting by `status`;
+/// it takes over with a higher token only once the first stops.
 #[test]
 fn two_replicas_sharing_an_id_take_turns_and_the_twin_is_named() {
     let scratch = Scratch::new();
@@ -213,6 +213,12 @@ while :; do sleep 0.05; done"#;
         "the replicas took the election from each other: {:?}",
         read_lines(&scratch.path("billing.log"))
     );
+    // `status` shows the twin waiting behind the leader of its id.
+    let status = status_json(&scratch.store_url(), "nightly-billing");
+    assert_eq!(status["leader"]["id"], "twin", "{status}");
+    let waiting = status["candidates"].as_array().cloned().unwrap_or_default();
+    assert_eq!(waiting.len(), 1, "the twin is not shown waiting: {status}");
+    assert_eq!(waiting[0]["id"], "twin", "{status}");
     a.signal(Signal::SIGTERM);
     assert!(
         wait_until(10 * SECOND, || runs(&scratch).len() == 2),

@@ -111,6 +111,7 @@ impl State {
                 candidate: grant.candidate,
                 token: grant.token,
                 expires_in,
+                session: Some(grant.session),
             })
     }
 }

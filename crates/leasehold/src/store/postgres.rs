@@ -379,7 +379,8 @@ impl Inner {
             client.query_opt(
                 &format!(
                     "SELECT e.candidate, e.token,
-                            (extract(epoch FROM h.expires_at - clock_timestamp()) * 1000)::bigint
+                            (extract(epoch FROM h.expires_at - clock_timestamp()) * 1000)::bigint,
+                            e.session
                      FROM {} e JOIN {} h ON h.id = e.session
                      WHERE e.name = $1 AND h.expires_at > clock_timestamp()",
                     self.table("elections"),
@@ -389,11 +390,17 @@ impl Inner {
             ),
         )
         .await?;
-        row.map(|row| self.leader_from(row.get(0), row.get(1), row.get(2)))
+        row.map(|row| self.leader_from(row.get(0), row.get(1), row.get(2), row.get(3)))
             .transpose()
     }
 
-    fn leader_from(&self, candidate: Option<String>, tok: i64, left_ms: i64) -> Result<Leader> {
+    fn leader_from(
+        &self,
+        candidate: Option<String>,
+        tok: i64,
+        left_ms: i64,
+        session: Option<i64>,
+    ) -> Result<Leader> {
         let candidate = candidate
             .as_deref()
             .and_then(|c| CandidateId::new(c).ok())
@@ -407,6 +414,7 @@ impl Inner {
             candidate,
             token: FencingToken::from_stored(tok),
             expires_in: from_millis(left_ms),
+            session: session.map(SessionId::from_stored),
         })
     }
 

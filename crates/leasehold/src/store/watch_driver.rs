@@ -217,6 +217,7 @@ pub(crate) fn start_held<S: Source, V: Initial>(source: S, grant: &Grant) -> wat
         candidate: grant.candidate.clone(),
         token: grant.token,
         expires_in: Duration::ZERO,
+        session: Some(grant.session),
     });
     let (tx, rx) = watch::channel(V::initial(first.clone()));
     tokio::spawn(drive(

@@ -200,6 +200,7 @@ impl EtcdStore {
                 candidate,
                 token: FencingToken::from_stored(kv.create_revision),
                 expires_in: NO_LEASE,
+                session: None,
             });
         }
         let ttl = self
@@ -216,6 +217,7 @@ impl EtcdStore {
             candidate,
             token: FencingToken::from_stored(kv.create_revision),
             expires_in: Duration::from_secs(ttl.ttl.max(0).unsigned_abs()),
+            session: Some(SessionId::from_stored(id)),
         })
     }
 

@@ -250,7 +250,7 @@ impl Store for PostgresStore {
                 &format!(
                     "SELECT e.name, e.candidate, e.token,
                             (extract(epoch FROM h.expires_at - clock_timestamp()) * 1000)::bigint,
-                            h.id IS NOT NULL
+                            h.id IS NOT NULL, e.session
                      FROM {} e LEFT JOIN {} h
                           ON h.id = e.session AND h.expires_at > clock_timestamp()
                      ORDER BY e.name",
@@ -272,7 +272,10 @@ impl Store for PostgresStore {
             })?;
             let live: bool = row.get(4);
             let leader = if live {
-                Some(self.inner.leader_from(row.get(1), row.get(2), row.get(3))?)
+                Some(
+                    self.inner
+                        .leader_from(row.get(1), row.get(2), row.get(3), row.get(5))?,
+                )
             } else {
                 None
             };

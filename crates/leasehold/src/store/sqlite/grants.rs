@@ -627,6 +627,7 @@ impl Holder {
             candidate: stored_candidate(path, self.candidate)?,
             token: FencingToken::from_stored(self.token),
             expires_in: duration_ns(self.expires_in_ns),
+            session: Some(SessionId::from_stored(self.session)),
         })
     }
 

@@ -536,6 +536,7 @@ impl Inner {
                             // ZooKeeper does not tell how long another client's
                             // session has left: the negotiated timeout bounds it.
                             expires_in: ttl,
+                            session: Some(SessionId::from_bits(stat.ephemeral_owner)),
                         }));
                     }
                     // Gone between the list and the read: list again.

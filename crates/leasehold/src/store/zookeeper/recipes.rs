@@ -304,6 +304,7 @@ impl Inner {
                         candidate: shown_id(&data),
                         token: token_of(&stat),
                         expires_in: self.expiry_estimate(client, &stat),
+                        session: Some(SessionId::from_bits(stat.ephemeral_owner)),
                     }));
                 }
                 // Gone between the list and the read: list again.

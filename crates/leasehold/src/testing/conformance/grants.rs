@@ -321,8 +321,9 @@ pub async fn a_release_by_another_session_of_one_id_changes_nothing(harness: &dy
 
 /// Two electors given the same candidate id, on their own handles: the
 /// second waits while the first leads, and the first keeps leading (it is
-/// neither released nor superseded by its twin); the second leads only
-/// after the first resigns, with a higher token.
+/// neither released nor superseded by its twin), and the line shows the
+/// twin waiting beside the leader's own entry; the second leads only after
+/// the first resigns, with a higher token.
 pub async fn two_electors_of_one_id_never_lead_together(harness: &dyn StoreHarness) {
     let election = unique_election("one-id-electors");
     let config = LeaseConfig::with_ttl(LONG_TTL);
@@ -345,6 +346,24 @@ pub async fn two_electors_of_one_id_never_lead_together(harness: &dyn StoreHarne
         !second.is_finished(),
         "rule 1 broken: the twin leads beside the leader"
     );
+    // The twin is told apart: the holder is the first's session, and the
+    // line of waiting candidates shows the twin beside it.
+    let reader = harness.open().await;
+    let leader = reader
+        .leader(&election)
+        .await
+        .expect("read")
+        .expect("a leads");
+    assert_eq!(leader.session, Some(first.grant().session));
+    // (An interop layout has no line: its recipe's order is the only one.)
+    match crate::line::line(&*reader, &election).await {
+        Ok(line) => {
+            let waiting: Vec<_> = line.iter().filter(|w| !w.is_of(&leader)).collect();
+            assert_eq!(waiting.len(), 1, "the twin is not shown waiting: {line:?}");
+        }
+        Err(Error::Unsupported(_)) => {}
+        Err(error) => panic!("the line: {error}"),
+    }
     let first_token = first.token();
     first.resign().await.expect("resign");
     let second = within("the twin takes over", second)

@@ -92,14 +92,15 @@ pub async fn request_transfer(
             if to == &from.candidate {
                 return Err(Error::invalid(
                     "transfer",
-                    format!("{to} already leads {election}"),
+                    format!("{} already leads {election}", crate::quoted(to.as_str())),
                 ));
             }
             let Some(standby) = line.iter().find(|w| &w.candidate == to) else {
                 return Err(Error::invalid(
                     "transfer",
                     format!(
-                        "{to} is not waiting for {election}{}",
+                        "{} is not waiting for {election}{}",
+                        crate::quoted(to.as_str()),
                         waiting_list(&line, &from)
                     ),
                 ));
@@ -197,14 +198,46 @@ async fn taken_over(
 }
 
 fn waiting_list(line: &[Standby], leader: &Leader) -> String {
-    let waiting: Vec<&str> = line
+    let waiting: Vec<String> = line
         .iter()
         .filter(|w| !w.is_of(leader))
-        .map(|w| w.candidate.as_str())
+        .map(|w| crate::quoted(w.candidate.as_str()))
         .collect();
     if waiting.is_empty() {
         " (nobody is waiting)".to_owned()
     } else {
         format!(" (waiting: {})", waiting.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::waiting_list;
+    use crate::grant::{FencingToken, Leader, SessionId};
+    use crate::line::Standby;
+    use crate::names::CandidateId;
+
+    /// Ids that could pass for more of the list, or for another word of
+    /// the message, are quoted (review 11: `(waiting: C, D)` was one id).
+    #[test]
+    fn the_waiting_list_quotes_each_id() {
+        let id = |s: &str| CandidateId::new(s).expect("valid id");
+        let standby = |name: &str, session: u64| Standby {
+            candidate: id(name),
+            priority: 0,
+            session: SessionId(session),
+            order: session,
+            chosen_by: None,
+        };
+        let leader = Leader {
+            candidate: id("a"),
+            token: FencingToken(1),
+            expires_in: Duration::ZERO,
+            session: Some(SessionId(1)),
+        };
+        let line = [standby("a", 1), standby("C, D", 2), standby("a", 3)];
+        assert_eq!(waiting_list(&line, &leader), r#" (waiting: "C, D", "a")"#);
     }
 }

@@ -286,6 +286,9 @@ impl Supervised {
             "the guard process is gone; killing what is left of the command's tree"
         );
         let give_up = Instant::now() + TREE_PATIENCE;
+        // Its socket closes before the kernel gives its children to `run`:
+        // once it is reaped, they are `run`'s to find.
+        let _ = tokio::time::timeout_at(give_up, self.guard.wait()).await;
         loop {
             // The group only while its leader is `run`'s (re-parented,
             // unreaped): its id is certainly the command's then.

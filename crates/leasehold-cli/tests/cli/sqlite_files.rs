@@ -45,6 +45,7 @@ fn assert_refused(code: Option<i32>, err: &str, needle: &str) {
 /// file, a symbolic link to one, a FIFO. Each is refused before anything is
 /// written, in one line that says why, and left as it was (the FIFO used to
 /// hang `campaign` forever, the others had their first byte overwritten).
+/// `status`, `list` and `observe` refuse the FIFO too.
 #[test]
 fn a_notify_file_leasehold_did_not_create_is_refused_and_left_as_it_was() {
     let scratch = Scratch::new();
@@ -89,6 +90,25 @@ fn a_notify_file_leasehold_did_not_create_is_refused_and_left_as_it_was() {
     assert!(!db.exists(), "the database was created");
     let (code, err) = campaign("own");
     assert_eq!(code, Some(0), "its own notify file is fine: {err}");
+
+    // Readers, which take no lock, refuse a FIFO in its place too (before:
+    // they waited on it forever).
+    std::fs::remove_file(&notify).expect("remove");
+    nix::unistd::mkfifo(&notify, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
+    for args in [
+        &["status", "--election", "e"][..],
+        &["list"],
+        &["observe", "--election", "e"],
+    ] {
+        let (code, err) = finish(
+            &scratch,
+            &format!("read-{}", args[0]),
+            leasehold()
+                .args(args)
+                .args(["--store", &scratch.store_url()]),
+        );
+        assert_refused(code, &err, "leasehold.db-notify is a FIFO");
+    }
 }
 
 /// `run` for `election` with a command that first records any process of
@@ -232,6 +252,47 @@ fn a_folder_moved_further_up_under_a_stopped_leader_stops_its_command_before_ano
         a_err.contains("no longer at its path"),
         "the guard said nothing: {a_err}"
     );
+}
+
+/// The same with a folder whose store is in use (another election's
+/// `observe` has it open) moved into the moved folder's place: the new
+/// replica, although not the file's first user, waits as long before its
+/// first campaign (before: it was granted at once, beside the old leader's
+/// command, with token 1; review 11).
+#[test]
+fn a_folder_whose_store_is_in_use_moved_onto_the_path_under_a_stopped_leader_waits_for_its_guard() {
+    let scratch = Scratch::new();
+    let folder = scratch.path("up").join("store");
+    let other = scratch.path("new").join("store");
+    for dir in [&folder, &other] {
+        std::fs::create_dir_all(dir).expect("mkdir");
+    }
+    let other_store = format!("sqlite:{}", other.join("leasehold.db").display());
+    let (code, err) = finish(
+        &scratch,
+        "other",
+        leasehold()
+            .args(["campaign", "-e", "other", "--hold", "0s"])
+            .args(["--store", &other_store]),
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let out = File::create(scratch.path("observe.out")).expect("stdout file");
+    let observe = Proc::spawn(
+        leasehold()
+            .args(["observe", "-e", "other", "--store", &other_store])
+            .stdout(out)
+            .stderr(Stdio::null()),
+    );
+    assert!(wait_until(PATIENCE, || !read_lines(
+        &scratch.path("observe.out")
+    )
+    .is_empty()));
+    let store = format!("sqlite:{}", folder.join("leasehold.db").display());
+    under_a_stopped_leader_at(&scratch, &store, Duration::ZERO, || {
+        std::fs::rename(scratch.path("up"), scratch.path("up.old")).expect("move up away");
+        std::fs::rename(scratch.path("new"), scratch.path("up")).expect("move new in");
+    });
+    drop(observe);
 }
 
 /// Leader `a` leads; its runner is stopped (SIGSTOP) while `change` is
@@ -602,6 +663,29 @@ fn a_symbolic_link_of_another_user_is_not_followed() {
         1,
         "files were created next to the target"
     );
+
+    // Nor a link of another user to a folder on the way (before: the
+    // database and its -notify were created in the folder it led to).
+    let folder_link = scratch.path("dir");
+    std::os::unix::fs::symlink(&private, &folder_link).expect("link");
+    std::os::unix::fs::lchown(&folder_link, Some(65534), Some(65534)).expect("give it to nobody");
+    let store = format!("sqlite:{}", folder_link.join("lease.db").display());
+    for args in [
+        &["campaign", "-e", "nightly-billing", "--hold", "1ms"][..],
+        &["status", "-e", "nightly-billing"],
+    ] {
+        let (code, err) = finish(
+            &scratch,
+            &format!("folder-{}", args[0]),
+            leasehold().args(args).args(["--store", &store]),
+        );
+        assert_refused(code, &err, "(on the way to");
+        assert_eq!(
+            std::fs::read_dir(&private).expect("ls").count(),
+            1,
+            "files were created through the folder link"
+        );
+    }
 }
 
 /// `status`, `list` and `observe` on a store that does not exist say so in

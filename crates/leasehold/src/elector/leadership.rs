@@ -200,7 +200,13 @@ impl Leadership {
             .collect();
         let target = match to {
             Some(to) => line.iter().find(|w| &w.candidate == to).ok_or_else(|| {
-                Error::invalid("transfer", format!("{to} is not waiting for {election}"))
+                Error::invalid(
+                    "transfer",
+                    format!(
+                        "{} is not waiting for {election}",
+                        crate::quoted(to.as_str())
+                    ),
+                )
             })?,
             None => line.first().ok_or_else(|| {
                 Error::invalid(
@@ -212,7 +218,10 @@ impl Leadership {
         if !line::mark_chosen(&*self.store, &election, target, self.grant.token).await? {
             return Err(Error::invalid(
                 "transfer",
-                format!("{} left the line of {election}", target.candidate),
+                format!(
+                    "{} left the line of {election}",
+                    crate::quoted(target.candidate.as_str())
+                ),
             ));
         }
         self.hand_over().await

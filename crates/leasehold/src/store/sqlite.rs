@@ -118,15 +118,15 @@ const GENERATION_WAIT: Duration = Duration::from_secs(5);
 /// another's [`FIRST_USE_WAIT`].
 const GENERATION_WARN: Duration = Duration::from_secs(1);
 
-/// How long the first process to use a database file (a new one, or one
-/// that no process has open) waits, holding its `-notify` exclusively, so
-/// that nothing else uses it either, before it uses it. The `-notify` of a
-/// file that was at this path before tells of the processes still using
-/// it, unless it went with the file: when a folder on the way was moved or
-/// mounted over. The guard of a leader that used that file looks the path
-/// up every [`notify::PATH_RECHECK`] and kills its command once the path
-/// leads elsewhere: this wait lets it, before a new leader can be granted
-/// here (with token 1 again). A cold start pays it once.
+/// How long a handle waits, from opening the file its path leads to, before
+/// its first campaign: the path may have led to another file until just
+/// before (a folder on the way moved or mounted over, taking that file's
+/// `-notify` with it), whose leader nothing here tells of — whatever
+/// processes use this file already, through this name or the folder's old
+/// one. That leader's guard looks the path up every
+/// [`notify::PATH_RECHECK`] and kills its command once the path leads
+/// elsewhere: this wait lets it, before a new leader can be granted here
+/// (with token 1 again). Waiters opened earlier campaign at once.
 const FIRST_USE_WAIT: Duration = Duration::from_millis(300);
 
 /// The schema, version 1, created in one transaction with
@@ -212,6 +212,9 @@ struct Inner {
 #[derive(Debug)]
 struct Db {
     path: PathBuf,
+    /// When this handle had found the file at its path (the end of its
+    /// opening): no grant is asked for before [`FIRST_USE_WAIT`] after.
+    opened: std::time::Instant,
     /// The symbolic link `path` was reached by, if any: it must keep
     /// naming the file too (a link pointed at another store is a
     /// replacement).
@@ -551,6 +554,8 @@ impl LocalBackend for Inner {
         candidate: &CandidateId,
         unwaited: bool,
     ) -> Result<Attempt> {
+        let first_use = tokio::time::Instant::from_std(self.db.opened + FIRST_USE_WAIT);
+        tokio::time::sleep_until(first_use).await;
         let pending =
             self.db
                 .attempt_queued(session, election.clone(), candidate.clone(), unwaited);

@@ -11,6 +11,8 @@ impl Db {
         // A notify file that leasehold did not create is refused before
         // anything is created or written.
         let mut notify = if read_only {
+            // Checked, not kept: a reader takes no lock.
+            notify::open_for_reading(path, &owners)?;
             None
         } else {
             notify::open_existing(path, &owners)?
@@ -31,6 +33,7 @@ impl Db {
         owners[0] = meta.uid();
         let mut db = Db {
             path: path.to_owned(),
+            opened: std::time::Instant::now(),
             link: None,
             conn: Mutex::new(conn),
             boot_id: boot_id(),
@@ -61,6 +64,7 @@ impl Db {
             db.take_up()?;
         }
         db.liveness = db.open_liveness();
+        db.opened = std::time::Instant::now();
         Ok(db)
     }
 
@@ -88,12 +92,10 @@ impl Db {
             // kernel (notes of waiters whose process died are not live);
             // it never takes a lock, and a session lock recorded on
             // another file is never tested.
-            None if self.read_only => {
-                let notify = sibling(&self.path, "-notify");
-                std::fs::File::open(&notify)
-                    .ok()
-                    .and_then(|file| liveness::Liveness::new(notify, &file))
-            }
+            None if self.read_only => notify::open_for_reading(&self.path, &self.owners)
+                .ok()
+                .flatten()
+                .and_then(|file| liveness::Liveness::new(notify::notify_path(&self.path), &file)),
             None => None,
         }
     }
@@ -253,8 +255,7 @@ impl Db {
     /// holds the lock shared from then on. The first handle of a file takes
     /// it exclusive first, a new file's or an existing one's (a backup moved
     /// onto the path): no file is used while a process still uses the file
-    /// it replaced, and none before [`FIRST_USE_WAIT`] has passed since the
-    /// first handle took it.
+    /// it replaced.
     pub(super) fn settle(&self, mut identity: Identity) -> Result<()> {
         let started = std::time::Instant::now();
         let mut pause = Duration::from_millis(2);
@@ -277,11 +278,6 @@ impl Db {
                 .as_ref()
                 .is_some_and(|claim| !names::others_use(&self.file, claim));
             if lock(creating || first)? {
-                if creating || first {
-                    // Alone with the file: let the guards of a file that
-                    // was at this path before see that it is gone.
-                    std::thread::sleep(FIRST_USE_WAIT);
-                }
                 break;
             }
             if !warned && started.elapsed() >= GENERATION_WARN {

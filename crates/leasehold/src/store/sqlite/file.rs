@@ -14,6 +14,24 @@ use super::*;
 /// folders).
 pub(super) fn resolve_symbolic_link(path: &Path) -> Result<PathBuf> {
     let me = nix::unistd::geteuid().as_raw();
+    // A link of another user to a folder on the way is not followed either:
+    // it could lead this user's files into a folder only it may write.
+    let mut on_the_way = PathBuf::new();
+    for part in path.parent().into_iter().flat_map(Path::components) {
+        on_the_way.push(part);
+        if let Ok(meta) = std::fs::symlink_metadata(&on_the_way)
+            && meta.file_type().is_symlink()
+            && ![0, me].contains(&meta.uid())
+        {
+            return Err(Error::Denied(format!(
+                "{} (on the way to {}) is a symbolic link that belongs to user {}, neither this \
+                 user nor root: it is not followed; nothing was written",
+                on_the_way.display(),
+                path.display(),
+                meta.uid()
+            )));
+        }
+    }
     match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_symlink() && ![0, me].contains(&meta.uid()) => {
             Err(Error::Denied(format!(

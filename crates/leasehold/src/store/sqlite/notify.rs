@@ -159,6 +159,37 @@ pub(super) fn open_existing(db_path: &Path, owners: &[u32]) -> Result<Option<Not
     }))
 }
 
+/// For a reader, which takes no lock: the `-notify` next to `db_path` if
+/// there is one, refused as [`open_existing`] refuses what leasehold did
+/// not create, opened for reading without following a link or waiting on
+/// a FIFO.
+pub(super) fn open_for_reading(db_path: &Path, owners: &[u32]) -> Result<Option<File>> {
+    let path = notify_path(db_path);
+    if !is_there(&path)? {
+        return Ok(None);
+    }
+    let flags = (OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK).bits();
+    let file = match OpenOptions::new()
+        .read(true)
+        .custom_flags(flags)
+        .open(&path)
+    {
+        Ok(file) => file,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(error) if error.raw_os_error() == Some(Errno::ELOOP as i32) => {
+            return Err(not_ours(&path, "is a symbolic link"));
+        }
+        Err(error) => {
+            return Err(Error::unavailable(
+                format!("cannot open {}: {error}", path.display()),
+                error,
+            ));
+        }
+    };
+    check_opened(&path, &file, owners)?;
+    Ok(Some(file))
+}
+
 /// Whether there is something at `path`; refuses anything but a regular
 /// file.
 fn is_there(path: &Path) -> Result<bool> {

@@ -28,6 +28,17 @@ pub(super) async fn resolve_any(what: &str, endpoints: &[String]) -> Result<()> 
     })
 }
 
+/// What a store is opened for: each store's constructors for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Access {
+    /// Everything: sessions, campaigns, notes.
+    Write,
+    /// Reading alone, creating and writing nothing ([`open_read_only`]).
+    Read,
+    /// A dead holder's release alone ([`open_to_release`]).
+    Release,
+}
+
 /// Opens the store a URL names (connecting to it, for a remote store),
 /// after checking the URL against the grammar ([`StoreUrl::validate`]).
 ///
@@ -39,72 +50,7 @@ pub(super) async fn resolve_any(what: &str, endpoints: &[String]) -> Result<()> 
 /// that takes none (`memory:`, `sqlite:`) are refused
 /// ([`StoreUrl::with_password_from_env`]).
 pub async fn open(url: &StoreUrl) -> Result<Arc<dyn Store>> {
-    url.validate()?;
-    open_checked(&url.clone().with_password_from_env()?).await
-}
-
-/// [`open`] of a URL already checked, its password from the environment
-/// already taken.
-pub(super) async fn open_checked(url: &StoreUrl) -> Result<Arc<dyn Store>> {
-    match url {
-        StoreUrl::Memory => Ok(Arc::new(MemoryStore::new())),
-        #[cfg(feature = "sqlite")]
-        StoreUrl::Sqlite(path) => Ok(Arc::new(crate::store::sqlite::SqliteStore::open(path)?)),
-        #[cfg(not(feature = "sqlite"))]
-        StoreUrl::Sqlite(_) => Err(Error::invalid(
-            "store URL",
-            "this build of leasehold has no sqlite support (cargo feature \"sqlite\")",
-        )),
-        #[cfg(feature = "etcd")]
-        StoreUrl::Etcd {
-            endpoints,
-            prefix,
-            security,
-            layout,
-        } => {
-            resolve_any("etcd", endpoints).await?;
-            Ok(Arc::new(
-                crate::store::etcd::EtcdStore::connect_with_layout(
-                    endpoints, prefix, security, *layout,
-                )
-                .await?,
-            ))
-        }
-        #[cfg(not(feature = "etcd"))]
-        StoreUrl::Etcd { .. } => Err(Error::invalid(
-            "store URL",
-            "this build of leasehold has no etcd support (cargo feature \"etcd\")",
-        )),
-        #[cfg(feature = "zookeeper")]
-        StoreUrl::ZooKeeper {
-            endpoints,
-            root,
-            security,
-            layout,
-        } => {
-            resolve_any("ZooKeeper", endpoints).await?;
-            Ok(Arc::new(
-                crate::store::zookeeper::ZkStore::connect_with_layout(
-                    endpoints, root, security, *layout,
-                )
-                .await?,
-            ))
-        }
-        #[cfg(not(feature = "zookeeper"))]
-        StoreUrl::ZooKeeper { .. } => Err(Error::invalid(
-            "store URL",
-            "this build of leasehold has no ZooKeeper support (cargo feature \"zookeeper\")",
-        )),
-        #[cfg(feature = "postgres")]
-        StoreUrl::Postgres { url, schema } => Ok(Arc::new(
-            crate::store::postgres::PostgresStore::connect(url, schema).await?,
-        )),
-        #[cfg(not(feature = "postgres"))]
-        StoreUrl::Postgres { .. } => Err(Error::invalid(
-            "store URL",
-            "this build of leasehold has no PostgreSQL support (cargo feature \"postgres\")",
-        )),
-    }
+    open_for(url, Access::Write).await
 }
 
 /// Releases `grant`, whose holder's process is known to be dead (a
@@ -122,86 +68,109 @@ pub async fn release_orphaned(url: &StoreUrl, grant: &crate::store::Grant) -> Re
 /// (see there): on PostgreSQL and ZooKeeper, without the checks of a first
 /// use and without watches.
 pub async fn open_to_release(url: &StoreUrl) -> Result<Arc<dyn Store>> {
-    url.validate()?;
-    let url = &url.clone().with_password_from_env()?;
-    Ok(match url {
-        #[cfg(feature = "zookeeper")]
-        StoreUrl::ZooKeeper {
-            endpoints,
-            root,
-            security,
-            layout,
-        } => {
-            resolve_any("ZooKeeper", endpoints).await?;
-            Arc::new(crate::store::zookeeper::ZkStore::to_release(
-                endpoints, root, security, *layout,
-            )?)
-        }
-        #[cfg(feature = "postgres")]
-        StoreUrl::Postgres { url, schema } => {
-            Arc::new(crate::store::postgres::PostgresStore::connect_to_release(url, schema).await?)
-        }
-        _ => open_checked(url).await?,
-    })
+    open_for(url, Access::Release).await
 }
 
 /// Opens the store a URL names for reading only — what `status`, `list`
 /// and `observe` need — as [`open`] does, but creating nothing and writing
 /// nothing: no file, folder, schema, node, key or marker. A store that does
 /// not exist yet is [`Error::NotFound`]; on the store returned, sessions
-/// and campaigns fail with [`Error::InvalidInput`].
-///
-/// SQLite (`SqliteStore::open_read_only`), etcd
-/// (`EtcdStore::connect_read_only`), ZooKeeper
-/// (`ZkStore::connect_read_only`) and PostgreSQL
-/// (`PostgresStore::connect_read_only`) open read-only; `memory:` is a
-/// new, empty store either way.
+/// and campaigns fail with [`Error::InvalidInput`]. `memory:` is a new,
+/// empty store either way.
 pub async fn open_read_only(url: &StoreUrl) -> Result<Arc<dyn Store>> {
+    open_for(url, Access::Read).await
+}
+
+/// The one way a URL is opened: checked, its password taken from the
+/// environment, then the store's constructor for `access`.
+#[cfg_attr(
+    not(any(
+        feature = "sqlite",
+        feature = "etcd",
+        feature = "zookeeper",
+        feature = "postgres"
+    )),
+    allow(unused_variables)
+)]
+async fn open_for(url: &StoreUrl, access: Access) -> Result<Arc<dyn Store>> {
     url.validate()?;
-    let url = &url.clone().with_password_from_env()?;
-    #[cfg(feature = "sqlite")]
-    if let StoreUrl::Sqlite(path) = url {
-        return Ok(Arc::new(crate::store::sqlite::SqliteStore::open_read_only(
-            path,
-        )?));
-    }
-    #[cfg(feature = "etcd")]
-    if let StoreUrl::Etcd {
-        endpoints,
-        prefix,
-        security,
-        layout,
-    } = url
-    {
-        resolve_any("etcd", endpoints).await?;
-        return Ok(Arc::new(
-            crate::store::etcd::EtcdStore::connect_read_only_with_layout(
-                endpoints, prefix, security, *layout,
-            )
-            .await?,
-        ));
-    }
-    #[cfg(feature = "zookeeper")]
-    if let StoreUrl::ZooKeeper {
-        endpoints,
-        root,
-        security,
-        layout,
-    } = url
-    {
-        resolve_any("ZooKeeper", endpoints).await?;
-        return Ok(Arc::new(
-            crate::store::zookeeper::ZkStore::connect_read_only_with_layout(
-                endpoints, root, security, *layout,
-            )
-            .await?,
-        ));
-    }
-    #[cfg(feature = "postgres")]
-    if let StoreUrl::Postgres { url, schema } = url {
-        return Ok(Arc::new(
-            crate::store::postgres::PostgresStore::connect_read_only(url, schema).await?,
-        ));
-    }
-    open(url).await
+    let url = url.clone().with_password_from_env()?;
+    Ok(match &url {
+        StoreUrl::Memory => Arc::new(MemoryStore::new()),
+        #[cfg(feature = "sqlite")]
+        StoreUrl::Sqlite(path) => {
+            use crate::store::sqlite::SqliteStore;
+            Arc::new(match access {
+                Access::Read => SqliteStore::open_read_only(path)?,
+                Access::Write | Access::Release => SqliteStore::open(path)?,
+            })
+        }
+        #[cfg(feature = "etcd")]
+        StoreUrl::Etcd {
+            endpoints: e,
+            prefix: p,
+            security: s,
+            layout: l,
+        } => {
+            use crate::store::etcd::EtcdStore;
+            resolve_any("etcd", e).await?;
+            Arc::new(match access {
+                Access::Read => EtcdStore::connect_read_only_with_layout(e, p, s, *l).await?,
+                Access::Write | Access::Release => {
+                    EtcdStore::connect_with_layout(e, p, s, *l).await?
+                }
+            })
+        }
+        #[cfg(feature = "zookeeper")]
+        StoreUrl::ZooKeeper {
+            endpoints: e,
+            root: r,
+            security: s,
+            layout: l,
+        } => {
+            use crate::store::zookeeper::ZkStore;
+            resolve_any("ZooKeeper", e).await?;
+            Arc::new(match access {
+                Access::Write => ZkStore::connect_with_layout(e, r, s, *l).await?,
+                Access::Read => ZkStore::connect_read_only_with_layout(e, r, s, *l).await?,
+                Access::Release => ZkStore::to_release(e, r, s, *l)?,
+            })
+        }
+        #[cfg(feature = "postgres")]
+        StoreUrl::Postgres { url, schema } => {
+            use crate::store::postgres::PostgresStore;
+            Arc::new(match access {
+                Access::Write => PostgresStore::connect(url, schema).await?,
+                Access::Read => PostgresStore::connect_read_only(url, schema).await?,
+                Access::Release => PostgresStore::connect_to_release(url, schema).await?,
+            })
+        }
+        #[cfg(not(all(
+            feature = "sqlite",
+            feature = "etcd",
+            feature = "zookeeper",
+            feature = "postgres"
+        )))]
+        other => return Err(not_built(other)),
+    })
+}
+
+/// A store this build was compiled without.
+#[cfg(not(all(
+    feature = "sqlite",
+    feature = "etcd",
+    feature = "zookeeper",
+    feature = "postgres"
+)))]
+fn not_built(url: &StoreUrl) -> Error {
+    let (name, feature) = match url {
+        StoreUrl::Sqlite(_) => ("sqlite", "sqlite"),
+        StoreUrl::Etcd { .. } => ("etcd", "etcd"),
+        StoreUrl::ZooKeeper { .. } => ("ZooKeeper", "zookeeper"),
+        StoreUrl::Memory | StoreUrl::Postgres { .. } => ("PostgreSQL", "postgres"),
+    };
+    Error::invalid(
+        "store URL",
+        format!("this build of leasehold has no {name} support (cargo feature \"{feature}\")"),
+    )
 }

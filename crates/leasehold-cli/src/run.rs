@@ -336,11 +336,11 @@ impl Runner {
                 tracing::warn!(%election, %id, token = token.0, %reason, status = code, "stepped down; campaigning again");
                 Next::Campaign
             }
-            TermEnd::AtRisk => {
+            TermEnd::AtRisk(reason) => {
                 self.metrics.stepped_down(StepDown::AtRisk);
                 // Stepped down now; the release (which the failing store
                 // may not answer before its timeout) comes after.
-                tracing::warn!(%election, %id, token = token.0, reason = "renewals failing; stopped before the lease deadline", status = code, "stepped down; campaigning again");
+                tracing::warn!(%election, %id, token = token.0, reason, status = code, "stepped down; campaigning again");
                 release(leadership).await;
                 Next::Campaign
             }

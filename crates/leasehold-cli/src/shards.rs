@@ -317,12 +317,13 @@ async fn run_term(
             drop(shard);
             (StepDown::from_lost(&reason), Ok(()))
         }
-        TermEnd::AtRisk => {
+        TermEnd::AtRisk(reason) => {
             tracing::warn!(
                 shard = index,
                 token = token.0,
                 status = code,
-                "renewals failing; shard given up before the lease deadline"
+                reason,
+                "shard given up before the lease deadline"
             );
             // Not asked for again at once: the lease is what is at risk.
             (StepDown::AtRisk, shard.release_for(RETRY_JOIN).await)

@@ -31,8 +31,9 @@ pub enum TermEnd {
     Exited,
     /// Leadership was lost; the command was killed.
     Lost(LostReason),
-    /// Renewals were failing; the command was stopped before the deadline.
-    AtRisk,
+    /// The command was stopped before the lease deadline, for this reason
+    /// (renewals failing, or the guard killed it on its own).
+    AtRisk(&'static str),
     /// `run` was told to stop by this signal; it was forwarded (SIGHUP and
     /// SIGPWR as SIGTERM).
     Stopped(Signal),
@@ -43,6 +44,9 @@ pub enum TermEnd {
     /// command was stopped as for SIGTERM, then the shard is released.
     Moved,
 }
+
+/// Why a command is stopped before the lease deadline when renewals fail.
+pub const RENEWALS_FAILING: &str = "renewals failing; stopped before the lease deadline";
 
 /// What, besides leadership itself, may act on a term's command.
 pub enum Request {
@@ -128,7 +132,7 @@ impl Term<'_> {
                             "no renewal confirmed; asking the command to stop before the lease deadline");
                         child.signal_group(Signal::SIGTERM).await;
                         kill_at = Some(deadline);
-                        why = TermEnd::AtRisk;
+                        why = TermEnd::AtRisk(RENEWALS_FAILING);
                     }
                 }
                 () = sleep_until(kill_at.unwrap_or(deadline)), if kill_at.is_some() => {
@@ -186,13 +190,13 @@ impl Term<'_> {
         if let Some(reason) = leadership.lost_reason() {
             return TermEnd::Lost(reason);
         }
-        if ended.at_deadline {
-            // Still leader, yet the guard saw the deadline it knew pass:
-            // the renewal was confirmed too late to tell it. Step down all
-            // the same (release, campaign again): the command is gone.
-            tracing::warn!(%election, %id, token,
-                "the guard killed the command at the lease deadline: this runner did not tell it of a renewal in time");
-            return TermEnd::AtRisk;
+        if let Some(kill) = ended.killed {
+            // Still leader, yet the guard killed the command on its own: it
+            // saw the deadline it knew pass (the renewal was confirmed too
+            // late to tell it), or the store's file gone. Step down all the
+            // same (release, campaign again): the command is gone.
+            tracing::warn!(%election, %id, token, "{}", kill.reason());
+            return TermEnd::AtRisk(kill.reason());
         }
         if ended.guard_lost {
             tracing::warn!(%election, %id, token,

@@ -51,6 +51,7 @@ use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::time::Instant;
 
 pub use process::{by_hand, main};
+pub use protocol::GuardKill;
 use protocol::{Order, Report};
 
 use crate::signals::AnySignal;
@@ -132,9 +133,8 @@ pub struct Supervised {
 #[derive(Debug, Clone, Copy)]
 pub struct Ended {
     pub status: ExitStatus,
-    /// The guard killed it at the lease deadline (the runner did not
-    /// confirm a renewal in time).
-    pub at_deadline: bool,
+    /// The guard killed it on its own, and why.
+    pub killed: Option<GuardKill>,
     /// The guard was killed; `run` killed the command's tree itself.
     pub guard_lost: bool,
 }
@@ -231,13 +231,10 @@ impl Supervised {
     pub async fn wait(&mut self) -> Ended {
         loop {
             match self.report().await {
-                Ok(Some(Report::Exited {
-                    status,
-                    at_deadline,
-                })) => {
+                Ok(Some(Report::Exited { status, killed })) => {
                     return Ended {
                         status: ExitStatus::from_raw(status),
-                        at_deadline,
+                        killed,
                         guard_lost: false,
                     };
                 }
@@ -316,7 +313,7 @@ impl Supervised {
         }
         Ended {
             status: ExitStatus::from_raw(Signal::SIGKILL as i32),
-            at_deadline: false,
+            killed: None,
             guard_lost: true,
         }
     }

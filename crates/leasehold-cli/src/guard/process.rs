@@ -19,7 +19,7 @@ use tokio::net::unix::OwnedWriteHalf;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::time::{Instant, sleep, sleep_until};
 
-use super::protocol::{Order, Report};
+use super::protocol::{GuardKill, Order, Report};
 use super::tree;
 use super::{FDS_ENV, LOG_ENV, TREE_PATIENCE};
 
@@ -169,7 +169,8 @@ struct Guard {
     reported: bool,
     /// `run` ended the term itself.
     done: bool,
-    killed_at_deadline: bool,
+    /// Why the guard killed the command on its own, if it did.
+    killed: Option<GuardKill>,
 }
 
 impl Guard {
@@ -250,7 +251,7 @@ impl Guard {
         );
         tracing::warn!(%election, %id, token, pgid = self.leader.unwrap_or(0),
             "the lease deadline passed and `leasehold run` confirmed no renewal (it is stopped or stuck): killing the command");
-        self.killed_at_deadline = true;
+        self.killed = Some(GuardKill::Deadline);
         self.kill_tree().await;
         self.reap_and_report(write).await;
     }
@@ -263,7 +264,7 @@ impl Guard {
         let path = self.store_file.take().unwrap_or_default();
         tracing::warn!(%election, token, path = %path.display(),
             "the store's database file is no longer at its path (deleted, moved or replaced): a replica may be granted the election there now; killing the command");
-        self.killed_at_deadline = true;
+        self.killed = Some(GuardKill::StoreGone);
         self.kill_tree().await;
         self.reap_and_report(write).await;
     }
@@ -357,7 +358,7 @@ impl Guard {
             write,
             &Report::Exited {
                 status,
-                at_deadline: self.killed_at_deadline,
+                killed: self.killed,
             },
         )
         .await;

@@ -46,10 +46,42 @@ pub enum Report {
     /// The command could not be started.
     Failed(String),
     /// The command and everything it started are gone. `status` is the
-    /// command's wait status (as `waitpid` gives it); `at_deadline` when the
-    /// guard killed it because the lease deadline passed without `run`
-    /// confirming a renewal.
-    Exited { status: i32, at_deadline: bool },
+    /// command's wait status (as `waitpid` gives it); `killed` when the
+    /// guard killed it on its own, and why.
+    Exited {
+        status: i32,
+        killed: Option<GuardKill>,
+    },
+}
+
+/// Why the guard killed the command on its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GuardKill {
+    /// The lease deadline passed without `run` confirming a renewal.
+    Deadline,
+    /// The SQLite store's database file is no longer at its path.
+    StoreGone,
+}
+
+impl GuardKill {
+    fn word(self) -> &'static str {
+        match self {
+            GuardKill::Deadline => "deadline",
+            GuardKill::StoreGone => "store-gone",
+        }
+    }
+
+    /// What `run` says of it when it steps down.
+    pub fn reason(self) -> &'static str {
+        match self {
+            GuardKill::Deadline => {
+                "the guard killed the command at the lease deadline: this runner did not tell it of a renewal in time"
+            }
+            GuardKill::StoreGone => {
+                "the guard killed the command: the store's database file is no longer at its path"
+            }
+        }
+    }
 }
 
 pub fn hex(bytes: &[u8]) -> String {
@@ -265,13 +297,10 @@ impl Report {
         match self {
             Report::Started(pid) => format!("started {pid}"),
             Report::Failed(message) => format!("failed {}", hex(message.as_bytes())),
-            Report::Exited {
-                status,
-                at_deadline,
-            } => format!(
-                "exited {status}{}",
-                if *at_deadline { " deadline" } else { "" }
-            ),
+            Report::Exited { status, killed } => match killed {
+                Some(kill) => format!("exited {status} {}", kill.word()),
+                None => format!("exited {status}"),
+            },
         }
     }
 
@@ -282,15 +311,18 @@ impl Report {
             "failed" => Report::Failed(unhex_string(words.next()?)?),
             "exited" => {
                 let status = words.next()?.parse().ok()?;
-                let at_deadline = match words.next() {
-                    None => false,
-                    Some("deadline") => true,
-                    Some(_) => return None,
+                let killed = match words.next() {
+                    None => None,
+                    Some(word) => Some(
+                        [GuardKill::Deadline, GuardKill::StoreGone]
+                            .into_iter()
+                            .find(|k| k.word() == word)?,
+                    ),
                 };
-                return words.next().is_none().then_some(Report::Exited {
-                    status,
-                    at_deadline,
-                });
+                return words
+                    .next()
+                    .is_none()
+                    .then_some(Report::Exited { status, killed });
             }
             _ => return None,
         };
@@ -364,11 +396,15 @@ mod tests {
             Report::Failed("no such file\nor directory".into()),
             Report::Exited {
                 status: 9,
-                at_deadline: true,
+                killed: Some(GuardKill::Deadline),
+            },
+            Report::Exited {
+                status: 9,
+                killed: Some(GuardKill::StoreGone),
             },
             Report::Exited {
                 status: 256,
-                at_deadline: false,
+                killed: None,
             },
         ] {
             assert_eq!(Report::parse(&report.line()), Some(report));

@@ -336,6 +336,7 @@ fn under_a_stopped_leader_at(
     for claim in [
         "did not exit in time",
         "leadership lost; killing the command",
+        "killed the command at the lease deadline",
     ] {
         assert!(!a_err.contains(claim), "{a_err}");
     }

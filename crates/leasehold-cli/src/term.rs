@@ -9,7 +9,7 @@ use leasehold::{CandidateId, ElectionName, Handover, Leadership, LostReason};
 use nix::sys::signal::Signal;
 use tokio::time::{Instant, sleep_until};
 
-use crate::guard::{Ended, GUARD_WAKE, Supervised};
+use crate::guard::{Ended, GUARD_WAKE, GuardKill, Supervised};
 use crate::signals::{AnySignal, forwarded_as};
 
 /// Exit status when the command could not be started.
@@ -44,6 +44,20 @@ pub enum TermEnd {
     /// command was stopped as for SIGTERM, then the shard is released.
     Moved,
 }
+
+/// Returns from [`Term::supervise`] if the guard has reported the
+/// command's end already: it may have ended it while `run` was stopped,
+/// and a timer that fired meanwhile must not act as if it ran.
+macro_rules! ended_already {
+    ($term:expr, $child:expr, $why:expr, $leadership:expr) => {
+        if let Some(ended) = $child.ended_already().await {
+            return (ended.status, $term.term_end($why, ended, $leadership));
+        }
+    };
+}
+
+/// Why `run` kills a command whose SQLite store's file is gone from its path.
+const STORE_GONE: &str = "the store's database file is no longer at its path";
 
 /// Why a command is stopped before the lease deadline when renewals fail.
 pub const RENEWALS_FAILING: &str = "renewals failing; stopped before the lease deadline";
@@ -100,6 +114,7 @@ impl Term<'_> {
         let mut kill_at: Option<Instant> = None;
         let mut lost = false;
         let mut wake_guard = tokio::time::interval(GUARD_WAKE);
+        let mut store_gone = child.store_gone();
         loop {
             let deadline = leadership.deadline();
             let at_risk = deadline.checked_sub(lead).unwrap_or(deadline);
@@ -111,11 +126,15 @@ impl Term<'_> {
                 moved = leadership.deadline_after(deadline), if !lost => {
                     child.extend(moved).await;
                 }
+                () = &mut store_gone, if !lost => {
+                    ended_already!(self, child, why, leadership);
+                    lost = true;
+                    tracing::warn!(%election, %id, token, "{}; killing the command", STORE_GONE);
+                    child.signal_group(Signal::SIGKILL).await;
+                    why = TermEnd::AtRisk(STORE_GONE);
+                }
                 reason = leadership.lost(), if !lost => {
-                    // The guard may have ended it while `run` was stopped.
-                    if let Some(ended) = child.ended_already().await {
-                        return (ended.status, self.term_end(why, ended, leadership));
-                    }
+                    ended_already!(self, child, why, leadership);
                     lost = true;
                     tracing::warn!(%election, %id, token, %reason, "leadership lost; killing the command");
                     child.signal_group(Signal::SIGTERM).await;
@@ -123,10 +142,7 @@ impl Term<'_> {
                     why = TermEnd::Lost(reason);
                 }
                 () = sleep_until(at_risk), if !stopping => {
-                    // The guard may have ended it while `run` was stopped.
-                    if let Some(ended) = child.ended_already().await {
-                        return (ended.status, self.term_end(why, ended, leadership));
-                    }
+                    ended_already!(self, child, why, leadership);
                     if leadership.deadline() <= deadline {
                         tracing::warn!(%election, %id, token,
                             "no renewal confirmed; asking the command to stop before the lease deadline");
@@ -136,10 +152,7 @@ impl Term<'_> {
                     }
                 }
                 () = sleep_until(kill_at.unwrap_or(deadline)), if kill_at.is_some() => {
-                    // The guard may have ended it while `run` was stopped.
-                    if let Some(ended) = child.ended_already().await {
-                        return (ended.status, self.term_end(why, ended, leadership));
-                    }
+                    ended_already!(self, child, why, leadership);
                     tracing::warn!(pgid = child.pgid, "the command did not exit in time; SIGKILL");
                     child.signal_group(Signal::SIGKILL).await;
                     kill_at = None;
@@ -186,6 +199,12 @@ impl Term<'_> {
         let (election, id, token) = (self.election, self.id, leadership.token().0);
         if !matches!(why, TermEnd::Exited) {
             return why;
+        }
+        // The guard ended it because the store's file is gone: that is why,
+        // even if the lease ran out since (`run` was stopped).
+        if let Some(kill @ GuardKill::StoreGone) = ended.killed {
+            tracing::warn!(%election, %id, token, "{}", kill.reason());
+            return TermEnd::AtRisk(kill.reason());
         }
         if let Some(reason) = leadership.lost_reason() {
             return TermEnd::Lost(reason);

@@ -41,6 +41,7 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 use anyhow::Context;
+use leasehold::store::sqlite::SqliteStore;
 use leasehold::{Grant, StoreUrl};
 use nix::sys::signal::{Signal, kill};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
@@ -127,6 +128,29 @@ pub struct Supervised {
     control: OwnedWriteHalf,
     reports: Lines<BufReader<OwnedReadHalf>>,
     deadline: Instant,
+    /// Resolves once a SQLite store's file is gone from its path (see
+    /// [`Supervised::store_gone`]).
+    store_gone: Option<StoreGone>,
+}
+
+/// A future that resolves once a SQLite store's file is gone from its path.
+pub struct StoreGone(std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>);
+
+impl std::fmt::Debug for StoreGone {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StoreGone")
+    }
+}
+
+impl std::future::Future for StoreGone {
+    type Output = ();
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        self.0.as_mut().poll(cx)
+    }
 }
 
 /// How the command ended.
@@ -157,6 +181,12 @@ impl Supervised {
             .id()
             .and_then(|id| i32::try_from(id).ok())
             .map(Pid::from_raw);
+        let store_gone = match launch.store {
+            StoreUrl::Sqlite(path) => {
+                SqliteStore::until_file_gone(path).map(|f| StoreGone(Box::pin(f)))
+            }
+            _ => None,
+        };
         let mut supervised = Supervised {
             pgid: 0,
             guard_pid,
@@ -165,6 +195,7 @@ impl Supervised {
             control,
             reports: BufReader::new(reports).lines(),
             deadline: launch.deadline,
+            store_gone,
         };
         let mut orders = vec![
             Order::Store(launch.store.clone()),
@@ -244,6 +275,16 @@ impl Supervised {
                 Ok(None) | Err(_) => return self.guard_gone().await,
             }
         }
+    }
+
+    /// Resolves once the SQLite store's file is gone from its path (never,
+    /// for another store): `run` watches the path as its guard does, so
+    /// that either kills the command at once while the other is stopped.
+    /// Taken once.
+    pub fn store_gone(&mut self) -> StoreGone {
+        self.store_gone
+            .take()
+            .unwrap_or_else(|| StoreGone(Box::pin(std::future::pending())))
     }
 
     /// The command's end, if the guard has reported it already. After
@@ -359,6 +400,8 @@ impl Supervised {
     #[allow(unsafe_code)]
     async fn send_signal(&mut self, number: i32) {
         if self.guard_alive && self.tell(&Order::Signal(number)).await.is_ok() {
+            // A stopped guard would act on it only once continued.
+            self.wake_guard();
             return;
         }
         self.guard_alive = false;

@@ -194,7 +194,13 @@ fn a_deleted_store_stops_its_leader_before_another_replica_runs() {
     let status = a.wait_for_exit(PATIENCE).expect("a exits");
     assert_eq!(status.code(), Some(1));
     let a_err = std::fs::read_to_string(scratch.path("a.err")).unwrap_or_default();
-    assert!(a_err.contains("leadership lost"), "{a_err}");
+    // Whichever sees it first: its store handle (leadership lost), or its
+    // watch of the path.
+    assert!(
+        a_err.contains("leadership lost")
+            || a_err.contains("no longer at its path; killing the command"),
+        "{a_err}"
+    );
     // "(it was deleted or moved away)", or "(another file is there now)"
     // if b created its file first.
     assert!(
@@ -236,7 +242,8 @@ fn a_store_deleted_under_a_stopped_leader_stops_its_command_before_another_runs(
 /// both commands ran, with token 1, until the guard's next look at the
 /// path, up to 250 ms later). `a`'s `run`, continued after its lease
 /// deadline, does not claim to kill the command the guard killed (before:
-/// "the command did not exit in time; SIGKILL").
+/// "the command did not exit in time; SIGKILL") and steps down giving the
+/// guard's reason.
 #[test]
 fn a_folder_moved_further_up_under_a_stopped_leader_stops_its_command_before_another_runs() {
     let scratch = Scratch::new();
@@ -251,6 +258,12 @@ fn a_folder_moved_further_up_under_a_stopped_leader_stops_its_command_before_ano
     assert!(
         a_err.contains("no longer at its path"),
         "the guard said nothing: {a_err}"
+    );
+    // `run` gives the true reason, though its lease ran out meanwhile
+    // (before: "lease deadline passed without a confirmed renewal").
+    assert!(
+        a_err.contains("the guard killed the command: the store's database file"),
+        "{a_err}"
     );
 }
 
@@ -293,6 +306,49 @@ fn a_folder_whose_store_is_in_use_moved_onto_the_path_under_a_stopped_leader_wai
         std::fs::rename(scratch.path("new"), scratch.path("up")).expect("move new in");
     });
     drop(observe);
+}
+
+/// The same with the leader's guard stopped (SIGSTOP) instead of its
+/// runner: `run` watches the path as its guard does, kills the command
+/// through the guard and continues it (before: `run` said it was killing
+/// the command, which ran on beside the new leader's, with token 1, until
+/// `run` continued the guard, up to a second later; review 12).
+#[test]
+fn a_folder_moved_further_up_under_a_stopped_guard_stops_its_command_before_another_runs() {
+    let scratch = Scratch::new();
+    let folder = scratch.path("up").join("store");
+    std::fs::create_dir_all(&folder).expect("mkdir");
+    let store = format!("sqlite:{}", folder.join("leasehold.db").display());
+    let (mut a, a_child, a_grandchild) = leading_at(&scratch, &store);
+    let stat = std::fs::read_to_string(format!("/proc/{a_child}/stat")).expect("stat");
+    let parent: i32 = stat
+        .rsplit(") ")
+        .next()
+        .and_then(|rest| rest.split(' ').nth(1))
+        .and_then(|ppid| ppid.parse().ok())
+        .expect("the command's parent");
+    let guard = nix::unistd::Pid::from_raw(parent);
+    nix::sys::signal::kill(guard, nix::sys::signal::SIGSTOP).expect("stop the guard");
+    std::fs::rename(scratch.path("up"), scratch.path("elsewhere")).expect("move up");
+    std::fs::create_dir_all(&folder).expect("mkdir again");
+    let b = replica_at(&scratch, &store, "b", &format!("{a_child} {a_grandchild}"));
+    let b_ran = wait_until(PATIENCE, || runs(&scratch).len() == 2);
+    let _ = nix::sys::signal::kill(guard, nix::sys::signal::SIGCONT);
+    assert!(
+        b_ran,
+        "b never ran: {}",
+        std::fs::read_to_string(scratch.path("b.err")).unwrap_or_default()
+    );
+    assert_eq!(
+        overlaps(&scratch),
+        Vec::<String>::new(),
+        "two leaders at once"
+    );
+    let status = a.wait_for_exit(PATIENCE).expect("a exits");
+    let a_err = std::fs::read_to_string(scratch.path("a.err")).unwrap_or_default();
+    assert_eq!(status.code(), Some(1), "{a_err}");
+    assert!(a_err.contains("no longer at its path"), "{a_err}");
+    drop(b);
 }
 
 /// Leader `a` leads; its runner is stopped (SIGSTOP) while `change` is

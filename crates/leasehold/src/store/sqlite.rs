@@ -278,55 +278,6 @@ impl FileId {
     }
 }
 
-impl Drop for Db {
-    /// A handle that did not write leasehold's database (read-only, or it
-    /// refused the file) closes without checkpointing and removes the
-    /// `-wal` (if empty) and `-shm` its connection created, once no SQLite
-    /// connection uses the database: the folder is left as it was.
-    fn drop(&mut self) {
-        let Ok(placeholder) = Connection::open_in_memory() else {
-            return;
-        };
-        let conn = std::mem::replace(
-            self.conn.get_mut().unwrap_or_else(|p| p.into_inner()),
-            placeholder,
-        );
-        if self.verified {
-            // The last handle of this name empties its -wal into the file
-            // and then removes its record: another name may be used after.
-            if !self.read_only
-                && !self.replaced.is_cancelled()
-                && let Some(claim) = &self.claim
-            {
-                names::release(&conn, &self.file, claim, &self.path);
-            }
-            return;
-        }
-        drop(conn);
-        let created: Vec<PathBuf> = [("-wal", self.wal_existed), ("-shm", self.shm_existed)]
-            .into_iter()
-            .filter(|(_, existed)| !existed)
-            .filter_map(|(suffix, _)| {
-                let path = sibling(&self.path, suffix);
-                let meta = std::fs::symlink_metadata(&path).ok()?;
-                (meta.is_file() && (suffix == "-shm" || meta.len() == 0)).then_some(path)
-            })
-            .collect();
-        // Only while this handle's file is still at the path, and no
-        // connection (in any process) uses it.
-        let still_here = std::fs::metadata(&self.path).is_ok_and(|m| FileId::of(&m) == self.id);
-        if created.is_empty() || !still_here || !lock_unused(&self.file, true) {
-            return;
-        }
-        for path in created {
-            if let Err(error) = std::fs::remove_file(&path) {
-                tracing::debug!(path = %path.display(), %error, "could not remove a file SQLite created");
-            }
-        }
-        lock_unused(&self.file, false);
-    }
-}
-
 impl SqliteStore {
     /// Opens (creating if needed) the database at `path`.
     ///

@@ -10,13 +10,7 @@ impl Db {
         let mut owners = [existing.as_ref().map_or(me, MetadataExt::uid), me];
         // A notify file that leasehold did not create is refused before
         // anything is created or written.
-        let mut notify = if read_only {
-            // Checked, not kept: a reader takes no lock.
-            notify::open_for_reading(path, &owners)?;
-            None
-        } else {
-            notify::open_existing(path, &owners)?
-        };
+        let mut notify = notify::checked(path, &owners, read_only)?;
         let exists = |suffix: &str| std::fs::symlink_metadata(sibling(path, suffix)).is_ok();
         check_siblings(path, &owners)?;
         let (wal_existed, shm_existed) = (exists("-wal"), exists("-shm"));
@@ -549,4 +543,53 @@ fn refuse_to_create_the_shm(path: &Path) -> Result<()> {
          (`leasehold run`) as the owner, which creates it",
         shown = path.display()
     )))
+}
+
+impl Drop for Db {
+    /// A handle that did not write leasehold's database (read-only, or it
+    /// refused the file) closes without checkpointing and removes the
+    /// `-wal` (if empty) and `-shm` its connection created, once no SQLite
+    /// connection uses the database: the folder is left as it was.
+    fn drop(&mut self) {
+        let Ok(placeholder) = Connection::open_in_memory() else {
+            return;
+        };
+        let conn = std::mem::replace(
+            self.conn.get_mut().unwrap_or_else(|p| p.into_inner()),
+            placeholder,
+        );
+        if self.verified {
+            // The last handle of this name empties its -wal into the file
+            // and then removes its record: another name may be used after.
+            if !self.read_only
+                && !self.replaced.is_cancelled()
+                && let Some(claim) = &self.claim
+            {
+                names::release(&conn, &self.file, claim, &self.path);
+            }
+            return;
+        }
+        drop(conn);
+        let created: Vec<PathBuf> = [("-wal", self.wal_existed), ("-shm", self.shm_existed)]
+            .into_iter()
+            .filter(|(_, existed)| !existed)
+            .filter_map(|(suffix, _)| {
+                let path = sibling(&self.path, suffix);
+                let meta = std::fs::symlink_metadata(&path).ok()?;
+                (meta.is_file() && (suffix == "-shm" || meta.len() == 0)).then_some(path)
+            })
+            .collect();
+        // Only while this handle's file is still at the path, and no
+        // connection (in any process) uses it.
+        let still_here = std::fs::metadata(&self.path).is_ok_and(|m| FileId::of(&m) == self.id);
+        if created.is_empty() || !still_here || !lock_unused(&self.file, true) {
+            return;
+        }
+        for path in created {
+            if let Err(error) = std::fs::remove_file(&path) {
+                tracing::debug!(path = %path.display(), %error, "could not remove a file SQLite created");
+            }
+        }
+        lock_unused(&self.file, false);
+    }
 }

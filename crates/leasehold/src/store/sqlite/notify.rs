@@ -159,6 +159,21 @@ pub(super) fn open_existing(db_path: &Path, owners: &[u32]) -> Result<Option<Not
     }))
 }
 
+/// The `-notify` next to `db_path` that a writer uses, if there is one; for
+/// a reader, which takes no lock, `None` once it is checked. Either way
+/// one that leasehold did not create is refused.
+pub(super) fn checked(
+    db_path: &Path,
+    owners: &[u32],
+    read_only: bool,
+) -> Result<Option<NotifyFile>> {
+    if read_only {
+        open_for_reading(db_path, owners)?;
+        return Ok(None);
+    }
+    open_existing(db_path, owners)
+}
+
 /// For a reader, which takes no lock: the `-notify` next to `db_path` if
 /// there is one, refused as [`open_existing`] refuses what leasehold did
 /// not create, opened for reading without following a link or waiting on

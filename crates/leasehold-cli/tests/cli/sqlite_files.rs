@@ -247,14 +247,10 @@ fn a_store_deleted_under_a_stopped_leader_stops_its_command_before_another_runs(
 #[test]
 fn a_folder_moved_further_up_under_a_stopped_leader_stops_its_command_before_another_runs() {
     let scratch = Scratch::new();
-    let folder = scratch.path("up").join("store");
-    std::fs::create_dir_all(&folder).expect("mkdir");
-    let store = format!("sqlite:{}", folder.join("leasehold.db").display());
+    let (store, move_up) = under_a_folder_further_up(&scratch);
     // Past `a`'s lease deadline (TTL 3s): its timers fire once continued.
-    let a_err = under_a_stopped_leader_at(&scratch, &store, Duration::from_secs(3), || {
-        std::fs::rename(scratch.path("up"), scratch.path("elsewhere")).expect("move up");
-        std::fs::create_dir_all(&folder).expect("mkdir again");
-    });
+    let longer = Duration::from_secs(3);
+    let a_err = under_a_stopped(&scratch, &store, Stopped::Runner, longer, move_up);
     assert!(
         a_err.contains("no longer at its path"),
         "the guard said nothing: {a_err}"
@@ -301,7 +297,7 @@ fn a_folder_whose_store_is_in_use_moved_onto_the_path_under_a_stopped_leader_wai
     )
     .is_empty()));
     let store = format!("sqlite:{}", folder.join("leasehold.db").display());
-    under_a_stopped_leader_at(&scratch, &store, Duration::ZERO, || {
+    under_a_stopped(&scratch, &store, Stopped::Runner, Duration::ZERO, || {
         std::fs::rename(scratch.path("up"), scratch.path("up.old")).expect("move up away");
         std::fs::rename(scratch.path("new"), scratch.path("up")).expect("move new in");
     });
@@ -316,39 +312,30 @@ fn a_folder_whose_store_is_in_use_moved_onto_the_path_under_a_stopped_leader_wai
 #[test]
 fn a_folder_moved_further_up_under_a_stopped_guard_stops_its_command_before_another_runs() {
     let scratch = Scratch::new();
+    let (store, move_up) = under_a_folder_further_up(&scratch);
+    let a_err = under_a_stopped(&scratch, &store, Stopped::Guard, Duration::ZERO, move_up);
+    assert!(a_err.contains("no longer at its path"), "{a_err}");
+}
+
+/// A store in a folder `up/store`, and the change that moves `up` away
+/// (which inotify on the store's folder does not see) and makes a new
+/// `up/store` at its place.
+fn under_a_folder_further_up(scratch: &Scratch) -> (String, impl FnOnce() + '_) {
     let folder = scratch.path("up").join("store");
     std::fs::create_dir_all(&folder).expect("mkdir");
     let store = format!("sqlite:{}", folder.join("leasehold.db").display());
-    let (mut a, a_child, a_grandchild) = leading_at(&scratch, &store);
-    let stat = std::fs::read_to_string(format!("/proc/{a_child}/stat")).expect("stat");
-    let parent: i32 = stat
-        .rsplit(") ")
-        .next()
-        .and_then(|rest| rest.split(' ').nth(1))
-        .and_then(|ppid| ppid.parse().ok())
-        .expect("the command's parent");
-    let guard = nix::unistd::Pid::from_raw(parent);
-    nix::sys::signal::kill(guard, nix::sys::signal::SIGSTOP).expect("stop the guard");
-    std::fs::rename(scratch.path("up"), scratch.path("elsewhere")).expect("move up");
-    std::fs::create_dir_all(&folder).expect("mkdir again");
-    let b = replica_at(&scratch, &store, "b", &format!("{a_child} {a_grandchild}"));
-    let b_ran = wait_until(PATIENCE, || runs(&scratch).len() == 2);
-    let _ = nix::sys::signal::kill(guard, nix::sys::signal::SIGCONT);
-    assert!(
-        b_ran,
-        "b never ran: {}",
-        std::fs::read_to_string(scratch.path("b.err")).unwrap_or_default()
-    );
-    assert_eq!(
-        overlaps(&scratch),
-        Vec::<String>::new(),
-        "two leaders at once"
-    );
-    let status = a.wait_for_exit(PATIENCE).expect("a exits");
-    let a_err = std::fs::read_to_string(scratch.path("a.err")).unwrap_or_default();
-    assert_eq!(status.code(), Some(1), "{a_err}");
-    assert!(a_err.contains("no longer at its path"), "{a_err}");
-    drop(b);
+    let move_up = move || {
+        std::fs::rename(scratch.path("up"), scratch.path("elsewhere")).expect("move up");
+        std::fs::create_dir_all(&folder).expect("mkdir again");
+    };
+    (store, move_up)
+}
+
+/// Which of the leader's processes [`under_a_stopped`] stops.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stopped {
+    Runner,
+    Guard,
 }
 
 /// Leader `a` leads; its runner is stopped (SIGSTOP) while `change` is
@@ -356,25 +343,33 @@ fn a_folder_moved_further_up_under_a_stopped_guard_stops_its_command_before_anot
 /// command runs, never beside `a`'s, and `a`, continued, exits 1. `a`'s
 /// stderr.
 fn under_a_stopped_leader(scratch: &Scratch, change: impl FnOnce()) -> String {
-    under_a_stopped_leader_at(scratch, &scratch.store_url(), Duration::ZERO, change)
+    let store = scratch.store_url();
+    under_a_stopped(scratch, &store, Stopped::Runner, Duration::ZERO, change)
 }
 
-/// [`under_a_stopped_leader`] on the store `store`, `a` kept stopped for
-/// `longer` once `b` runs.
-fn under_a_stopped_leader_at(
+/// [`under_a_stopped_leader`] on the store `store`, with `stopped` (the
+/// runner or its guard) stopped, and kept stopped for `longer` once `b`
+/// runs.
+fn under_a_stopped(
     scratch: &Scratch,
     store: &str,
+    stopped: Stopped,
     longer: Duration,
     change: impl FnOnce(),
 ) -> String {
     let (mut a, a_child, a_grandchild) = leading_at(scratch, store);
-    let pid = nix::unistd::Pid::from_raw(a.pid());
+    let pid = nix::unistd::Pid::from_raw(match stopped {
+        Stopped::Runner => a.pid(),
+        Stopped::Guard => parent_of(a_child),
+    });
     nix::sys::signal::kill(pid, nix::sys::signal::SIGSTOP).expect("stop a");
     change();
     let b = replica_at(scratch, store, "b", &format!("{a_child} {a_grandchild}"));
     let b_ran = wait_until(PATIENCE, || runs(scratch).len() == 2);
     std::thread::sleep(longer);
-    nix::sys::signal::kill(pid, nix::sys::signal::SIGCONT).expect("continue a");
+    // A guard continued by `run` may be gone by now: only `run` must be.
+    let continued = nix::sys::signal::kill(pid, nix::sys::signal::SIGCONT);
+    assert!(stopped == Stopped::Guard || continued.is_ok(), "continue a");
     assert!(
         b_ran,
         "b never ran: {}",
@@ -394,10 +389,23 @@ fn under_a_stopped_leader_at(
         "leadership lost; killing the command",
         "killed the command at the lease deadline",
     ] {
-        assert!(!a_err.contains(claim), "{a_err}");
+        assert!(
+            stopped == Stopped::Guard || !a_err.contains(claim),
+            "{a_err}"
+        );
     }
     drop(b);
     a_err
+}
+
+/// The parent of process `pid` (of a command: its guard).
+fn parent_of(pid: i32) -> i32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    stat.rsplit(") ")
+        .next()
+        .and_then(|rest| rest.split(' ').nth(1))
+        .and_then(|ppid| ppid.parse().ok())
+        .expect("a parent")
 }
 
 /// Another program's SQLite database moved onto the path under a running

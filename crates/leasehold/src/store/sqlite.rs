@@ -505,8 +505,11 @@ impl LocalBackend for Inner {
         candidate: &CandidateId,
         unwaited: bool,
     ) -> Result<Attempt> {
-        let first_use = tokio::time::Instant::from_std(self.db.opened + FIRST_USE_WAIT);
-        tokio::time::sleep_until(first_use).await;
+        // No timer once the wait is over: every campaign passes here.
+        let first_use = self.db.opened + FIRST_USE_WAIT;
+        if std::time::Instant::now() < first_use {
+            tokio::time::sleep_until(first_use.into()).await;
+        }
         let pending =
             self.db
                 .attempt_queued(session, election.clone(), candidate.clone(), unwaited);

@@ -43,7 +43,7 @@ pub const ETCD_EXPIRY_CHECK: Duration = Duration::from_millis(500);
 /// session when its timeout passes (ZooKeeper).
 pub fn store_expiry_check(url: &StoreUrl) -> Duration {
     match url {
-        StoreUrl::Etcd { .. } => ETCD_EXPIRY_CHECK,
+        StoreUrl::Etcd(_) => ETCD_EXPIRY_CHECK,
         _ => Duration::ZERO,
     }
 }

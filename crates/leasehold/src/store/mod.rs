@@ -34,8 +34,8 @@ pub use security::{Password, Secret, Security};
 #[cfg(feature = "postgres")]
 pub(crate) use url::postgres_connect;
 pub use url::{
-    MAX_FILE_PATH_LEN, PASSWORD_ENV, PgSslMode, StoreUrl, open, open_read_only, open_to_release,
-    release_orphaned,
+    ClusterUrl, MAX_FILE_PATH_LEN, PASSWORD_ENV, PgSslMode, PostgresUrl, StoreUrl, open,
+    open_read_only, open_to_release, release_orphaned,
 };
 pub(crate) use watch_driver::status_of;
 

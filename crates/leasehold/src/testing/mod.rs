@@ -96,11 +96,8 @@ impl<S: Send + Sync> StoreHarness for ServerHarness<S> {
 
     fn campaigns_unwaited(&self) -> bool {
         matches!(
-            self.url,
-            crate::store::StoreUrl::Etcd {
-                layout: crate::store::Layout::Leasehold,
-                ..
-            }
+            &self.url,
+            crate::store::StoreUrl::Etcd(c) if c.layout() == crate::store::Layout::Leasehold
         )
     }
 }

@@ -83,12 +83,9 @@ fn tls_query(cacert: &Path, cert: &Path, key: &Path) -> String {
 
 async fn connect(url: &str) -> leasehold::Result<EtcdStore> {
     match url.parse::<StoreUrl>().expect("a valid URL") {
-        StoreUrl::Etcd {
-            endpoints,
-            prefix,
-            security,
-            layout,
-        } => EtcdStore::connect_with_layout(&endpoints, &prefix, &security, layout).await,
+        StoreUrl::Etcd(c) => {
+            EtcdStore::connect_with_layout(c.endpoints(), c.path(), c.security(), c.layout()).await
+        }
         other => panic!("not etcd: {other:?}"),
     }
 }

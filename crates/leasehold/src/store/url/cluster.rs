@@ -178,20 +178,6 @@ pub(super) fn decoded(what: &str, s: &str) -> Result<String, String> {
         .map_err(|_| format!("the {what} is not UTF-8 once percent-decoded"))
 }
 
-/// `s` percent-encoded but for unreserved characters and the ones in
-/// `keep`: what reads back through [`percent_decode`] as `s`.
-pub(super) fn percent_encode(s: &str, keep: &[u8]) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) || keep.contains(&b) {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
 /// `USER[:PASSWORD]` before the `@` of an etcd or ZooKeeper URL; errors
 /// never quote either.
 /// Refuses a user name or password holding a '%' not followed by two hex
@@ -308,10 +294,7 @@ pub(super) fn parse_cluster_options(
 /// `//[USER[:PASSWORD]@]HOST:PORT[,HOST:PORT…][/PATH][?OPTIONS]` after
 /// `scheme:`: the endpoints, the path (the default if none) and the
 /// security settings.
-pub(super) fn parse_cluster(
-    cluster: Cluster,
-    rest: &str,
-) -> Result<(Vec<String>, String, Security, Layout), String> {
+pub(super) fn parse_cluster(cluster: Cluster, rest: &str) -> Result<ClusterUrl, String> {
     let scheme = cluster.scheme();
     let Some(rest) = rest.strip_prefix("//") else {
         return Err(format!("expected {}", cluster.grammar()));
@@ -377,7 +360,12 @@ pub(super) fn parse_cluster(
         check_path(cluster, path)?
     };
     check_security(cluster, &security)?;
-    Ok((endpoints, path, security, layout))
+    Ok(ClusterUrl {
+        endpoints,
+        path,
+        security,
+        layout,
+    })
 }
 
 /// The rules on a URL's security settings that hold for every kind of
@@ -398,120 +386,66 @@ pub(super) fn check_security(cluster: Cluster, security: &Security) -> Result<()
             "a password needs a user name: {scheme}://USER@HOST:PORT…"
         ));
     }
-    let files = [
-        ("cacert", &security.cacert),
-        ("cert", &security.cert),
-        ("key", &security.key),
-    ];
-    if let Some(Password::File(path)) = &security.password
-        && path.as_os_str().is_empty()
-    {
-        return Err("option \"password_file\" names no file".into());
-    }
-    for (key, path) in files {
-        if path.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
-            return Err(format!("option {key:?} names no file"));
+    // ZooKeeper's URLs take no TLS files (parse_cluster_options refuses them).
+    if cluster == Cluster::Etcd {
+        if security.cert.is_some() != security.key.is_some() {
+            return Err("?cert= and ?key= go together: give both, or neither".into());
         }
-    }
-    match cluster {
-        Cluster::ZooKeeper => {
-            if security.cacert.is_some() || security.cert.is_some() || security.key.is_some() {
-                return Err("zk:// URLs take no ?cacert=, ?cert= or ?key=: leasehold's \
-                     ZooKeeper store does not speak TLS"
-                    .into());
-            }
-        }
-        Cluster::Etcd => {
-            if security.cert.is_some() != security.key.is_some() {
-                return Err("?cert= and ?key= go together: give both, or neither".into());
-            }
-            if security.cert.is_some() && security.cacert.is_none() {
-                return Err(
-                    "?cert= and ?key= need ?cacert=PATH, the CA certificate that \
-                     signed the server's (TLS is on when ?cacert= is given)"
-                        .into(),
-                );
-            }
+        if security.cert.is_some() && security.cacert.is_none() {
+            return Err(
+                "?cert= and ?key= need ?cacert=PATH, the CA certificate that \
+                 signed the server's (TLS is on when ?cacert= is given)"
+                    .into(),
+            );
         }
     }
     Ok(())
 }
 
-/// `?cacert=…&cert=…&key=…&password_file=…` as parsed back by
-/// [`parse_cluster_options`], or nothing.
-pub(super) fn render_cluster_options(security: &Security, layout: Layout) -> String {
-    let password_file = match &security.password {
-        Some(Password::File(path)) => Some(path),
-        _ => None,
-    };
-    let mut out = String::new();
-    for (key, path) in [
-        ("cacert", security.cacert.as_ref()),
-        ("cert", security.cert.as_ref()),
-        ("key", security.key.as_ref()),
-        ("password_file", password_file),
-    ] {
-        if let Some(path) = path {
-            out.push(if out.is_empty() { '?' } else { '&' });
-            out.push_str(key);
-            out.push('=');
-            out.push_str(&percent_encode(&path.to_string_lossy(), b"/"));
-        }
-    }
-    if layout.is_foreign() {
-        out.push(if out.is_empty() { '?' } else { '&' });
-        out.push_str("layout=");
-        out.push_str(layout.as_str());
-    }
-    out
-}
-
-/// `USER:***@`, `USER@` or nothing.
-pub(super) fn render_credentials(security: &Security) -> String {
-    match &security.user {
-        Some(user) => {
-            let user = percent_encode(user, b"");
-            match security.password {
-                Some(Password::Given(_)) => format!("{user}:***@"),
-                _ => format!("{user}@"),
+impl ClusterUrl {
+    /// `scheme://[USER[:***]@]HOST:PORT,…[PATH][?OPTIONS]`, as
+    /// [`parse_cluster`] reads it back; with `expose`, the password itself
+    /// rather than `***`.
+    pub(super) fn render(&self, scheme: &str, expose: bool) -> String {
+        let mut out = format!("{scheme}://");
+        let security = &self.security;
+        if let Some(user) = &security.user {
+            out.push_str(&encode(user, COMPONENT));
+            if let Some(Password::Given(secret)) = &security.password {
+                out.push(':');
+                out.push_str(&if expose {
+                    encode(secret.expose(), COMPONENT)
+                } else {
+                    "***".to_owned()
+                });
             }
+            out.push('@');
         }
-        None => String::new(),
-    }
-}
-
-pub(super) fn check_cluster(
-    cluster: Cluster,
-    endpoints: &[String],
-    path: &str,
-    security: &Security,
-    layout: Layout,
-) -> Result<(), String> {
-    if endpoints.is_empty() {
-        return Err(format!(
-            "names no HOST:PORT; expected {}",
-            cluster.grammar()
-        ));
-    }
-    for endpoint in endpoints {
-        if endpoint.contains(['@', '?', '#', ',', '/']) {
-            return Err(format!(
-                "an endpoint holds one of @ ? # , /; expected {}",
-                cluster.grammar()
-            ));
+        out.push_str(&self.endpoints.join(","));
+        out.push_str(&self.path);
+        let password_file = match &security.password {
+            Some(Password::File(path)) => Some(path),
+            _ => None,
+        };
+        let files = [
+            ("cacert", security.cacert.as_ref()),
+            ("cert", security.cert.as_ref()),
+            ("key", security.key.as_ref()),
+            ("password_file", password_file),
+        ];
+        let mut options: Vec<String> = files
+            .into_iter()
+            .filter_map(|(key, path)| {
+                path.map(|p| format!("{key}={}", encode(&p.to_string_lossy(), PATH)))
+            })
+            .collect();
+        if self.layout.is_foreign() {
+            options.push(format!("layout={}", self.layout));
         }
-        check_endpoint(endpoint)?;
+        if !options.is_empty() {
+            out.push('?');
+            out.push_str(&options.join("&"));
+        }
+        out
     }
-    Layout::parse(cluster, layout.as_str())?;
-    if layout.is_foreign() && (path.is_empty() || (cluster == Cluster::Etcd && path == "/")) {
-        return check_security(cluster, security);
-    }
-    if !path.starts_with('/') || path.ends_with('/') {
-        return Err(format!(
-            "the {} must start with / and not end with /",
-            cluster.path_name()
-        ));
-    }
-    check_path(cluster, path)?;
-    check_security(cluster, security)
 }

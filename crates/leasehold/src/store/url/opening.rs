@@ -39,8 +39,8 @@ enum Access {
     Release,
 }
 
-/// Opens the store a URL names (connecting to it, for a remote store),
-/// after checking the URL against the grammar ([`StoreUrl::validate`]).
+/// Opens the store a URL names (connecting to it, for a remote store); a
+/// `sqlite:` URL built in code is checked against the grammar first.
 ///
 /// The password may come from the environment variable
 /// `LEASEHOLD_STORE_PASSWORD` ([`PASSWORD_ENV`]) instead of the URL, as
@@ -93,7 +93,10 @@ pub async fn open_read_only(url: &StoreUrl) -> Result<Arc<dyn Store>> {
     allow(unused_variables)
 )]
 async fn open_for(url: &StoreUrl, access: Access) -> Result<Arc<dyn Store>> {
-    url.validate()?;
+    if let StoreUrl::Sqlite(path) = url {
+        // The one kind of URL that may be built in code.
+        check_sqlite_path(path.as_os_str().as_encoded_bytes()).map_err(invalid)?;
+    }
     let url = url.clone().with_password_from_env()?;
     Ok(match &url {
         StoreUrl::Memory => Arc::new(MemoryStore::new()),
@@ -106,38 +109,30 @@ async fn open_for(url: &StoreUrl, access: Access) -> Result<Arc<dyn Store>> {
             })
         }
         #[cfg(feature = "etcd")]
-        StoreUrl::Etcd {
-            endpoints: e,
-            prefix: p,
-            security: s,
-            layout: l,
-        } => {
+        StoreUrl::Etcd(c) => {
             use crate::store::etcd::EtcdStore;
+            let (e, p, s, l) = (&c.endpoints, &c.path, &c.security, c.layout);
             resolve_any("etcd", e).await?;
             Arc::new(match access {
-                Access::Read => EtcdStore::connect_read_only_with_layout(e, p, s, *l).await?,
+                Access::Read => EtcdStore::connect_read_only_with_layout(e, p, s, l).await?,
                 Access::Write | Access::Release => {
-                    EtcdStore::connect_with_layout(e, p, s, *l).await?
+                    EtcdStore::connect_with_layout(e, p, s, l).await?
                 }
             })
         }
         #[cfg(feature = "zookeeper")]
-        StoreUrl::ZooKeeper {
-            endpoints: e,
-            root: r,
-            security: s,
-            layout: l,
-        } => {
+        StoreUrl::ZooKeeper(c) => {
             use crate::store::zookeeper::ZkStore;
+            let (e, r, s, l) = (&c.endpoints, &c.path, &c.security, c.layout);
             resolve_any("ZooKeeper", e).await?;
             Arc::new(match access {
-                Access::Write => ZkStore::connect_with_layout(e, r, s, *l).await?,
-                Access::Read => ZkStore::connect_read_only_with_layout(e, r, s, *l).await?,
-                Access::Release => ZkStore::to_release(e, r, s, *l)?,
+                Access::Write => ZkStore::connect_with_layout(e, r, s, l).await?,
+                Access::Read => ZkStore::connect_read_only_with_layout(e, r, s, l).await?,
+                Access::Release => ZkStore::to_release(e, r, s, l)?,
             })
         }
         #[cfg(feature = "postgres")]
-        StoreUrl::Postgres { url, schema } => {
+        StoreUrl::Postgres(PostgresUrl { url, schema }) => {
             use crate::store::postgres::PostgresStore;
             Arc::new(match access {
                 Access::Write => PostgresStore::connect(url, schema).await?,
@@ -155,9 +150,9 @@ async fn open_for(url: &StoreUrl, access: Access) -> Result<Arc<dyn Store>> {
 fn not_built(url: &StoreUrl) -> Error {
     let (name, feature) = match url {
         StoreUrl::Sqlite(_) => ("sqlite", "sqlite"),
-        StoreUrl::Etcd { .. } => ("etcd", "etcd"),
-        StoreUrl::ZooKeeper { .. } => ("ZooKeeper", "zookeeper"),
-        StoreUrl::Memory | StoreUrl::Postgres { .. } => ("PostgreSQL", "postgres"),
+        StoreUrl::Etcd(_) => ("etcd", "etcd"),
+        StoreUrl::ZooKeeper(_) => ("ZooKeeper", "zookeeper"),
+        StoreUrl::Memory | StoreUrl::Postgres(_) => ("PostgreSQL", "postgres"),
     };
     Error::invalid(
         "store URL",

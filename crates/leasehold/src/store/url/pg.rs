@@ -556,5 +556,5 @@ pub(super) fn parse_postgres(url: &str) -> Result<StoreUrl, String> {
         .to_owned();
     let url = pg.render(false, false);
     check_with_tokio_postgres(&pg.tokio_postgres_url())?;
-    Ok(StoreUrl::Postgres { url, schema })
+    Ok(StoreUrl::Postgres(PostgresUrl { url, schema }))
 }

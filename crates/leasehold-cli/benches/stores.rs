@@ -142,7 +142,9 @@ fn main() {
         for n in [10usize, 100] {
             let (first, handovers) = runtime.block_on(async {
                 let url = backend.url.parse().expect("store URL");
-                let store = leasehold::store::open(&url).await.expect("open the store");
+                let store = leasehold::store::open(&url, leasehold::store::Access::ReadWrite)
+                    .await
+                    .expect("open the store");
                 library(store, n).await
             });
             column.push(ms(first));

@@ -185,7 +185,7 @@ impl StoreArgs {
                 format!("cannot create {}", shortened(&dir.display().to_string()))
             })?;
         }
-        leasehold::store::open(&url)
+        leasehold::store::open(&url, leasehold::store::Access::ReadWrite)
             .await
             .with_context(|| format!("cannot open store {}", shortened(&url.to_string())))
     }
@@ -196,7 +196,7 @@ impl StoreArgs {
     pub async fn open_read_only(&self) -> anyhow::Result<Arc<dyn Store>> {
         let url = self.given()?;
         url.clone().with_password_from_env()?;
-        leasehold::store::open_read_only(&url)
+        leasehold::store::open(&url, leasehold::store::Access::ReadOnly)
             .await
             .with_context(|| format!("cannot read store {}", shortened(&url.to_string())))
     }

@@ -73,12 +73,16 @@ async fn at_rest(handles: &[Arc<CountingStore>]) -> Vec<Counts> {
 async fn measure(store: &'static str, url: &str, waiters: usize, rounds: usize) -> Row {
     let url: StoreUrl = url.parse().expect("a valid store URL");
     let election = ElectionName::new(format!("line-{waiters}")).expect("name");
-    let requester = leasehold::store::open(&url).await.expect("open");
+    let requester = leasehold::store::open(&url, leasehold::store::Access::ReadWrite)
+        .await
+        .expect("open");
     let mut handles = Vec::new();
     let mut loops = Vec::new();
     for i in 0..=waiters {
         let handle = Arc::new(CountingStore::new(
-            leasehold::store::open(&url).await.expect("open"),
+            leasehold::store::open(&url, leasehold::store::Access::ReadWrite)
+                .await
+                .expect("open"),
         ));
         let elector = Elector::new(
             Arc::clone(&handle) as Arc<dyn Store>,

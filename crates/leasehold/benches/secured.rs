@@ -53,7 +53,7 @@ async fn measure(store: &'static str, config: &'static str, url: &str, rounds: u
     let mut handle: Option<Arc<dyn Store>> = None;
     for _ in 0..rounds {
         let started = Instant::now();
-        let opened = leasehold::store::open(&url)
+        let opened = leasehold::store::open(&url, leasehold::store::Access::ReadWrite)
             .await
             .unwrap_or_else(|e| panic!("open {url}: {e}"));
         opens.push(started.elapsed());

@@ -127,7 +127,7 @@ async fn main() -> Result<(), BoxError> {
         PathBuf::from,
     );
 
-    let store = leasehold::store::open(&url).await?;
+    let store = leasehold::store::open(&url, leasehold::store::Access::ReadWrite).await?;
     let me = CandidateId::default_for_process();
     let elector = Elector::new(
         store,

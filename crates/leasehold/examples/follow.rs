@@ -78,7 +78,7 @@ async fn main() -> Result<(), BoxError> {
         Some(url) => url.parse()?,
         None => StoreUrl::Sqlite(std::env::temp_dir().join("leasehold-examples.db")),
     };
-    let store = leasehold::store::open(&url).await?;
+    let store = leasehold::store::open(&url, leasehold::store::Access::ReadWrite).await?;
     let election = ElectionName::new("example")?;
     // Observing needs no session: this elector never campaigns.
     let follower = Elector::new(

@@ -44,7 +44,7 @@ struct GroupMember {
 pub(super) async fn open_patiently(url: &StoreUrl) -> Arc<dyn Store> {
     let start = Instant::now();
     loop {
-        match leasehold::store::open(url).await {
+        match leasehold::store::open(url, leasehold::store::Access::ReadWrite).await {
             Ok(store) => return store,
             Err(error) if start.elapsed() < Duration::from_secs(30) => {
                 eprintln!("opening the store failed, trying again: {error}");

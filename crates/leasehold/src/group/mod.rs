@@ -132,13 +132,14 @@ pub(crate) fn group_of_shard(election: &ElectionName) -> Option<ElectionName> {
 }
 
 /// Releases `grant`, whose holder's process is known to be dead, as
-/// [`crate::store::release_orphaned`] does; when it is a shard's, its
+/// [`Store::release_orphaned`] does, on a store opened for it alone
+/// ([`crate::store::Access::ReleaseOnly`]); when it is a shard's, its
 /// holder also leaves the group, so that the other members take its
 /// shards now rather than once its session expires (each still waits for
 /// its grant's release, which that shard's own guard makes once its
 /// command is gone). A runner's guard calls this after its runner died.
 pub async fn release_orphaned(url: &StoreUrl, grant: &Grant) -> Result<()> {
-    let store = crate::store::open_to_release(url).await?;
+    let store = crate::store::open(url, crate::store::Access::ReleaseOnly).await?;
     let released = store.release_orphaned(grant).await;
     if matches!(released, Ok(()) | Err(Error::NotHolder { .. }))
         && let Some(group) = group_of_shard(&grant.election)

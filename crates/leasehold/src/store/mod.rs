@@ -34,8 +34,7 @@ pub use security::{Password, Secret, Security};
 #[cfg(feature = "postgres")]
 pub(crate) use url::postgres_connect;
 pub use url::{
-    ClusterUrl, MAX_FILE_PATH_LEN, PASSWORD_ENV, PgSslMode, PostgresUrl, StoreUrl, open,
-    open_read_only, open_to_release, release_orphaned,
+    Access, ClusterUrl, MAX_FILE_PATH_LEN, PASSWORD_ENV, PgSslMode, PostgresUrl, StoreUrl, open,
 };
 pub(crate) use watch_driver::status_of;
 

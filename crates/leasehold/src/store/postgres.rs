@@ -257,7 +257,7 @@ impl PostgresStore {
     }
 
     /// Connects only to release a dead holder's grant
-    /// ([`crate::store::release_orphaned`]): no schema check (the holder's
+    /// ([`Access::ReleaseOnly`](crate::store::Access::ReleaseOnly)): no schema check (the holder's
     /// process made it) and no listener, so the release goes out after one
     /// connection. The release is a call of leasehold's own function in the
     /// schema, which fails where the schema is not leasehold's.

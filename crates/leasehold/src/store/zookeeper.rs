@@ -496,7 +496,7 @@ impl ZkStore {
     }
 
     /// Connects only to release a dead holder's grant
-    /// ([`crate::store::release_orphaned`]): no check of the root (the
+    /// ([`Access::ReleaseOnly`](crate::store::Access::ReleaseOnly)): no check of the root (the
     /// holder's process made it); the release deletes only a candidate
     /// node named for the holder's session (in a recipe's layout: ephemeral
     /// to it) and carrying its token.

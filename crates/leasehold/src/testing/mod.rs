@@ -85,7 +85,7 @@ impl<S> ServerHarness<S> {
 #[async_trait]
 impl<S: Send + Sync> StoreHarness for ServerHarness<S> {
     async fn open(&self) -> Arc<dyn Store> {
-        crate::store::open(&self.url)
+        crate::store::open(&self.url, crate::store::Access::ReadWrite)
             .await
             .unwrap_or_else(|e| panic!("open {}: {e}", self.url))
     }

@@ -33,9 +33,12 @@ async fn top_level(cluster: &EtcdCluster) -> Arc<dyn Store> {
         "etcd://{}?layout=concurrency",
         cluster.endpoints().join(",")
     );
-    leasehold::store::open(&url.parse().expect("url"))
-        .await
-        .expect("open")
+    leasehold::store::open(
+        &url.parse().expect("url"),
+        leasehold::store::Access::ReadWrite,
+    )
+    .await
+    .expect("open")
 }
 
 /// `(key, value, lease, create_revision)` of every key under `prefix`.
@@ -185,9 +188,12 @@ async fn the_root_prefix_reaches_an_election_named_with_a_leading_slash() {
         "etcd://{}/?layout=concurrency",
         cluster.endpoints().join(",")
     );
-    let store = leasehold::store::open(&url.parse().expect("url"))
-        .await
-        .expect("open");
+    let store = leasehold::store::open(
+        &url.parse().expect("url"),
+        leasehold::store::Access::ReadWrite,
+    )
+    .await
+    .expect("open");
     let a = elector(&store, "root-1");
     let leadership = a
         .campaign(&ElectionName::new("leader").expect("name"))

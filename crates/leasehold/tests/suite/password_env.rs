@@ -37,7 +37,7 @@ fn open_in_child() {
         .expect("runtime");
     runtime.block_on(async {
         let url: StoreUrl = url.parse().expect("a valid URL");
-        let store = match leasehold::store::open(&url).await {
+        let store = match leasehold::store::open(&url, leasehold::store::Access::ReadWrite).await {
             Ok(store) => store,
             Err(error) => {
                 println!("refused: {error}");
@@ -96,7 +96,7 @@ async fn open_takes_the_password_from_the_environment() {
         .url_as("app", PASSWORD, root)
         .parse()
         .expect("a valid URL");
-    leasehold::store::open(&url)
+    leasehold::store::open(&url, leasehold::store::Access::ReadWrite)
         .await
         .expect("first use with credentials");
     let user_only = server.url(root).replace("zk://", "zk://app@");

@@ -510,7 +510,7 @@ async fn a_read_only_open_creates_nothing() {
     let dir = tempfile::tempdir().expect("temp dir");
     for path in [dir.path().join("x.db"), dir.path().join("sub").join("x.db")] {
         let url = leasehold::StoreUrl::Sqlite(path.clone());
-        let err = leasehold::store::open_read_only(&url)
+        let err = leasehold::store::open(&url, leasehold::store::Access::ReadOnly)
             .await
             .expect_err("missing");
         assert!(matches!(err, Error::NotFound(_)), "{err:?}");

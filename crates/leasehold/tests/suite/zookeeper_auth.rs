@@ -41,7 +41,7 @@ mod conformance {
 
 async fn open(url: &str) -> leasehold::Result<Arc<dyn Store>> {
     let url: StoreUrl = url.parse().expect("a valid store URL");
-    leasehold::store::open(&url).await
+    leasehold::store::open(&url, leasehold::store::Access::ReadWrite).await
 }
 
 /// `error` is one line naming a refusal and never `PASSWORD` (or `secret`).
@@ -252,7 +252,7 @@ async fn observers_read_an_authenticated_store_without_credentials() {
         leasehold::testing::campaign_on_new_session(&*store, &job, "a", Duration::from_secs(10))
             .await;
     let url: StoreUrl = server.url(root).parse().expect("url");
-    let observer = leasehold::store::open_read_only(&url)
+    let observer = leasehold::store::open(&url, leasehold::store::Access::ReadOnly)
         .await
         .expect("read-only without credentials");
     let leader = observer.leader(&job).await.expect("read").expect("a leads");
@@ -289,14 +289,20 @@ async fn an_orphaned_grant_is_released_with_credentials() {
         leasehold::testing::campaign_on_new_session(&*store, &job, "a", Duration::from_secs(30))
             .await;
     let anonymous: StoreUrl = server.url(root).parse().expect("url");
-    let error = leasehold::store::release_orphaned(&anonymous, &grant)
+    let error = release_orphaned(&anonymous, &grant)
         .await
         .expect_err("no credentials may not delete the node");
     assert_denied(&error, "permission denied on zookeeper node", PASSWORD);
     assert!(store.leader(&job).await.expect("read").is_some());
     let url: StoreUrl = server.url_as(USER, PASSWORD, root).parse().expect("url");
-    leasehold::store::release_orphaned(&url, &grant)
+    release_orphaned(&url, &grant)
         .await
         .expect("released with credentials");
     assert_eq!(store.leader(&job).await.expect("read"), None);
+}
+
+/// What a runner's guard does after its runner died.
+async fn release_orphaned(url: &StoreUrl, grant: &leasehold::Grant) -> leasehold::Result<()> {
+    let store = leasehold::store::open(url, leasehold::store::Access::ReleaseOnly).await?;
+    store.release_orphaned(grant).await
 }

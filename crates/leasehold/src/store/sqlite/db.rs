@@ -454,7 +454,7 @@ impl Db {
         if self.read_only {
             return Err(Error::invalid(
                 "store",
-                "opened read-only (store::open_read_only): it opens no sessions and writes nothing",
+                "opened read-only (Access::ReadOnly): it opens no sessions and writes nothing",
             ));
         }
         Ok(())

@@ -28,19 +28,31 @@ pub(super) async fn resolve_any(what: &str, endpoints: &[String]) -> Result<()> 
     })
 }
 
-/// What a store is opened for: each store's constructors for it.
+/// What a store is opened for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Access {
-    /// Everything: sessions, campaigns, notes.
-    Write,
-    /// Reading alone, creating and writing nothing ([`open_read_only`]).
-    Read,
-    /// A dead holder's release alone ([`open_to_release`]).
-    Release,
+#[non_exhaustive]
+pub enum Access {
+    /// Everything: sessions, campaigns, notes. The first use of a store
+    /// creates it (a file, a schema, a marker key or node).
+    ReadWrite,
+    /// Reading alone — what `status`, `list` and `observe` need —
+    /// creating and writing nothing: no file, folder, schema, node, key or
+    /// marker. A store that does not exist yet is [`Error::NotFound`];
+    /// sessions and campaigns fail with [`Error::InvalidInput`]. `memory:`
+    /// is a new, empty store either way.
+    ReadOnly,
+    /// [`Store::release_orphaned`] alone, for a grant whose holder's
+    /// process is known to be dead (a runner's guard does this after its
+    /// runner died): PostgreSQL and ZooKeeper skip the checks of a first
+    /// use (the holder's process made them) and start no watch, so the
+    /// release goes out after one connection; SQLite and etcd open as for
+    /// [`Access::ReadWrite`].
+    ReleaseOnly,
 }
 
-/// Opens the store a URL names (connecting to it, for a remote store); a
-/// `sqlite:` URL built in code is checked against the grammar first.
+/// Opens the store a URL names for `access` (connecting to it, for a
+/// remote store); a `sqlite:` URL built in code is checked against the
+/// grammar first.
 ///
 /// The password may come from the environment variable
 /// `LEASEHOLD_STORE_PASSWORD` ([`PASSWORD_ENV`]) instead of the URL, as
@@ -49,40 +61,6 @@ enum Access {
 /// is set, a URL that holds a password (or a `password_file`) and a store
 /// that takes none (`memory:`, `sqlite:`) are refused
 /// ([`StoreUrl::with_password_from_env`]).
-pub async fn open(url: &StoreUrl) -> Result<Arc<dyn Store>> {
-    open_for(url, Access::Write).await
-}
-
-/// Releases `grant`, whose holder's process is known to be dead (a
-/// runner's guard does this after its runner died), through a connection
-/// opened for this alone: guarded by the token as [`Store::resign`] is, it
-/// never removes a successor's grant. PostgreSQL and ZooKeeper skip the
-/// checks of a first use (the holder's process made them when it opened
-/// the store) and start no watch, so the release goes out after one
-/// connection; SQLite and etcd open as [`open`] does.
-pub async fn release_orphaned(url: &StoreUrl, grant: &crate::store::Grant) -> Result<()> {
-    open_to_release(url).await?.release_orphaned(grant).await
-}
-
-/// Opens the store a URL names for [`release_orphaned`] and nothing else
-/// (see there): on PostgreSQL and ZooKeeper, without the checks of a first
-/// use and without watches.
-pub async fn open_to_release(url: &StoreUrl) -> Result<Arc<dyn Store>> {
-    open_for(url, Access::Release).await
-}
-
-/// Opens the store a URL names for reading only — what `status`, `list`
-/// and `observe` need — as [`open`] does, but creating nothing and writing
-/// nothing: no file, folder, schema, node, key or marker. A store that does
-/// not exist yet is [`Error::NotFound`]; on the store returned, sessions
-/// and campaigns fail with [`Error::InvalidInput`]. `memory:` is a new,
-/// empty store either way.
-pub async fn open_read_only(url: &StoreUrl) -> Result<Arc<dyn Store>> {
-    open_for(url, Access::Read).await
-}
-
-/// The one way a URL is opened: checked, its password taken from the
-/// environment, then the store's constructor for `access`.
 #[cfg_attr(
     not(any(
         feature = "sqlite",
@@ -92,7 +70,7 @@ pub async fn open_read_only(url: &StoreUrl) -> Result<Arc<dyn Store>> {
     )),
     allow(unused_variables)
 )]
-async fn open_for(url: &StoreUrl, access: Access) -> Result<Arc<dyn Store>> {
+pub async fn open(url: &StoreUrl, access: Access) -> Result<Arc<dyn Store>> {
     if let StoreUrl::Sqlite(path) = url {
         // The one kind of URL that may be built in code.
         check_sqlite_path(path.as_os_str().as_encoded_bytes()).map_err(invalid)?;
@@ -104,8 +82,8 @@ async fn open_for(url: &StoreUrl, access: Access) -> Result<Arc<dyn Store>> {
         StoreUrl::Sqlite(path) => {
             use crate::store::sqlite::SqliteStore;
             Arc::new(match access {
-                Access::Read => SqliteStore::open_read_only(path)?,
-                Access::Write | Access::Release => SqliteStore::open(path)?,
+                Access::ReadOnly => SqliteStore::open_read_only(path)?,
+                Access::ReadWrite | Access::ReleaseOnly => SqliteStore::open(path)?,
             })
         }
         #[cfg(feature = "etcd")]
@@ -114,8 +92,8 @@ async fn open_for(url: &StoreUrl, access: Access) -> Result<Arc<dyn Store>> {
             let (e, p, s, l) = (&c.endpoints, &c.path, &c.security, c.layout);
             resolve_any("etcd", e).await?;
             Arc::new(match access {
-                Access::Read => EtcdStore::connect_read_only_with_layout(e, p, s, l).await?,
-                Access::Write | Access::Release => {
+                Access::ReadOnly => EtcdStore::connect_read_only_with_layout(e, p, s, l).await?,
+                Access::ReadWrite | Access::ReleaseOnly => {
                     EtcdStore::connect_with_layout(e, p, s, l).await?
                 }
             })
@@ -126,18 +104,18 @@ async fn open_for(url: &StoreUrl, access: Access) -> Result<Arc<dyn Store>> {
             let (e, r, s, l) = (&c.endpoints, &c.path, &c.security, c.layout);
             resolve_any("ZooKeeper", e).await?;
             Arc::new(match access {
-                Access::Write => ZkStore::connect_with_layout(e, r, s, l).await?,
-                Access::Read => ZkStore::connect_read_only_with_layout(e, r, s, l).await?,
-                Access::Release => ZkStore::to_release(e, r, s, l)?,
+                Access::ReadWrite => ZkStore::connect_with_layout(e, r, s, l).await?,
+                Access::ReadOnly => ZkStore::connect_read_only_with_layout(e, r, s, l).await?,
+                Access::ReleaseOnly => ZkStore::to_release(e, r, s, l)?,
             })
         }
         #[cfg(feature = "postgres")]
         StoreUrl::Postgres(PostgresUrl { url, schema }) => {
             use crate::store::postgres::PostgresStore;
             Arc::new(match access {
-                Access::Write => PostgresStore::connect(url, schema).await?,
-                Access::Read => PostgresStore::connect_read_only(url, schema).await?,
-                Access::Release => PostgresStore::connect_to_release(url, schema).await?,
+                Access::ReadWrite => PostgresStore::connect(url, schema).await?,
+                Access::ReadOnly => PostgresStore::connect_read_only(url, schema).await?,
+                Access::ReleaseOnly => PostgresStore::connect_to_release(url, schema).await?,
             })
         }
         // A store this build was compiled without.

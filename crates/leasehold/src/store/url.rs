@@ -319,6 +319,33 @@ fn parse_sqlite(rest: &str) -> Result<StoreUrl, String> {
     Ok(StoreUrl::Sqlite(PathBuf::from(path)))
 }
 
+/// The `KEY=VALUE` pairs of a URL's query, in order: each key checked by
+/// `known` (which says why it is refused) and given once. `noun` is what
+/// the messages call a pair (an option, a parameter).
+fn query_pairs<'a>(
+    query: &'a str,
+    noun: &str,
+    known: impl Fn(&str) -> Result<(), String>,
+) -> Result<Vec<(&'a str, &'a str)>, String> {
+    let mut pairs: Vec<(&str, &str)> = Vec::new();
+    for pair in query.split('&') {
+        let Some((key, value)) = pair.split_once('=') else {
+            return Err(if pair.is_empty() {
+                let article = if noun.starts_with('o') { "an" } else { "a" };
+                format!("{article} {noun} is empty (&& or & at an end, or ? with nothing after)")
+            } else {
+                format!("{noun} {} has no =VALUE", quoted(pair))
+            });
+        };
+        known(key)?;
+        if pairs.iter().any(|(k, _)| *k == key) {
+            return Err(format!("{noun} {key:?} is given twice"));
+        }
+        pairs.push((key, value));
+    }
+    Ok(pairs)
+}
+
 /// The scheme of `url` if it looks like one (`[a-z][a-z0-9+.-]*`, short):
 /// what an error may quote about an unknown scheme.
 fn shown_scheme(scheme: &str) -> Option<&str> {

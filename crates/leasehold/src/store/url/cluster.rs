@@ -169,9 +169,6 @@ pub(super) fn check_path(cluster: Cluster, path: &str) -> Result<String, String>
     Ok(path.to_owned())
 }
 
-/// The `?KEY=VALUE` options of an etcd or ZooKeeper URL.
-pub(super) const CLUSTER_OPTIONS: &[&str] = &["cacert", "cert", "key", "password_file"];
-
 /// A percent-decoded part of a URL that must be UTF-8 text.
 pub(super) fn decoded(what: &str, s: &str) -> Result<String, String> {
     String::from_utf8(percent_decode(s))
@@ -200,6 +197,17 @@ pub(super) fn check_escapes(user: &str, password: Option<&str>) -> Result<(), St
 }
 
 pub(super) fn parse_credentials(credentials: &str) -> Result<(String, Option<Password>), String> {
+    let (user, password) = split_credentials(credentials)?;
+    let user = decoded("user name", user)?;
+    let password = password
+        .map(|p| decoded("password", p).map(|p| Password::Given(Secret::new(p))))
+        .transpose()?;
+    Ok((user, password))
+}
+
+/// `USER[:PASSWORD]` before a URL's `@`, split as written (percent-encoded):
+/// refused if it holds what must be escaped, or a `:` before no password.
+pub(super) fn split_credentials(credentials: &str) -> Result<(&str, Option<&str>), String> {
     if credentials.contains(['/', '?', '#']) {
         return Err(
             "the user name or password holds '/', '?' or '#': write them \
@@ -219,10 +227,6 @@ pub(super) fn parse_credentials(credentials: &str) -> Result<(String, Option<Pas
                 .into(),
         );
     }
-    let user = decoded("user name", user)?;
-    let password = password
-        .map(|p| decoded("password", p).map(|p| Password::Given(Secret::new(p))))
-        .transpose()?;
     Ok((user, password))
 }
 
@@ -238,17 +242,8 @@ pub(super) fn parse_cluster_options(
         Cluster::Etcd => &["cacert", "cert", "key", "password_file", "layout"],
         Cluster::ZooKeeper => &["password_file", "layout"],
     };
-    let mut seen: Vec<&str> = Vec::new();
-    for pair in query.split('&') {
-        let Some((key, value)) = pair.split_once('=') else {
-            return Err(if pair.is_empty() {
-                "an option is empty (&& or & at an end, or ? with nothing after)".into()
-            } else {
-                format!("option {} has no =VALUE", quoted(pair))
-            });
-        };
-        if cluster == Cluster::ZooKeeper && CLUSTER_OPTIONS.contains(&key) && key != "password_file"
-        {
+    let known_key = |key: &str| {
+        if cluster == Cluster::ZooKeeper && ["cacert", "cert", "key"].contains(&key) {
             return Err(format!(
                 "zk:// URLs take no ?{key}=: leasehold's ZooKeeper store does not speak TLS"
             ));
@@ -260,10 +255,9 @@ pub(super) fn parse_cluster_options(
                 known.join(", ")
             ));
         }
-        if seen.contains(&key) {
-            return Err(format!("option {key:?} is given twice"));
-        }
-        seen.push(key);
+        Ok(())
+    };
+    for (key, value) in query_pairs(query, "option", known_key)? {
         if key == "layout" {
             *layout = Layout::parse(cluster, value)?;
             continue;

@@ -57,13 +57,7 @@ impl<'a> PgUrl<'a> {
         };
         let (user, password, rest) = match rest.split_once('@') {
             Some((credentials, rest)) => {
-                if credentials.contains(['/', '?', '#']) {
-                    return Err(
-                        "the user name or password holds '/', '?' or '#': write them \
-                         percent-encoded (%2F, %3F, %23)"
-                            .into(),
-                    );
-                }
+                let (user, password) = split_credentials(credentials)?;
                 if rest.contains('@') {
                     return Err(
                         "the URL holds more than one '@': write an '@' in the user name \
@@ -71,22 +65,9 @@ impl<'a> PgUrl<'a> {
                             .into(),
                     );
                 }
-                let (user, password) = match credentials.split_once(':') {
-                    Some((user, password)) => (user, Some(password)),
-                    None => (credentials, None),
-                };
-                if password == Some("") {
-                    return Err(
-                        "the password after ':' is empty; leave out the ':' (and give \
-                         the password by LEASEHOLD_STORE_PASSWORD or password_file=PATH), or \
-                         give one"
-                            .into(),
-                    );
-                }
                 if user.is_empty() {
                     return Err("the user name before '@' is empty".into());
                 }
-                check_escapes(user, password)?;
                 if std::str::from_utf8(&percent_decode(user)).is_err() {
                     return Err("the user name is not UTF-8 once percent-decoded".into());
                 }
@@ -111,32 +92,21 @@ impl<'a> PgUrl<'a> {
         {
             return Err("the database name is not UTF-8 once percent-decoded".into());
         }
-        let mut params: Vec<(&str, &str)> = Vec::new();
-        if let Some(query) = rest.strip_prefix('?') {
-            for pair in query.split('&') {
-                let Some((key, value)) = pair.split_once('=') else {
-                    return Err(if pair.is_empty() {
-                        "a parameter is empty (&& or & at an end, or ? with nothing after)".into()
-                    } else {
-                        format!("parameter {} has no =VALUE", quoted(pair))
-                    });
-                };
-                if !(LEASEHOLD_POSTGRES_PARAMETERS.contains(&key)
-                    || POSTGRES_PARAMETERS.contains(&key))
-                {
-                    return Err(format!(
-                        "unknown parameter {} in the PostgreSQL URL; known are schema, \
-                         sslrootcert, sslcert, sslkey, password_file and {}",
-                        quoted(key),
-                        POSTGRES_PARAMETERS.join(", ")
-                    ));
-                }
-                if params.iter().any(|(k, _)| *k == key) {
-                    return Err(format!("parameter {key:?} is given twice"));
-                }
-                params.push((key, value));
+        let known_key = |key: &str| {
+            if LEASEHOLD_POSTGRES_PARAMETERS.contains(&key) || POSTGRES_PARAMETERS.contains(&key) {
+                return Ok(());
             }
-        }
+            Err(format!(
+                "unknown parameter {} in the PostgreSQL URL; known are schema, \
+                 sslrootcert, sslcert, sslkey, password_file and {}",
+                quoted(key),
+                POSTGRES_PARAMETERS.join(", ")
+            ))
+        };
+        let params = match rest.strip_prefix('?') {
+            Some(query) => query_pairs(query, "parameter", known_key)?,
+            None => Vec::new(),
+        };
         let pg = PgUrl {
             scheme,
             user,

@@ -13,6 +13,7 @@ use leasehold::{CandidateId, ElectionName, LeaseConfig, Store, StoreUrl, shorten
 mod values;
 
 pub(crate) use values::parse_duration;
+pub(crate) use values::parse_http_addr;
 use values::*;
 pub use values::{HttpAddr, invalid_utf8_culprit};
 
@@ -83,6 +84,12 @@ pub enum Command {
     /// Campaign, hold the election for a while, resign; prints one JSON line
     /// per event. A way to try leasehold and to probe a store.
     Campaign(CampaignArgs),
+    /// Hold the election for an application that runs beside it, neither
+    /// starting nor stopping it, and answer whether this replica leads:
+    /// GET /leader is 200 only while it does, with the fencing token and how
+    /// long the answer holds (valid_for_ms), 503 otherwise; /follower,
+    /// /health, /status and /metrics too, on --http and a unix socket.
+    Sidecar(crate::sidecar::SidecarArgs),
     /// Recommend a lease TTL for a renewal period, jitter and clock skew, or
     /// judge a proposed one (--ttl).
     ///
@@ -258,32 +265,8 @@ pub struct RunArgs {
     /// interfaces). [default: no HTTP]
     #[arg(long, env = "LEASEHOLD_HTTP", hide_env_values = true, value_parser = parse_http_addr, value_name = "ADDR")]
     pub http: Option<HttpAddr>,
-    /// This replica's priority (any integer; higher wins). Among waiting
-    /// replicas the highest priority is granted the election first, then
-    /// the one waiting longest; a waiting replica of strictly higher
-    /// priority than the leader takes over by a graceful handover once it
-    /// has waited --preempt-after. Equal priorities never preempt.
-    #[arg(
-        long,
-        env = "LEASEHOLD_PRIORITY",
-        hide_env_values = true,
-        default_value_t = 0,
-        allow_hyphen_values = true,
-        value_name = "N"
-    )]
-    pub priority: i64,
-    /// While this replica leads, how long a waiting replica of higher
-    /// priority must have waited before this one hands over to it, so that
-    /// a replica that keeps crashing and restarting cannot make leadership
-    /// flap. [default: the renewal period]
-    #[arg(long, env = "LEASEHOLD_PREEMPT_AFTER", hide_env_values = true, value_parser = parse_duration, allow_hyphen_values = true)]
-    pub preempt_after: Option<Duration>,
-    /// After the previous leader's lease expired (it crashed or was cut off,
-    /// rather than releasing), wait this long before taking over, so that
-    /// requests it had in flight drain from a resource that cannot check
-    /// fencing tokens. A release (SIGTERM, a transfer) is not delayed.
-    #[arg(long, env = "LEASEHOLD_LOCK_DELAY", hide_env_values = true, default_value = "0s", value_parser = parse_duration, allow_hyphen_values = true)]
-    pub lock_delay: Duration,
+    #[command(flatten)]
+    pub planned: PlannedArgs,
     /// Own a share of N shards instead of the whole election: the
     /// replicas that run with the same --election and N form a group, each
     /// shard (an election of its own, ELECTION/shard/K, with its own token)
@@ -311,22 +294,86 @@ pub struct RunArgs {
     pub command: Vec<OsString>,
 }
 
+/// How this replica takes part in planned moves: its priority, and the
+/// waits before preempting and after an expiry (`run` and `sidecar`).
+#[derive(Debug, ClapArgs)]
+pub struct PlannedArgs {
+    /// This replica's priority (any integer; higher wins). Among waiting
+    /// replicas the highest priority is granted the election first, then
+    /// the one waiting longest; a waiting replica of strictly higher
+    /// priority than the leader takes over by a graceful handover once it
+    /// has waited --preempt-after. Equal priorities never preempt.
+    #[arg(
+        long,
+        env = "LEASEHOLD_PRIORITY",
+        hide_env_values = true,
+        default_value_t = 0,
+        allow_hyphen_values = true,
+        value_name = "N"
+    )]
+    pub priority: i64,
+    /// While this replica leads, how long a waiting replica of higher
+    /// priority must have waited before this one hands over to it, so that
+    /// a replica that keeps crashing and restarting cannot make leadership
+    /// flap. [default: the renewal period]
+    #[arg(long, env = "LEASEHOLD_PREEMPT_AFTER", hide_env_values = true, value_parser = parse_duration, allow_hyphen_values = true)]
+    pub preempt_after: Option<Duration>,
+    /// After the previous leader's lease expired (it crashed or was cut off,
+    /// rather than releasing), wait this long before taking over, so that
+    /// requests it had in flight drain from a resource that cannot check
+    /// fencing tokens. A release (SIGTERM, a transfer) is not delayed.
+    #[arg(long, env = "LEASEHOLD_LOCK_DELAY", hide_env_values = true, default_value = "0s", value_parser = parse_duration, allow_hyphen_values = true)]
+    pub lock_delay: Duration,
+}
+
+impl PlannedArgs {
+    /// The first of these flags that is set, if any: each needs the line's
+    /// notes, which another recipe's layout and a group do not keep.
+    pub fn first_set(&self) -> Option<&'static str> {
+        [
+            (self.priority != 0, "--priority"),
+            (self.preempt_after.is_some(), "--preempt-after"),
+            (!self.lock_delay.is_zero(), "--lock-delay"),
+        ]
+        .into_iter()
+        .find_map(|(set, flag)| set.then_some(flag))
+    }
+
+    /// `elector` with these settings.
+    pub fn apply(&self, elector: leasehold::Elector) -> leasehold::Elector {
+        let elector = elector
+            .with_priority(self.priority)
+            .with_lock_delay(self.lock_delay);
+        match self.preempt_after {
+            Some(settle) => elector.with_preempt_after(settle),
+            None => elector,
+        }
+    }
+
+    /// Refuses these flags in another recipe's layout.
+    pub fn check(&self, store: &StoreArgs) -> Result<(), leasehold::Error> {
+        let layout = store.store.as_ref().map(StoreUrl::layout);
+        match (layout.filter(|l| l.is_foreign()), self.first_set()) {
+            (Some(layout), Some(flag)) => Err(foreign_layout_refuses(flag, layout)),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// A shard's restart delay without `--restart-delay`.
 pub const DEFAULT_RESTART_DELAY: Duration = Duration::from_secs(1);
 
 impl RunArgs {
     /// Refuses settings that do not go together.
     pub fn check(&self) -> Result<(), leasehold::Error> {
+        self.planned.check(&self.election.store)?;
         let layout = self.election.store.store.as_ref().map(StoreUrl::layout);
         if let Some(layout) = layout.filter(|l| l.is_foreign()) {
-            let needs_notes = [
-                (self.priority != 0, "--priority"),
-                (self.preempt_after.is_some(), "--preempt-after"),
-                (!self.lock_delay.is_zero(), "--lock-delay"),
+            let group = [
                 (self.shards.is_some(), "--shards"),
                 (self.slots.is_some(), "--slots"),
             ];
-            if let Some((_, flag)) = needs_notes.iter().find(|(set, _)| *set) {
+            if let Some((_, flag)) = group.iter().find(|(set, _)| *set) {
                 return Err(foreign_layout_refuses(flag, layout));
             }
         }
@@ -345,17 +392,10 @@ impl RunArgs {
         } else {
             return Ok(());
         };
-        let refused = [
-            (
-                self.slots.is_some() && self.restart_delay.is_some(),
-                "--restart-delay",
-            ),
-            (self.priority != 0, "--priority"),
-            (self.preempt_after.is_some(), "--preempt-after"),
-            (!self.lock_delay.is_zero(), "--lock-delay"),
-        ];
-        match refused.iter().find(|(set, _)| *set) {
-            Some((_, flag)) => Err(leasehold::Error::InvalidInput {
+        let restart_delay =
+            (self.slots.is_some() && self.restart_delay.is_some()).then_some("--restart-delay");
+        match restart_delay.or(self.planned.first_set()) {
+            Some(flag) => Err(leasehold::Error::InvalidInput {
                 what: "options",
                 reason: format!("{flag} does not apply with {group}"),
             }),

@@ -1,4 +1,5 @@
-//! `run --http ADDR`: `/status`, `/healthz` and `/metrics`.
+//! `run --http ADDR` and `sidecar --http ADDR`: `/status`, `/healthz` and
+//! `/metrics`, and the listeners they are served on.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -33,12 +34,7 @@ struct Shared {
 /// A host name may resolve to an address family this host cannot bind (say,
 /// `::1` with IPv6 disabled): such an address is skipped while another one
 /// binds. Any other failure, such as a port in use, is an error.
-pub async fn serve(
-    addr: &HttpAddr,
-    election: ElectionName,
-    store: Arc<dyn Store>,
-    metrics: Arc<RunnerMetrics>,
-) -> anyhow::Result<Vec<SocketAddr>> {
+pub async fn serve(addr: &HttpAddr, app: Router) -> anyhow::Result<Vec<SocketAddr>> {
     let mut listeners = Vec::new();
     let mut unavailable = Vec::new();
     for &one in &addr.addrs {
@@ -59,15 +55,6 @@ pub async fn serve(
     for (one, error) in &unavailable {
         tracing::warn!(addr = %one, %error, "not serving HTTP on this address of --http {addr}");
     }
-    let app = Router::new()
-        .route("/status", get(status))
-        .route("/healthz", get(healthz))
-        .route("/metrics", get(metrics_text))
-        .with_state(Shared {
-            election,
-            store,
-            metrics,
-        });
     let mut bound = Vec::with_capacity(listeners.len());
     for listener in listeners {
         bound.push(listener.local_addr()?);
@@ -79,6 +66,24 @@ pub async fn serve(
         });
     }
     Ok(bound)
+}
+
+/// `/status`, `/healthz` and `/metrics` of a runner (or a sidecar) of
+/// `election`.
+pub fn routes(
+    election: ElectionName,
+    store: Arc<dyn Store>,
+    metrics: Arc<RunnerMetrics>,
+) -> Router {
+    Router::new()
+        .route("/status", get(status))
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics_text))
+        .with_state(Shared {
+            election,
+            store,
+            metrics,
+        })
 }
 
 /// Whether binding failed because this host has no such address or family,

@@ -22,6 +22,7 @@ mod logwriter;
 mod metrics;
 mod run;
 mod shards;
+mod sidecar;
 mod signals;
 mod stdio;
 mod term;
@@ -152,7 +153,7 @@ fn run(args: cli::Args) -> anyhow::Result<ExitCode> {
     // `run` and `campaign` (whose JSON lines are a trace of what it does)
     // work without a stdout.
     let prints = match &args.command {
-        cli::Command::Run(_) | cli::Command::Campaign(_) => false,
+        cli::Command::Run(_) | cli::Command::Campaign(_) | cli::Command::Sidecar(_) => false,
         cli::Command::Man(man) => man.dir.is_none(),
         _ => true,
     };
@@ -178,6 +179,7 @@ fn run(args: cli::Args) -> anyhow::Result<ExitCode> {
             cli::Command::Observe(cmd) => inspect::observe(cmd).await,
             cli::Command::List(cmd) => inspect::list(cmd).await,
             cli::Command::Campaign(cmd) => campaign::run(cmd).await,
+            cli::Command::Sidecar(cmd) => sidecar::run(cmd).await,
             cli::Command::Tune(cmd) => tune::run(cmd).await,
             cli::Command::Transfer(cmd) => transfer::run(cmd).await,
             cli::Command::Completions(cmd) => generate::completions(&cmd),

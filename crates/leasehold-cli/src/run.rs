@@ -50,13 +50,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let candidate = args.election.candidate();
     let metrics = RunnerMetrics::new(args.election.election.as_str(), candidate.as_str());
     let config = args.election.lease_config();
-    let mut elector = Elector::new(Arc::clone(&store), candidate, config)?
-        .with_renewal_observer(metrics.renewal_observer())
-        .with_priority(args.priority)
-        .with_lock_delay(args.lock_delay);
-    if let Some(settle) = args.preempt_after {
-        elector = elector.with_preempt_after(settle);
-    }
+    let elector = args.planned.apply(
+        Elector::new(Arc::clone(&store), candidate, config)?
+            .with_renewal_observer(metrics.renewal_observer()),
+    );
     let line_gauge = tokio::spawn(count_waiting(
         Arc::clone(&store),
         args.election.election.clone(),
@@ -66,9 +63,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         Some(addr) => Some(
             crate::http::serve(
                 addr,
-                args.election.election.clone(),
-                store,
-                Arc::clone(&metrics),
+                crate::http::routes(args.election.election.clone(), store, Arc::clone(&metrics)),
             )
             .await?,
         ),

@@ -342,8 +342,11 @@ impl Session {
         rx
     }
 
-    /// Why leadership of `grant` is over now, if it is.
-    pub(crate) fn grant_lost_now(&self, grant: &Grant) -> Option<LostReason> {
+    /// Why leadership of `grant` (a grant on this session) is over now, if
+    /// it is: ended, or past the conservative deadline by this session's
+    /// clock. For a process that answers others about its leadership at
+    /// the moment they ask, as `leasehold sidecar` does.
+    pub fn grant_lost_now(&self, grant: &Grant) -> Option<LostReason> {
         self.grant_lost_at(grant, self.shared.clock.now())
     }
 

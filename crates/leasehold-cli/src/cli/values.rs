@@ -94,7 +94,7 @@ impl std::fmt::Display for HttpAddr {
 pub(super) const MAX_HOST_LEN: usize = 253;
 
 /// `IP:PORT`, `HOST:PORT` (resolved now) or `:PORT` (all interfaces).
-pub(super) fn parse_http_addr(s: &str) -> Result<HttpAddr, String> {
+pub(crate) fn parse_http_addr(s: &str) -> Result<HttpAddr, String> {
     use std::net::ToSocketAddrs;
     const EXPECTED: &str =
         "expected HOST:PORT or :PORT, such as 127.0.0.1:9464, localhost:9464 or :9464";

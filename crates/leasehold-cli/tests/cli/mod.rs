@@ -13,5 +13,6 @@ mod operability;
 mod planned;
 mod run;
 mod secrets;
+mod sidecar;
 mod sqlite_files;
 mod zk_postgres;

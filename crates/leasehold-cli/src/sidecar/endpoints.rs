@@ -1,0 +1,307 @@
+//! The sidecar's endpoints, on `--http` and on its unix socket: `/leader`,
+//! `/follower` and `/health` for load balancers and probes, `/status`,
+//! `/healthz` and `/metrics` as `run --http` serves them, and the admin
+//! calls `POST /resign` and `POST /transfer?to=ID` (on TCP only with
+//! `--admin-token-file` and its bearer token).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{RawQuery, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use leasehold::{CandidateId, ElectionName, Grant, LeaderWatch, NoteWatch, Session, Store};
+use tokio::sync::{mpsc, oneshot};
+
+use super::answer::{self, Answer, Held, Seen, Snapshot};
+
+/// How long `/health` waits for the store.
+const STORE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long `POST /transfer` waits for the new leader.
+const TRANSFER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What the sidecar's loop keeps up to date for the endpoints.
+#[derive(Default)]
+pub struct Local {
+    /// The grant held, with the session that renews it.
+    pub held: Option<(Arc<Session>, Grant)>,
+    /// Whether the loop waits in the line now.
+    pub waiting: bool,
+    /// The session this replica campaigns with, once open.
+    pub session: Option<u64>,
+}
+
+/// An admin call for the loop, with where its answer goes.
+pub enum Admin {
+    Resign(oneshot::Sender<Result<String, String>>),
+}
+
+/// What every endpoint reads.
+#[derive(Clone)]
+pub struct Shared {
+    pub election: ElectionName,
+    pub me: CandidateId,
+    pub store: Arc<dyn Store>,
+    pub local: Arc<Mutex<Local>>,
+    pub leader: Option<LeaderWatch>,
+    /// The line's notes; `None` on a layout that keeps none (another
+    /// recipe's), where waiting for the election is the line.
+    pub line: Option<NoteWatch>,
+    pub admin: mpsc::Sender<Admin>,
+}
+
+impl Shared {
+    /// What is known now, for an answer decided now.
+    fn snapshot(&self) -> Snapshot {
+        let local = self.local.lock().unwrap_or_else(|e| e.into_inner());
+        let held = local.held.as_ref().map(|(session, grant)| Held {
+            token: grant.token.0,
+            deadline: session.deadline().into_std(),
+            over: session.grant_lost_now(grant).is_some(),
+        });
+        let leader = self.leader.as_ref().and_then(|w| {
+            w.borrow().as_ref().map(|l| Seen {
+                id: l.candidate.to_string(),
+                session: l.session.map(|s| s.0),
+                token: l.token.0,
+            })
+        });
+        // In the line once its note is there, not as soon as it campaigns.
+        let in_line = match (&self.line, local.session) {
+            (Some(notes), Some(mine)) => leasehold::line::standbys(&notes.borrow())
+                .iter()
+                .any(|w| w.session.0 == mine),
+            (Some(_), None) => false,
+            (None, _) => true,
+        };
+        Snapshot {
+            me: self.me.to_string(),
+            my_session: local.session,
+            held,
+            waiting: local.waiting && in_line,
+            leader,
+        }
+    }
+}
+
+/// The routes both listeners serve; `admin_token` guards the admin calls
+/// on TCP (`None` there refuses them), the socket passes `Open`.
+pub fn routes(shared: Shared, common: Router, admin: AdminAccess) -> Router {
+    let leader = get(leader_answer).options(leader_answer);
+    let follower = get(follower_answer).options(follower_answer);
+    let app = Router::new()
+        .route("/leader", leader)
+        .route("/follower", follower)
+        .route("/health", get(health))
+        .route("/resign", post(resign))
+        .route("/transfer", post(transfer))
+        .with_state((shared, Arc::new(admin)));
+    app.merge(common)
+}
+
+/// Who may make admin calls on a listener.
+pub enum AdminAccess {
+    /// Anyone who can connect (the socket: its mode is 0600).
+    Open,
+    /// Whoever sends this bearer token (TCP with `--admin-token-file`).
+    Token(String),
+    /// Nobody (TCP without `--admin-token-file`).
+    Refused,
+}
+
+type AppState = State<(Shared, Arc<AdminAccess>)>;
+
+fn json_answer(answer: &Answer) -> Response {
+    let code = if answer.ok {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    json(code, &answer.body)
+}
+
+fn json(code: StatusCode, body: &impl serde::Serialize) -> Response {
+    match serde_json::to_string(body) {
+        Ok(text) => (
+            code,
+            [(header::CONTENT_TYPE, "application/json")],
+            text + "\n",
+        )
+            .into_response(),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}
+
+async fn leader_answer(State((shared, _)): AppState) -> Response {
+    let snapshot = shared.snapshot();
+    json_answer(&answer::leader(&snapshot, std::time::Instant::now()))
+}
+
+async fn follower_answer(State((shared, _)): AppState) -> Response {
+    let snapshot = shared.snapshot();
+    json_answer(&answer::follower(&snapshot, std::time::Instant::now()))
+}
+
+/// 200 while the store answers, whoever leads: for a liveness probe that
+/// should restart a sidecar cut off from its store.
+async fn health(State((shared, _)): AppState) -> Response {
+    match tokio::time::timeout(STORE_TIMEOUT, shared.store.leader(&shared.election)).await {
+        Ok(Ok(_)) => (StatusCode::OK, "ok\n").into_response(),
+        Ok(Err(error)) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the store did not answer: {error}\n"),
+        )
+            .into_response(),
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the store did not answer within {STORE_TIMEOUT:?}\n"),
+        )
+            .into_response(),
+    }
+}
+
+/// Refuses an admin call this listener does not allow.
+fn refused(access: &AdminAccess, headers: &HeaderMap) -> Option<Response> {
+    match access {
+        AdminAccess::Open => None,
+        AdminAccess::Refused => Some(
+            (
+                StatusCode::FORBIDDEN,
+                "admin calls over TCP need --admin-token-file; use the unix socket (--socket)\n",
+            )
+                .into_response(),
+        ),
+        AdminAccess::Token(token) => {
+            let given = headers
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "));
+            if given.is_some_and(|given| same(given.as_bytes(), token.as_bytes())) {
+                return None;
+            }
+            Some(
+                (
+                    StatusCode::UNAUTHORIZED,
+                    [(header::WWW_AUTHENTICATE, "Bearer")],
+                    "an admin call needs the bearer token of --admin-token-file\n",
+                )
+                    .into_response(),
+            )
+        }
+    }
+}
+
+/// Compares in time that depends on the lengths alone.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[derive(serde::Serialize)]
+struct Done {
+    done: String,
+}
+
+#[derive(serde::Serialize)]
+struct Failed {
+    error: String,
+}
+
+async fn resign(State((shared, access)): AppState, headers: HeaderMap) -> Response {
+    if let Some(refusal) = refused(&access, &headers) {
+        return refusal;
+    }
+    let (tx, rx) = oneshot::channel();
+    if shared.admin.send(Admin::Resign(tx)).await.is_err() {
+        return json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &Failed {
+                error: "the sidecar is stopping".into(),
+            },
+        );
+    }
+    match rx.await {
+        Ok(Ok(done)) => json(StatusCode::OK, &Done { done }),
+        Ok(Err(error)) => json(StatusCode::CONFLICT, &Failed { error }),
+        Err(_) => json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &Failed {
+                error: "the sidecar is stopping".into(),
+            },
+        ),
+    }
+}
+
+/// `to` of a query `to=ID` (percent-decoded); `Err` for any other query.
+fn transfer_to(query: Option<&str>) -> Result<Option<CandidateId>, String> {
+    let Some(query) = query.filter(|q| !q.is_empty()) else {
+        return Ok(None);
+    };
+    let Some(to) = query.strip_prefix("to=").filter(|to| !to.contains('&')) else {
+        return Err("the only parameter is to=ID".into());
+    };
+    let to = percent_encoding::percent_decode_str(to)
+        .decode_utf8()
+        .map_err(|_| "to= is not UTF-8 once percent-decoded".to_owned())?;
+    CandidateId::new(to.into_owned())
+        .map(Some)
+        .map_err(|e| e.to_string())
+}
+
+async fn transfer(
+    State((shared, access)): AppState,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Response {
+    if let Some(refusal) = refused(&access, &headers) {
+        return refusal;
+    }
+    let to = match transfer_to(query.as_deref()) {
+        Ok(to) => to,
+        Err(error) => {
+            return json(
+                StatusCode::BAD_REQUEST,
+                &Failed {
+                    error: error.to_string(),
+                },
+            );
+        }
+    };
+    let ttl = Duration::from_secs(30);
+    let asked = leasehold::transfer::request_transfer(
+        &shared.store,
+        &shared.election,
+        to.as_ref(),
+        ttl,
+        TRANSFER_TIMEOUT,
+    )
+    .await;
+    match asked {
+        Ok(done) => json(
+            StatusCode::OK,
+            &Done {
+                done: format!(
+                    "{} leads now (token {}); {} (token {}) led before",
+                    done.to.candidate, done.to.token, done.from.candidate, done.from.token
+                ),
+            },
+        ),
+        Err(leasehold::Error::InvalidInput { reason, .. }) => {
+            json(StatusCode::CONFLICT, &Failed { error: reason })
+        }
+        Err(error @ leasehold::Error::Timeout(_)) => json(
+            StatusCode::GATEWAY_TIMEOUT,
+            &Failed {
+                error: error.to_string(),
+            },
+        ),
+        Err(error) => json(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &Failed {
+                error: error.to_string(),
+            },
+        ),
+    }
+}

@@ -1,0 +1,130 @@
+//! `--on-elected` and `--on-deposed`: commands run when this replica gains
+//! or loses leadership, one at a time and in order, by a task of their
+//! own, so that a slow or hanging hook never delays a renewal or a
+//! step-down. A hook still running at its timeout is killed (its whole
+//! process group); failures are logged.
+
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+/// Which change a hook is run for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Change {
+    Elected,
+    Deposed,
+}
+
+impl Change {
+    fn flag(self) -> &'static str {
+        match self {
+            Change::Elected => "--on-elected",
+            Change::Deposed => "--on-deposed",
+        }
+    }
+}
+
+/// One hook to run: the change, and the environment it is told of.
+#[derive(Clone, Debug)]
+pub struct Fired {
+    pub change: Change,
+    pub election: String,
+    pub id: String,
+    pub token: u64,
+    /// Why leadership ended (`--on-deposed`).
+    pub reason: Option<String>,
+}
+
+/// The hooks' commands and timeout.
+#[derive(Clone, Debug)]
+pub struct Hooks {
+    pub on_elected: Option<String>,
+    pub on_deposed: Option<String>,
+    pub timeout: Duration,
+}
+
+/// Where the sidecar sends what happened; never blocks.
+#[derive(Clone, Debug)]
+pub struct HookQueue(Option<mpsc::UnboundedSender<Fired>>);
+
+impl HookQueue {
+    /// Starts the task that runs `hooks`; none when no hook is given.
+    pub fn start(hooks: Hooks) -> Self {
+        if hooks.on_elected.is_none() && hooks.on_deposed.is_none() {
+            return HookQueue(None);
+        }
+        let (tx, mut rx) = mpsc::unbounded_channel::<Fired>();
+        tokio::spawn(async move {
+            while let Some(fired) = rx.recv().await {
+                let command = match fired.change {
+                    Change::Elected => &hooks.on_elected,
+                    Change::Deposed => &hooks.on_deposed,
+                };
+                if let Some(command) = command {
+                    run_one(command, &fired, hooks.timeout).await;
+                }
+            }
+        });
+        HookQueue(Some(tx))
+    }
+
+    /// Queues the hook for `fired`, if one is given.
+    pub fn fire(&self, fired: Fired) {
+        if let Some(tx) = &self.0 {
+            // The task ends only with the process.
+            let _ = tx.send(fired);
+        }
+    }
+}
+
+/// Runs `command` with `sh -c` in a process group of its own, killing the
+/// group at `timeout`.
+async fn run_one(command: &str, fired: &Fired, timeout: Duration) {
+    let flag = fired.change.flag();
+    let mut child = tokio::process::Command::new("/bin/sh");
+    child
+        .arg("-c")
+        .arg(command)
+        .env("LEASEHOLD_ELECTION", &fired.election)
+        .env("LEASEHOLD_ID", &fired.id)
+        .env("LEASEHOLD_TOKEN", fired.token.to_string())
+        .env_remove("LEASEHOLD_STORE")
+        .env_remove(leasehold::store::PASSWORD_ENV)
+        .stdin(std::process::Stdio::null())
+        .process_group(0)
+        .kill_on_drop(true);
+    match &fired.reason {
+        Some(reason) => child.env("LEASEHOLD_REASON", reason),
+        None => child.env_remove("LEASEHOLD_REASON"),
+    };
+    let mut child = match child.spawn() {
+        Ok(child) => child,
+        Err(error) => {
+            tracing::warn!(hook = flag, %error, "cannot start the hook");
+            return;
+        }
+    };
+    let pgid = child.id().and_then(|id| i32::try_from(id).ok());
+    match tokio::time::timeout(timeout, child.wait()).await {
+        Ok(Ok(status)) if status.success() => {
+            tracing::debug!(hook = flag, token = fired.token, "hook done");
+        }
+        Ok(Ok(status)) => {
+            tracing::warn!(hook = flag, token = fired.token, %status, "the hook failed");
+        }
+        Ok(Err(error)) => tracing::warn!(hook = flag, %error, "cannot wait for the hook"),
+        Err(_) => {
+            if let Some(pgid) = pgid {
+                // The group is the hook's own (process_group(0)), and the
+                // hook has not been reaped: its id is still its group's.
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(pgid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            let _ = child.wait().await;
+            tracing::warn!(hook = flag, token = fired.token, timeout = ?timeout,
+                "the hook did not finish in time; killed");
+        }
+    }
+}

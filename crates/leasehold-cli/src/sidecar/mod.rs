@@ -1,0 +1,387 @@
+//! `leasehold sidecar`: campaigns and holds leadership for an application
+//! that runs beside it and is neither started nor stopped by it; the
+//! application (and a load balancer) ask it over HTTP or its unix socket
+//! whether this replica leads, and are told for how long the answer holds.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use clap::Args as ClapArgs;
+use leasehold::{ElectionName, Elector, Leadership};
+use tokio::sync::mpsc;
+
+use crate::cli::{ElectionArgs, HttpAddr, PlannedArgs, parse_duration, parse_http_addr};
+use crate::metrics::{RunnerMetrics, StepDown};
+use crate::signals::{IgnoredSignals, PassedSignals, StopSignals};
+
+mod answer;
+mod endpoints;
+mod hooks;
+mod socket;
+
+use endpoints::{Admin, AdminAccess, Local, Shared};
+use hooks::{Change, Fired, HookQueue, Hooks};
+
+/// Pause before campaigning again after a transient store error.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// The longest admin token file read.
+const MAX_TOKEN_FILE: u64 = 4096;
+
+#[derive(Debug, ClapArgs)]
+pub struct SidecarArgs {
+    #[command(flatten)]
+    pub election: ElectionArgs,
+    #[command(flatten)]
+    pub planned: PlannedArgs,
+    /// Serve /leader, /follower, /health, /status, /healthz and /metrics on
+    /// this address: HOST:PORT (an IP address or a host name, served on
+    /// every address it resolves to) or :PORT (all interfaces). At least
+    /// one of --http and --socket is needed. [default: no HTTP]
+    #[arg(long, env = "LEASEHOLD_HTTP", hide_env_values = true, value_parser = parse_http_addr, value_name = "ADDR")]
+    pub http: Option<HttpAddr>,
+    /// Serve the same, and the admin calls POST /resign and POST
+    /// /transfer?to=ID, on a unix socket at this path (created mode 0600;
+    /// a socket of this user's nobody serves on is replaced, any other file
+    /// refused). [default: no socket]
+    #[arg(
+        long,
+        env = "LEASEHOLD_SOCKET",
+        hide_env_values = true,
+        value_name = "PATH"
+    )]
+    pub socket: Option<PathBuf>,
+    /// Allow the admin calls on --http too, to a request carrying the
+    /// token this file holds (`Authorization: Bearer TOKEN`). [default: the
+    /// admin calls are refused on --http]
+    #[arg(
+        long,
+        env = "LEASEHOLD_ADMIN_TOKEN_FILE",
+        hide_env_values = true,
+        value_name = "PATH"
+    )]
+    pub admin_token_file: Option<PathBuf>,
+    /// Run this shell command (sh -c) when this replica becomes the
+    /// leader, with LEASEHOLD_ELECTION, LEASEHOLD_ID and LEASEHOLD_TOKEN in
+    /// its environment. Hooks run one at a time, in order, beside the
+    /// election: they never delay a renewal or a step-down. [default: none]
+    #[arg(long, value_name = "CMD")]
+    pub on_elected: Option<String>,
+    /// Run this shell command when this replica stops leading, with the
+    /// same variables and LEASEHOLD_REASON. [default: none]
+    #[arg(long, value_name = "CMD")]
+    pub on_deposed: Option<String>,
+    /// How long a hook may run before it (and every process it started in
+    /// its process group) is killed.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub hook_timeout: Duration,
+}
+
+pub async fn run(args: SidecarArgs) -> anyhow::Result<ExitCode> {
+    if args.http.is_none() && args.socket.is_none() {
+        anyhow::bail!(leasehold::Error::InvalidInput {
+            what: "options",
+            reason: "give --http ADDR, --socket PATH or both: the sidecar answers there".into(),
+        });
+    }
+    args.planned.check(&args.election.store)?;
+    let admin_token = match &args.admin_token_file {
+        Some(path) => Some(read_token(path)?),
+        None => None,
+    };
+    let store = args.election.store.open().await?;
+    let election = args.election.election.clone();
+    crate::run::refuse_a_group(&*store, &election, true).await?;
+    let candidate = args.election.candidate();
+    let metrics = RunnerMetrics::new(election.as_str(), candidate.as_str());
+    let elector = args.planned.apply(
+        Elector::new(
+            Arc::clone(&store),
+            candidate.clone(),
+            args.election.lease_config(),
+        )?
+        .with_renewal_observer(metrics.renewal_observer()),
+    );
+    let (admin_tx, admin_rx) = mpsc::channel(4);
+    let shared = Shared {
+        election: election.clone(),
+        me: candidate,
+        store: Arc::clone(&store),
+        local: Arc::new(Mutex::new(Local::default())),
+        leader: elector.observe(&election).await.ok(),
+        line: line_of(&*store, &election).await?,
+        admin: admin_tx,
+    };
+    let common = crate::http::routes(election.clone(), store, Arc::clone(&metrics));
+    let mut sidecar = Sidecar {
+        elector,
+        election,
+        local: Arc::clone(&shared.local),
+        hooks: HookQueue::start(Hooks {
+            on_elected: args.on_elected.clone(),
+            on_deposed: args.on_deposed.clone(),
+            timeout: args.hook_timeout,
+        }),
+        inputs: Inputs {
+            admin: admin_rx,
+            signals: StopSignals::install()?,
+            passed: PassedSignals::install()?,
+            ignored: IgnoredSignals::install()?,
+        },
+        metrics,
+    };
+    let _socket = listen(&args, &shared, &common, admin_token).await?;
+    let code = sidecar.serve().await;
+    if let Err(error) = sidecar.elector.close().await {
+        tracing::warn!(%error, "could not close the session; the store will expire it after the TTL");
+    }
+    code
+}
+
+/// The line's notes, to tell when this replica is in it; `None` on a
+/// layout that keeps none.
+async fn line_of(
+    store: &dyn leasehold::Store,
+    election: &ElectionName,
+) -> anyhow::Result<Option<leasehold::NoteWatch>> {
+    match store.watch_notes(election).await {
+        Ok(notes) => Ok(Some(notes)),
+        Err(leasehold::Error::Unsupported(_)) => Ok(None),
+        Err(error) => {
+            Err(anyhow::Error::new(error).context(format!("cannot watch the line of {election}")))
+        }
+    }
+}
+
+/// Starts serving on `--http` and `--socket`; the socket, removed when
+/// dropped.
+async fn listen(
+    args: &SidecarArgs,
+    shared: &Shared,
+    common: &axum::Router,
+    admin_token: Option<String>,
+) -> anyhow::Result<Option<socket::BoundSocket>> {
+    let mut serving = Vec::new();
+    if let Some(addr) = &args.http {
+        let access = admin_token.map_or(AdminAccess::Refused, AdminAccess::Token);
+        let app = endpoints::routes(shared.clone(), common.clone(), access);
+        let bound = crate::http::serve(addr, app).await?;
+        serving.extend(bound.iter().map(ToString::to_string));
+    }
+    let socket = match &args.socket {
+        Some(path) => {
+            let (listener, bound) = socket::bind(path)?;
+            let app = endpoints::routes(shared.clone(), common.clone(), AdminAccess::Open);
+            tokio::spawn(async move {
+                if let Err(error) = axum::serve(listener, app).await {
+                    tracing::error!(%error, "the socket's server stopped");
+                }
+            });
+            serving.push(path.display().to_string());
+            Some(bound)
+        }
+        None => None,
+    };
+    tracing::info!(at = %serving.join(", "), "serving /leader, /follower, /health, /status and /metrics");
+    Ok(socket)
+}
+
+/// The admin token: the file's one line.
+fn read_token(path: &PathBuf) -> anyhow::Result<String> {
+    use std::io::Read;
+    let shown = path.display();
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_TOKEN_FILE).read_to_string(&mut text))
+        .map_err(|error| anyhow::anyhow!("cannot read --admin-token-file {shown}: {error}"))?;
+    let token = text.strip_suffix('\n').unwrap_or(&text);
+    if token.len() < 16 || token.contains(char::is_whitespace) {
+        anyhow::bail!(
+            "--admin-token-file {shown} must hold one token of at least 16 characters, without spaces"
+        );
+    }
+    Ok(token.to_owned())
+}
+
+struct Sidecar {
+    elector: Elector,
+    election: ElectionName,
+    local: Arc<Mutex<Local>>,
+    hooks: HookQueue,
+    inputs: Inputs,
+    metrics: Arc<RunnerMetrics>,
+}
+
+/// What may end a campaign or a term: signals and admin calls.
+struct Inputs {
+    admin: mpsc::Receiver<Admin>,
+    signals: StopSignals,
+    passed: PassedSignals,
+    ignored: IgnoredSignals,
+}
+
+/// Why a term of leadership ended.
+enum TermEnd {
+    Lost(leasehold::LostReason),
+    HandOver,
+    Resign(tokio::sync::oneshot::Sender<Result<String, String>>),
+    Stopped(nix::sys::signal::Signal),
+}
+
+impl Sidecar {
+    fn local(&self) -> std::sync::MutexGuard<'_, Local> {
+        self.local.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    async fn serve(&mut self) -> anyhow::Result<ExitCode> {
+        loop {
+            let Some(leadership) = self.campaign().await? else {
+                return Ok(ExitCode::SUCCESS);
+            };
+            if !self.lead(leadership).await {
+                return Ok(ExitCode::SUCCESS);
+            }
+        }
+    }
+
+    /// Campaigns until leader (`Some`) or told to stop (`None`).
+    async fn campaign(&mut self) -> anyhow::Result<Option<Leadership>> {
+        tracing::info!(election = %self.election, id = %self.elector.candidate(), "campaigning");
+        loop {
+            if let Ok(session) = self.elector.session().await {
+                self.local().session = Some(session.id().0);
+            }
+            self.local().waiting = true;
+            let outcome = tokio::select! {
+                outcome = self.elector.campaign(&self.election) => outcome,
+                signal = self.inputs.stop_requested(&self.election) => {
+                    tracing::info!(%signal, "stopping while waiting to lead");
+                    self.local().waiting = false;
+                    return Ok(None);
+                }
+            };
+            self.local().waiting = false;
+            match outcome {
+                Ok(leadership) => return Ok(Some(leadership)),
+                Err(error) if error.is_transient() => {
+                    tracing::warn!(%error, retry_in = ?RETRY_AFTER, "campaign failed; retrying");
+                    tokio::time::sleep(RETRY_AFTER).await;
+                }
+                Err(error) => {
+                    return Err(anyhow::Error::new(error)
+                        .context(format!("cannot campaign for {}", self.election)));
+                }
+            }
+        }
+    }
+
+    /// Holds `leadership` until it ends; whether to campaign again.
+    async fn lead(&mut self, leadership: Leadership) -> bool {
+        let token = leadership.token();
+        let id = self.elector.candidate().clone();
+        self.local().held = Some((Arc::clone(leadership.session()), leadership.grant().clone()));
+        self.metrics
+            .became_leader(token, Arc::clone(leadership.session()));
+        tracing::info!(election = %self.election, %id, token = token.0, "leading");
+        self.fire(Change::Elected, token.0, None);
+        let end = self.inputs.hold(&leadership).await;
+        // From here on /leader answers 503, before anything is released.
+        self.local().held = None;
+        let (reason, again) = match end {
+            TermEnd::Lost(reason) => {
+                self.metrics.stepped_down(StepDown::from_lost(&reason));
+                tracing::warn!(election = %self.election, %id, token = token.0, %reason, "stepped down; campaigning again");
+                (reason.to_string(), true)
+            }
+            TermEnd::HandOver => {
+                self.metrics.stepped_down(StepDown::HandedOver);
+                let done = leadership.hand_over().await;
+                log_release(&self.election, token.0, "handed over", done.as_ref().err());
+                ("handed over".to_owned(), true)
+            }
+            TermEnd::Resign(reply) => {
+                self.metrics.stepped_down(StepDown::HandedOver);
+                let done = leadership.hand_over().await;
+                log_release(&self.election, token.0, "resigned", done.as_ref().err());
+                let _ = reply.send(
+                    done.map(|()| "resigned; waiting in line again".to_owned())
+                        .map_err(|e| e.to_string()),
+                );
+                ("resigned".to_owned(), true)
+            }
+            TermEnd::Stopped(signal) => {
+                self.metrics.stepped_down(StepDown::Stopped);
+                let done = leadership.resign().await;
+                log_release(
+                    &self.election,
+                    token.0,
+                    &format!("{signal} received"),
+                    done.as_ref().err(),
+                );
+                (format!("{signal} received"), false)
+            }
+        };
+        self.fire(Change::Deposed, token.0, Some(reason));
+        again
+    }
+
+    fn fire(&self, change: Change, token: u64, reason: Option<String>) {
+        self.hooks.fire(Fired {
+            change,
+            election: self.election.to_string(),
+            id: self.elector.candidate().to_string(),
+            token,
+            reason,
+        });
+    }
+}
+
+impl Inputs {
+    /// Waits for the end of a term.
+    async fn hold(&mut self, leadership: &Leadership) -> TermEnd {
+        loop {
+            tokio::select! {
+                reason = leadership.lost() => return TermEnd::Lost(reason),
+                _ = leadership.handover_requested() => return TermEnd::HandOver,
+                signal = self.signals.recv() => return TermEnd::Stopped(signal),
+                Some(call) = self.admin.recv() => match call {
+                    Admin::Resign(reply) => return TermEnd::Resign(reply),
+                },
+                signal = self.passed.recv() => tracing::info!(%signal, "signal ignored"),
+                signal = self.ignored.recv() => tracing::info!(%signal, "signal ignored"),
+            }
+        }
+    }
+
+    /// The next signal that asks to stop; an admin call while not leading
+    /// is answered here.
+    async fn stop_requested(&mut self, election: &ElectionName) -> nix::sys::signal::Signal {
+        loop {
+            tokio::select! {
+                signal = self.signals.recv() => return signal,
+                Some(call) = self.admin.recv() => match call {
+                    Admin::Resign(reply) => {
+                        let _ = reply.send(Err(format!("this replica does not lead {election}")));
+                    }
+                },
+                signal = self.passed.recv() => tracing::info!(%signal, "signal ignored"),
+                signal = self.ignored.recv() => tracing::info!(%signal, "signal ignored"),
+            }
+        }
+    }
+}
+
+fn log_release(
+    election: &ElectionName,
+    token: u64,
+    reason: &str,
+    error: Option<&leasehold::Error>,
+) {
+    match error {
+        None => tracing::info!(%election, token, reason, "election released"),
+        Some(error) => tracing::warn!(%election, token, reason, %error,
+            "the election was not released (the store expires it after the TTL)"),
+    }
+}

@@ -1,0 +1,363 @@
+//! `leasehold sidecar`: real sidecar processes on a SQLite store, asked
+//! over TCP and over their unix sockets.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+use serde_json::Value;
+
+use super::harness::{Proc, Scratch, leasehold, stderr, wait_until};
+use super::operability::free_addr;
+
+const SECOND: Duration = Duration::from_secs(1);
+
+/// Where a sidecar answers.
+#[derive(Clone)]
+enum At {
+    Tcp(SocketAddr),
+    Socket(PathBuf),
+}
+
+/// One HTTP/1.1 request: status code and body.
+fn request(at: &At, method: &str, path: &str, headers: &str) -> Option<(u16, String)> {
+    let text = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\n{headers}Content-Length: 0\r\nConnection: close\r\n\r\n"
+    );
+    let mut response = String::new();
+    match at {
+        At::Tcp(addr) => {
+            let mut stream = TcpStream::connect_timeout(addr, SECOND).ok()?;
+            stream.set_read_timeout(Some(5 * SECOND)).ok()?;
+            stream.write_all(text.as_bytes()).ok()?;
+            stream.read_to_string(&mut response).ok()?;
+        }
+        At::Socket(path) => {
+            let mut stream = UnixStream::connect(path).ok()?;
+            stream.set_read_timeout(Some(5 * SECOND)).ok()?;
+            stream.write_all(text.as_bytes()).ok()?;
+            stream.read_to_string(&mut response).ok()?;
+        }
+    }
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    let code = head.split(' ').nth(1)?.parse().ok()?;
+    Some((code, body.to_owned()))
+}
+
+fn get(at: &At, path: &str) -> Option<(u16, String)> {
+    request(at, "GET", path, "")
+}
+
+fn json(body: &str) -> Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body:?}"))
+}
+
+/// `/leader`'s code, or 0 when the sidecar does not answer.
+fn leader_code(at: &At) -> u16 {
+    get(at, "/leader").map_or(0, |(code, _)| code)
+}
+
+fn sidecar(scratch: &Scratch, id: &str, extra: &[&str]) -> Proc {
+    Proc::spawn(
+        leasehold()
+            .args(["sidecar", "--election", "web", "--id", id, "--ttl", "3s"])
+            .args(["--store", &scratch.store_url()])
+            .args(extra)
+            .stderr(std::fs::File::create(scratch.path(&format!("{id}.log"))).expect("log")),
+    )
+}
+
+fn tcp_sidecar(scratch: &Scratch, id: &str, extra: &[&str]) -> (Proc, At) {
+    let addr = free_addr();
+    let mut args = vec!["--http".to_owned(), addr.to_string()];
+    args.extend(extra.iter().map(|s| (*s).to_owned()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    (sidecar(scratch, id, &args), At::Tcp(addr))
+}
+
+fn wait_for_code(at: &At, path: &str, code: u16) -> bool {
+    wait_until(10 * SECOND, || {
+        get(at, path).is_some_and(|(c, _)| c == code)
+    })
+}
+
+#[test]
+fn only_the_leaders_sidecar_answers_200_and_another_takes_over_on_sigterm() {
+    let scratch = Scratch::new();
+    let (mut a, at_a) = tcp_sidecar(&scratch, "a", &[]);
+    assert!(wait_for_code(&at_a, "/leader", 200), "a never led");
+    let (_b, at_b) = tcp_sidecar(&scratch, "b", &[]);
+    assert!(wait_for_code(&at_b, "/follower", 200), "b never followed");
+    let (code, body) = get(&at_a, "/leader").expect("a answers");
+    let led = json(&body);
+    assert_eq!(
+        (code, led["id"].as_str(), led["leading"].as_bool()),
+        (200, Some("a"), Some(true))
+    );
+    let token_a = led["token"].as_u64().expect("a token");
+    let valid_for = led["valid_for_ms"].as_u64().expect("valid_for_ms");
+    assert!(valid_for > 0 && valid_for <= 3000, "{valid_for}");
+    let (code, body) = get(&at_b, "/leader").expect("b answers");
+    let follows = json(&body);
+    assert_eq!(code, 503);
+    assert_eq!(follows["leader"].as_str(), Some("a"), "{follows}");
+    assert_eq!(
+        follows["token"],
+        Value::Null,
+        "no token for a follower: {follows}"
+    );
+    assert_eq!(get(&at_a, "/follower").map(|(c, _)| c), Some(503));
+    for method in ["HEAD", "OPTIONS"] {
+        assert_eq!(
+            request(&at_a, method, "/leader", "").map(|(c, _)| c),
+            Some(200),
+            "{method}"
+        );
+        assert_eq!(
+            request(&at_b, method, "/leader", "").map(|(c, _)| c),
+            Some(503),
+            "{method}"
+        );
+    }
+    assert_eq!(get(&at_a, "/health").map(|(c, _)| c), Some(200));
+    assert_eq!(get(&at_a, "/nowhere").map(|(c, _)| c), Some(404));
+    assert_eq!(
+        request(&at_a, "DELETE", "/leader", "").map(|(c, _)| c),
+        Some(405)
+    );
+    a.signal(Signal::SIGTERM);
+    assert!(wait_for_code(&at_b, "/leader", 200), "b never took over");
+    // Once b answers 200, a never does again.
+    for _ in 0..20 {
+        assert_ne!(leader_code(&at_a), 200, "a answered 200 after b led");
+    }
+    let (_, body) = get(&at_b, "/leader").expect("b answers");
+    assert!(json(&body)["token"].as_u64() > Some(token_a), "{body}");
+    assert!(a.wait_for_exit(5 * SECOND).is_some_and(|s| s.success()));
+}
+
+#[test]
+fn the_socket_is_private_replaces_a_stale_one_and_refuses_other_files() {
+    let scratch = Scratch::new();
+    let path = scratch.path("a.sock");
+    // A regular file is left as it is.
+    std::fs::write(&path, "mine").expect("write");
+    let out = leasehold()
+        .args([
+            "sidecar",
+            "--election",
+            "web",
+            "--store",
+            &scratch.store_url(),
+        ])
+        .args(["--socket", path.to_str().expect("utf-8")])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("is a file that is not a socket"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
+    assert_eq!(std::fs::read_to_string(&path).expect("kept"), "mine");
+    std::fs::remove_file(&path).expect("remove");
+    // A socket nobody serves on (a killed sidecar's) is replaced.
+    drop(std::os::unix::net::UnixListener::bind(&path).expect("bind"));
+    let mut a = sidecar(&scratch, "a", &["--socket", path.to_str().expect("utf-8")]);
+    let at = At::Socket(path.clone());
+    assert!(wait_for_code(&at, "/leader", 200), "a never led");
+    let mode = std::fs::metadata(&path)
+        .expect("socket")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+    // A socket another sidecar serves on is refused.
+    let out = leasehold()
+        .args([
+            "sidecar",
+            "--election",
+            "web",
+            "--store",
+            &scratch.store_url(),
+        ])
+        .args(["--socket", path.to_str().expect("utf-8")])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("another process serves on it"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(leader_code(&at), 200, "the first sidecar still answers");
+    a.signal(Signal::SIGTERM);
+    assert!(a.wait_for_exit(5 * SECOND).is_some());
+    assert!(!path.exists(), "the socket is removed on exit");
+    assert_only(
+        scratch.dir.path(),
+        &["a.log", "leasehold.db", "leasehold.db-notify"],
+    );
+}
+
+/// Nothing but `names` in `dir` (no staging folder left behind).
+fn assert_only(dir: &Path, names: &[&str]) {
+    let mut found: Vec<String> = std::fs::read_dir(dir)
+        .expect("dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    found.sort();
+    assert_eq!(found, names, "{found:?}");
+}
+
+#[test]
+fn admin_calls_need_the_socket_or_the_token_and_move_leadership() {
+    let scratch = Scratch::new();
+    let token = "s3cret-admin-token-0123456789";
+    let token_file = scratch.path("token");
+    std::fs::write(&token_file, format!("{token}\n")).expect("write");
+    let socket = scratch.path("a.sock");
+    let (_a, at_a) = tcp_sidecar(
+        &scratch,
+        "a",
+        &[
+            "--socket",
+            socket.to_str().expect("utf-8"),
+            "--admin-token-file",
+            token_file.to_str().expect("utf-8"),
+        ],
+    );
+    assert!(wait_for_code(&at_a, "/leader", 200), "a never led");
+    let (_b, at_b) = tcp_sidecar(&scratch, "b", &[]);
+    assert!(wait_for_code(&at_b, "/follower", 200), "b never followed");
+    // b's TCP listener has no token file: admin calls are refused there.
+    assert_eq!(
+        request(&at_b, "POST", "/resign", "").map(|(c, _)| c),
+        Some(403)
+    );
+    for headers in ["", "Authorization: Bearer wrong-token-0123456789\r\n"] {
+        let (code, body) = request(&at_a, "POST", "/resign", headers).expect("answers");
+        assert_eq!(code, 401, "{body}");
+        assert!(!body.contains(token), "{body}");
+    }
+    assert_eq!(leader_code(&at_a), 200, "a refused call changes nothing");
+    let bearer = format!("Authorization: Bearer {token}\r\n");
+    let (code, body) = request(&at_a, "POST", "/transfer?to=b", &bearer).expect("answers");
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("b leads now"), "{body}");
+    assert_eq!(leader_code(&at_b), 200);
+    // Over the socket, no token is needed: resigning as a follower is
+    // refused; the leader's /transfer to a moves it back.
+    let at_socket = At::Socket(socket);
+    let (code, body) = request(&at_socket, "POST", "/resign", "").expect("answers");
+    assert_eq!(code, 409, "{body}");
+    let (code, body) = request(&at_socket, "POST", "/transfer?to=a", "").expect("answers");
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(leader_code(&at_a), 200);
+    let (code, body) = request(&at_socket, "POST", "/resign", "").expect("answers");
+    assert_eq!(code, 200, "{body}");
+    assert!(
+        wait_for_code(&at_b, "/leader", 200),
+        "b never took over after a resigned"
+    );
+    let (code, body) = request(&at_socket, "POST", "/transfer?to=nobody", "").expect("answers");
+    assert_eq!(code, 409, "{body}");
+    for id in ["a", "b"] {
+        let log = std::fs::read_to_string(scratch.path(&format!("{id}.log"))).expect("log");
+        assert!(!log.contains(token), "{log}");
+    }
+}
+
+#[test]
+fn hooks_run_with_the_token_and_a_hanging_one_is_killed_without_harm() {
+    let scratch = Scratch::new();
+    let record = scratch.path("hooks");
+    let elected = format!(
+        "echo elected $LEASEHOLD_ELECTION $LEASEHOLD_ID $LEASEHOLD_TOKEN >> {}; sleep 100",
+        record.display()
+    );
+    let deposed = format!(
+        "echo deposed $LEASEHOLD_TOKEN \"$LEASEHOLD_REASON\" >> {}",
+        record.display()
+    );
+    let (mut a, at_a) = tcp_sidecar(
+        &scratch,
+        "a",
+        &[
+            "--on-elected",
+            &elected,
+            "--on-deposed",
+            &deposed,
+            "--hook-timeout",
+            "500ms",
+        ],
+    );
+    assert!(wait_for_code(&at_a, "/leader", 200), "a never led");
+    // Past the TTL: the hanging hook was killed at its timeout, and
+    // leadership went on meanwhile.
+    std::thread::sleep(4 * SECOND);
+    assert_eq!(leader_code(&at_a), 200);
+    let log = std::fs::read_to_string(scratch.path("a.log")).expect("log");
+    assert!(
+        log.contains("the hook did not finish in time; killed"),
+        "{log}"
+    );
+    a.signal(Signal::SIGTERM);
+    assert!(a.wait_for_exit(5 * SECOND).is_some());
+    assert!(
+        wait_until(5 * SECOND, || std::fs::read_to_string(&record)
+            .is_ok_and(|r| r.lines().count() == 2)),
+        "{:?}",
+        std::fs::read_to_string(&record)
+    );
+    let lines = std::fs::read_to_string(&record).expect("record");
+    assert_eq!(
+        lines, "elected web a 1\ndeposed 1 SIGTERM received\n",
+        "in order, with the token"
+    );
+}
+
+#[test]
+fn a_sidecar_needs_somewhere_to_answer_and_a_free_port() {
+    let scratch = Scratch::new();
+    let out = leasehold()
+        .args([
+            "sidecar",
+            "--election",
+            "web",
+            "--store",
+            &scratch.store_url(),
+        ])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("give --http ADDR, --socket PATH or both"),
+        "{}",
+        stderr(&out)
+    );
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("addr").to_string();
+    let out = leasehold()
+        .args([
+            "sidecar",
+            "--election",
+            "web",
+            "--store",
+            &scratch.store_url(),
+        ])
+        .args(["--http", &addr])
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("another process listens there"),
+        "{}",
+        stderr(&out)
+    );
+}

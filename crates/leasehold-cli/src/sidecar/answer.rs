@@ -98,7 +98,7 @@ impl Snapshot {
     }
 }
 
-fn millis(d: Duration) -> u64 {
+pub fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 

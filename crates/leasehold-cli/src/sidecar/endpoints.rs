@@ -51,11 +51,13 @@ pub struct Shared {
     /// recipe's), where waiting for the election is the line.
     pub line: Option<NoteWatch>,
     pub admin: mpsc::Sender<Admin>,
+    /// What `/watch` streams.
+    pub events: tokio::sync::broadcast::Sender<super::stream::Change>,
 }
 
 impl Shared {
     /// What is known now, for an answer decided now.
-    fn snapshot(&self) -> Snapshot {
+    pub fn snapshot(&self) -> Snapshot {
         let local = self.local.lock().unwrap_or_else(|e| e.into_inner());
         let held = local.held.as_ref().map(|(session, grant)| Held {
             token: grant.token.0,
@@ -96,6 +98,7 @@ pub fn routes(shared: Shared, common: Router, admin: AdminAccess) -> Router {
         .route("/leader", leader)
         .route("/follower", follower)
         .route("/health", get(health))
+        .route("/watch", get(super::stream::watch))
         .route("/resign", post(resign))
         .route("/transfer", post(transfer))
         .with_state((shared, Arc::new(admin)));
@@ -112,7 +115,7 @@ pub enum AdminAccess {
     Refused,
 }
 
-type AppState = State<(Shared, Arc<AdminAccess>)>;
+pub type AppState = State<(Shared, Arc<AdminAccess>)>;
 
 fn json_answer(answer: &Answer) -> Response {
     let code = if answer.ok {

@@ -44,8 +44,8 @@ pub struct Hooks {
 }
 
 /// Where the sidecar sends what happened; never blocks.
-#[derive(Clone, Debug)]
-pub struct HookQueue(Option<mpsc::UnboundedSender<Fired>>);
+#[derive(Debug)]
+pub struct HookQueue(Option<(mpsc::UnboundedSender<Fired>, tokio::task::JoinHandle<()>)>);
 
 impl HookQueue {
     /// Starts the task that runs `hooks`; none when no hook is given.
@@ -54,7 +54,7 @@ impl HookQueue {
             return HookQueue(None);
         }
         let (tx, mut rx) = mpsc::unbounded_channel::<Fired>();
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             while let Some(fired) = rx.recv().await {
                 let command = match fired.change {
                     Change::Elected => &hooks.on_elected,
@@ -65,14 +65,23 @@ impl HookQueue {
                 }
             }
         });
-        HookQueue(Some(tx))
+        HookQueue(Some((tx, task)))
     }
 
     /// Queues the hook for `fired`, if one is given.
     pub fn fire(&self, fired: Fired) {
-        if let Some(tx) = &self.0 {
-            // The task ends only with the process.
+        if let Some((tx, _)) = &self.0 {
+            // The task ends only once this queue is finished.
             let _ = tx.send(fired);
+        }
+    }
+
+    /// Runs the hooks still queued (each within its timeout), as the
+    /// sidecar exits: a `--on-deposed` for its last term runs too.
+    pub async fn finish(self) {
+        if let Some((tx, task)) = self.0 {
+            drop(tx);
+            let _ = task.await;
         }
     }
 }

@@ -20,6 +20,7 @@ mod answer;
 mod endpoints;
 mod hooks;
 mod socket;
+mod stream;
 
 use endpoints::{Admin, AdminAccess, Local, Shared};
 use hooks::{Change, Fired, HookQueue, Hooks};
@@ -105,20 +106,27 @@ pub async fn run(args: SidecarArgs) -> anyhow::Result<ExitCode> {
         .with_renewal_observer(metrics.renewal_observer()),
     );
     let (admin_tx, admin_rx) = mpsc::channel(4);
+    let (events, _) = tokio::sync::broadcast::channel(stream::BACKLOG);
+    let leaders = elector.observe(&election).await.ok();
+    if let Some(leaders) = leaders.clone() {
+        tokio::spawn(stream::forward_leaders(leaders, events.clone()));
+    }
     let shared = Shared {
         election: election.clone(),
         me: candidate,
         store: Arc::clone(&store),
         local: Arc::new(Mutex::new(Local::default())),
-        leader: elector.observe(&election).await.ok(),
+        leader: leaders,
         line: line_of(&*store, &election).await?,
         admin: admin_tx,
+        events: events.clone(),
     };
     let common = crate::http::routes(election.clone(), store, Arc::clone(&metrics));
     let mut sidecar = Sidecar {
         elector,
         election,
         local: Arc::clone(&shared.local),
+        events,
         hooks: HookQueue::start(Hooks {
             on_elected: args.on_elected.clone(),
             on_deposed: args.on_deposed.clone(),
@@ -137,6 +145,7 @@ pub async fn run(args: SidecarArgs) -> anyhow::Result<ExitCode> {
     if let Err(error) = sidecar.elector.close().await {
         tracing::warn!(%error, "could not close the session; the store will expire it after the TTL");
     }
+    sidecar.hooks.finish().await;
     code
 }
 
@@ -209,6 +218,7 @@ struct Sidecar {
     elector: Elector,
     election: ElectionName,
     local: Arc<Mutex<Local>>,
+    events: tokio::sync::broadcast::Sender<stream::Change>,
     hooks: HookQueue,
     inputs: Inputs,
     metrics: Arc<RunnerMetrics>,
@@ -286,7 +296,12 @@ impl Sidecar {
             .became_leader(token, Arc::clone(leadership.session()));
         tracing::info!(election = %self.election, %id, token = token.0, "leading");
         self.fire(Change::Elected, token.0, None);
-        let end = self.inputs.hold(&leadership).await;
+        report(&self.events, "gained", &leadership);
+        let events = self.events.clone();
+        let end = self
+            .inputs
+            .hold(&leadership, |l| report(&events, "renewed", l))
+            .await;
         // From here on /leader answers 503, before anything is released.
         self.local().held = None;
         let (reason, again) = match end {
@@ -323,6 +338,15 @@ impl Sidecar {
                 (format!("{signal} received"), false)
             }
         };
+        let _ = self
+            .events
+            .send(stream::Change::Leadership(stream::LeadershipEvent {
+                change: "lost",
+                leading: false,
+                token: Some(token.0),
+                valid_for_ms: None,
+                reason: Some(reason.clone()),
+            }));
         self.fire(Change::Deposed, token.0, Some(reason));
         again
     }
@@ -339,11 +363,16 @@ impl Sidecar {
 }
 
 impl Inputs {
-    /// Waits for the end of a term.
-    async fn hold(&mut self, leadership: &Leadership) -> TermEnd {
+    /// Waits for the end of a term, calling `renewed` at each renewal.
+    async fn hold(&mut self, leadership: &Leadership, renewed: impl Fn(&Leadership)) -> TermEnd {
+        let mut deadline = leadership.deadline();
         loop {
             tokio::select! {
                 reason = leadership.lost() => return TermEnd::Lost(reason),
+                later = leadership.deadline_after(deadline) => {
+                    deadline = later;
+                    renewed(leadership);
+                }
                 _ = leadership.handover_requested() => return TermEnd::HandOver,
                 signal = self.signals.recv() => return TermEnd::Stopped(signal),
                 Some(call) = self.admin.recv() => match call {
@@ -371,6 +400,24 @@ impl Inputs {
             }
         }
     }
+}
+
+/// Tells `/watch` of `change` (`gained`, `renewed`) with the time left.
+fn report(
+    events: &tokio::sync::broadcast::Sender<stream::Change>,
+    change: &'static str,
+    leadership: &Leadership,
+) {
+    let left = leadership
+        .deadline()
+        .saturating_duration_since(tokio::time::Instant::now());
+    let _ = events.send(stream::Change::Leadership(stream::LeadershipEvent {
+        change,
+        leading: true,
+        token: Some(leadership.token().0),
+        valid_for_ms: Some(answer::millis(left)),
+        reason: None,
+    }));
 }
 
 fn log_release(

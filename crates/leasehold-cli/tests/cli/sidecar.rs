@@ -11,6 +11,8 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
+use leasehold_testkit::shared::{self, unique};
+
 use super::harness::{Proc, Scratch, leasehold, stderr, wait_until};
 use super::operability::free_addr;
 
@@ -62,21 +64,30 @@ fn leader_code(at: &At) -> u16 {
 }
 
 fn sidecar(scratch: &Scratch, id: &str, extra: &[&str]) -> Proc {
+    sidecar_on(&scratch.store_url(), scratch, id, extra)
+}
+
+/// A sidecar of election `web` on `store`, logging into `scratch`.
+fn sidecar_on(store: &str, scratch: &Scratch, id: &str, extra: &[&str]) -> Proc {
     Proc::spawn(
         leasehold()
             .args(["sidecar", "--election", "web", "--id", id, "--ttl", "3s"])
-            .args(["--store", &scratch.store_url()])
+            .args(["--store", store])
             .args(extra)
             .stderr(std::fs::File::create(scratch.path(&format!("{id}.log"))).expect("log")),
     )
 }
 
 fn tcp_sidecar(scratch: &Scratch, id: &str, extra: &[&str]) -> (Proc, At) {
+    tcp_sidecar_on(&scratch.store_url(), scratch, id, extra)
+}
+
+fn tcp_sidecar_on(store: &str, scratch: &Scratch, id: &str, extra: &[&str]) -> (Proc, At) {
     let addr = free_addr();
     let mut args = vec!["--http".to_owned(), addr.to_string()];
     args.extend(extra.iter().map(|s| (*s).to_owned()));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    (sidecar(scratch, id, &args), At::Tcp(addr))
+    (sidecar_on(store, scratch, id, &args), At::Tcp(addr))
 }
 
 fn wait_for_code(at: &At, path: &str, code: u16) -> bool {
@@ -88,9 +99,34 @@ fn wait_for_code(at: &At, path: &str, code: u16) -> bool {
 #[test]
 fn only_the_leaders_sidecar_answers_200_and_another_takes_over_on_sigterm() {
     let scratch = Scratch::new();
-    let (mut a, at_a) = tcp_sidecar(&scratch, "a", &[]);
+    only_the_leader_answers_200(&scratch.store_url(), &scratch);
+}
+
+#[test]
+fn sidecars_hand_over_on_etcd() {
+    let cluster = shared::etcd();
+    only_the_leader_answers_200(&cluster.url(&unique("/sidecar")), &Scratch::new());
+}
+
+#[test]
+fn sidecars_hand_over_on_zookeeper() {
+    let server = shared::zookeeper();
+    only_the_leader_answers_200(&server.url(&unique("/sidecar")), &Scratch::new());
+}
+
+#[test]
+fn sidecars_hand_over_on_postgres() {
+    let server = shared::postgres();
+    let store = format!("{}?schema={}", server.url(), unique("sidecar"));
+    only_the_leader_answers_200(&store, &Scratch::new());
+}
+
+/// Two sidecars on `store`: only the leader's answers 200, the other
+/// follows; SIGTERM hands over, and the old one never answers 200 again.
+fn only_the_leader_answers_200(store: &str, scratch: &Scratch) {
+    let (mut a, at_a) = tcp_sidecar_on(store, scratch, "a", &[]);
     assert!(wait_for_code(&at_a, "/leader", 200), "a never led");
-    let (_b, at_b) = tcp_sidecar(&scratch, "b", &[]);
+    let (_b, at_b) = tcp_sidecar_on(store, scratch, "b", &[]);
     assert!(wait_for_code(&at_b, "/follower", 200), "b never followed");
     let (code, body) = get(&at_a, "/leader").expect("a answers");
     let led = json(&body);
@@ -360,4 +396,125 @@ fn a_sidecar_needs_somewhere_to_answer_and_a_free_port() {
         "{}",
         stderr(&out)
     );
+}
+
+/// The events of a `/watch` stream, read by a thread of its own.
+struct Watch {
+    events: std::sync::mpsc::Receiver<(String, Value)>,
+}
+
+impl Watch {
+    fn open(addr: SocketAddr) -> Self {
+        use std::io::BufRead;
+        let mut stream = TcpStream::connect_timeout(&addr, SECOND).expect("connect");
+        write!(stream, "GET /watch HTTP/1.1\r\nHost: localhost\r\n\r\n").expect("ask");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut name = String::new();
+            for line in std::io::BufReader::new(stream).lines() {
+                let Ok(line) = line else { return };
+                if let Some(event) = line.strip_prefix("event: ") {
+                    name = event.to_owned();
+                } else if let Some(data) = line.strip_prefix("data: ")
+                    && let Ok(data) = serde_json::from_str(data)
+                    && tx.send((name.clone(), data)).is_err()
+                {
+                    return;
+                }
+            }
+        });
+        Watch { events: rx }
+    }
+
+    /// The next event, within a few seconds.
+    fn next(&self) -> (String, Value) {
+        self.events
+            .recv_timeout(10 * SECOND)
+            .expect("an event within 10 s")
+    }
+
+    /// Every event for up to 10 s until one that `wanted` accepts: those
+    /// before it, and it.
+    fn until(&self, wanted: impl Fn(&str, &Value) -> bool) -> Vec<(String, Value)> {
+        let limit = std::time::Instant::now() + 10 * SECOND;
+        let mut seen = Vec::new();
+        loop {
+            let left = limit.saturating_duration_since(std::time::Instant::now());
+            let Ok((name, data)) = self.events.recv_timeout(left) else {
+                panic!("no such event within 10 s; saw {seen:?}");
+            };
+            let found = wanted(&name, &data);
+            seen.push((name, data));
+            if found {
+                return seen;
+            }
+        }
+    }
+
+    /// The data of the first event `wanted` accepts, within 10 s.
+    fn find(&self, wanted: impl Fn(&str, &Value) -> bool) -> Value {
+        let mut seen = self.until(wanted);
+        seen.pop().map(|(_, data)| data).unwrap_or_default()
+    }
+}
+
+#[test]
+fn watch_streams_the_state_first_then_each_change() {
+    let scratch = Scratch::new();
+    let (a, at_a) = tcp_sidecar(&scratch, "a", &[]);
+    assert!(wait_for_code(&at_a, "/leader", 200), "a never led");
+    let (_b, at_b) = tcp_sidecar(&scratch, "b", &[]);
+    assert!(wait_for_code(&at_b, "/follower", 200), "b never followed");
+    let (At::Tcp(addr_a), At::Tcp(addr_b)) = (&at_a, &at_b) else {
+        unreachable!("TCP sidecars")
+    };
+    // Connected late: the state comes first.
+    let watch_a = Watch::open(*addr_a);
+    let (name, state) = watch_a.next();
+    assert_eq!(name, "leadership");
+    assert_eq!(
+        (state["change"].as_str(), state["leading"].as_bool()),
+        (Some("state"), Some(true)),
+        "{state}"
+    );
+    let token_a = state["token"].as_u64().expect("a's token");
+    assert_eq!(
+        watch_a.next(),
+        (
+            "leader".to_owned(),
+            serde_json::json!({"leader": "a", "token": token_a})
+        )
+    );
+    let watch_b = Watch::open(*addr_b);
+    let (_, state) = watch_b.next();
+    assert_eq!(state["leading"].as_bool(), Some(false), "{state}");
+    // Renewals are reported (TTL 3s: one a second).
+    let renewed = watch_a.find(|name, data| name == "leadership" && data["change"] == "renewed");
+    assert!(
+        renewed["valid_for_ms"].as_u64().is_some_and(|ms| ms > 1000),
+        "{renewed}"
+    );
+    a.signal(Signal::SIGTERM);
+    let lost = watch_a.find(|name, data| name == "leadership" && data["change"] == "lost");
+    assert_eq!(lost["reason"].as_str(), Some("SIGTERM received"), "{lost}");
+    assert_eq!(lost["token"].as_u64(), Some(token_a), "{lost}");
+    // b's gain and the new leader come in either order.
+    let mut seen = watch_b.until(|name, data| name == "leadership" && data["change"] == "gained");
+    let gained = seen
+        .last()
+        .map(|(_, data)| data.clone())
+        .unwrap_or_default();
+    assert!(gained["token"].as_u64() > Some(token_a), "{gained}");
+    if !seen
+        .iter()
+        .any(|(name, data)| name == "leader" && data["leader"] == "b")
+    {
+        seen = watch_b.until(|name, data| name == "leader" && data["leader"] == "b");
+    }
+    let leader = seen
+        .iter()
+        .find(|(name, data)| name == "leader" && data["leader"] == "b")
+        .map(|(_, data)| data.clone())
+        .unwrap_or_default();
+    assert_eq!(leader["token"], gained["token"], "{leader}");
 }

@@ -89,7 +89,7 @@ pub enum Command {
     /// GET /leader is 200 only while it does, with the fencing token and how
     /// long the answer holds (valid_for_ms), 503 otherwise; /follower,
     /// /health, /status and /metrics too, on --http and a unix socket.
-    Sidecar(crate::sidecar::SidecarArgs),
+    Sidecar(SidecarArgs),
     /// Recommend a lease TTL for a renewal period, jitter and clock skew, or
     /// judge a proposed one (--ttl).
     ///
@@ -358,6 +358,55 @@ impl PlannedArgs {
             _ => Ok(()),
         }
     }
+}
+
+#[derive(Debug, ClapArgs)]
+pub struct SidecarArgs {
+    #[command(flatten)]
+    pub election: ElectionArgs,
+    #[command(flatten)]
+    pub planned: PlannedArgs,
+    /// Serve /leader, /follower, /health, /status, /healthz and /metrics on
+    /// this address: HOST:PORT (an IP address or a host name, served on
+    /// every address it resolves to) or :PORT (all interfaces). At least
+    /// one of --http and --socket is needed. [default: no HTTP]
+    #[arg(long, env = "LEASEHOLD_HTTP", hide_env_values = true, value_parser = parse_http_addr, value_name = "ADDR")]
+    pub http: Option<HttpAddr>,
+    /// Serve the same, and the admin calls POST /resign and POST
+    /// /transfer?to=ID, on a unix socket at this path (created mode 0600;
+    /// a socket of this user's nobody serves on is replaced, any other file
+    /// refused). [default: no socket]
+    #[arg(
+        long,
+        env = "LEASEHOLD_SOCKET",
+        hide_env_values = true,
+        value_name = "PATH"
+    )]
+    pub socket: Option<PathBuf>,
+    /// Allow the admin calls on --http too, to a request carrying the
+    /// token this file holds (`Authorization: Bearer TOKEN`). [default: the
+    /// admin calls are refused on --http]
+    #[arg(
+        long,
+        env = "LEASEHOLD_ADMIN_TOKEN_FILE",
+        hide_env_values = true,
+        value_name = "PATH"
+    )]
+    pub admin_token_file: Option<PathBuf>,
+    /// Run this shell command (sh -c) when this replica becomes the
+    /// leader, with LEASEHOLD_ELECTION, LEASEHOLD_ID and LEASEHOLD_TOKEN in
+    /// its environment. Hooks run one at a time, in order, beside the
+    /// election: they never delay a renewal or a step-down. [default: none]
+    #[arg(long, value_name = "CMD")]
+    pub on_elected: Option<String>,
+    /// Run this shell command when this replica stops leading, with the
+    /// same variables and LEASEHOLD_REASON. [default: none]
+    #[arg(long, value_name = "CMD")]
+    pub on_deposed: Option<String>,
+    /// How long a hook may run before it (and every process it started in
+    /// its process group) is killed.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub hook_timeout: Duration,
 }
 
 /// A shard's restart delay without `--restart-delay`.

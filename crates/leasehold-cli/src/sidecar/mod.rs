@@ -8,77 +8,29 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use clap::Args as ClapArgs;
 use leasehold::{ElectionName, Elector, Leadership};
 use tokio::sync::mpsc;
 
-use crate::cli::{ElectionArgs, HttpAddr, PlannedArgs, parse_duration, parse_http_addr};
+use crate::cli::SidecarArgs;
 use crate::metrics::{RunnerMetrics, StepDown};
 use crate::signals::{IgnoredSignals, PassedSignals, StopSignals};
 
 mod answer;
 mod endpoints;
+mod events;
 mod hooks;
+mod shared;
 mod socket;
 mod stream;
 
-use endpoints::{Admin, AdminAccess, Local, Shared};
 use hooks::{Change, Fired, HookQueue, Hooks};
+use shared::{Admin, AdminAccess, Local, Shared};
 
 /// Pause before campaigning again after a transient store error.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// The longest admin token file read.
 const MAX_TOKEN_FILE: u64 = 4096;
-
-#[derive(Debug, ClapArgs)]
-pub struct SidecarArgs {
-    #[command(flatten)]
-    pub election: ElectionArgs,
-    #[command(flatten)]
-    pub planned: PlannedArgs,
-    /// Serve /leader, /follower, /health, /status, /healthz and /metrics on
-    /// this address: HOST:PORT (an IP address or a host name, served on
-    /// every address it resolves to) or :PORT (all interfaces). At least
-    /// one of --http and --socket is needed. [default: no HTTP]
-    #[arg(long, env = "LEASEHOLD_HTTP", hide_env_values = true, value_parser = parse_http_addr, value_name = "ADDR")]
-    pub http: Option<HttpAddr>,
-    /// Serve the same, and the admin calls POST /resign and POST
-    /// /transfer?to=ID, on a unix socket at this path (created mode 0600;
-    /// a socket of this user's nobody serves on is replaced, any other file
-    /// refused). [default: no socket]
-    #[arg(
-        long,
-        env = "LEASEHOLD_SOCKET",
-        hide_env_values = true,
-        value_name = "PATH"
-    )]
-    pub socket: Option<PathBuf>,
-    /// Allow the admin calls on --http too, to a request carrying the
-    /// token this file holds (`Authorization: Bearer TOKEN`). [default: the
-    /// admin calls are refused on --http]
-    #[arg(
-        long,
-        env = "LEASEHOLD_ADMIN_TOKEN_FILE",
-        hide_env_values = true,
-        value_name = "PATH"
-    )]
-    pub admin_token_file: Option<PathBuf>,
-    /// Run this shell command (sh -c) when this replica becomes the
-    /// leader, with LEASEHOLD_ELECTION, LEASEHOLD_ID and LEASEHOLD_TOKEN in
-    /// its environment. Hooks run one at a time, in order, beside the
-    /// election: they never delay a renewal or a step-down. [default: none]
-    #[arg(long, value_name = "CMD")]
-    pub on_elected: Option<String>,
-    /// Run this shell command when this replica stops leading, with the
-    /// same variables and LEASEHOLD_REASON. [default: none]
-    #[arg(long, value_name = "CMD")]
-    pub on_deposed: Option<String>,
-    /// How long a hook may run before it (and every process it started in
-    /// its process group) is killed.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
-    pub hook_timeout: Duration,
-}
 
 pub async fn run(args: SidecarArgs) -> anyhow::Result<ExitCode> {
     if args.http.is_none() && args.socket.is_none() {
@@ -218,7 +170,7 @@ struct Sidecar {
     elector: Elector,
     election: ElectionName,
     local: Arc<Mutex<Local>>,
-    events: tokio::sync::broadcast::Sender<stream::Change>,
+    events: tokio::sync::broadcast::Sender<events::Change>,
     hooks: HookQueue,
     inputs: Inputs,
     metrics: Arc<RunnerMetrics>,
@@ -340,7 +292,7 @@ impl Sidecar {
         };
         let _ = self
             .events
-            .send(stream::Change::Leadership(stream::LeadershipEvent {
+            .send(events::Change::Leadership(events::LeadershipEvent {
                 change: "lost",
                 leading: false,
                 token: Some(token.0),
@@ -404,14 +356,14 @@ impl Inputs {
 
 /// Tells `/watch` of `change` (`gained`, `renewed`) with the time left.
 fn report(
-    events: &tokio::sync::broadcast::Sender<stream::Change>,
+    events: &tokio::sync::broadcast::Sender<events::Change>,
     change: &'static str,
     leadership: &Leadership,
 ) {
     let left = leadership
         .deadline()
         .saturating_duration_since(tokio::time::Instant::now());
-    let _ = events.send(stream::Change::Leadership(stream::LeadershipEvent {
+    let _ = events.send(events::Change::Leadership(events::LeadershipEvent {
         change,
         leading: true,
         token: Some(leadership.token().0),

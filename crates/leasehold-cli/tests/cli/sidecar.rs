@@ -518,3 +518,21 @@ fn watch_streams_the_state_first_then_each_change() {
         .unwrap_or_default();
     assert_eq!(leader["token"], gained["token"], "{leader}");
 }
+
+#[test]
+fn oversized_requests_are_refused_and_the_sidecar_goes_on() {
+    let scratch = Scratch::new();
+    let (_a, at_a) = tcp_sidecar(&scratch, "a", &[]);
+    assert!(wait_for_code(&at_a, "/leader", 200), "a never led");
+    let big = format!("X-Big: {}\r\n", "a".repeat(500_000));
+    assert_eq!(
+        request(&at_a, "GET", "/leader", &big).map(|(c, _)| c),
+        Some(431)
+    );
+    let many: String = (0..200).map(|i| format!("X-{i}: 1\r\n")).collect();
+    assert_eq!(
+        request(&at_a, "GET", "/leader", &many).map(|(c, _)| c),
+        Some(431)
+    );
+    assert_eq!(leader_code(&at_a), 200);
+}

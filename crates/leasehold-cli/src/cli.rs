@@ -366,8 +366,8 @@ pub struct SidecarArgs {
     pub election: ElectionArgs,
     #[command(flatten)]
     pub planned: PlannedArgs,
-    /// Serve /leader, /follower, /health, /status, /healthz and /metrics on
-    /// this address: HOST:PORT (an IP address or a host name, served on
+    /// Serve /leader, /follower, /health, /watch, /status, /healthz and
+    /// /metrics on this address: HOST:PORT (an IP address or a host name, served on
     /// every address it resolves to) or :PORT (all interfaces). At least
     /// one of --http and --socket is needed. [default: no HTTP]
     #[arg(long, env = "LEASEHOLD_HTTP", hide_env_values = true, value_parser = parse_http_addr, value_name = "ADDR")]
@@ -384,8 +384,9 @@ pub struct SidecarArgs {
     )]
     pub socket: Option<PathBuf>,
     /// Allow the admin calls on --http too, to a request carrying the
-    /// token this file holds (`Authorization: Bearer TOKEN`). [default: the
-    /// admin calls are refused on --http]
+    /// token this file holds (`Authorization: Bearer TOKEN`): one line of at
+    /// least 16 characters without spaces; keep the file mode 0600.
+    /// [default: the admin calls are refused on --http]
     #[arg(
         long,
         env = "LEASEHOLD_ADMIN_TOKEN_FILE",
@@ -397,16 +398,33 @@ pub struct SidecarArgs {
     /// leader, with LEASEHOLD_ELECTION, LEASEHOLD_ID and LEASEHOLD_TOKEN in
     /// its environment. Hooks run one at a time, in order, beside the
     /// election: they never delay a renewal or a step-down. [default: none]
-    #[arg(long, value_name = "CMD")]
+    #[arg(long, value_name = "CMD", value_parser = parse_hook)]
     pub on_elected: Option<String>,
     /// Run this shell command when this replica stops leading, with the
     /// same variables and LEASEHOLD_REASON. [default: none]
-    #[arg(long, value_name = "CMD")]
+    #[arg(long, value_name = "CMD", value_parser = parse_hook)]
     pub on_deposed: Option<String>,
     /// How long a hook may run before it (and every process it started in
     /// its process group) is killed.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = parse_hook_timeout)]
     pub hook_timeout: Duration,
+}
+
+/// A hook's command: not empty.
+fn parse_hook(s: &str) -> Result<String, String> {
+    if s.trim().is_empty() {
+        return Err("a hook needs a command".into());
+    }
+    Ok(s.to_owned())
+}
+
+/// A hook's timeout: more than nothing.
+fn parse_hook_timeout(s: &str) -> Result<Duration, String> {
+    let timeout = parse_duration(s)?;
+    if timeout.is_zero() {
+        return Err("a hook needs some time to run: give more than 0s".into());
+    }
+    Ok(timeout)
 }
 
 /// A shard's restart delay without `--restart-delay`.

@@ -552,7 +552,7 @@ async fn log_leaders(
 
 /// Keeps the metrics' count of waiting candidates up to date from the
 /// line's notes; ends at once on a store that keeps none.
-async fn count_waiting(
+pub(crate) async fn count_waiting(
     store: Arc<dyn leasehold::Store>,
     election: ElectionName,
     metrics: Arc<RunnerMetrics>,

@@ -91,6 +91,17 @@ async fn health(State((shared, _)): AppState) -> Response {
 
 /// Refuses an admin call this listener does not allow.
 fn refused(access: &AdminAccess, headers: &HeaderMap) -> Option<Response> {
+    let refusal = refusal(access, headers);
+    if let Some(response) = &refusal {
+        tracing::warn!(
+            status = response.status().as_u16(),
+            "an admin call was refused"
+        );
+    }
+    refusal
+}
+
+fn refusal(access: &AdminAccess, headers: &HeaderMap) -> Option<Response> {
     match access {
         AdminAccess::Open => None,
         AdminAccess::Refused => Some(
@@ -104,7 +115,9 @@ fn refused(access: &AdminAccess, headers: &HeaderMap) -> Option<Response> {
             let given = headers
                 .get(header::AUTHORIZATION)
                 .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "));
+                .and_then(|v| v.split_once(' '))
+                .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+                .map(|(_, token)| token.trim());
             if given.is_some_and(|given| same(given.as_bytes(), token.as_bytes())) {
                 return None;
             }
@@ -135,9 +148,21 @@ struct Failed {
     error: String,
 }
 
-async fn resign(State((shared, access)): AppState, headers: HeaderMap) -> Response {
+async fn resign(
+    State((shared, access)): AppState,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Response {
     if let Some(refusal) = refused(&access, &headers) {
         return refusal;
+    }
+    if query.is_some_and(|q| !q.is_empty()) {
+        return json(
+            StatusCode::BAD_REQUEST,
+            &Failed {
+                error: "/resign takes no parameters".into(),
+            },
+        );
     }
     let (tx, rx) = oneshot::channel();
     if shared.admin.send(Admin::Resign(tx)).await.is_err() {
@@ -168,6 +193,13 @@ fn transfer_to(query: Option<&str>) -> Result<Option<CandidateId>, String> {
     let Some(to) = query.strip_prefix("to=").filter(|to| !to.contains('&')) else {
         return Err("the only parameter is to=ID".into());
     };
+    if to
+        .split('%')
+        .skip(1)
+        .any(|after| after.len() < 2 || !after.as_bytes()[..2].iter().all(u8::is_ascii_hexdigit))
+    {
+        return Err("to= holds a '%' not followed by two hex digits".into());
+    }
     let to = percent_encoding::percent_decode_str(to)
         .decode_utf8()
         .map_err(|_| "to= is not UTF-8 once percent-decoded".to_owned())?;
@@ -205,15 +237,23 @@ async fn transfer(
     )
     .await;
     match asked {
-        Ok(done) => json(
-            StatusCode::OK,
-            &Done {
-                done: format!(
-                    "{} leads now (token {}); {} (token {}) led before",
-                    done.to.candidate, done.to.token, done.from.candidate, done.from.token
+        Ok(done) => {
+            let now_leads = format!(
+                "{} leads now (token {}); {} (token {}) led before",
+                done.to.candidate, done.to.token, done.from.candidate, done.from.token
+            );
+            match &done.asked_for {
+                // Another move won, or the chosen replica left the line:
+                // not what was asked, as `leasehold transfer` says too.
+                Some(asked) if asked != &done.to.candidate => json(
+                    StatusCode::CONFLICT,
+                    &Failed {
+                        error: format!("{now_leads}, not {asked}"),
+                    },
                 ),
-            },
-        ),
+                _ => json(StatusCode::OK, &Done { done: now_leads }),
+            }
+        }
         Err(leasehold::Error::InvalidInput { reason, .. }) => {
             json(StatusCode::CONFLICT, &Failed { error: reason })
         }

@@ -45,7 +45,36 @@ pub struct Hooks {
 
 /// Where the sidecar sends what happened; never blocks.
 #[derive(Debug)]
-pub struct HookQueue(Option<(mpsc::UnboundedSender<Fired>, tokio::task::JoinHandle<()>)>);
+pub struct HookQueue(
+    Option<(
+        mpsc::UnboundedSender<Fired>,
+        tokio::task::JoinHandle<()>,
+        Duration,
+    )>,
+);
+
+/// Whether `fired` is an `--on-elected` for a term that has ended already
+/// (its `--on-deposed` is due too): both are skipped, so that a backlog
+/// of quick moves does not run hooks for terms long over.
+fn skip_ended_term(fired: &Fired, due: &mut std::collections::VecDeque<Fired>) -> bool {
+    if fired.change != Change::Elected {
+        return false;
+    }
+    let ended = due
+        .iter()
+        .position(|d| d.change == Change::Deposed && d.token == fired.token);
+    match ended {
+        Some(at) => {
+            due.remove(at);
+            tracing::info!(
+                token = fired.token,
+                "the term ended before its hooks ran; skipped them"
+            );
+            true
+        }
+        None => false,
+    }
+}
 
 impl HookQueue {
     /// Starts the task that runs `hooks`; none when no hook is given.
@@ -54,8 +83,23 @@ impl HookQueue {
             return HookQueue(None);
         }
         let (tx, mut rx) = mpsc::unbounded_channel::<Fired>();
+        let timeout = hooks.timeout;
         let task = tokio::spawn(async move {
-            while let Some(fired) = rx.recv().await {
+            let mut due = std::collections::VecDeque::new();
+            loop {
+                while let Ok(fired) = rx.try_recv() {
+                    due.push_back(fired);
+                }
+                let Some(fired) = due.pop_front() else {
+                    match rx.recv().await {
+                        Some(fired) => due.push_back(fired),
+                        None => return,
+                    }
+                    continue;
+                };
+                if skip_ended_term(&fired, &mut due) {
+                    continue;
+                }
                 let command = match fired.change {
                     Change::Elected => &hooks.on_elected,
                     Change::Deposed => &hooks.on_deposed,
@@ -65,23 +109,27 @@ impl HookQueue {
                 }
             }
         });
-        HookQueue(Some((tx, task)))
+        HookQueue(Some((tx, task, timeout)))
     }
 
     /// Queues the hook for `fired`, if one is given.
     pub fn fire(&self, fired: Fired) {
-        if let Some((tx, _)) = &self.0 {
+        if let Some((tx, _, _)) = &self.0 {
             // The task ends only once this queue is finished.
             let _ = tx.send(fired);
         }
     }
 
-    /// Runs the hooks still queued (each within its timeout), as the
-    /// sidecar exits: a `--on-deposed` for its last term runs too.
+    /// Runs the hooks still due as the sidecar exits (an `--on-deposed`
+    /// for its last term too), for at most one hook timeout and a second.
     pub async fn finish(self) {
-        if let Some((tx, task)) = self.0 {
+        if let Some((tx, mut task, timeout)) = self.0 {
             drop(tx);
-            let _ = task.await;
+            let limit = timeout + Duration::from_secs(1);
+            if tokio::time::timeout(limit, &mut task).await.is_err() {
+                tracing::warn!("hooks still due at exit were not run");
+                task.abort();
+            }
         }
     }
 }
@@ -100,6 +148,10 @@ async fn run_one(command: &str, fired: &Fired, timeout: Duration) {
         .env_remove("LEASEHOLD_STORE")
         .env_remove(leasehold::store::PASSWORD_ENV)
         .stdin(std::process::Stdio::null())
+        // Its output would mix into the sidecar's log (and could forge
+        // lines of it): a hook writes where it wants to itself.
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
         .process_group(0)
         .kill_on_drop(true);
     match &fired.reason {
@@ -114,7 +166,21 @@ async fn run_one(command: &str, fired: &Fired, timeout: Duration) {
         }
     };
     let pgid = child.id().and_then(|id| i32::try_from(id).ok());
-    match tokio::time::timeout(timeout, child.wait()).await {
+    let kill_group = || {
+        if let Some(pgid) = pgid {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(pgid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    };
+    let ended = tokio::time::timeout(timeout, child.wait()).await;
+    // What it left running in its group goes with it (a process that
+    // called setsid has left the group, and is not found).
+    if ended.is_ok() {
+        kill_group();
+    }
+    match ended {
         Ok(Ok(status)) if status.success() => {
             tracing::debug!(hook = flag, token = fired.token, "hook done");
         }
@@ -123,14 +189,9 @@ async fn run_one(command: &str, fired: &Fired, timeout: Duration) {
         }
         Ok(Err(error)) => tracing::warn!(hook = flag, %error, "cannot wait for the hook"),
         Err(_) => {
-            if let Some(pgid) = pgid {
-                // The group is the hook's own (process_group(0)), and the
-                // hook has not been reaped: its id is still its group's.
-                let _ = nix::sys::signal::killpg(
-                    nix::unistd::Pid::from_raw(pgid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-            }
+            // The group is the hook's own (process_group(0)), and the hook
+            // has not been reaped: its id is still its group's.
+            kill_group();
             let _ = child.wait().await;
             tracing::warn!(hook = flag, token = fired.token, timeout = ?timeout,
                 "the hook did not finish in time; killed");

@@ -19,6 +19,7 @@ mod answer;
 mod endpoints;
 mod events;
 mod hooks;
+mod keeper;
 mod shared;
 mod socket;
 mod stream;
@@ -45,6 +46,8 @@ pub async fn run(args: SidecarArgs) -> anyhow::Result<ExitCode> {
         None => None,
     };
     let store = args.election.store.open().await?;
+    // Dropped last: it stops the keeper once everything is released.
+    let _keeper = keeper::Keeper::start(&*store, args.election.lease_config().ttl)?;
     let election = args.election.election.clone();
     crate::run::refuse_a_group(&*store, &election, true).await?;
     let candidate = args.election.candidate();
@@ -73,6 +76,11 @@ pub async fn run(args: SidecarArgs) -> anyhow::Result<ExitCode> {
         admin: admin_tx,
         events: events.clone(),
     };
+    let line_gauge = tokio::spawn(crate::run::count_waiting(
+        Arc::clone(&store),
+        election.clone(),
+        Arc::clone(&metrics),
+    ));
     let common = crate::http::routes(election.clone(), store, Arc::clone(&metrics));
     let mut sidecar = Sidecar {
         elector,
@@ -97,6 +105,7 @@ pub async fn run(args: SidecarArgs) -> anyhow::Result<ExitCode> {
     if let Err(error) = sidecar.elector.close().await {
         tracing::warn!(%error, "could not close the session; the store will expire it after the TTL");
     }
+    line_gauge.abort();
     sidecar.hooks.finish().await;
     code
 }
@@ -145,7 +154,7 @@ async fn listen(
         }
         None => None,
     };
-    tracing::info!(at = %serving.join(", "), "serving /leader, /follower, /health, /status and /metrics");
+    tracing::info!(at = %serving.join(", "), "serving /leader, /follower, /health, /watch, /status, /healthz and /metrics, and the admin calls where allowed");
     Ok(socket)
 }
 
@@ -158,6 +167,10 @@ fn read_token(path: &PathBuf) -> anyhow::Result<String> {
         .and_then(|f| f.take(MAX_TOKEN_FILE).read_to_string(&mut text))
         .map_err(|error| anyhow::anyhow!("cannot read --admin-token-file {shown}: {error}"))?;
     let token = text.strip_suffix('\n').unwrap_or(&text);
+    use std::os::unix::fs::MetadataExt;
+    if std::fs::metadata(path).is_ok_and(|m| m.mode() & 0o077 != 0) {
+        tracing::warn!(file = %shown, "--admin-token-file can be read by other users; make it mode 0600");
+    }
     if token.len() < 16 || token.contains(char::is_whitespace) {
         anyhow::bail!(
             "--admin-token-file {shown} must hold one token of at least 16 characters, without spaces"

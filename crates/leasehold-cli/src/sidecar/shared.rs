@@ -58,12 +58,13 @@ impl Shared {
             })
         });
         // In the line once its note is there, not as soon as it campaigns.
-        let in_line = match (&self.line, local.session) {
-            (Some(notes), Some(mine)) => leasehold::line::standbys(&notes.borrow())
+        // By id: the elector may open a new session while it campaigns
+        // (after an outage), which this replica learns of only later.
+        let in_line = match &self.line {
+            Some(notes) => leasehold::line::standbys(&notes.borrow())
                 .iter()
-                .any(|w| w.session.0 == mine),
-            (Some(_), None) => false,
-            (None, _) => true,
+                .any(|w| w.candidate == self.me),
+            None => true,
         };
         Snapshot {
             me: self.me.to_string(),

@@ -160,6 +160,13 @@ fn only_the_leader_answers_200(store: &str, scratch: &Scratch) {
         );
     }
     assert_eq!(get(&at_a, "/health").map(|(c, _)| c), Some(200));
+    let (_, metrics) = get(&at_a, "/metrics").expect("metrics");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("leasehold_waiting_candidates{") && l.ends_with(" 1")),
+        "{metrics}"
+    );
     assert_eq!(get(&at_a, "/nowhere").map(|(c, _)| c), Some(404));
     assert_eq!(
         request(&at_a, "DELETE", "/leader", "").map(|(c, _)| c),
@@ -281,7 +288,11 @@ fn admin_calls_need_the_socket_or_the_token_and_move_leadership() {
         assert!(!body.contains(token), "{body}");
     }
     assert_eq!(leader_code(&at_a), 200, "a refused call changes nothing");
-    let bearer = format!("Authorization: Bearer {token}\r\n");
+    let bearer = format!("Authorization: bearer {token}\r\n");
+    for bad in ["/transfer?to=%ZZ", "/transfer?x=1", "/resign?x=1"] {
+        let (code, body) = request(&at_a, "POST", bad, &bearer).expect("answers");
+        assert_eq!(code, 400, "{bad}: {body}");
+    }
     let (code, body) = request(&at_a, "POST", "/transfer?to=b", &bearer).expect("answers");
     assert_eq!(code, 200, "{body}");
     assert!(body.contains("b leads now"), "{body}");
@@ -316,9 +327,11 @@ fn hooks_run_with_the_token_and_a_hanging_one_is_killed_without_harm() {
         "echo elected $LEASEHOLD_ELECTION $LEASEHOLD_ID $LEASEHOLD_TOKEN >> {}; sleep 100",
         record.display()
     );
+    let left = scratch.path("left");
     let deposed = format!(
-        "echo deposed $LEASEHOLD_TOKEN \"$LEASEHOLD_REASON\" >> {}",
-        record.display()
+        "echo deposed $LEASEHOLD_TOKEN \"$LEASEHOLD_REASON\" >> {}; sleep 300 & echo $! > {}",
+        record.display(),
+        left.display()
     );
     let (mut a, at_a) = tcp_sidecar(
         &scratch,
@@ -355,6 +368,62 @@ fn hooks_run_with_the_token_and_a_hanging_one_is_killed_without_harm() {
         lines, "elected web a 1\ndeposed 1 SIGTERM received\n",
         "in order, with the token"
     );
+    // What the hook left running in its process group went with it.
+    let pid: i32 = std::fs::read_to_string(&left)
+        .expect("the hook's child's pid")
+        .trim()
+        .parse()
+        .expect("a pid");
+    assert!(
+        wait_until(5 * SECOND, || !super::harness::alive(pid)),
+        "the hook's child {pid} still runs"
+    );
+}
+
+/// On SQLite a dead holder's process is found at once; a sidecar's
+/// server outlives it, so its last 200 must stay the only one until its
+/// `valid_for_ms` is over.
+#[test]
+fn a_killed_sidecars_last_answer_stays_the_only_200_until_it_runs_out() {
+    let scratch = Scratch::new();
+    let (a, at_a) = tcp_sidecar(&scratch, "a", &[]);
+    assert!(wait_for_code(&at_a, "/leader", 200), "a never led");
+    let (_b, at_b) = tcp_sidecar(&scratch, "b", &[]);
+    assert!(wait_for_code(&at_b, "/follower", 200), "b never followed");
+    let asked = std::time::Instant::now();
+    let (code, body) = get(&at_a, "/leader").expect("a answers");
+    assert_eq!(code, 200, "{body}");
+    let valid_for = Duration::from_millis(json(&body)["valid_for_ms"].as_u64().expect("ms"));
+    a.signal(Signal::SIGKILL);
+    assert!(
+        wait_until(15 * SECOND, || leader_code(&at_b) == 200),
+        "b never took over"
+    );
+    let took_over = asked.elapsed();
+    assert!(
+        took_over >= valid_for,
+        "b answered 200 {took_over:?} after a's 200 that was valid for {valid_for:?}"
+    );
+}
+
+#[test]
+fn a_transfer_to_a_replica_that_does_not_take_it_up_is_not_reported_done() {
+    let scratch = Scratch::new();
+    let socket = scratch.path("a.sock");
+    let (_a, at_a) = tcp_sidecar(
+        &scratch,
+        "a",
+        &["--socket", socket.to_str().expect("utf-8")],
+    );
+    assert!(wait_for_code(&at_a, "/leader", 200), "a never led");
+    let (b, at_b) = tcp_sidecar(&scratch, "b", &[]);
+    assert!(wait_for_code(&at_b, "/follower", 200), "b never followed");
+    b.signal(Signal::SIGSTOP);
+    let answer = request(&At::Socket(socket), "POST", "/transfer?to=b", "");
+    b.signal(Signal::SIGCONT);
+    let (code, body) = answer.expect("answers");
+    assert_ne!(code, 200, "{body}");
+    assert!(!body.contains("\"done\""), "{body}");
 }
 
 #[test]
@@ -376,6 +445,21 @@ fn a_sidecar_needs_somewhere_to_answer_and_a_free_port() {
         "{}",
         stderr(&out)
     );
+    for bad in [["--hook-timeout", "0s"], ["--on-elected", " "]] {
+        let out = leasehold()
+            .args([
+                "sidecar",
+                "--election",
+                "web",
+                "--store",
+                &scratch.store_url(),
+            ])
+            .args(["--http", "127.0.0.1:1"])
+            .args(bad)
+            .output()
+            .expect("run");
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", stderr(&out));
+    }
     let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = taken.local_addr().expect("addr").to_string();
     let out = leasehold()

@@ -6,6 +6,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::process::Stdio;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
@@ -618,5 +619,96 @@ fn oversized_requests_are_refused_and_the_sidecar_goes_on() {
         request(&at_a, "GET", "/leader", &many).map(|(c, _)| c),
         Some(431)
     );
+    assert_eq!(leader_code(&at_a), 200);
+}
+
+/// `/leader` is decided from the deadline, not from the store: with the
+/// store gone, a 200 is never answered past the deadline of an earlier
+/// one, and 503 comes by the TTL.
+#[test]
+fn a_sidecar_answers_503_from_its_deadline_while_postgres_is_down() {
+    let mut server = leasehold_testkit::PostgresServer::start();
+    let store = format!("{}?schema=sidecar", server.url());
+    let scratch = Scratch::new();
+    let (_a, at_a) = tcp_sidecar_on(&store, &scratch, "a", &[]);
+    assert!(wait_for_code(&at_a, "/leader", 200), "a never led");
+    server.stop_fast();
+    let stopped = std::time::Instant::now();
+    // The latest end of a 200's validity, counted from when it was asked.
+    let mut valid_until: Option<std::time::Instant> = None;
+    let mut first_503: Option<std::time::Instant> = None;
+    while stopped.elapsed() < 6 * SECOND {
+        let sent = std::time::Instant::now();
+        match get(&at_a, "/leader") {
+            Some((200, body)) => {
+                assert!(
+                    first_503.is_none(),
+                    "a 200 after a 503, the store down: {body}"
+                );
+                let ms = json(&body)["valid_for_ms"].as_u64().expect("valid_for_ms");
+                let end = sent + Duration::from_millis(ms);
+                assert!(end <= stopped + 3 * SECOND, "valid past the TTL: {body}");
+                valid_until = Some(valid_until.map_or(end, |v| v.max(end)));
+            }
+            Some((503, _)) => {
+                first_503.get_or_insert(sent);
+            }
+            other => panic!("{other:?}"),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let first_503 = first_503.expect("a 503 within 6 s of the outage");
+    // Within one poll of the last deadline, and by the TTL.
+    let poll = Duration::from_millis(100);
+    assert!(
+        first_503 <= stopped + 3 * SECOND + poll,
+        "{:?}",
+        first_503 - stopped
+    );
+    if let Some(valid_until) = valid_until {
+        assert!(
+            first_503 <= valid_until + poll,
+            "503 late by {:?}",
+            first_503 - valid_until
+        );
+    }
+}
+
+/// A sidecar and a `run` of one election hand leadership to each other
+/// with `leasehold transfer`.
+#[test]
+fn transfer_moves_leadership_between_a_sidecar_and_a_runner() {
+    let scratch = Scratch::new();
+    let (_a, at_a) = tcp_sidecar(&scratch, "a", &[]);
+    assert!(wait_for_code(&at_a, "/leader", 200), "a never led");
+    let started = scratch.path("started");
+    let script = format!(
+        "echo $LEASEHOLD_TOKEN >> {}; exec sleep 100",
+        started.display()
+    );
+    let _b = Proc::spawn(
+        leasehold()
+            .args(["run", "--election", "web", "--id", "b", "--ttl", "3s"])
+            .args(["--store", &scratch.store_url(), "--", "sh", "-c", &script])
+            .stderr(Stdio::null()),
+    );
+    let transfer = |to: &str| {
+        leasehold()
+            .args(["transfer", "--election", "web", "--to", to])
+            .args(["--store", &scratch.store_url()])
+            .output()
+            .expect("transfer")
+    };
+    assert!(
+        wait_until(10 * SECOND, || transfer("b").status.success()),
+        "no transfer to the runner"
+    );
+    assert!(
+        wait_until(5 * SECOND, || started.exists()),
+        "the runner's command did not start"
+    );
+    assert_eq!(leader_code(&at_a), 503);
+    let out = transfer("a");
+    assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(leader_code(&at_a), 200);
 }

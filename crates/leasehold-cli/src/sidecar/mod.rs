@@ -159,22 +159,29 @@ async fn listen(
 }
 
 /// The admin token: the file's one line.
+/// A file that cannot be read or holds no usable token is bad input (exit
+/// 2), as a store's password file is.
 fn read_token(path: &PathBuf) -> anyhow::Result<String> {
     use std::io::Read;
     let shown = path.display();
+    let refuse = |reason: String| leasehold::Error::InvalidInput {
+        what: "admin token file",
+        reason,
+    };
     let mut text = String::new();
     std::fs::File::open(path)
         .and_then(|f| f.take(MAX_TOKEN_FILE).read_to_string(&mut text))
-        .map_err(|error| anyhow::anyhow!("cannot read --admin-token-file {shown}: {error}"))?;
+        .map_err(|error| refuse(format!("cannot read --admin-token-file {shown}: {error}")))?;
     let token = text.strip_suffix('\n').unwrap_or(&text);
     use std::os::unix::fs::MetadataExt;
     if std::fs::metadata(path).is_ok_and(|m| m.mode() & 0o077 != 0) {
         tracing::warn!(file = %shown, "--admin-token-file can be read by other users; make it mode 0600");
     }
     if token.len() < 16 || token.contains(char::is_whitespace) {
-        anyhow::bail!(
+        return Err(refuse(format!(
             "--admin-token-file {shown} must hold one token of at least 16 characters, without spaces"
-        );
+        ))
+        .into());
     }
     Ok(token.to_owned())
 }

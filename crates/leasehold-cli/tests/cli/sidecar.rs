@@ -446,7 +446,17 @@ fn a_sidecar_needs_somewhere_to_answer_and_a_free_port() {
         "{}",
         stderr(&out)
     );
-    for bad in [["--hook-timeout", "0s"], ["--on-elected", " "]] {
+    let short = scratch.path("short-token");
+    std::fs::write(&short, "too short\n").expect("write");
+    let short = short.to_str().expect("utf-8");
+    let missing = scratch.path("no-such-token");
+    let missing = missing.to_str().expect("utf-8");
+    for bad in [
+        ["--hook-timeout", "0s"],
+        ["--on-elected", " "],
+        ["--admin-token-file", short],
+        ["--admin-token-file", missing],
+    ] {
         let out = leasehold()
             .args([
                 "sidecar",

@@ -29,15 +29,23 @@ const TRANSFER_TIMEOUT: Duration = Duration::from_secs(10);
 pub fn routes(shared: Shared, common: Router, admin: AdminAccess) -> Router {
     let leader = get(leader_answer).options(leader_answer);
     let follower = get(follower_answer).options(follower_answer);
-    let app = Router::new()
+    let state = (shared, Arc::new(admin));
+    // The admin calls, behind one check of who may make them.
+    let admin = Router::new()
+        .route("/resign", post(resign))
+        .route("/transfer", post(transfer))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            admin_gate,
+        ));
+    Router::new()
         .route("/leader", leader)
         .route("/follower", follower)
         .route("/health", get(health))
         .route("/watch", get(super::stream::watch))
-        .route("/resign", post(resign))
-        .route("/transfer", post(transfer))
-        .with_state((shared, Arc::new(admin)));
-    app.merge(common)
+        .merge(admin)
+        .with_state(state)
+        .merge(common)
 }
 
 fn json_answer(answer: &Answer) -> Response {
@@ -89,16 +97,22 @@ async fn health(State((shared, _)): AppState) -> Response {
     }
 }
 
-/// Refuses an admin call this listener does not allow.
-fn refused(access: &AdminAccess, headers: &HeaderMap) -> Option<Response> {
-    let refusal = refusal(access, headers);
-    if let Some(response) = &refusal {
-        tracing::warn!(
-            status = response.status().as_u16(),
-            "an admin call was refused"
-        );
+/// Lets an admin call through only where this listener allows it.
+async fn admin_gate(
+    State((_, access)): AppState,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    match refusal(&access, request.headers()) {
+        Some(response) => {
+            tracing::warn!(
+                status = response.status().as_u16(),
+                "an admin call was refused"
+            );
+            response
+        }
+        None => next.run(request).await,
     }
-    refusal
 }
 
 fn refusal(access: &AdminAccess, headers: &HeaderMap) -> Option<Response> {
@@ -148,14 +162,7 @@ struct Failed {
     error: String,
 }
 
-async fn resign(
-    State((shared, access)): AppState,
-    headers: HeaderMap,
-    RawQuery(query): RawQuery,
-) -> Response {
-    if let Some(refusal) = refused(&access, &headers) {
-        return refusal;
-    }
+async fn resign(State((shared, _)): AppState, RawQuery(query): RawQuery) -> Response {
     if query.is_some_and(|q| !q.is_empty()) {
         return json(
             StatusCode::BAD_REQUEST,
@@ -208,14 +215,7 @@ fn transfer_to(query: Option<&str>) -> Result<Option<CandidateId>, String> {
         .map_err(|e| e.to_string())
 }
 
-async fn transfer(
-    State((shared, access)): AppState,
-    headers: HeaderMap,
-    RawQuery(query): RawQuery,
-) -> Response {
-    if let Some(refusal) = refused(&access, &headers) {
-        return refusal;
-    }
+async fn transfer(State((shared, _)): AppState, RawQuery(query): RawQuery) -> Response {
     let to = match transfer_to(query.as_deref()) {
         Ok(to) => to,
         Err(error) => {

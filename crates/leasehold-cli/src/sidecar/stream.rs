@@ -46,14 +46,15 @@ fn event(change: &Change) -> Event {
 /// The current state, as a late client is first told it.
 fn state(shared: &Shared) -> Vec<Change> {
     let snapshot = shared.snapshot();
-    let valid = snapshot.valid_for(Instant::now());
+    // What `/leader` would answer now.
+    let answer = super::answer::leader(&snapshot, Instant::now()).body;
     let leader = snapshot.leader.map(|l| (l.id, l.token));
     vec![
         Change::Leadership(LeadershipEvent {
             change: "state",
-            leading: valid.is_some(),
-            token: valid.map(|(token, _)| token),
-            valid_for_ms: valid.map(|(_, left)| super::answer::millis(left)),
+            leading: answer.leading,
+            token: answer.token,
+            valid_for_ms: answer.valid_for_ms,
             reason: None,
         }),
         Change::Leader(leader),

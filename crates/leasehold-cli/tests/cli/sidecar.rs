@@ -91,6 +91,28 @@ fn tcp_sidecar_on(store: &str, scratch: &Scratch, id: &str, extra: &[&str]) -> (
     (sidecar_on(store, scratch, id, &args), At::Tcp(addr))
 }
 
+/// A sidecar of election `web` on `scratch`'s store with `args`, which
+/// must exit with `code` and, when `needle` is given, one line holding it.
+fn refused(scratch: &Scratch, args: &[&str], code: i32, needle: Option<&str>) {
+    let out = leasehold()
+        .args([
+            "sidecar",
+            "--election",
+            "web",
+            "--store",
+            &scratch.store_url(),
+        ])
+        .args(args)
+        .output()
+        .expect("run");
+    let shown = stderr(&out);
+    assert_eq!(out.status.code(), Some(code), "{args:?}: {shown}");
+    if let Some(needle) = needle {
+        assert!(shown.contains(needle), "{args:?}: {shown}");
+        assert_eq!(shown.lines().count(), 1, "{args:?}: {shown}");
+    }
+}
+
 fn wait_for_code(at: &At, path: &str, code: u16) -> bool {
     wait_until(10 * SECOND, || {
         get(at, path).is_some_and(|(c, _)| c == code)
@@ -190,24 +212,13 @@ fn the_socket_is_private_replaces_a_stale_one_and_refuses_other_files() {
     let path = scratch.path("a.sock");
     // A regular file is left as it is.
     std::fs::write(&path, "mine").expect("write");
-    let out = leasehold()
-        .args([
-            "sidecar",
-            "--election",
-            "web",
-            "--store",
-            &scratch.store_url(),
-        ])
-        .args(["--socket", path.to_str().expect("utf-8")])
-        .output()
-        .expect("run");
-    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("is a file that is not a socket"),
-        "{}",
-        stderr(&out)
+    let socket = path.to_str().expect("utf-8");
+    refused(
+        &scratch,
+        &["--socket", socket],
+        1,
+        Some("is a file that is not a socket"),
     );
-    assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
     assert_eq!(std::fs::read_to_string(&path).expect("kept"), "mine");
     std::fs::remove_file(&path).expect("remove");
     // A socket nobody serves on (a killed sidecar's) is replaced.
@@ -221,22 +232,11 @@ fn the_socket_is_private_replaces_a_stale_one_and_refuses_other_files() {
         .mode();
     assert_eq!(mode & 0o777, 0o600, "{mode:o}");
     // A socket another sidecar serves on is refused.
-    let out = leasehold()
-        .args([
-            "sidecar",
-            "--election",
-            "web",
-            "--store",
-            &scratch.store_url(),
-        ])
-        .args(["--socket", path.to_str().expect("utf-8")])
-        .output()
-        .expect("run");
-    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("another process serves on it"),
-        "{}",
-        stderr(&out)
+    refused(
+        &scratch,
+        &["--socket", socket],
+        1,
+        Some("another process serves on it"),
     );
     assert_eq!(leader_code(&at), 200, "the first sidecar still answers");
     a.signal(Signal::SIGTERM);
@@ -430,21 +430,11 @@ fn a_transfer_to_a_replica_that_does_not_take_it_up_is_not_reported_done() {
 #[test]
 fn a_sidecar_needs_somewhere_to_answer_and_a_free_port() {
     let scratch = Scratch::new();
-    let out = leasehold()
-        .args([
-            "sidecar",
-            "--election",
-            "web",
-            "--store",
-            &scratch.store_url(),
-        ])
-        .output()
-        .expect("run");
-    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("give --http ADDR, --socket PATH or both"),
-        "{}",
-        stderr(&out)
+    refused(
+        &scratch,
+        &[],
+        2,
+        Some("give --http ADDR, --socket PATH or both"),
     );
     let short = scratch.path("short-token");
     std::fs::write(&short, "too short\n").expect("write");
@@ -457,39 +447,20 @@ fn a_sidecar_needs_somewhere_to_answer_and_a_free_port() {
         ["--admin-token-file", short],
         ["--admin-token-file", missing],
     ] {
-        let out = leasehold()
-            .args([
-                "sidecar",
-                "--election",
-                "web",
-                "--store",
-                &scratch.store_url(),
-            ])
-            .args(["--http", "127.0.0.1:1"])
-            .args(bad)
-            .output()
-            .expect("run");
-        assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", stderr(&out));
+        refused(
+            &scratch,
+            &[&["--http", "127.0.0.1:1"][..], &bad[..]].concat(),
+            2,
+            None,
+        );
     }
     let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = taken.local_addr().expect("addr").to_string();
-    let out = leasehold()
-        .args([
-            "sidecar",
-            "--election",
-            "web",
-            "--store",
-            &scratch.store_url(),
-        ])
-        .args(["--http", &addr])
-        .output()
-        .expect("run");
-    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
-    assert!(
-        stderr(&out).contains("another process listens there"),
-        "{}",
-        stderr(&out)
+    refused(
+        &scratch,
+        &["--http", &addr],
+        1,
+        Some("another process listens there"),
     );
 }
 

@@ -4,8 +4,10 @@
 //! server or ensemble ([`ZooKeeperServer`], [`ZooKeeperEnsemble`]) and a
 //! PostgreSQL server ([`PostgresServer`]) — each on free loopback ports
 //! ([`free_port`]) with its data in a temporary folder, stopped by process
-//! id when dropped; test certificates made on the spot ([`TestCa`]); and a
-//! seeded generator for randomized tests and the simulation ([`Rng`]).
+//! id when dropped; test certificates made on the spot ([`TestCa`]); a seeded
+//! generator for randomized tests and the simulation ([`Rng`]); and the
+//! GUIDE's load-balancer recipe, replicas behind HAProxy
+//! ([`leader_fleet`]).
 //!
 //! It does not depend on `leasehold`, so that the library's own tests can
 //! use it; the conformance suite and the fault-injecting wrappers, which
@@ -13,6 +15,7 @@
 
 mod certs;
 mod etcd_cluster;
+pub mod leader_fleet;
 mod postgres_server;
 mod rng;
 pub mod shared;

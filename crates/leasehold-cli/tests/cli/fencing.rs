@@ -15,7 +15,7 @@ use super::harness::{Proc, Scratch, StoppedReplica, alive, leasehold, read_lines
 const SECOND: Duration = Duration::from_secs(1);
 
 /// An example binary, built next to the `leasehold` binary by `cargo test`.
-fn example(name: &str) -> PathBuf {
+pub(super) fn example(name: &str) -> PathBuf {
     let bin = PathBuf::from(env!("CARGO_BIN_EXE_leasehold"));
     let path = bin
         .parent()

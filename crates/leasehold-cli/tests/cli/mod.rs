@@ -11,6 +11,7 @@ mod messages;
 mod multi_process;
 mod operability;
 mod planned;
+mod recipes;
 mod run;
 mod secrets;
 mod sidecar;

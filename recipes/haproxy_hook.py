@@ -1,0 +1,24 @@
+#!/usr/bin/env python3
+"""Tell HAProxy at once that this replica leads, or no longer does.
+
+    leasehold sidecar --id web-1 ... \
+        --on-elected 'python3 haproxy_hook.py up' --on-deposed 'python3 haproxy_hook.py down'
+
+Sets server $LEASEHOLD_ID of backend `leader` up or down through HAProxy's
+runtime API, the socket $HAPROXY_ADMIN, rather than waiting for its next
+health check (which confirms or corrects it 100 ms later).
+"""
+
+import os
+import socket
+import sys
+
+state = {"up": "up", "down": "down"}[sys.argv[1]]
+command = f"set server leader/{os.environ['LEASEHOLD_ID']} health {state}\n"
+with socket.socket(socket.AF_UNIX) as admin:
+    admin.settimeout(1)
+    admin.connect(os.environ["HAPROXY_ADMIN"])
+    admin.sendall(command.encode())
+    reply = admin.recv(4096).decode().strip()
+if reply:
+    sys.exit(f"haproxy: {reply}")

@@ -1,5 +1,6 @@
-//! `run --http ADDR` and `sidecar --http ADDR`: `/status`, `/healthz` and
-//! `/metrics`, and the listeners they are served on.
+//! `run --http ADDR` and `sidecar --http ADDR`: the page for people on
+//! `/`, `/status`, `/healthz`, `/metrics` and `/watch`, and the listeners
+//! they are served on.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -16,6 +17,7 @@ use serde::Serialize;
 use crate::cli::HttpAddr;
 use crate::inspect::{CandidateJson, LeaderJson};
 use crate::metrics::RunnerMetrics;
+use crate::watch::Changes;
 
 /// How long `/status` waits for the store.
 const STORE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -68,14 +70,19 @@ pub async fn serve(addr: &HttpAddr, app: Router) -> anyhow::Result<Vec<SocketAdd
     Ok(bound)
 }
 
-/// `/status`, `/healthz` and `/metrics` of a runner (or a sidecar) of
-/// `election`.
+/// The page, `/status`, `/healthz`, `/metrics` and `/watch` of a runner
+/// (or a sidecar) of `election`.
 pub fn routes(
     election: ElectionName,
     store: Arc<dyn Store>,
     metrics: Arc<RunnerMetrics>,
+    changes: Changes,
 ) -> Router {
+    let watch = Router::new()
+        .route("/watch", get(crate::watch::watch))
+        .with_state(changes);
     Router::new()
+        .route("/", get(page))
         .route("/status", get(status))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics_text))
@@ -84,6 +91,23 @@ pub fn routes(
             store,
             metrics,
         })
+        .merge(watch)
+}
+
+/// The page: one HTML file with its style and script inline, nothing
+/// fetched from elsewhere (the policy header forbids it).
+async fn page() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8"),
+            (
+                header::CONTENT_SECURITY_POLICY,
+                "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'",
+            ),
+        ],
+        include_str!("page.html"),
+    )
+        .into_response()
 }
 
 /// Whether binding failed because this host has no such address or family,
@@ -107,10 +131,13 @@ fn bind_error(addr: &HttpAddr, one: SocketAddr, error: &std::io::Error) -> anyho
     anyhow::anyhow!("cannot serve HTTP on {one}{given} (--http): {error}{hint}")
 }
 
-/// docs/DESIGN.md's status object plus `is_leader` (this runner's own view).
+/// docs/DESIGN.md's status object plus `id` and `is_leader` (this
+/// runner's own view).
 #[derive(Debug, Serialize)]
 struct StatusJson {
     election: String,
+    /// This runner's candidate id.
+    id: String,
     leader: Option<LeaderJson>,
     #[serde(skip_serializing_if = "Option::is_none")]
     candidates: Option<Vec<CandidateJson>>,
@@ -168,6 +195,7 @@ async fn status(State(shared): State<Shared>) -> Response {
     });
     let body = StatusJson {
         election: shared.election.to_string(),
+        id: shared.metrics.candidate().to_owned(),
         leader: leader.as_ref().map(LeaderJson::new),
         candidates,
         is_leader: is_leader || mine.as_ref().is_some_and(|m| !m.is_empty()),

@@ -28,6 +28,7 @@ mod stdio;
 mod term;
 mod transfer;
 mod tune;
+mod watch;
 
 /// Bad usage or input. (3, an unsafe `tune --ttl`, is `tune::EXIT_UNSAFE`.)
 const EXIT_USAGE: u8 = 2;

@@ -1,4 +1,5 @@
-//! What `run` knows about its own leadership, for `/status` and `/metrics`.
+//! What `run` (or `sidecar`) knows about its own leadership, for
+//! `/status`, `/metrics` and the leadership events of `/watch`.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -11,6 +12,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
+use tokio::sync::broadcast;
+
+use crate::watch::{Change, LeadershipEvent, millis};
 
 /// Why a term of leadership ended, as a metric label.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -103,6 +107,10 @@ pub struct RunnerMetrics {
     shards_released: Family<ReasonLabel, Counter>,
     group_members: Gauge,
     group: Mutex<Option<leasehold::watch::Receiver<leasehold::group::GroupView>>>,
+    /// Where `/watch` hears of this runner's leadership.
+    changes: broadcast::Sender<Change>,
+    /// This runner's candidate id.
+    candidate: String,
 }
 
 /// `value` as a label value in the Prometheus and OpenMetrics text
@@ -149,6 +157,8 @@ impl RunnerMetrics {
             shards_released: Family::default(),
             group_members: Gauge::default(),
             group: Mutex::new(None),
+            changes: broadcast::channel(crate::watch::BACKLOG).0,
+            candidate: candidate.to_owned(),
             registry: Registry::default(),
         };
         registry.register(
@@ -234,6 +244,9 @@ impl RunnerMetrics {
         RenewalObserver::new(move |event| match event {
             RenewalEvent::Renewed { round_trip, .. } => {
                 metrics.renewal_seconds.observe(round_trip.as_secs_f64());
+                if let Some((token, left)) = metrics.leading() {
+                    metrics.tell("renewed", Some(token.0), Some(left), None);
+                }
             }
             RenewalEvent::Failed { .. } => {
                 metrics.renewal_failures.inc();
@@ -247,10 +260,18 @@ impl RunnerMetrics {
         self.is_leader.set(1);
         self.token.set(i64::try_from(token.0).unwrap_or(i64::MAX));
         self.transitions.inc();
+        let left = self.leading().map(|(_, left)| left);
+        self.tell("gained", Some(token.0), left, None);
     }
 
-    pub fn stepped_down(&self, why: StepDown) {
-        *self.term.lock().unwrap_or_else(PoisonError::into_inner) = None;
+    /// The term ended, for `reason` (told to `/watch`).
+    pub fn stepped_down(&self, why: StepDown, reason: &str) {
+        let ended = self
+            .term
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        self.tell("lost", ended.map(|t| t.token.0), None, Some(reason));
         self.is_leader.set(0);
         self.token.set(0);
         self.transitions.inc();
@@ -296,6 +317,45 @@ impl RunnerMetrics {
     /// How many candidates wait in the line.
     pub fn set_waiting(&self, waiting: usize) {
         self.waiting.set(i64::try_from(waiting).unwrap_or(i64::MAX));
+    }
+
+    /// Tells `/watch` of a change of this runner's leadership.
+    fn tell(
+        &self,
+        change: &'static str,
+        token: Option<u64>,
+        left: Option<Duration>,
+        reason: Option<&str>,
+    ) {
+        let _ = self.changes.send(Change::Leadership(LeadershipEvent {
+            change,
+            leading: change != "lost",
+            token,
+            valid_for_ms: left.map(millis),
+            reason: reason.map(str::to_owned),
+        }));
+    }
+
+    /// This runner's candidate id.
+    pub fn candidate(&self) -> &str {
+        &self.candidate
+    }
+
+    /// Where `/watch` hears of this runner's leadership.
+    pub fn changes(&self) -> broadcast::Sender<Change> {
+        self.changes.clone()
+    }
+
+    /// This runner's leadership now, as `/watch` first tells it.
+    pub fn leadership_now(&self) -> LeadershipEvent {
+        let leading = self.leading();
+        LeadershipEvent {
+            change: "state",
+            leading: leading.is_some(),
+            token: leading.map(|(token, _)| token.0),
+            valid_for_ms: leading.map(|(_, left)| millis(left)),
+            reason: None,
+        }
     }
 
     /// The current term's token and time left, if this runner leads now.

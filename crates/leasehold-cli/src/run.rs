@@ -14,6 +14,7 @@ use crate::guard::{Launch, Supervised};
 use crate::metrics::{RunnerMetrics, StepDown};
 use crate::signals::{IgnoredSignals, PassedSignals, StopSignals};
 use crate::term::{EXIT_CANNOT_START, Request, TermEnd, already_gone};
+use crate::watch::Changes;
 
 /// Pause before campaigning again after a transient store error.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -60,13 +61,17 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         Arc::clone(&metrics),
     ));
     let serving = match &args.http {
-        Some(addr) => Some(
-            crate::http::serve(
-                addr,
-                crate::http::routes(args.election.election.clone(), store, Arc::clone(&metrics)),
-            )
-            .await?,
-        ),
+        Some(addr) => {
+            let leaders = elector.observe(&args.election.election).await.ok();
+            let now = {
+                let metrics = Arc::clone(&metrics);
+                Arc::new(move || metrics.leadership_now())
+            };
+            let changes = Changes::new(metrics.changes(), leaders, now);
+            let election = args.election.election.clone();
+            let routes = crate::http::routes(election, store, Arc::clone(&metrics), changes);
+            Some(crate::http::serve(addr, routes).await?)
+        }
         None => None,
     };
     check_margin(&elector, &args.election.election).await;
@@ -327,12 +332,13 @@ impl Runner {
         let election = &self.election;
         let next = match why {
             TermEnd::Lost(reason) => {
-                self.metrics.stepped_down(StepDown::from_lost(&reason));
+                self.metrics
+                    .stepped_down(StepDown::from_lost(&reason), &reason.to_string());
                 tracing::warn!(%election, %id, token = token.0, %reason, status = code, "stepped down; campaigning again");
                 Next::Campaign
             }
             TermEnd::AtRisk(reason) => {
-                self.metrics.stepped_down(StepDown::AtRisk);
+                self.metrics.stepped_down(StepDown::AtRisk, reason);
                 // Stepped down now; the release (which the failing store
                 // may not answer before its timeout) comes after.
                 tracing::warn!(%election, %id, token = token.0, reason, status = code, "stepped down; campaigning again");
@@ -340,8 +346,8 @@ impl Runner {
                 Next::Campaign
             }
             TermEnd::Stopped(signal) => {
-                self.metrics.stepped_down(StepDown::Stopped);
                 let reason = format!("{signal} received");
+                self.metrics.stepped_down(StepDown::Stopped, &reason);
                 if release(leadership).await {
                     tracing::info!(%election, %id, token = token.0, %reason, status = code, "stopped; election released");
                 } else {
@@ -350,7 +356,8 @@ impl Runner {
                 Next::Exit(ExitCode::from(code))
             }
             TermEnd::HandedOver(handover) => {
-                self.metrics.stepped_down(StepDown::HandedOver);
+                self.metrics
+                    .stepped_down(StepDown::HandedOver, "handed over");
                 let to = handover
                     .to
                     .as_ref()
@@ -369,13 +376,13 @@ impl Runner {
             // Only a shard moves (`run --shards`); released as for a
             // handover all the same.
             TermEnd::Moved => {
-                self.metrics.stepped_down(StepDown::HandedOver);
+                self.metrics.stepped_down(StepDown::HandedOver, "moved");
                 release(leadership).await;
                 Next::Campaign
             }
             TermEnd::Exited => {
-                self.metrics.stepped_down(StepDown::CommandExited);
                 let reason = "command exited";
+                self.metrics.stepped_down(StepDown::CommandExited, reason);
                 if release(leadership).await {
                     tracing::info!(%election, %id, token = token.0, reason, status = code, "election released");
                 } else {

@@ -6,6 +6,8 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use crate::watch::millis;
+
 /// What the sidecar knows at the moment of a request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Snapshot {
@@ -96,10 +98,6 @@ impl Snapshot {
             leader_token: other.map(|l| l.token),
         }
     }
-}
-
-pub fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// `/leader`: 200 only while this replica holds a grant that is not over

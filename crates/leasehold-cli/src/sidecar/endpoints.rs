@@ -42,7 +42,6 @@ pub fn routes(shared: Shared, common: Router, admin: AdminAccess) -> Router {
         .route("/leader", leader)
         .route("/follower", follower)
         .route("/health", get(health))
-        .route("/watch", get(super::stream::watch))
         .merge(admin)
         .with_state(state)
         .merge(common)

@@ -14,15 +14,14 @@ use tokio::sync::mpsc;
 use crate::cli::SidecarArgs;
 use crate::metrics::{RunnerMetrics, StepDown};
 use crate::signals::{IgnoredSignals, PassedSignals, StopSignals};
+use crate::watch::{Changes, LeadershipEvent};
 
 mod answer;
 mod endpoints;
-mod events;
 mod hooks;
 mod keeper;
 mod shared;
 mod socket;
-mod stream;
 
 use hooks::{Change, Fired, HookQueue, Hooks};
 use shared::{Admin, AdminAccess, Local, Shared};
@@ -61,11 +60,7 @@ pub async fn run(args: SidecarArgs) -> anyhow::Result<ExitCode> {
         .with_renewal_observer(metrics.renewal_observer()),
     );
     let (admin_tx, admin_rx) = mpsc::channel(4);
-    let (events, _) = tokio::sync::broadcast::channel(stream::BACKLOG);
     let leaders = elector.observe(&election).await.ok();
-    if let Some(leaders) = leaders.clone() {
-        tokio::spawn(stream::forward_leaders(leaders, events.clone()));
-    }
     let shared = Shared {
         election: election.clone(),
         me: candidate,
@@ -74,19 +69,32 @@ pub async fn run(args: SidecarArgs) -> anyhow::Result<ExitCode> {
         leader: leaders,
         line: line_of(&*store, &election).await?,
         admin: admin_tx,
-        events: events.clone(),
     };
     let line_gauge = tokio::spawn(crate::run::count_waiting(
         Arc::clone(&store),
         election.clone(),
         Arc::clone(&metrics),
     ));
-    let common = crate::http::routes(election.clone(), store, Arc::clone(&metrics));
+    // `/watch` first tells what `/leader` would answer now.
+    let now = {
+        let shared = shared.clone();
+        Arc::new(move || {
+            let answer = answer::leader(&shared.snapshot(), std::time::Instant::now()).body;
+            LeadershipEvent {
+                change: "state",
+                leading: answer.leading,
+                token: answer.token,
+                valid_for_ms: answer.valid_for_ms,
+                reason: None,
+            }
+        })
+    };
+    let changes = Changes::new(metrics.changes(), shared.leader.clone(), now);
+    let common = crate::http::routes(election.clone(), store, Arc::clone(&metrics), changes);
     let mut sidecar = Sidecar {
         elector,
         election,
         local: Arc::clone(&shared.local),
-        events,
         hooks: HookQueue::start(Hooks {
             on_elected: args.on_elected.clone(),
             on_deposed: args.on_deposed.clone(),
@@ -190,7 +198,6 @@ struct Sidecar {
     elector: Elector,
     election: ElectionName,
     local: Arc<Mutex<Local>>,
-    events: tokio::sync::broadcast::Sender<events::Change>,
     hooks: HookQueue,
     inputs: Inputs,
     metrics: Arc<RunnerMetrics>,
@@ -268,28 +275,25 @@ impl Sidecar {
             .became_leader(token, Arc::clone(leadership.session()));
         tracing::info!(election = %self.election, %id, token = token.0, "leading");
         self.fire(Change::Elected, token.0, None);
-        report(&self.events, "gained", &leadership);
-        let events = self.events.clone();
-        let end = self
-            .inputs
-            .hold(&leadership, |l| report(&events, "renewed", l))
-            .await;
+        let end = self.inputs.hold(&leadership).await;
         // From here on /leader answers 503, before anything is released.
         self.local().held = None;
         let (reason, again) = match end {
             TermEnd::Lost(reason) => {
-                self.metrics.stepped_down(StepDown::from_lost(&reason));
+                self.metrics
+                    .stepped_down(StepDown::from_lost(&reason), &reason.to_string());
                 tracing::warn!(election = %self.election, %id, token = token.0, %reason, "stepped down; campaigning again");
                 (reason.to_string(), true)
             }
             TermEnd::HandOver => {
-                self.metrics.stepped_down(StepDown::HandedOver);
+                self.metrics
+                    .stepped_down(StepDown::HandedOver, "handed over");
                 let done = leadership.hand_over().await;
                 log_release(&self.election, token.0, "handed over", done.as_ref().err());
                 ("handed over".to_owned(), true)
             }
             TermEnd::Resign(reply) => {
-                self.metrics.stepped_down(StepDown::HandedOver);
+                self.metrics.stepped_down(StepDown::HandedOver, "resigned");
                 let done = leadership.hand_over().await;
                 log_release(&self.election, token.0, "resigned", done.as_ref().err());
                 let _ = reply.send(
@@ -299,7 +303,8 @@ impl Sidecar {
                 ("resigned".to_owned(), true)
             }
             TermEnd::Stopped(signal) => {
-                self.metrics.stepped_down(StepDown::Stopped);
+                self.metrics
+                    .stepped_down(StepDown::Stopped, &format!("{signal} received"));
                 let done = leadership.resign().await;
                 log_release(
                     &self.election,
@@ -310,15 +315,6 @@ impl Sidecar {
                 (format!("{signal} received"), false)
             }
         };
-        let _ = self
-            .events
-            .send(events::Change::Leadership(events::LeadershipEvent {
-                change: "lost",
-                leading: false,
-                token: Some(token.0),
-                valid_for_ms: None,
-                reason: Some(reason.clone()),
-            }));
         self.fire(Change::Deposed, token.0, Some(reason));
         again
     }
@@ -336,15 +332,10 @@ impl Sidecar {
 
 impl Inputs {
     /// Waits for the end of a term, calling `renewed` at each renewal.
-    async fn hold(&mut self, leadership: &Leadership, renewed: impl Fn(&Leadership)) -> TermEnd {
-        let mut deadline = leadership.deadline();
+    async fn hold(&mut self, leadership: &Leadership) -> TermEnd {
         loop {
             tokio::select! {
                 reason = leadership.lost() => return TermEnd::Lost(reason),
-                later = leadership.deadline_after(deadline) => {
-                    deadline = later;
-                    renewed(leadership);
-                }
                 _ = leadership.handover_requested() => return TermEnd::HandOver,
                 signal = self.signals.recv() => return TermEnd::Stopped(signal),
                 Some(call) = self.admin.recv() => match call {
@@ -372,24 +363,6 @@ impl Inputs {
             }
         }
     }
-}
-
-/// Tells `/watch` of `change` (`gained`, `renewed`) with the time left.
-fn report(
-    events: &tokio::sync::broadcast::Sender<events::Change>,
-    change: &'static str,
-    leadership: &Leadership,
-) {
-    let left = leadership
-        .deadline()
-        .saturating_duration_since(tokio::time::Instant::now());
-    let _ = events.send(events::Change::Leadership(events::LeadershipEvent {
-        change,
-        leading: true,
-        token: Some(leadership.token().0),
-        valid_for_ms: Some(answer::millis(left)),
-        reason: None,
-    }));
 }
 
 fn log_release(

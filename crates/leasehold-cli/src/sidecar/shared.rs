@@ -1,13 +1,12 @@
-//! What the sidecar's loop shares with its endpoints and its stream.
+//! What the sidecar's loop shares with its endpoints.
 
 use std::sync::{Arc, Mutex};
 
 use axum::extract::State;
 use leasehold::{CandidateId, ElectionName, Grant, LeaderWatch, NoteWatch, Session, Store};
-use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 
 use super::answer::{Held, Seen, Snapshot};
-use super::events::Change;
 
 /// What the sidecar's loop keeps up to date for the endpoints.
 #[derive(Default)]
@@ -37,8 +36,6 @@ pub struct Shared {
     /// recipe's), where waiting for the election is the line.
     pub line: Option<NoteWatch>,
     pub admin: mpsc::Sender<Admin>,
-    /// What `/watch` streams.
-    pub events: broadcast::Sender<Change>,
 }
 
 impl Shared {

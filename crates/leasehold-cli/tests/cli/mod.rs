@@ -10,6 +10,7 @@ mod interop;
 mod messages;
 mod multi_process;
 mod operability;
+mod page;
 mod planned;
 mod recipes;
 mod run;

@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""Tell HAProxy at once that this replica leads, or no longer does.
+"""Tell HAProxy at once that this replica leads (or, with `down`, no longer does).
 
-    leasehold sidecar --id web-1 ... \
-        --on-elected 'python3 haproxy_hook.py up' --on-deposed 'python3 haproxy_hook.py down'
+    leasehold sidecar --id web-1 ... --on-elected 'python3 haproxy_hook.py up'
 
 Sets server $LEASEHOLD_ID of backend `leader` up or down through HAProxy's
 runtime API, the socket $HAPROXY_ADMIN, rather than waiting for its next
-health check (which confirms or corrects it 100 ms later).
+health check (which confirms or corrects it 100 ms later). The recipe pushes
+only `up`: a replica that stepped down answers 503 by itself, and marking it
+down at once could leave HAProxy a moment with no server up.
 """
 
 import os

@@ -15,7 +15,9 @@ local call) and writes only on a 200, with the answer's token in the
 - 200 `{"id": ID, "token": T}` once the resource accepted the write;
 - 503 when this replica does not lead, its sidecar does not answer, or the
   resource refused the token as stale (leadership has moved on): nothing was
-  written, so the load balancer may retry the request elsewhere.
+  written, so the load balancer may retry the request elsewhere. When it does
+  not lead, it answers after `--hold-off` (50 ms), which gives the balancer
+  time to see the new leader before it sends the request again.
 
 `GET /` answers the same 200 or 503 without writing.
 """
@@ -60,6 +62,9 @@ def write(resource, token, deadline, body):
 
 class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in two writes: without this, Nagle's
+    # algorithm holds the body until the client's delayed ACK (40 ms).
+    disable_nagle_algorithm = True
 
     def do_GET(self):
         self.serve(None)
@@ -72,6 +77,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         config = self.server.config
         held = leadership(config.sidecar)
         if held is None:
+            # Sent here, the request found a leader that has just stepped
+            # down (or the balancer's view is stale): give the balancer a
+            # moment to see the new leader before it sends the request again.
+            time.sleep(config.hold_off)
             return self.answer(503, {"id": config.id, "error": "not leading"})
         token, deadline = held
         if body is not None:
@@ -100,6 +109,11 @@ def main():
     parser.add_argument("--id", required=True, help="this replica's name, in answers")
     parser.add_argument("--sidecar", required=True, help="the sidecar's --http, as http://HOST:PORT")
     parser.add_argument("--resource", required=True, help="URL the fenced writes go to")
+    parser.add_argument(
+        "--hold-off", type=float, default=0.05, metavar="SECONDS",
+        help="wait before a 503 for not leading (0.05): with HAProxy's three "
+        "retries, a request outlasts one 100 ms health check interval",
+    )
     config = parser.parse_args()
     host, _, port = config.listen.rpartition(":")
     server = http.server.ThreadingHTTPServer((host, int(port)), Handler)

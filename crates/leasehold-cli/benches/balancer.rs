@@ -1,8 +1,10 @@
 //! The GUIDE's load-balancer recipe under planned moves, on SQLite and on
 //! a 3-member etcd cluster: three replicas of `recipes/leader_service.py`,
 //! each beside its `leasehold sidecar`, behind HAProxy (`recipes/haproxy.cfg`,
-//! health checks on `/leader` every 100 ms), with and without the hooks that
-//! push each change to HAProxy's runtime API.
+//! health checks on `/leader` every 100 ms). From the health checks alone
+//! to the whole recipe, one part added at a time: the services' hold-off
+//! before a 503, the backup servers used while no server is seen up, and
+//! the hook that tells HAProxy's runtime API of a new leader at once.
 //!
 //! `cargo build --release -p leasehold-cli --example fenced_store &&
 //! cargo bench -p leasehold-cli --bench balancer [-- --rounds N --clients N]`
@@ -114,32 +116,54 @@ struct Moves {
     sigterm: Vec<Duration>,
     failed_transfer: Vec<usize>,
     failed_sigterm: Vec<usize>,
+    /// From the first failed request's sending to the last one's answer.
+    window_transfer: Vec<Duration>,
+    window_sigterm: Vec<Duration>,
     served: usize,
+    seconds: f64,
     stale: usize,
     store_went_back: bool,
 }
 
-/// The first 200 with a token above `above` answered after `t0`, and the
-/// failures answered in the `window` after `t0`.
+/// After a move at `t0`: the first 200 with a token above `above`, how
+/// many requests failed in the `window` after `t0`, and from the first
+/// failed request's sending to the last one's answer.
 fn after_move(
     log: &[Sent],
     t0: Instant,
     above: u64,
     window: Duration,
-) -> (Option<Duration>, usize) {
+) -> (Option<Duration>, usize, Duration) {
     let first = log
         .iter()
         .filter(|s| s.done >= t0 && s.token.is_some_and(|t| t > above))
         .map(|s| s.done - t0)
         .min();
-    let failed = log
+    let failed: Vec<&Sent> = log
         .iter()
         .filter(|s| s.done >= t0 && s.done < t0 + window && s.code != 200)
-        .count();
-    (first, failed)
+        .collect();
+    let from = failed.iter().map(|s| s.sent).min();
+    let to = failed.iter().map(|s| s.done).max();
+    let span = from.zip(to).map_or(Duration::ZERO, |(from, to)| to - from);
+    (first, failed.len(), span)
 }
 
-fn run(store: &str, election: &str, hooks: bool, rounds: usize, clients: usize) -> Moves {
+/// One way to set the recipe up: (what it adds, hook, backup servers,
+/// hold-off ms).
+type Variant = (&'static str, bool, bool, u32);
+
+/// From HAProxy's health checks alone to the whole recipe, one part added
+/// at a time.
+const VARIANTS: [Variant; 4] = [
+    ("checks only", false, false, 0),
+    ("+ hold-off 50 ms", false, false, 50),
+    ("+ backup servers", false, true, 50),
+    ("+ hook (the whole recipe)", true, true, 50),
+];
+
+fn run(store: &str, election: &str, variant: Variant, rounds: usize, clients: usize) -> Moves {
+    let (_, hooks, backups, hold_off_ms) = variant;
     let binaries = FleetBinaries {
         leasehold: env!("CARGO_BIN_EXE_leasehold").into(),
         fenced_store: fenced_store(),
@@ -149,6 +173,8 @@ fn run(store: &str, election: &str, hooks: bool, rounds: usize, clients: usize) 
         election,
         ttl: "5s",
         hooks,
+        backups,
+        hold_off_ms,
     };
     let mut fleet = LeaderFleet::start(binaries, &options, 3);
     let first = leading(&fleet);
@@ -191,14 +217,16 @@ fn run(store: &str, election: &str, hooks: bool, rounds: usize, clients: usize) 
             fleet.signal_sidecar(leader, Signal::SIGTERM);
         }
         std::thread::sleep(window);
-        let (first, failed) = after_move(&log.lock().expect("log"), t0, above, window);
+        let (first, failed, span) = after_move(&log.lock().expect("log"), t0, above, window);
         let first = first.unwrap_or_else(|| panic!("no new leader served: {}", fleet.logs()));
         if by_transfer {
             moves.transfer.push(first);
             moves.failed_transfer.push(failed);
+            moves.window_transfer.push(span);
         } else {
             moves.sigterm.push(first);
             moves.failed_sigterm.push(failed);
+            moves.window_sigterm.push(span);
             fleet.restart_sidecar(leader);
             wait_following(&fleet, leader);
         }
@@ -209,6 +237,11 @@ fn run(store: &str, election: &str, hooks: bool, rounds: usize, clients: usize) 
     }
     let log = log.lock().expect("log");
     moves.served = log.iter().filter(|s| s.code == 200).count();
+    let first_sent = log.iter().map(|s| s.sent).min();
+    let last_done = log.iter().map(|s| s.done).max();
+    moves.seconds = first_sent
+        .zip(last_done)
+        .map_or(0.0, |(from, to)| (to - from).as_secs_f64());
     moves.stale = stale(&log);
     let accepted = fleet.accepted();
     moves.store_went_back = accepted.windows(2).any(|w| w[0] > w[1]);
@@ -253,24 +286,27 @@ fn main() {
         ("etcd (3 members)", etcd.url("/balancer")),
     ];
     println!(
-        "| store | hooks | transfer → first request served by the new leader: median / max ms | SIGTERM → the same | failed requests per transfer: median / max (all) | failed per SIGTERM | requests served | stale served | store went back |"
+        "| store | recipe | transfer → first request served by the new leader: median / max ms | SIGTERM → the same | failed requests per transfer: median / max (all) | their window: median / max ms | failed per SIGTERM | their window | requests served (per second) | stale served | store went back |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     for (name, store) in &stores {
-        for hooks in [false, true] {
-            let election = format!("balancer-{}", u8::from(hooks));
-            let moves = run(store, &election, hooks, rounds, clients);
+        for (n, variant) in VARIANTS.into_iter().enumerate() {
+            let election = format!("balancer-{n}");
+            let moves = run(store, &election, variant, rounds, clients);
             let times = |s: &[Duration]| {
                 format!("{} / {}", ms(percentile(s, 50.0)), ms(percentile(s, 100.0)))
             };
             println!(
-                "| {name} | {} | {} | {} | {} | {} | {} | {} | {} |",
-                if hooks { "yes" } else { "no" },
+                "| {name} | {} | {} | {} | {} | {} | {} | {} | {} ({:.0}) | {} | {} |",
+                variant.0,
                 times(&moves.transfer),
                 times(&moves.sigterm),
                 counts(&moves.failed_transfer),
+                times(&moves.window_transfer),
                 counts(&moves.failed_sigterm),
+                times(&moves.window_sigterm),
                 moves.served,
+                moves.served as f64 / moves.seconds.max(1e-9),
                 moves.stale,
                 if moves.store_went_back { "yes" } else { "no" },
             );

@@ -27,9 +27,15 @@ pub struct FleetOptions<'a> {
     pub store: &'a str,
     pub election: &'a str,
     pub ttl: &'a str,
-    /// Whether each sidecar pushes its changes to HAProxy's runtime API
-    /// through `recipes/haproxy_hook.py`, rather than waiting for a check.
+    /// Whether each sidecar tells HAProxy's runtime API at once that it
+    /// leads (`--on-elected` running `recipes/haproxy_hook.py up`), rather
+    /// than waiting for a check.
     pub hooks: bool,
+    /// Whether HAProxy keeps the recipe's backup servers, which try every
+    /// replica while none is seen up.
+    pub backups: bool,
+    /// The services' `--hold-off`, in milliseconds (the recipe's: 50).
+    pub hold_off_ms: u32,
 }
 
 /// Replicas `web-1`…`web-N` behind one HAProxy; every process is stopped
@@ -39,6 +45,8 @@ pub struct LeaderFleet {
     dir: PathBuf,
     binaries: FleetBinaries,
     sidecar_args: Vec<String>,
+    hold_off: String,
+    backups: bool,
     ports: Vec<(u16, u16)>,
     sidecars: Vec<Child>,
     others: Vec<Child>,
@@ -116,10 +124,8 @@ impl LeaderFleet {
         ];
         if options.hooks {
             let hook = recipes().join("haproxy_hook.py");
-            for (flag, state) in [("--on-elected", "up"), ("--on-deposed", "down")] {
-                let command = format!("{} {} {state}", python3().display(), hook.display());
-                sidecar_args.extend([flag.to_owned(), command]);
-            }
+            let command = format!("{} {} up", python3().display(), hook.display());
+            sidecar_args.extend(["--on-elected".to_owned(), command]);
         }
         let mut fleet = LeaderFleet {
             ports: (0..replicas)
@@ -128,6 +134,8 @@ impl LeaderFleet {
             dir,
             binaries,
             sidecar_args,
+            hold_off: format!("{:.3}", f64::from(options.hold_off_ms) / 1000.0),
+            backups: options.backups,
             sidecars: Vec::new(),
             others,
             front: SocketAddr::from(([127, 0, 0, 1], crate::free_port())),
@@ -183,6 +191,7 @@ impl LeaderFleet {
                 .arg(recipes().join("leader_service.py"))
                 .args(["--listen", &format!("127.0.0.1:{service_port}")])
                 .args(["--id", &name, "--resource", resource])
+                .args(["--hold-off", &self.hold_off])
                 .args(["--sidecar", &format!("http://127.0.0.1:{sidecar_port}")]),
             "python3",
             &log,
@@ -193,11 +202,21 @@ impl LeaderFleet {
 
     fn start_haproxy(&mut self) {
         let log = self.dir.join("haproxy.log");
+        let mut config = recipes().join("haproxy.cfg");
+        if !self.backups {
+            let recipe = std::fs::read_to_string(&config).expect("the recipe");
+            let kept: Vec<&str> = recipe
+                .lines()
+                .filter(|l| !l.contains(" backup ") && !l.contains("allbackups"))
+                .collect();
+            config = self.dir.join("haproxy.cfg");
+            std::fs::write(&config, kept.join("\n") + "\n").expect("a config");
+        }
         let mut command = Command::new(haproxy());
         command
             .arg("-db")
             .arg("-f")
-            .arg(recipes().join("haproxy.cfg"))
+            .arg(config)
             .env("HAPROXY_LISTEN", self.front.to_string())
             .env("HAPROXY_ADMIN", self.admin_socket());
         for (replica, (sidecar_port, service_port)) in self.ports.iter().enumerate() {
@@ -215,8 +234,8 @@ impl LeaderFleet {
         self.front
     }
 
-    /// The servers HAProxy sends requests to now (those it sees UP), as its
-    /// runtime API lists them.
+    /// The replicas HAProxy sees up now, as its runtime API lists them (the
+    /// backup servers `any-N`, never checked, left out).
     pub fn up_servers(&self) -> Vec<String> {
         let Ok(mut admin) = UnixStream::connect(self.admin_socket()) else {
             return Vec::new();
@@ -235,7 +254,8 @@ impl LeaderFleet {
             .filter(|l| !l.starts_with('#'))
             .filter_map(|l| {
                 let fields: Vec<&str> = l.split_whitespace().collect();
-                (fields.get(5) == Some(&"2")).then(|| fields.get(3).map(|s| (*s).to_owned()))?
+                let name = fields.get(3).filter(|name| !name.starts_with("any-"))?;
+                (fields.get(5) == Some(&"2")).then(|| (*name).to_owned())
             })
             .collect()
     }
@@ -287,12 +307,12 @@ impl LeaderFleet {
 pub fn post(front: SocketAddr, body: &str) -> Option<(u16, String)> {
     let mut stream = TcpStream::connect_timeout(&front, Duration::from_secs(1)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        stream,
+    // One write: pieces would wait on Nagle's algorithm for an ACK.
+    let request = format!(
         "POST / HTTP/1.1\r\nHost: leader\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
-    )
-    .ok()?;
+    );
+    stream.write_all(request.as_bytes()).ok()?;
     let mut response = String::new();
     stream.read_to_string(&mut response).ok()?;
     let (head, text) = response.split_once("\r\n\r\n")?;

@@ -53,6 +53,8 @@ fn haproxy_sends_each_request_to_the_leader_across_transfers_and_a_sigterm() {
         election: "web",
         ttl: "3s",
         hooks: true,
+        backups: true,
+        hold_off_ms: 50,
     };
     let fleet = LeaderFleet::start(binaries, &options, 3);
     let log: Arc<Mutex<Vec<Served>>> = Arc::default();

@@ -195,7 +195,16 @@ fn only_the_leader_answers_200(store: &str, scratch: &Scratch) {
         request(&at_a, "DELETE", "/leader", "").map(|(c, _)| c),
         Some(405)
     );
+    let (code, page) = get(&at_a, "/").expect("the page");
+    assert!(code == 200 && page.starts_with("<!doctype html>"), "{code}");
+    let At::Tcp(addr_b) = &at_b else {
+        unreachable!("a TCP sidecar")
+    };
+    let watch_b = Watch::open(*addr_b);
+    assert_eq!(watch_b.next().1["leading"].as_bool(), Some(false));
     a.signal(Signal::SIGTERM);
+    let gained = watch_b.find(|name, data| name == "leadership" && data["change"] == "gained");
+    assert!(gained["token"].as_u64() > Some(token_a), "{gained}");
     assert!(wait_for_code(&at_b, "/leader", 200), "b never took over");
     // Once b answers 200, a never does again.
     for _ in 0..20 {
@@ -310,7 +319,9 @@ fn admin_calls_need_the_socket_or_the_token_and_move_leadership() {
     assert_eq!(code, 200, "{body}");
     assert!(
         wait_for_code(&at_b, "/leader", 200),
-        "b never took over after a resigned"
+        "b never took over after a resigned: {}\n{}",
+        std::fs::read_to_string(scratch.path("a.log")).unwrap_or_default(),
+        std::fs::read_to_string(scratch.path("b.log")).unwrap_or_default()
     );
     let (code, body) = request(&at_socket, "POST", "/transfer?to=nobody", "").expect("answers");
     assert_eq!(code, 409, "{body}");

@@ -315,6 +315,9 @@ fn admin_calls_need_the_socket_or_the_token_and_move_leadership() {
     let (code, body) = request(&at_socket, "POST", "/transfer?to=a", "").expect("answers");
     assert_eq!(code, 200, "{body}");
     assert_eq!(leader_code(&at_a), 200);
+    // Resigning hands over to whoever waits: b, once it is back in line
+    // (else a, alone in the line, is granted again at once).
+    assert!(wait_for_code(&at_b, "/follower", 200), "b never followed");
     let (code, body) = request(&at_socket, "POST", "/resign", "").expect("answers");
     assert_eq!(code, 200, "{body}");
     assert!(

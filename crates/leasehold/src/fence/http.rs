@@ -1,7 +1,8 @@
 //! The HTTP fencing convention: a writer sends its token in the
 //! `Fencing-Token` header; the service refuses a write whose token is lower
-//! than the highest it has accepted for the same path with
-//! `409 Conflict` and a JSON body naming both tokens.
+//! than the highest it has accepted for the same path (percent-decoded, as
+//! axum's `Path` extractor gives it to handlers) with `409 Conflict` and a
+//! JSON body naming both tokens.
 //!
 //! [`fence_router`] adds the check in front of an axum [`Router`]. Writes to
 //! one path are serialized and the check runs in the same critical section
@@ -51,7 +52,18 @@ async fn enforce(State(fenced): State<Arc<Fenced>>, request: Request, next: Next
     ) {
         return next.run(request).await;
     }
-    let resource = request.uri().path().to_owned();
+    // The resource is the path as the handlers see it, percent-decoded:
+    // `/objects/%70robe` is `/objects/probe`, and must meet its highest
+    // token rather than start a record of its own.
+    let resource = match percent_encoding::percent_decode_str(request.uri().path()).decode_utf8() {
+        Ok(path) => path.into_owned(),
+        Err(_) => {
+            return reply(
+                StatusCode::BAD_REQUEST,
+                error_body("the path is not UTF-8 once percent-decoded", "", None, None),
+            );
+        }
+    };
     let token = match request
         .headers()
         .get(FENCING_TOKEN)

@@ -205,9 +205,11 @@ mod http {
     }
 
     async fn send(app: &Router, method: &str, token: Option<&str>) -> (u16, String) {
-        let mut request = axum::http::Request::builder()
-            .method(method)
-            .uri("/objects/x");
+        send_to(app, "/objects/x", method, token).await
+    }
+
+    async fn send_to(app: &Router, uri: &str, method: &str, token: Option<&str>) -> (u16, String) {
+        let mut request = axum::http::Request::builder().method(method).uri(uri);
         if let Some(token) = token {
             request = request.header(FENCING_TOKEN, token);
         }
@@ -247,6 +249,24 @@ mod http {
         assert_eq!(send(&app, "PUT", None).await.0, 428);
         assert_eq!(send(&app, "PUT", Some("soon")).await.0, 400);
         assert_eq!(send(&app, "GET", None).await.0, 200, "reads are not fenced");
+    }
+
+    #[tokio::test]
+    async fn a_percent_encoded_path_meets_the_same_highest_token() {
+        let app = app(Arc::new(MemoryFence::new()));
+        assert_eq!(
+            send_to(&app, "/objects/probe", "PUT", Some("3")).await.0,
+            200
+        );
+        for alias in [
+            "/objects/%70robe",
+            "/objects/%70%72%6F%62%65",
+            "/%6Fbjects/probe",
+        ] {
+            let (status, body) = send_to(&app, alias, "PUT", Some("1")).await;
+            assert_eq!(status, 409, "{alias}: {body}");
+        }
+        assert_eq!(send_to(&app, "/objects/%FF", "PUT", Some("9")).await.0, 400);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -472,11 +472,26 @@ impl Renewer {
         }
     }
 
-    /// Reports a renewal's outcome to the observer and the core.
+    /// Reports a renewal's outcome to the core, then to the observer: an
+    /// observer that reads the session's deadline sees the renewed one.
     fn outcome(&self, sent: Instant, outcome: Result<Duration>) -> Vec<LeaseAction> {
         let id = self.shared.id;
+        let elapsed = self.shared.clock.now().saturating_duration_since(sent);
+        let event = match &outcome {
+            Ok(granted_ttl) => LeaseEvent::RenewalConfirmed {
+                sent: sent.into_std(),
+                granted_ttl: *granted_ttl,
+            },
+            Err(Error::SessionExpired(_)) => LeaseEvent::SessionEnded,
+            Err(error) => {
+                tracing::warn!(session = %id, %error, "renewal failed; retrying until the deadline");
+                LeaseEvent::RenewalFailed {
+                    error: error.to_string(),
+                }
+            }
+        };
+        let actions = self.shared.apply_by_renewer(self.shared.clock.now(), event);
         if let Some(observer) = &self.observer {
-            let elapsed = self.shared.clock.now().saturating_duration_since(sent);
             observer.notify(&match &outcome {
                 Ok(granted) => RenewalEvent::Renewed {
                     round_trip: elapsed,
@@ -488,20 +503,7 @@ impl Renewer {
                 },
             });
         }
-        let event = match outcome {
-            Ok(granted_ttl) => LeaseEvent::RenewalConfirmed {
-                sent: sent.into_std(),
-                granted_ttl,
-            },
-            Err(Error::SessionExpired(_)) => LeaseEvent::SessionEnded,
-            Err(error) => {
-                tracing::warn!(session = %id, %error, "renewal failed; retrying until the deadline");
-                LeaseEvent::RenewalFailed {
-                    error: error.to_string(),
-                }
-            }
-        };
-        self.shared.apply_by_renewer(self.shared.clock.now(), event)
+        actions
     }
 
     /// Does what the core asked; `true` once the session is over.

@@ -11,11 +11,16 @@ down at once could leave HAProxy a moment with no server up.
 """
 
 import os
+import re
 import socket
 import sys
 
 state = {"up": "up", "down": "down"}[sys.argv[1]]
-command = f"set server leader/{os.environ['LEASEHOLD_ID']} health {state}\n"
+server = os.environ["LEASEHOLD_ID"]
+# A server name of HAProxy's, nothing that could end the command.
+if not re.fullmatch(r"[A-Za-z0-9_.:-]{1,64}", server):
+    sys.exit(f"{server!r} cannot be a HAProxy server name")
+command = f"set server leader/{server} health {state}\n"
 with socket.socket(socket.AF_UNIX) as admin:
     admin.settimeout(1)
     admin.connect(os.environ["HAPROXY_ADMIN"])

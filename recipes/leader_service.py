@@ -13,11 +13,16 @@ local call) and writes only on a 200, with the answer's token in the
 `valid_for_ms`, counted from when it asked. It answers:
 
 - 200 `{"id": ID, "token": T}` once the resource accepted the write;
-- 503 when this replica does not lead, its sidecar does not answer, or the
-  resource refused the token as stale (leadership has moved on): nothing was
-  written, so the load balancer may retry the request elsewhere. When it does
-  not lead, it answers after `--hold-off` (50 ms), which gives the balancer
-  time to see the new leader before it sends the request again.
+- 503 when nothing was written: this replica does not lead, its sidecar does
+  not answer, the resource refused the token as stale (leadership has moved
+  on) or could not be reached; the load balancer may send the request again
+  elsewhere. When it does not lead, it answers after `--hold-off` (50 ms),
+  which gives the balancer time to see the new leader first;
+- 502 when the resource answered another error, and 504 when its answer did
+  not come in time: the write may have landed, so these must not be retried
+  blindly;
+- 400, 411 or 413 for a request without a usable `Content-Length` or with a
+  body over 1 MiB.
 
 `GET /` answers the same 200 or 503 without writing.
 """
@@ -32,36 +37,49 @@ import urllib.error
 import urllib.request
 
 
+# The largest body taken, and how long a client may take to send a request.
+MAX_BODY = 1 << 20
+CLIENT_TIMEOUT = 10
+
+
 def leadership(sidecar):
     """(token, deadline on the monotonic clock) while leading, else None."""
     asked = time.monotonic()
     try:
         with urllib.request.urlopen(sidecar + "/leader", timeout=1) as answer:
             body = json.load(answer)
-    except (OSError, ValueError, http.client.HTTPException):
+        return int(body["token"]), asked + body["valid_for_ms"] / 1000
+    except (OSError, ValueError, KeyError, TypeError, http.client.HTTPException):
         return None  # 503 (HTTPError is an OSError), no answer, or a bad body
-    return body["token"], asked + body["valid_for_ms"] / 1000
 
 
 def write(resource, token, deadline, body):
-    """The resource's status code, or None when it could not be asked in time."""
+    """This service's answer to a write: 200, 503 (nothing written), 502 or
+    504 (the write may have landed)."""
     left = deadline - time.monotonic()
     if left <= 0:
-        return None
+        return 503  # nothing sent
     request = urllib.request.Request(
         resource, data=body, method="PUT", headers={"Fencing-Token": str(token)}
     )
     try:
         with urllib.request.urlopen(request, timeout=left) as reply:
-            return reply.status
+            return 200 if reply.status < 300 else 502
     except urllib.error.HTTPError as refused:
-        return refused.code
+        if refused.code == 409:
+            print(f"token {token} is stale; not written", file=sys.stderr)
+            return 503
+        return 502
+    except urllib.error.URLError as failed:
+        # Refused before anything was sent: nothing written.
+        return 503 if isinstance(failed.reason, ConnectionRefusedError) else 504
     except (OSError, http.client.HTTPException):
-        return None
+        return 504  # sent, and no answer in time: the write may have landed
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    timeout = CLIENT_TIMEOUT
     # Headers and body go out in two writes: without this, Nagle's
     # algorithm holds the body until the client's delayed ACK (40 ms).
     disable_nagle_algorithm = True
@@ -70,8 +88,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.serve(None)
 
     def do_POST(self):
-        length = int(self.headers.get("Content-Length") or 0)
-        self.serve(self.rfile.read(length))
+        length = self.headers.get("Content-Length")
+        if length is None:
+            return self.answer(411, {"error": "a write needs a Content-Length"})
+        if not length.isdigit():
+            return self.answer(400, {"error": "Content-Length is not a number"})
+        if int(length) > MAX_BODY:
+            return self.answer(413, {"error": f"a body of at most {MAX_BODY} bytes"})
+        self.serve(self.rfile.read(int(length)))
 
     def serve(self, body):
         config = self.server.config
@@ -84,11 +108,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return self.answer(503, {"id": config.id, "error": "not leading"})
         token, deadline = held
         if body is not None:
-            status = write(config.resource, token, deadline, body)
-            if status == 409:
-                print(f"{config.id}: token {token} is stale; not writing", file=sys.stderr)
-            if status is None or status >= 300:
-                return self.answer(503, {"id": config.id, "error": f"not written ({status})"})
+            code = write(config.resource, token, deadline, body)
+            if code != 200:
+                error = "not written" if code == 503 else "the write may have landed"
+                return self.answer(code, {"id": config.id, "error": error})
         self.answer(200, {"id": config.id, "token": token})
 
     def answer(self, code, body):

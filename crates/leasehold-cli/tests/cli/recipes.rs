@@ -246,3 +246,63 @@ fn the_shell_worker_writes_only_while_leading_and_with_its_token() {
     assert!(accepted.windows(2).all(|w| w[0] <= w[1]), "{accepted:?}");
     assert_eq!(accepted.len(), reported, "{accepted:?}");
 }
+
+/// One raw request to `at`: the status code.
+fn raw(at: std::net::SocketAddr, request: &str) -> Option<u16> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(at).ok()?;
+    stream.set_read_timeout(Some(10 * SECOND)).ok()?;
+    stream.write_all(request.as_bytes()).ok()?;
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    answer.split(' ').nth(1)?.parse().ok()
+}
+
+#[test]
+fn the_python_service_refuses_bad_requests_and_never_calls_an_unknown_outcome_not_written() {
+    let scratch = Scratch::new();
+    let at = free_addr();
+    let _sidecar = Proc::spawn(
+        leasehold()
+            .args(["sidecar", "-e", "web", "--id", "a", "--ttl", "3s"])
+            .args(["--store", &scratch.store_url(), "--http", &at.to_string()])
+            .stderr(std::process::Stdio::null()),
+    );
+    assert!(wait_until(10 * SECOND, || get(at, "/leader")
+        .is_some_and(|(c, _)| c == 200)));
+    // A resource that takes the write and never answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let resource = format!("http://{}/objects/x", silent.local_addr().expect("addr"));
+    let held = std::thread::spawn(move || silent.accept().map(|(stream, _)| stream));
+    let service = free_addr();
+    let _service = Proc::spawn(
+        std::process::Command::new(leader_fleet::python3())
+            .arg(leader_fleet::recipes().join("leader_service.py"))
+            .args(["--listen", &service.to_string(), "--id", "a"])
+            .args([
+                "--sidecar",
+                &format!("http://{at}"),
+                "--resource",
+                &resource,
+            ])
+            .stderr(std::process::Stdio::null()),
+    );
+    assert!(wait_until(10 * SECOND, || std::net::TcpStream::connect(
+        service
+    )
+    .is_ok()));
+    let post = |headers: &str, body: &str| {
+        raw(
+            service,
+            &format!("POST / HTTP/1.1\r\nHost: s\r\n{headers}Connection: close\r\n\r\n{body}"),
+        )
+    };
+    assert_eq!(post("", ""), Some(411));
+    assert_eq!(post("Content-Length: abc\r\n", ""), Some(400));
+    assert_eq!(post("Content-Length: -1\r\n", "x"), Some(400));
+    assert_eq!(post("Content-Length: 99999999999\r\n", ""), Some(413));
+    // Sent, and no answer before the leadership answer ran out: the write
+    // may have landed, so not a 503 a balancer would send again.
+    assert_eq!(post("Content-Length: 5\r\n", "order"), Some(504));
+    drop(held);
+}

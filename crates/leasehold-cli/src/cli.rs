@@ -88,7 +88,8 @@ pub enum Command {
     /// starting nor stopping it, and answer whether this replica leads:
     /// GET /leader is 200 only while it does, with the fencing token and how
     /// long the answer holds (valid_for_ms), 503 otherwise; /follower,
-    /// /health, /status and /metrics too, on --http and a unix socket.
+    /// /health, /watch, /status, /metrics and a page on / too, on --http and
+    /// a unix socket.
     Sidecar(SidecarArgs),
     /// Recommend a lease TTL for a renewal period, jitter and clock skew, or
     /// judge a proposed one (--ttl).
@@ -259,8 +260,8 @@ pub struct RunArgs {
     /// SIGKILL; never past the lease deadline.
     #[arg(long, env = "LEASEHOLD_GRACE", hide_env_values = true, default_value = "5s", value_parser = parse_duration, allow_hyphen_values = true)]
     pub grace: Duration,
-    /// Serve /status (JSON), /healthz and /metrics (Prometheus) on this
-    /// address: HOST:PORT (an IP address or a host name, served on every
+    /// Serve a page for people on /, /watch (Server-Sent Events), /status
+    /// (JSON), /healthz and /metrics (Prometheus) on this address: HOST:PORT (an IP address or a host name, served on every
     /// address it resolves to, such as localhost:9464) or :PORT (all
     /// interfaces). [default: no HTTP]
     #[arg(long, env = "LEASEHOLD_HTTP", hide_env_values = true, value_parser = parse_http_addr, value_name = "ADDR")]
@@ -366,8 +367,8 @@ pub struct SidecarArgs {
     pub election: ElectionArgs,
     #[command(flatten)]
     pub planned: PlannedArgs,
-    /// Serve /leader, /follower, /health, /watch, /status, /healthz and
-    /// /metrics on this address: HOST:PORT (an IP address or a host name, served on
+    /// Serve /leader, /follower, /health, /watch, /status, /healthz,
+    /// /metrics and a page for people on / on this address: HOST:PORT (an IP address or a host name, served on
     /// every address it resolves to) or :PORT (all interfaces). At least
     /// one of --http and --socket is needed. [default: no HTTP]
     #[arg(long, env = "LEASEHOLD_HTTP", hide_env_values = true, value_parser = parse_http_addr, value_name = "ADDR")]

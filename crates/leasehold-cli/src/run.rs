@@ -77,7 +77,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     check_margin(&elector, &args.election.election).await;
     if let Some(bound) = serving {
         let shown: Vec<String> = bound.iter().map(ToString::to_string).collect();
-        tracing::info!(addr = %shown.join(", "), "serving /status, /healthz and /metrics");
+        tracing::info!(addr = %shown.join(", "), "serving the page on /, /watch, /status, /healthz and /metrics");
     }
     refuse_a_group(
         &**elector.store(),

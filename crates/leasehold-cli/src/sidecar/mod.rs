@@ -162,7 +162,7 @@ async fn listen(
         }
         None => None,
     };
-    tracing::info!(at = %serving.join(", "), "serving /leader, /follower, /health, /watch, /status, /healthz and /metrics, and the admin calls where allowed");
+    tracing::info!(at = %serving.join(", "), "serving /leader, /follower, /health, /watch, /status, /healthz, /metrics and the page on /, and the admin calls where allowed");
     Ok(socket)
 }
 

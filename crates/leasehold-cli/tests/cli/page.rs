@@ -209,4 +209,10 @@ fn the_page_follows_a_transfer_in_a_browser_without_a_reload() {
             .text(&page_b, "timeline")
             .contains("this replica leads")
     );
+    // Opened after the transfer, a's page shows it in its timeline too.
+    let late = browser.open(&format!("http://{at_a}/"));
+    assert!(browser.shows(&late, "leader", "b"));
+    let timeline = browser.text(&late, "timeline");
+    assert!(timeline.contains("stepped down"), "{timeline}");
+    assert!(timeline.contains("b leads"), "{timeline}");
 }

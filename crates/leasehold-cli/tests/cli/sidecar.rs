@@ -478,9 +478,11 @@ fn a_sidecar_needs_somewhere_to_answer_and_a_free_port() {
     );
 }
 
-/// The events of a `/watch` stream, read by a thread of its own.
+/// The events of a `/watch` stream, read by a thread of its own, after
+/// the `history` it starts with.
 struct Watch {
     events: std::sync::mpsc::Receiver<(String, Value)>,
+    history: Value,
 }
 
 impl Watch {
@@ -503,7 +505,12 @@ impl Watch {
                 }
             }
         });
-        Watch { events: rx }
+        let (name, history) = rx.recv_timeout(10 * SECOND).expect("the history");
+        assert_eq!(name, "history", "{history}");
+        Watch {
+            events: rx,
+            history,
+        }
     }
 
     /// The next event, within a few seconds.
@@ -598,6 +605,34 @@ fn watch_streams_the_state_first_then_each_change() {
         .map(|(_, data)| data.clone())
         .unwrap_or_default();
     assert_eq!(leader["token"], gained["token"], "{leader}");
+    // A client that connects now is told what happened, with its times:
+    // b saw a lead, then b gained and led (those two in either order).
+    let past = Watch::open(*addr_b).history;
+    let past = past.as_array().expect("an array");
+    let seen: Vec<String> = past
+        .iter()
+        .map(|e| {
+            format!(
+                "{} {}",
+                e["event"],
+                e["leader"].as_str().or(e["change"].as_str()).unwrap_or("")
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen.first().map(String::as_str),
+        Some("\"leader\" a"),
+        "{seen:?}"
+    );
+    assert!(
+        seen.contains(&"\"leadership\" gained".to_owned()),
+        "{seen:?}"
+    );
+    assert!(seen.contains(&"\"leader\" b".to_owned()), "{seen:?}");
+    assert!(!seen.iter().any(|s| s.contains("renewed")), "{seen:?}");
+    let times: Vec<u64> = past.iter().filter_map(|e| e["at_ms"].as_u64()).collect();
+    assert_eq!(times.len(), past.len(), "{past:?}");
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
 }
 
 #[test]

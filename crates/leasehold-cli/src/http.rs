@@ -62,7 +62,7 @@ pub async fn serve(addr: &HttpAddr, app: Router) -> anyhow::Result<Vec<SocketAdd
         bound.push(listener.local_addr()?);
         let app = app.clone();
         tokio::spawn(async move {
-            if let Err(error) = axum::serve(listener, app).await {
+            if let Err(error) = axum::serve(crate::capped::Capped::new(listener), app).await {
                 tracing::error!(%error, "the HTTP server stopped");
             }
         });

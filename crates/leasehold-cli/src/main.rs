@@ -10,6 +10,7 @@ use std::process::ExitCode;
 use clap::{CommandFactory, FromArgMatches};
 
 mod campaign;
+mod capped;
 mod child;
 mod cli;
 mod events;

@@ -153,7 +153,7 @@ async fn listen(
             let (listener, bound) = socket::bind(path)?;
             let app = endpoints::routes(shared.clone(), common.clone(), AdminAccess::Open);
             tokio::spawn(async move {
-                if let Err(error) = axum::serve(listener, app).await {
+                if let Err(error) = axum::serve(crate::capped::Capped::new(listener), app).await {
                     tracing::error!(%error, "the socket's server stopped");
                 }
             });

@@ -743,3 +743,45 @@ fn transfer_moves_leadership_between_a_sidecar_and_a_runner() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(leader_code(&at_a), 200);
 }
+
+/// Descriptors `pid` holds open.
+fn open_descriptors(pid: i32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count)
+}
+
+#[test]
+fn idle_connections_cannot_take_every_descriptor_and_the_socket_still_answers() {
+    let scratch = Scratch::new();
+    let socket = scratch.path("a.sock");
+    let socket_arg = socket.to_str().expect("utf-8").to_owned();
+    let (a, at) = tcp_sidecar(&scratch, "a", &["--socket", &socket_arg]);
+    assert!(wait_for_code(&at, "/leader", 200), "a never led");
+    let At::Tcp(addr) = at else {
+        unreachable!("a TCP sidecar")
+    };
+    let before = open_descriptors(a.pid());
+    // More connections than a listener holds (512), none sending anything;
+    // once the kernel's queue of those not accepted is full too, connecting
+    // fails.
+    let idle: Vec<TcpStream> = (0..600)
+        .map_while(|_| TcpStream::connect_timeout(&addr, SECOND / 4).ok())
+        .collect();
+    assert!(idle.len() > 512, "only {} connections", idle.len());
+    let reached = wait_until(2 * SECOND, || open_descriptors(a.pid()) >= before + 600);
+    let held = open_descriptors(a.pid());
+    assert!(
+        !reached && held < before + 600,
+        "{held} descriptors (from {before})"
+    );
+    // The socket has a cap of its own: the admin path still answers, and
+    // the replica still leads.
+    assert_eq!(
+        get(&At::Socket(socket.clone()), "/leader").map(|(c, _)| c),
+        Some(200)
+    );
+    drop(idle);
+    assert!(
+        wait_for_code(&at, "/leader", 200),
+        "TCP never answered again"
+    );
+}

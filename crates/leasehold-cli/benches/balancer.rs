@@ -150,20 +150,27 @@ fn after_move(
 }
 
 /// One way to set the recipe up: (what it adds, hook, backup servers,
-/// hold-off ms).
-type Variant = (&'static str, bool, bool, u32);
+/// hold-off ms, one of the three replicas down).
+type Variant = (&'static str, bool, bool, u32, bool);
 
 /// From HAProxy's health checks alone to the whole recipe, one part added
-/// at a time.
-const VARIANTS: [Variant; 4] = [
-    ("checks only", false, false, 0),
-    ("+ hold-off 50 ms", false, false, 50),
-    ("+ backup servers", false, true, 50),
-    ("+ hook (the whole recipe)", true, true, 50),
+/// at a time; then the whole recipe with one replica down.
+const VARIANTS: [Variant; 5] = [
+    ("checks only", false, false, 0, false),
+    ("+ hold-off 50 ms", false, false, 50, false),
+    ("+ backup servers", false, true, 50, false),
+    ("+ hook (the whole recipe)", true, true, 50, false),
+    (
+        "the whole recipe, one replica of three down",
+        true,
+        true,
+        50,
+        true,
+    ),
 ];
 
 fn run(store: &str, election: &str, variant: Variant, rounds: usize, clients: usize) -> Moves {
-    let (_, hooks, backups, hold_off_ms) = variant;
+    let (_, hooks, backups, hold_off_ms, one_down) = variant;
     let binaries = FleetBinaries {
         leasehold: env!("CARGO_BIN_EXE_leasehold").into(),
         fenced_store: fenced_store(),
@@ -178,7 +185,13 @@ fn run(store: &str, election: &str, variant: Variant, rounds: usize, clients: us
     };
     let mut fleet = LeaderFleet::start(binaries, &options, 3);
     let first = leading(&fleet);
-    for replica in (0..3).filter(|r| *r != first) {
+    let mut live: Vec<usize> = (0..3).collect();
+    if one_down {
+        let away = (first + 1) % 3;
+        fleet.stop_replica(away);
+        live.retain(|r| *r != away);
+    }
+    for replica in live.iter().copied().filter(|r| *r != first) {
         wait_following(&fleet, replica);
     }
     let log: Arc<Mutex<Vec<Sent>>> = Arc::default();

@@ -49,6 +49,7 @@ pub struct LeaderFleet {
     backups: bool,
     ports: Vec<(u16, u16)>,
     sidecars: Vec<Child>,
+    services: Vec<Child>,
     others: Vec<Child>,
     front: SocketAddr,
 }
@@ -137,6 +138,7 @@ impl LeaderFleet {
             hold_off: format!("{:.3}", f64::from(options.hold_off_ms) / 1000.0),
             backups: options.backups,
             sidecars: Vec::new(),
+            services: Vec::new(),
             others,
             front: SocketAddr::from(([127, 0, 0, 1], crate::free_port())),
         };
@@ -196,7 +198,7 @@ impl LeaderFleet {
             "python3",
             &log,
         );
-        self.others.push(child);
+        self.services.push(child);
         wait_listening(service_port, "leader_service.py", &log);
     }
 
@@ -208,6 +210,7 @@ impl LeaderFleet {
             let kept: Vec<&str> = recipe
                 .lines()
                 .filter(|l| !l.contains(" backup ") && !l.contains("allbackups"))
+                .take_while(|l| !l.starts_with("# Which replicas run"))
                 .collect();
             config = self.dir.join("haproxy.cfg");
             std::fs::write(&config, kept.join("\n") + "\n").expect("a config");
@@ -271,6 +274,15 @@ impl LeaderFleet {
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal).expect("signal");
     }
 
+    /// Takes replica `replica` away: its sidecar stops with SIGTERM (it
+    /// releases and leaves the line) and its service is killed.
+    pub fn stop_replica(&mut self, replica: usize) {
+        self.signal_sidecar(replica, nix::sys::signal::Signal::SIGTERM);
+        let _ = self.sidecars[replica].wait();
+        let _ = self.services[replica].kill();
+        let _ = self.services[replica].wait();
+    }
+
     /// Waits for replica `replica`'s sidecar to exit (after SIGTERM) and
     /// starts it again.
     pub fn restart_sidecar(&mut self, replica: usize) {
@@ -322,7 +334,8 @@ pub fn post(front: SocketAddr, body: &str) -> Option<(u16, String)> {
 
 impl Drop for LeaderFleet {
     fn drop(&mut self) {
-        for child in self.sidecars.iter_mut().chain(self.others.iter_mut()) {
+        let all = self.sidecars.iter_mut().chain(&mut self.services);
+        for child in all.chain(&mut self.others) {
             let _ = child.kill();
             let _ = child.wait();
         }

@@ -760,13 +760,18 @@ fn idle_connections_cannot_take_every_descriptor_and_the_socket_still_answers() 
         unreachable!("a TCP sidecar")
     };
     let before = open_descriptors(a.pid());
-    // More connections than a listener holds (512), none sending anything;
-    // once the kernel's queue of those not accepted is full too, connecting
-    // fails.
-    let idle: Vec<TcpStream> = (0..600)
-        .map_while(|_| TcpStream::connect_timeout(&addr, SECOND / 4).ok())
-        .collect();
-    assert!(idle.len() > 512, "only {} connections", idle.len());
+    // More connections than a listener holds (512), none sending anything,
+    // a batch at a time: each waits until the sidecar has taken the last
+    // (up to the cap), so that a busy machine's slow accepts do not fill
+    // the kernel's queue first.
+    let mut idle: Vec<TcpStream> = Vec::new();
+    while idle.len() < 600 {
+        for _ in 0..50 {
+            idle.push(TcpStream::connect_timeout(&addr, 5 * SECOND).expect("connect"));
+        }
+        let taken = before + idle.len().min(512);
+        wait_until(5 * SECOND, || open_descriptors(a.pid()) >= taken);
+    }
     let reached = wait_until(2 * SECOND, || open_descriptors(a.pid()) >= before + 600);
     let held = open_descriptors(a.pid());
     assert!(

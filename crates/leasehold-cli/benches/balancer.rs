@@ -31,7 +31,7 @@ use leasehold_testkit::leader_fleet::{self, FleetBinaries, FleetOptions, LeaderF
 use nix::sys::signal::Signal;
 
 mod common;
-use common::{arg, ms, percentile};
+use common::{arg, http_code, ms, percentile};
 
 /// One request: when it was sent and answered, its code, and the token
 /// that served it (on a 200).
@@ -79,7 +79,7 @@ fn leading(fleet: &LeaderFleet) -> usize {
     let until = Instant::now() + Duration::from_secs(30);
     loop {
         for replica in 0..3 {
-            if sidecar_code(fleet.sidecar(replica), "/leader") == Some(200) {
+            if http_code(fleet.sidecar(replica), "/leader") == Some(200) {
                 return replica;
             }
         }
@@ -88,22 +88,9 @@ fn leading(fleet: &LeaderFleet) -> usize {
     }
 }
 
-fn sidecar_code(at: SocketAddr, path: &str) -> Option<u16> {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(at).ok()?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: b\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut text = String::new();
-    stream.read_to_string(&mut text).ok()?;
-    text.split(' ').nth(1)?.parse().ok()
-}
-
 fn wait_following(fleet: &LeaderFleet, replica: usize) {
     let until = Instant::now() + Duration::from_secs(30);
-    while sidecar_code(fleet.sidecar(replica), "/follower") != Some(200) {
+    while http_code(fleet.sidecar(replica), "/follower") != Some(200) {
         assert!(Instant::now() < until, "{replica} never followed");
         std::thread::sleep(Duration::from_millis(10));
     }

@@ -21,7 +21,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
 mod common;
-use common::{arg, ms, percentile};
+use common::{arg, http_code, ms, percentile};
 
 struct Sidecar {
     child: Child,
@@ -45,15 +45,7 @@ impl Sidecar {
 
     /// The code of one `/leader` on a connection of its own.
     fn leader_code(&self) -> Option<u16> {
-        let mut stream = TcpStream::connect(self.addr).ok()?;
-        write!(
-            stream,
-            "GET /leader HTTP/1.1\r\nHost: b\r\nConnection: close\r\n\r\n"
-        )
-        .ok()?;
-        let mut text = String::new();
-        stream.read_to_string(&mut text).ok()?;
-        text.split(' ').nth(1)?.parse().ok()
+        http_code(self.addr, "/leader")
     }
 
     fn wait_for(&self, code: u16) {

@@ -149,6 +149,17 @@ pub async fn library(store: Arc<dyn leasehold::Store>, n: usize) -> (Duration, V
     (first, handovers)
 }
 
+/// The status code of one `GET path` to `at`, on a connection of its own.
+pub fn http_code(at: std::net::SocketAddr, path: &str) -> Option<u16> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(at).ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: b\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).ok()?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).ok()?;
+    text.split(' ').nth(1)?.parse().ok()
+}
+
 pub fn percentile(samples: &[Duration], p: f64) -> Duration {
     let mut sorted = samples.to_vec();
     sorted.sort();

@@ -114,6 +114,15 @@ impl Drop for Proc {
     }
 }
 
+/// `leasehold transfer` of `election` to `to`, which must succeed.
+pub fn transferred(store: &str, election: &str, to: &str) {
+    let out = leasehold()
+        .args(["transfer", "-e", election, "--store", store, "--to", to])
+        .output()
+        .expect("transfer");
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
 /// Polls `cond` every 10 ms for up to `limit`.
 pub fn wait_until(limit: std::time::Duration, mut cond: impl FnMut() -> bool) -> bool {
     let until = std::time::Instant::now() + limit;

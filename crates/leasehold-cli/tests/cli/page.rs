@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::harness::{Proc, Scratch, leasehold, wait_until};
+use super::harness::{Proc, Scratch, leasehold, transferred, wait_until};
 use super::operability::{free_addr, get};
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -183,15 +183,7 @@ fn the_page_follows_a_transfer_in_a_browser_without_a_reload() {
         browser.eval(page, "window.notReloaded = true");
     }
 
-    let out = leasehold()
-        .args(["transfer", "-e", "web", "--store", &store, "--to", "b"])
-        .output()
-        .expect("transfer");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    transferred(&store, "web", "b");
     for page in [&page_a, &page_b] {
         assert!(browser.shows(page, "leader", "b"));
         assert!(browser.shows(page, "line", "a"), "a waits in line");

@@ -15,7 +15,7 @@ use serde_json::Value;
 use leasehold_testkit::leader_fleet::{self, FleetBinaries, FleetOptions, LeaderFleet};
 
 use super::fencing::example;
-use super::harness::{Proc, Scratch, leasehold, read_lines, status_json, wait_until};
+use super::harness::{Proc, Scratch, leasehold, read_lines, status_json, transferred, wait_until};
 use super::operability::{free_addr, get};
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -100,15 +100,7 @@ fn haproxy_sends_each_request_to_the_leader_across_transfers_and_a_sigterm() {
         .filter(|name| *name != first)
         .collect();
     for to in &others {
-        let out = leasehold()
-            .args(["transfer", "-e", "web", "--store", &store, "--to", to])
-            .output()
-            .expect("transfer");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        transferred(&store, "web", to);
         assert!(served_by(to), "{to} never served: {}", fleet.logs());
     }
     let last = others.last().expect("two others");
@@ -205,15 +197,7 @@ fn the_shell_worker_writes_only_while_leading_and_with_its_token() {
     assert!(wait_until(10 * SECOND, || {
         rounds(&a_log).contains(&(1, 204)) && read_lines(&b_log).iter().any(|l| l == "follower")
     }));
-    let out = leasehold()
-        .args(["transfer", "-e", "web", "--store", &store, "--to", "b"])
-        .output()
-        .expect("transfer");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    transferred(&store, "web", "b");
     assert!(wait_until(10 * SECOND, || rounds(&b_log).contains(&(2, 204))));
     let a_rounds_after = read_lines(&a_log).len();
     assert!(wait_until(10 * SECOND, || {

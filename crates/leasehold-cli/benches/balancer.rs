@@ -156,7 +156,9 @@ const VARIANTS: [Variant; 5] = [
     ),
 ];
 
-fn run(store: &str, election: &str, variant: Variant, rounds: usize, clients: usize) -> Moves {
+/// The fleet of `variant`, settled: a leader, the other live replicas
+/// waiting in line (one taken away first when the variant says so).
+fn settled(store: &str, election: &str, variant: Variant) -> LeaderFleet {
     let (_, hooks, backups, hold_off_ms, one_down) = variant;
     let binaries = FleetBinaries {
         leasehold: env!("CARGO_BIN_EXE_leasehold").into(),
@@ -178,9 +180,56 @@ fn run(store: &str, election: &str, variant: Variant, rounds: usize, clients: us
         fleet.stop_replica(away);
         live.retain(|r| *r != away);
     }
-    for replica in live.iter().copied().filter(|r| *r != first) {
+    for replica in live.into_iter().filter(|r| *r != first) {
         wait_following(&fleet, replica);
     }
+    fleet
+}
+
+/// One move (a transfer, or a SIGTERM to the leader's sidecar, which is
+/// started again after the window) and what the clients saw after it.
+fn one_move(
+    fleet: &mut LeaderFleet,
+    log: &Mutex<Vec<Sent>>,
+    by_transfer: bool,
+    store: &str,
+    election: &str,
+) -> (Duration, usize, Duration) {
+    let window = Duration::from_millis(1500);
+    let leader = leading(fleet);
+    let above = log
+        .lock()
+        .expect("log")
+        .iter()
+        .filter_map(|s| s.token)
+        .max()
+        .unwrap_or(0);
+    let t0 = Instant::now();
+    if by_transfer {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_leasehold"))
+            .args(["transfer", "-e", election, "--store", store])
+            .output()
+            .expect("transfer");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    } else {
+        fleet.signal_sidecar(leader, Signal::SIGTERM);
+    }
+    std::thread::sleep(window);
+    let (first, failed, span) = after_move(&log.lock().expect("log"), t0, above, window);
+    let first = first.unwrap_or_else(|| panic!("no new leader served: {}", fleet.logs()));
+    if !by_transfer {
+        fleet.restart_sidecar(leader);
+        wait_following(fleet, leader);
+    }
+    (first, failed, span)
+}
+
+fn run(store: &str, election: &str, variant: Variant, rounds: usize, clients: usize) -> Moves {
+    let mut fleet = settled(store, election, variant);
     let log: Arc<Mutex<Vec<Sent>>> = Arc::default();
     let stop = Arc::new(AtomicBool::new(false));
     let threads: Vec<_> = (0..clients)
@@ -189,36 +238,11 @@ fn run(store: &str, election: &str, variant: Variant, rounds: usize, clients: us
             std::thread::spawn(move || client(front, stop, log))
         })
         .collect();
-    let window = Duration::from_millis(1500);
     std::thread::sleep(Duration::from_millis(500));
     let mut moves = Moves::default();
     for round in 0..2 * rounds {
-        let leader = leading(&fleet);
-        let above = log
-            .lock()
-            .expect("log")
-            .iter()
-            .filter_map(|s| s.token)
-            .max()
-            .unwrap_or(0);
-        let t0 = Instant::now();
         let by_transfer = round % 2 == 0;
-        if by_transfer {
-            let out = std::process::Command::new(env!("CARGO_BIN_EXE_leasehold"))
-                .args(["transfer", "-e", election, "--store", store])
-                .output()
-                .expect("transfer");
-            assert!(
-                out.status.success(),
-                "{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        } else {
-            fleet.signal_sidecar(leader, Signal::SIGTERM);
-        }
-        std::thread::sleep(window);
-        let (first, failed, span) = after_move(&log.lock().expect("log"), t0, above, window);
-        let first = first.unwrap_or_else(|| panic!("no new leader served: {}", fleet.logs()));
+        let (first, failed, span) = one_move(&mut fleet, &log, by_transfer, store, election);
         if by_transfer {
             moves.transfer.push(first);
             moves.failed_transfer.push(failed);
@@ -227,8 +251,6 @@ fn run(store: &str, election: &str, variant: Variant, rounds: usize, clients: us
             moves.sigterm.push(first);
             moves.failed_sigterm.push(failed);
             moves.window_sigterm.push(span);
-            fleet.restart_sidecar(leader);
-            wait_following(&fleet, leader);
         }
     }
     stop.store(true, Ordering::Relaxed);
@@ -243,8 +265,7 @@ fn run(store: &str, election: &str, variant: Variant, rounds: usize, clients: us
         .zip(last_done)
         .map_or(0.0, |(from, to)| (to - from).as_secs_f64());
     moves.stale = stale(&log);
-    let accepted = fleet.accepted();
-    moves.store_went_back = accepted.windows(2).any(|w| w[0] > w[1]);
+    moves.store_went_back = fleet.accepted().windows(2).any(|w| w[0] > w[1]);
     moves
 }
 

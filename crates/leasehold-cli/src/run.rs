@@ -62,15 +62,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     ));
     let serving = match &args.http {
         Some(addr) => {
-            let leaders = elector.observe(&args.election.election).await.ok();
-            let now = {
-                let metrics = Arc::clone(&metrics);
-                Arc::new(move || metrics.leadership_now())
-            };
-            let changes = Changes::new(metrics.changes(), leaders, now);
-            let election = args.election.election.clone();
-            let routes = crate::http::routes(election, store, Arc::clone(&metrics), changes);
-            Some(crate::http::serve(addr, routes).await?)
+            let election = &args.election.election;
+            Some(serve_http(addr, &elector, election, store, &metrics).await?)
         }
         None => None,
     };
@@ -127,6 +120,26 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         tracing::warn!(%error, "could not close the session; the store will expire it after the TTL");
     }
     code
+}
+
+/// Serves `--http`: the page, `/watch` (this runner's leadership from
+/// `metrics`, the leader from a watch of the election), `/status`,
+/// `/healthz` and `/metrics`; the addresses bound.
+async fn serve_http(
+    addr: &crate::cli::HttpAddr,
+    elector: &Elector,
+    election: &ElectionName,
+    store: Arc<dyn leasehold::Store>,
+    metrics: &Arc<RunnerMetrics>,
+) -> anyhow::Result<Vec<std::net::SocketAddr>> {
+    let leaders = elector.observe(election).await.ok();
+    let now = {
+        let metrics = Arc::clone(metrics);
+        Arc::new(move || metrics.leadership_now())
+    };
+    let changes = Changes::new(metrics.changes(), leaders, now);
+    let routes = crate::http::routes(election.clone(), store, Arc::clone(metrics), changes);
+    crate::http::serve(addr, routes).await
 }
 
 /// Opens the session (timing the store's answer), states the lease it runs

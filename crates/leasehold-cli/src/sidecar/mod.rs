@@ -75,21 +75,11 @@ pub async fn run(args: SidecarArgs) -> anyhow::Result<ExitCode> {
         election.clone(),
         Arc::clone(&metrics),
     ));
-    // `/watch` first tells what `/leader` would answer now.
-    let now = {
-        let shared = shared.clone();
-        Arc::new(move || {
-            let answer = answer::leader(&shared.snapshot(), std::time::Instant::now()).body;
-            LeadershipEvent {
-                change: "state",
-                leading: answer.leading,
-                token: answer.token,
-                valid_for_ms: answer.valid_for_ms,
-                reason: None,
-            }
-        })
-    };
-    let changes = Changes::new(metrics.changes(), shared.leader.clone(), now);
+    let changes = Changes::new(
+        metrics.changes(),
+        shared.leader.clone(),
+        answer_now(&shared),
+    );
     let common = crate::http::routes(election.clone(), store, Arc::clone(&metrics), changes);
     let mut sidecar = Sidecar {
         elector,
@@ -116,6 +106,22 @@ pub async fn run(args: SidecarArgs) -> anyhow::Result<ExitCode> {
     line_gauge.abort();
     sidecar.hooks.finish().await;
     code
+}
+
+/// This replica's leadership as `/watch` first tells it: what `/leader`
+/// would answer now.
+fn answer_now(shared: &Shared) -> crate::watch::Now {
+    let shared = shared.clone();
+    Arc::new(move || {
+        let answer = answer::leader(&shared.snapshot(), std::time::Instant::now()).body;
+        LeadershipEvent {
+            change: "state",
+            leading: answer.leading,
+            token: answer.token,
+            valid_for_ms: answer.valid_for_ms,
+            reason: None,
+        }
+    })
 }
 
 /// The line's notes, to tell when this replica is in it; `None` on a

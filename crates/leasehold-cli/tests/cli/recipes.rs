@@ -40,16 +40,15 @@ fn leader(store: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
-#[test]
-fn haproxy_sends_each_request_to_the_leader_across_transfers_and_a_sigterm() {
-    let scratch = Scratch::new();
-    let store = scratch.store_url();
+/// The recipe's three replicas behind HAProxy, with the hook, once one
+/// leads and two wait in line.
+fn settled_fleet(store: &str) -> LeaderFleet {
     let binaries = FleetBinaries {
         leasehold: env!("CARGO_BIN_EXE_leasehold").into(),
         fenced_store: example("fenced_store"),
     };
     let options = FleetOptions {
-        store: &store,
+        store,
         election: "web",
         ttl: "3s",
         hooks: true,
@@ -57,28 +56,8 @@ fn haproxy_sends_each_request_to_the_leader_across_transfers_and_a_sigterm() {
         hold_off_ms: 50,
     };
     let fleet = LeaderFleet::start(binaries, &options, 3);
-    let log: Arc<Mutex<Vec<Served>>> = Arc::default();
-    let stop = Arc::new(AtomicBool::new(false));
-    let client = {
-        let (log, stop, front) = (log.clone(), stop.clone(), fleet.front());
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                let answer =
-                    leader_fleet::post(front, "order").map_or((0, None), |(c, b)| served(c, &b));
-                log.lock().expect("log").push(answer);
-            }
-        })
-    };
-    // Served by `id`, which HAProxy alone sees up (its check asks /leader).
-    let served_by = |id: &str| {
-        wait_until(10 * SECOND, || {
-            let log = log.lock().expect("log");
-            log.last()
-                .is_some_and(|(_, s)| s.as_ref().is_some_and(|(by, _)| by == id))
-        }) && wait_until(10 * SECOND, || fleet.up_servers() == [id])
-    };
     assert!(
-        wait_until(10 * SECOND, || leader(&store).is_some()),
+        wait_until(10 * SECOND, || leader(store).is_some()),
         "{}",
         fleet.logs()
     );
@@ -92,6 +71,61 @@ fn haproxy_sends_each_request_to_the_leader_across_transfers_and_a_sigterm() {
         "{}",
         fleet.logs()
     );
+    fleet
+}
+
+/// A client sending requests through `front` one after another until
+/// `stop`, each answer pushed to `log`.
+fn client(
+    front: std::net::SocketAddr,
+    stop: Arc<AtomicBool>,
+    log: Arc<Mutex<Vec<Served>>>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        while !stop.load(Ordering::Relaxed) {
+            let answer =
+                leader_fleet::post(front, "order").map_or((0, None), |(c, b)| served(c, &b));
+            log.lock().expect("log").push(answer);
+        }
+    })
+}
+
+/// Served one after another: the tokens never go back, each token is one
+/// grant served by one replica only, `leaders` leaders served, and every
+/// 200 is a write the fenced store accepted, and nothing else is.
+fn assert_served_in_order(log: &[Served], leaders: usize, accepted: &[u64]) {
+    let ok: Vec<(String, u64)> = log.iter().filter_map(|(_, s)| s.clone()).collect();
+    assert!(ok.windows(2).all(|w| w[0].1 <= w[1].1), "{ok:?}");
+    let mut by_token: HashMap<u64, &str> = HashMap::new();
+    for (id, token) in &ok {
+        let by = by_token.entry(*token).or_insert(id);
+        assert_eq!(by, id, "token {token} served by {by} and {id}");
+    }
+    assert_eq!(
+        by_token.len(),
+        leaders,
+        "{leaders} leaders served: {by_token:?}"
+    );
+    let tokens: Vec<u64> = ok.iter().map(|(_, t)| *t).collect();
+    assert_eq!(accepted, tokens);
+}
+
+#[test]
+fn haproxy_sends_each_request_to_the_leader_across_transfers_and_a_sigterm() {
+    let scratch = Scratch::new();
+    let store = scratch.store_url();
+    let fleet = settled_fleet(&store);
+    let log: Arc<Mutex<Vec<Served>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let client = client(fleet.front(), stop.clone(), log.clone());
+    // Served by `id`, which HAProxy alone sees up (its check asks /leader).
+    let served_by = |id: &str| {
+        wait_until(10 * SECOND, || {
+            let log = log.lock().expect("log");
+            log.last()
+                .is_some_and(|(_, s)| s.as_ref().is_some_and(|(by, _)| by == id))
+        }) && wait_until(10 * SECOND, || fleet.up_servers() == [id])
+    };
     let first = leader(&store).expect("a leader");
     assert!(served_by(&first), "{first} never served: {}", fleet.logs());
     // Transfers to each of the two others in turn, then SIGTERM the last.
@@ -117,21 +151,7 @@ fn haproxy_sends_each_request_to_the_leader_across_transfers_and_a_sigterm() {
     assert!(served_by(&next), "{next} never served: {}", fleet.logs());
     stop.store(true, Ordering::Relaxed);
     client.join().expect("client");
-
-    let log = log.lock().expect("log");
-    let ok: Vec<(String, u64)> = log.iter().filter_map(|(_, s)| s.clone()).collect();
-    // Served one after another: the tokens never go back, and each token
-    // is one grant, served by one replica only.
-    assert!(ok.windows(2).all(|w| w[0].1 <= w[1].1), "{ok:?}");
-    let mut by_token: HashMap<u64, &str> = HashMap::new();
-    for (id, token) in &ok {
-        let by = by_token.entry(*token).or_insert(id);
-        assert_eq!(by, id, "token {token} served by {by} and {id}");
-    }
-    assert_eq!(by_token.len(), 4, "four leaders served: {by_token:?}");
-    // Every 200 is a write the fenced store accepted, and nothing else is.
-    let tokens: Vec<u64> = ok.iter().map(|(_, t)| *t).collect();
-    assert_eq!(fleet.accepted(), tokens);
+    assert_served_in_order(&log.lock().expect("log"), 4, &fleet.accepted());
     // The hooks reached HAProxy every time (it was up before the sidecars).
     let logs = fleet.logs();
     assert!(!logs.contains("hook failed"), "{logs}");

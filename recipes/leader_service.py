@@ -21,8 +21,10 @@ local call) and writes only on a 200, with the answer's token in the
 - 502 when the resource answered another error, and 504 when its answer did
   not come in time: the write may have landed, so these must not be retried
   blindly;
-- 400, 411 or 413 for a request without a usable `Content-Length` or with a
-  body over 1 MiB.
+- 400, 411 or 413 for a request without one usable `Content-Length` (two,
+  or a `Transfer-Encoding`, are refused) or with a body over 1 MiB.
+
+On SIGTERM it stops taking connections and finishes the requests under way.
 
 `GET /` answers the same 200 or 503 without writing.
 """
@@ -31,7 +33,9 @@ import argparse
 import http.client
 import http.server
 import json
+import signal
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -88,7 +92,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.serve(None)
 
     def do_POST(self):
-        length = self.headers.get("Content-Length")
+        lengths = self.headers.get_all("Content-Length") or []
+        if "Transfer-Encoding" in self.headers or len(lengths) > 1:
+            # Two lengths, or a chunked body, could hide a second request.
+            self.close_connection = True
+            return self.answer(400, {"error": "one Content-Length and no Transfer-Encoding"})
+        length = lengths[0] if lengths else None
         if length is None:
             return self.answer(411, {"error": "a write needs a Content-Length"})
         if not length.isdigit():
@@ -140,9 +149,13 @@ def main():
     config = parser.parse_args()
     host, _, port = config.listen.rpartition(":")
     server = http.server.ThreadingHTTPServer((host, int(port)), Handler)
+    # On SIGTERM: stop taking connections, finish the requests under way.
+    server.daemon_threads = False
     server.config = config
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     print(f"{config.id}: serving on {config.listen}", file=sys.stderr, flush=True)
     server.serve_forever()
+    server.server_close()
 
 
 if __name__ == "__main__":

@@ -305,6 +305,15 @@ fn the_python_service_refuses_bad_requests_and_never_calls_an_unknown_outcome_no
     assert_eq!(post("Content-Length: abc\r\n", ""), Some(400));
     assert_eq!(post("Content-Length: -1\r\n", "x"), Some(400));
     assert_eq!(post("Content-Length: 99999999999\r\n", ""), Some(413));
+    // Two lengths or a chunked body could hide a second request.
+    assert_eq!(
+        post("Content-Length: 3\r\nContent-Length: 5\r\n", "abcde"),
+        Some(400)
+    );
+    assert_eq!(
+        post("Transfer-Encoding: chunked\r\n", "5\r\norder\r\n0\r\n\r\n"),
+        Some(400)
+    );
     // Sent, and no answer before the leadership answer ran out: the write
     // may have landed, so not a 503 a balancer would send again.
     assert_eq!(post("Content-Length: 5\r\n", "order"), Some(504));

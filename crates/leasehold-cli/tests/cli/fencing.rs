@@ -105,7 +105,7 @@ fn worked_example_2_a_paused_leader_is_fenced_off() {
     // A stop-the-world pause of A: its runner, its guard and its command's
     // group (a paused VM stops them all; were the guard running, it would
     // kill the command at the lease deadline).
-    let paused = StoppedReplica::stop(a.pid(), a_child);
+    let paused = StoppedReplica::stop(a.pid(), a_child, &scratch.store_url());
     assert!(
         wait_until(15 * SECOND, || writes(&b_log)
             .iter()

@@ -199,7 +199,7 @@ fn a_stopped_runner_s_command_is_killed_at_the_deadline() {
 fn a_stopped_replica_is_never_released_early() {
     let scratch = Scratch::new();
     let (a, _b, command, _) = a_leads_b_waits(&scratch.store_url(), &scratch, "3s");
-    let stopped = StoppedReplica::stop(a.pid(), command);
+    let stopped = StoppedReplica::stop(a.pid(), command, &scratch.store_url());
     let stopped_at = Instant::now();
     assert!(
         wait_until(20 * SECOND, || runs(&scratch).len() == 2),

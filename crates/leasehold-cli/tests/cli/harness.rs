@@ -215,6 +215,34 @@ pub fn children_of(pid: i32) -> Vec<i32> {
         .collect()
 }
 
+/// Whether `pid` is stopped (state `T` in `/proc/PID/stat`).
+fn stopped(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| Some(stat.rsplit_once(") ")?.1.starts_with('T')))
+        .unwrap_or(false)
+}
+
+/// Whether `pid` holds a POSIX write lock on any byte of `file`, as
+/// `/proc/locks` lists them (`N: POSIX ADVISORY WRITE PID MAJ:MIN:INODE ...`).
+fn holds_write_lock(pid: i32, file: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(inode) = std::fs::metadata(file).map(|m| m.ino()) else {
+        return false;
+    };
+    let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
+    locks.lines().any(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        fields.get(1) == Some(&"POSIX")
+            && fields.get(3) == Some(&"WRITE")
+            && fields.get(4) == Some(&pid.to_string().as_str())
+            && fields
+                .get(5)
+                .and_then(|id| id.rsplit(':').next())
+                .is_some_and(|i| i == inode.to_string())
+    })
+}
+
 /// A whole replica — `leasehold run`, its guard and its command's process
 /// group — stopped (SIGSTOP) as a paused VM or host would be, and continued
 /// on drop (then a runner already killed leaves nothing behind).
@@ -225,8 +253,13 @@ pub struct StoppedReplica {
 }
 
 impl StoppedReplica {
-    /// Stops the replica whose runner is `runner`, leading with `command`.
-    pub fn stop(runner: i32, command: i32) -> Self {
+    /// Stops the replica whose runner is `runner`, leading with `command`
+    /// on `store`. On SQLite, never while the runner holds the database's
+    /// write lock: a process stopped inside a write keeps every other
+    /// replica from writing, so none could take over (a hazard of SIGSTOP
+    /// the GUIDE's walk-through names), which is not what these tests are
+    /// about.
+    pub fn stop(runner: i32, command: i32, store: &str) -> Self {
         use nix::sys::signal::{Signal, kill, killpg};
         use nix::unistd::Pid;
         let guards = children_of(runner);
@@ -237,7 +270,22 @@ impl StoppedReplica {
             vec![command],
             "the command is the guard's child"
         );
-        kill(Pid::from_raw(runner), Signal::SIGSTOP).expect("stop the runner");
+        let shm = store
+            .strip_prefix("sqlite:")
+            .map(|path| PathBuf::from(format!("{path}-shm")));
+        for _ in 0..100 {
+            kill(Pid::from_raw(runner), Signal::SIGSTOP).expect("stop the runner");
+            // Stopped once /proc says so: its locks no longer change.
+            wait_until(std::time::Duration::from_secs(1), || stopped(runner));
+            if !shm
+                .as_deref()
+                .is_some_and(|shm| holds_write_lock(runner, shm))
+            {
+                break;
+            }
+            kill(Pid::from_raw(runner), Signal::SIGCONT).expect("continue the runner");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
         kill(Pid::from_raw(guard), Signal::SIGSTOP).expect("stop the guard");
         killpg(Pid::from_raw(command), Signal::SIGSTOP).expect("stop the command");
         StoppedReplica {

@@ -188,7 +188,7 @@ fn run_logs_waits_once_and_says_when_it_takes_over_an_expired_lease() {
     // Paused as a whole (a SIGKILLed runner's guard would release at once):
     // its lease expires.
     let guard = children_of(a.pid())[0];
-    let paused = StoppedReplica::stop(a.pid(), children_of(guard)[0]);
+    let paused = StoppedReplica::stop(a.pid(), children_of(guard)[0], &store);
     assert!(b.wait_for_exit(PATIENCE).is_some_and(|s| s.success()));
     drop(a);
     drop(paused);

@@ -147,9 +147,28 @@ fn sidecars_hand_over_on_postgres() {
 /// Two sidecars on `store`: only the leader's answers 200, the other
 /// follows; SIGTERM hands over, and the old one never answers 200 again.
 fn only_the_leader_answers_200(store: &str, scratch: &Scratch) {
-    let (mut a, at_a) = tcp_sidecar_on(store, scratch, "a", &[]);
+    // Hooks too, on every store: each writes its change and token.
+    let hooked = |id: &str| {
+        let log = scratch.path(&format!("{id}.hooks"));
+        let elected = format!("echo \"elected $LEASEHOLD_TOKEN\" >> {}", log.display());
+        let deposed = format!("echo \"deposed $LEASEHOLD_TOKEN\" >> {}", log.display());
+        (
+            log,
+            [
+                "--on-elected".to_owned(),
+                elected,
+                "--on-deposed".to_owned(),
+                deposed,
+            ],
+        )
+    };
+    let (a_hooks, a_args) = hooked("a");
+    let (b_hooks, b_args) = hooked("b");
+    let a_args: Vec<&str> = a_args.iter().map(String::as_str).collect();
+    let b_args: Vec<&str> = b_args.iter().map(String::as_str).collect();
+    let (mut a, at_a) = tcp_sidecar_on(store, scratch, "a", &a_args);
     assert!(wait_for_code(&at_a, "/leader", 200), "a never led");
-    let (_b, at_b) = tcp_sidecar_on(store, scratch, "b", &[]);
+    let (_b, at_b) = tcp_sidecar_on(store, scratch, "b", &b_args);
     assert!(wait_for_code(&at_b, "/follower", 200), "b never followed");
     let (code, body) = get(&at_a, "/leader").expect("a answers");
     let led = json(&body);
@@ -211,8 +230,17 @@ fn only_the_leader_answers_200(store: &str, scratch: &Scratch) {
         assert_ne!(leader_code(&at_a), 200, "a answered 200 after b led");
     }
     let (_, body) = get(&at_b, "/leader").expect("b answers");
-    assert!(json(&body)["token"].as_u64() > Some(token_a), "{body}");
+    let token_b = json(&body)["token"].as_u64().expect("b's token");
+    assert!(token_b > token_a, "{body}");
     assert!(a.wait_for_exit(5 * SECOND).is_some_and(|s| s.success()));
+    // a's hooks ran before it exited; b's elected hook runs beside it.
+    let lines = |path: &Path| std::fs::read_to_string(path).unwrap_or_default();
+    assert_eq!(
+        lines(&a_hooks),
+        format!("elected {token_a}\ndeposed {token_a}\n")
+    );
+    assert!(wait_until(5 * SECOND, || lines(&b_hooks)
+        == format!("elected {token_b}\n")));
 }
 
 #[test]

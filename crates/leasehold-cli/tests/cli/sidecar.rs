@@ -144,42 +144,32 @@ fn sidecars_hand_over_on_postgres() {
     only_the_leader_answers_200(&store, &Scratch::new());
 }
 
-/// Two sidecars on `store`: only the leader's answers 200, the other
-/// follows; SIGTERM hands over, and the old one never answers 200 again.
-fn only_the_leader_answers_200(store: &str, scratch: &Scratch) {
-    // Hooks too, on every store: each writes its change and token.
-    let hooked = |id: &str| {
-        let log = scratch.path(&format!("{id}.hooks"));
-        let elected = format!("echo \"elected $LEASEHOLD_TOKEN\" >> {}", log.display());
-        let deposed = format!("echo \"deposed $LEASEHOLD_TOKEN\" >> {}", log.display());
-        (
-            log,
-            [
-                "--on-elected".to_owned(),
-                elected,
-                "--on-deposed".to_owned(),
-                deposed,
-            ],
-        )
-    };
-    let (a_hooks, a_args) = hooked("a");
-    let (b_hooks, b_args) = hooked("b");
-    let a_args: Vec<&str> = a_args.iter().map(String::as_str).collect();
-    let b_args: Vec<&str> = b_args.iter().map(String::as_str).collect();
-    let (mut a, at_a) = tcp_sidecar_on(store, scratch, "a", &a_args);
-    assert!(wait_for_code(&at_a, "/leader", 200), "a never led");
-    let (_b, at_b) = tcp_sidecar_on(store, scratch, "b", &b_args);
-    assert!(wait_for_code(&at_b, "/follower", 200), "b never followed");
-    let (code, body) = get(&at_a, "/leader").expect("a answers");
+/// Hooks that append `elected TOKEN` and `deposed TOKEN` to a file of
+/// `id`'s: the file, and the flags.
+fn hooked(scratch: &Scratch, id: &str) -> (PathBuf, Vec<String>) {
+    let log = scratch.path(&format!("{id}.hooks"));
+    let hook = |change: &str| format!("echo \"{change} $LEASEHOLD_TOKEN\" >> {}", log.display());
+    let flags = vec![
+        "--on-elected".to_owned(),
+        hook("elected"),
+        "--on-deposed".to_owned(),
+        hook("deposed"),
+    ];
+    (log, flags)
+}
+
+/// What every endpoint of a leader `a` and a follower `b` answers, on
+/// any store; the leader's token.
+fn leader_and_follower_answer(at_a: &At, at_b: &At) -> u64 {
+    let (code, body) = get(at_a, "/leader").expect("a answers");
     let led = json(&body);
     assert_eq!(
         (code, led["id"].as_str(), led["leading"].as_bool()),
         (200, Some("a"), Some(true))
     );
-    let token_a = led["token"].as_u64().expect("a token");
     let valid_for = led["valid_for_ms"].as_u64().expect("valid_for_ms");
     assert!(valid_for > 0 && valid_for <= 3000, "{valid_for}");
-    let (code, body) = get(&at_b, "/leader").expect("b answers");
+    let (code, body) = get(at_b, "/leader").expect("b answers");
     let follows = json(&body);
     assert_eq!(code, 503);
     assert_eq!(follows["leader"].as_str(), Some("a"), "{follows}");
@@ -188,34 +178,42 @@ fn only_the_leader_answers_200(store: &str, scratch: &Scratch) {
         Value::Null,
         "no token for a follower: {follows}"
     );
-    assert_eq!(get(&at_a, "/follower").map(|(c, _)| c), Some(503));
+    assert_eq!(get(at_a, "/follower").map(|(c, _)| c), Some(503));
     for method in ["HEAD", "OPTIONS"] {
-        assert_eq!(
-            request(&at_a, method, "/leader", "").map(|(c, _)| c),
-            Some(200),
-            "{method}"
-        );
-        assert_eq!(
-            request(&at_b, method, "/leader", "").map(|(c, _)| c),
-            Some(503),
-            "{method}"
-        );
+        let code = |at| request(at, method, "/leader", "").map(|(c, _)| c);
+        assert_eq!((code(at_a), code(at_b)), (Some(200), Some(503)), "{method}");
     }
-    assert_eq!(get(&at_a, "/health").map(|(c, _)| c), Some(200));
-    let (_, metrics) = get(&at_a, "/metrics").expect("metrics");
+    assert_eq!(get(at_a, "/health").map(|(c, _)| c), Some(200));
+    let (_, metrics) = get(at_a, "/metrics").expect("metrics");
     assert!(
         metrics
             .lines()
             .any(|l| l.starts_with("leasehold_waiting_candidates{") && l.ends_with(" 1")),
         "{metrics}"
     );
-    assert_eq!(get(&at_a, "/nowhere").map(|(c, _)| c), Some(404));
+    assert_eq!(get(at_a, "/nowhere").map(|(c, _)| c), Some(404));
     assert_eq!(
-        request(&at_a, "DELETE", "/leader", "").map(|(c, _)| c),
+        request(at_a, "DELETE", "/leader", "").map(|(c, _)| c),
         Some(405)
     );
-    let (code, page) = get(&at_a, "/").expect("the page");
+    let (code, page) = get(at_a, "/").expect("the page");
     assert!(code == 200 && page.starts_with("<!doctype html>"), "{code}");
+    led["token"].as_u64().expect("a token")
+}
+
+/// Two sidecars on `store`: only the leader's answers 200, the other
+/// follows; SIGTERM hands over, and the old one never answers 200 again.
+/// Hooks run and `/watch` reports the change, on every store.
+fn only_the_leader_answers_200(store: &str, scratch: &Scratch) {
+    let (a_hooks, a_args) = hooked(scratch, "a");
+    let (b_hooks, b_args) = hooked(scratch, "b");
+    let a_args: Vec<&str> = a_args.iter().map(String::as_str).collect();
+    let b_args: Vec<&str> = b_args.iter().map(String::as_str).collect();
+    let (mut a, at_a) = tcp_sidecar_on(store, scratch, "a", &a_args);
+    assert!(wait_for_code(&at_a, "/leader", 200), "a never led");
+    let (_b, at_b) = tcp_sidecar_on(store, scratch, "b", &b_args);
+    assert!(wait_for_code(&at_b, "/follower", 200), "b never followed");
+    let token_a = leader_and_follower_answer(&at_a, &at_b);
     let At::Tcp(addr_b) = &at_b else {
         unreachable!("a TCP sidecar")
     };

@@ -8,7 +8,7 @@
 //!   was not created by leasehold and is refused without writing, as is a
 //!   newer version; PostgreSQL's own schemas (`public`, `information_schema`,
 //!   `pg_*`) are refused up front. A store opened read-only
-//!   ([`PostgresStore::connect_read_only`]) creates nothing.
+//!   ([`Access::ReadOnly`]) creates nothing.
 //! - A session is a row with an expiry on the **server's** clock
 //!   (`clock_timestamp()`), never the client's; a renewal is one `UPDATE`
 //!   of that row, which renews every election the session holds.
@@ -39,7 +39,7 @@
 //!   GRANT CONNECT, CREATE ON DATABASE db TO app;
 //!   ```
 //!
-//!   A role that only reads ([`PostgresStore::connect_read_only`]: status,
+//!   A role that only reads ([`Access::ReadOnly`]: status,
 //!   list, observe) needs `CONNECT`, `USAGE` on the schema and `SELECT` on
 //!   its tables. Releasing a dead holder's grant runs leasehold's functions
 //!   as the caller, so it needs the holder's role (the owner).
@@ -55,6 +55,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use crate::config::StoreTtl;
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
+use crate::store::Access;
 use crate::store::cleanup::OnDrop;
 use crate::store::watch_driver::{self as leader_watch, Event, Source};
 use crate::store::{
@@ -119,7 +120,7 @@ struct Inner {
     /// For messages: the URL without its password.
     display: String,
     schema: String,
-    /// Opened by [`PostgresStore::connect_read_only`]: creates nothing and
+    /// Opened for [`Access::ReadOnly`]: creates nothing and
     /// opens no session.
     read_only: bool,
     channel: String,
@@ -245,24 +246,30 @@ impl PostgresStore {
     /// [`Error::IncompatibleSchema`], PostgreSQL's own schemas (`public`,
     /// `information_schema`, `pg_*`) with [`Error::InvalidInput`]; nothing
     /// is written then.
+    ///
+    /// [`PostgresStore::open`] with [`Access::ReadWrite`].
     pub async fn connect(url: &str, schema: &str) -> Result<Self> {
-        Self::open(url, schema, false).await
+        Self::open(url, schema, Access::ReadWrite).await
     }
 
-    /// Connects as [`PostgresStore::connect`] does, for reading only:
-    /// creates nothing and opens no session. A schema that does not exist
-    /// is [`Error::NotFound`].
-    pub async fn connect_read_only(url: &str, schema: &str) -> Result<Self> {
-        Self::open(url, schema, true).await
-    }
-
-    /// Connects only to release a dead holder's grant
-    /// ([`Access::ReleaseOnly`](crate::store::Access::ReleaseOnly)): no schema check (the holder's
-    /// process made it) and no listener, so the release goes out after one
-    /// connection. The release is a call of leasehold's own function in the
-    /// schema, which fails where the schema is not leasehold's.
-    pub(crate) async fn connect_to_release(url: &str, schema: &str) -> Result<Self> {
-        let (inner, _stop) = Self::inner(url, schema, false)?;
+    /// Connects to the database at `url` (a libpq-style URL, without
+    /// leasehold's `schema` parameter) for `access`, with leasehold's
+    /// tables in `schema`. [`Access::ReadOnly`] creates nothing and opens
+    /// no session; a schema that does not exist is then
+    /// [`Error::NotFound`]. [`Access::ReleaseOnly`] checks no schema (the
+    /// holder's process made it) and starts no listener, so the release
+    /// goes out after one connection; the release is a call of leasehold's
+    /// own function in the schema, which fails where the schema is not
+    /// leasehold's.
+    pub async fn open(url: &str, schema: &str, access: Access) -> Result<Self> {
+        let read_only = access == Access::ReadOnly;
+        let (inner, stop) = Self::inner(url, schema, read_only)?;
+        if access == Access::ReleaseOnly {
+            return Ok(PostgresStore { inner });
+        }
+        let client = inner.client().await?;
+        inner.migrate(&client).await?;
+        tokio::spawn(listen(Arc::downgrade(&inner), stop));
         Ok(PostgresStore { inner })
     }
 
@@ -300,14 +307,6 @@ impl PostgresStore {
             _stop_listener: stop.clone().drop_guard(),
         });
         Ok((inner, stop))
-    }
-
-    async fn open(url: &str, schema: &str, read_only: bool) -> Result<Self> {
-        let (inner, stop) = Self::inner(url, schema, read_only)?;
-        let client = inner.client().await?;
-        inner.migrate(&client).await?;
-        tokio::spawn(listen(Arc::downgrade(&inner), stop));
-        Ok(PostgresStore { inner })
     }
 }
 

@@ -120,6 +120,13 @@ impl PostgresUrl {
         &self.schema
     }
 
+    /// The URL to connect with, without leasehold's `schema`; may hold a
+    /// password.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn connection_url(&self) -> &str {
+        &self.url
+    }
+
     fn render(&self, redact: bool) -> String {
         // Parsed when it was made: this does not fail.
         let Ok(pg) = PgUrl::parse(&self.url) else {
@@ -521,6 +528,18 @@ impl FromStr for StoreUrl {
         }
         .map_err(invalid)?;
         Ok(parsed)
+    }
+}
+
+/// An `etcd://` or `zk://` URL, parsed as [`StoreUrl`] parses it.
+impl FromStr for ClusterUrl {
+    type Err = Error;
+
+    fn from_str(url: &str) -> Result<Self> {
+        match url.parse()? {
+            StoreUrl::Etcd(cluster) | StoreUrl::ZooKeeper(cluster) => Ok(cluster),
+            _ => Err(invalid("expected etcd://… or zk://…")),
+        }
     }
 }
 

@@ -32,7 +32,7 @@
 //! ZooKeeper's own `/zookeeper`, are refused. Within the space, a candidate is a node named
 //! `c-{session}-{sequence}` that is ephemeral to that very session; other
 //! nodes among an election's candidates are skipped, with a warning. A
-//! store opened read-only ([`ZkStore::connect_read_only`]) writes nothing.
+//! store opened read-only ([`Access::ReadOnly`]) writes nothing.
 //!
 //! Another recipe's layout (`zk://…[/PATH]?layout=curator|kazoo`): the
 //! store's candidates then stand in the same line as that recipe's own
@@ -141,6 +141,7 @@ use crate::store::cleanup::OnDrop;
 use crate::store::layout::Layout;
 use crate::store::security::Security;
 use crate::store::watch_driver::{self as leader_watch, Event, Source};
+use crate::store::{Access, ClusterUrl};
 use crate::store::{
     ElectionState, FencingToken, Grant, Leader, LeaderWatch, Note, NoteWatch, SessionId,
     SessionLease, StatusWatch, Store,
@@ -186,7 +187,7 @@ struct Inner {
     cluster: String,
     /// Where leasehold's nodes live, e.g. `/leasehold`.
     root: String,
-    /// Opened by [`ZkStore::connect_read_only`]: writes nothing and opens
+    /// Opened for [`Access::ReadOnly`]: writes nothing and opens
     /// no session.
     read_only: bool,
     /// The recipe whose layout the elections follow (`?layout=`), or
@@ -454,67 +455,41 @@ impl ZkStore {
     /// [`Error::Corrupt`], one written by a newer leasehold with
     /// [`Error::IncompatibleSchema`], `/zookeeper` and malformed paths
     /// with [`Error::InvalidInput`]; nothing is written then.
+    ///
+    /// [`ZkStore::open`] with [`Access::ReadWrite`] and leasehold's
+    /// layout, for an ensemble given by its parts.
     pub async fn connect(endpoints: &[String], root: &str, security: &Security) -> Result<Self> {
-        Self::connect_with_layout(endpoints, root, security, Layout::Leasehold).await
+        Self::start(endpoints, root, security, false, Layout::Leasehold).await
     }
 
-    /// Connects as [`ZkStore::connect`] does, with the elections laid out
-    /// as `layout` says: [`Layout::Curator`] or [`Layout::Kazoo`] speak
-    /// those recipes below `root` (which may then be empty), with no check
-    /// of it and nothing written until a campaign (see the module
-    /// documentation).
-    pub async fn connect_with_layout(
-        endpoints: &[String],
-        root: &str,
-        security: &Security,
-        layout: Layout,
-    ) -> Result<Self> {
-        Self::open(endpoints, root, security, false, layout).await
-    }
-
-    /// Connects as [`ZkStore::connect`] does, for reading only: writes
-    /// nothing and opens no session. A root that does not exist is
-    /// [`Error::NotFound`].
-    pub async fn connect_read_only(
-        endpoints: &[String],
-        root: &str,
-        security: &Security,
-    ) -> Result<Self> {
-        Self::connect_read_only_with_layout(endpoints, root, security, Layout::Leasehold).await
-    }
-
-    /// [`ZkStore::connect_read_only`] with a layout
-    /// ([`ZkStore::connect_with_layout`]); in a recipe's layout nothing is
-    /// checked, and an election nobody joined has no leader.
-    pub async fn connect_read_only_with_layout(
-        endpoints: &[String],
-        root: &str,
-        security: &Security,
-        layout: Layout,
-    ) -> Result<Self> {
-        Self::open(endpoints, root, security, true, layout).await
-    }
-
-    /// Connects only to release a dead holder's grant
-    /// ([`Access::ReleaseOnly`](crate::store::Access::ReleaseOnly)): no check of the root (the
-    /// holder's process made it); the release deletes only a candidate
-    /// node named for the holder's session (in a recipe's layout: ephemeral
-    /// to it) and carrying its token.
-    pub(crate) fn to_release(
-        endpoints: &[String],
-        root: &str,
-        security: &Security,
-        layout: Layout,
-    ) -> Result<Self> {
-        Ok(ZkStore {
-            inner: Arc::new(Inner::new(endpoints, root, security, false, layout)?),
-        })
+    /// Connects to the ensemble `url` names for `access`, with its layout:
+    /// [`Layout::Curator`] or [`Layout::Kazoo`] speak those recipes below
+    /// the root (which may then be empty), with no check of it and
+    /// nothing written until a campaign (see the module documentation).
+    /// [`Access::ReadOnly`] writes nothing and opens no session; a root
+    /// that does not exist is then [`Error::NotFound`] (in a recipe's
+    /// layout nothing is checked, and an election nobody joined has no
+    /// leader). [`Access::ReleaseOnly`] checks nothing (the holder's
+    /// process made the root); its release deletes only a candidate node
+    /// named for the holder's session (in a recipe's layout: ephemeral to
+    /// it) and carrying its token.
+    pub async fn open(url: &ClusterUrl, access: Access) -> Result<Self> {
+        let (endpoints, root, security) = (url.endpoints(), url.path(), url.security());
+        match access {
+            Access::ReleaseOnly => Ok(ZkStore {
+                inner: Arc::new(Inner::new(endpoints, root, security, false, url.layout())?),
+            }),
+            _ => {
+                let read_only = access == Access::ReadOnly;
+                Self::start(endpoints, root, security, read_only, url.layout()).await
+            }
+        }
     }
 
     /// Connects the store's own client; in leasehold's layout, checks (and
     /// unless read-only, makes) the root. A recipe's layout has no root of
     /// leasehold's to check: its path is shared with the recipe's clients.
-    async fn open(
+    async fn start(
         endpoints: &[String],
         root: &str,
         security: &Security,

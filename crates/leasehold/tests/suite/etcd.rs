@@ -377,6 +377,12 @@ fn etcdctl(cluster: &EtcdCluster, args: &[&str]) -> String {
 }
 
 /// Every key under `prefix` with its value, read with etcd's own client.
+/// `prefix` of `cluster`, opened for reading only.
+async fn read_only(cluster: &EtcdCluster, prefix: &str) -> leasehold::Result<EtcdStore> {
+    let url: leasehold::store::ClusterUrl = cluster.url(prefix).parse().expect("a valid URL");
+    EtcdStore::open(&url, leasehold::store::Access::ReadOnly).await
+}
+
 fn dump(cluster: &EtcdCluster, prefix: &str) -> String {
     etcdctl(cluster, &["get", "--prefix", prefix])
 }
@@ -399,8 +405,7 @@ async fn a_prefix_holding_other_programs_keys_is_refused_untouched() {
     let before = dump(&cluster, "/shared");
     for read_only in [false, true] {
         let opened = if read_only {
-            EtcdStore::connect_read_only(&endpoints, "/shared", &leasehold::store::Security::none())
-                .await
+            self::read_only(&cluster, "/shared").await
         } else {
             EtcdStore::connect(&endpoints, "/shared", &leasehold::store::Security::none()).await
         };
@@ -719,9 +724,7 @@ async fn an_idle_handle_keeps_its_watches_without_reading() {
 async fn reading_a_prefix_without_a_store_writes_nothing() {
     let cluster = cluster().await;
     let endpoints = cluster.endpoints();
-    match EtcdStore::connect_read_only(&endpoints, "/nothing", &leasehold::store::Security::none())
-        .await
-    {
+    match read_only(&cluster, "/nothing").await {
         Err(leasehold::Error::NotFound(message)) => {
             assert!(message.contains("/nothing"), "{message}");
         }
@@ -731,10 +734,7 @@ async fn reading_a_prefix_without_a_store_writes_nothing() {
     EtcdStore::connect(&endpoints, "/nothing", &leasehold::store::Security::none())
         .await
         .expect("first use");
-    let reader =
-        EtcdStore::connect_read_only(&endpoints, "/nothing", &leasehold::store::Security::none())
-            .await
-            .expect("read-only");
+    let reader = read_only(&cluster, "/nothing").await.expect("read-only");
     let job = leasehold::ElectionName::new("job").expect("name");
     assert_eq!(reader.leader(&job).await.expect("read"), None);
     assert!(reader.elections().await.expect("list").is_empty());

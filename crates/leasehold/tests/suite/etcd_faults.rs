@@ -1143,3 +1143,58 @@ async fn elections_go_on_while_a_member_is_replaced_by_an_empty_one() {
         started.elapsed()
     );
 }
+
+/// A campaign dropped while etcd does not answer withdraws its key once
+/// etcd answers again. A key left behind would wait in etcd's order for a
+/// campaign nobody runs and, once the holder resigns, hold the election
+/// for a session that does not know it: every other candidate would wait
+/// behind it for as long as that session lives (a standby that leaves the
+/// front of the line for a higher priority does exactly this, and so the
+/// whole line stalled).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_campaign_dropped_while_etcd_is_stopped_withdraws_its_key_once_it_answers() {
+    use nix::sys::signal::Signal;
+    let cluster = tokio::task::spawn_blocking(|| EtcdCluster::start(1))
+        .await
+        .expect("cluster start");
+    let endpoints = cluster.endpoints();
+    let (holder, waiter) = (
+        connect(&endpoints, "/withdraw").await,
+        connect(&endpoints, "/withdraw").await,
+    );
+    let election = unique_election("withdraw");
+    let ttl = Duration::from_secs(60);
+    let held = holder.open_session(ttl).await.expect("a session").id;
+    let grant = holder
+        .campaign(held, &election, &id("holder"))
+        .await
+        .expect("granted");
+    let session = waiter.open_session(ttl).await.expect("a session").id;
+    let before = block_in_place(|| cluster.revision());
+    let campaign = tokio::spawn({
+        let (waiter, election) = (waiter.clone(), election.clone());
+        async move { waiter.campaign(session, &election, &id("waiter")).await }
+    });
+    let until = Instant::now() + LIMIT;
+    while block_in_place(|| cluster.revision()) == before {
+        assert!(Instant::now() < until, "the waiter's key was not created");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cluster.signal(0, Signal::SIGSTOP);
+    campaign.abort();
+    // Longer than a request may take (3 s): the first withdrawal fails.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    cluster.signal(0, Signal::SIGCONT);
+    holder.resign(&grant).await.expect("resign");
+    let until = Instant::now() + LIMIT;
+    loop {
+        match holder.leader(&election).await.expect("a read") {
+            None => break,
+            Some(leader) => assert!(
+                Instant::now() < until,
+                "the dropped campaign's key holds the election: {leader:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

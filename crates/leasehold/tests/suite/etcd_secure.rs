@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold::store::etcd::EtcdStore;
-use leasehold::store::{Store, StoreUrl};
+use leasehold::store::{Access, ClusterUrl, Store};
 use leasehold::testing::{ServerHarness, unique_election};
 use leasehold::{CandidateId, Elector, Error, LeaseConfig};
 use leasehold_testkit::{EtcdCluster, TestCa, Usage};
@@ -82,12 +82,8 @@ fn tls_query(cacert: &Path, cert: &Path, key: &Path) -> String {
 }
 
 async fn connect(url: &str) -> leasehold::Result<EtcdStore> {
-    match url.parse::<StoreUrl>().expect("a valid URL") {
-        StoreUrl::Etcd(c) => {
-            EtcdStore::connect_with_layout(c.endpoints(), c.path(), c.security(), c.layout()).await
-        }
-        other => panic!("not etcd: {other:?}"),
-    }
+    let url: ClusterUrl = url.parse().expect("a valid URL");
+    EtcdStore::open(&url, Access::ReadWrite).await
 }
 
 /// Connecting with `url` is refused with [`Error::Denied`], one line

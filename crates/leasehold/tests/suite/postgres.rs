@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold::store::StatusWatch;
-use leasehold::store::Store;
 use leasehold::store::postgres::{PostgresStore, SCHEMA_VERSION};
+use leasehold::store::{Access, Store};
 use leasehold::testing::{
     ServerHarness, StoreHarness, campaign_until_granted, spawn_campaign, unique_election,
 };
@@ -620,7 +620,7 @@ async fn postgresqls_own_schemas_are_refused_up_front() {
     ] {
         for read_only in [false, true] {
             let opened = if read_only {
-                PostgresStore::connect_read_only(&server.url(), schema).await
+                PostgresStore::open(&server.url(), schema, Access::ReadOnly).await
             } else {
                 PostgresStore::connect(&server.url(), schema).await
             };
@@ -658,7 +658,7 @@ async fn a_schema_leasehold_did_not_create_is_refused_untouched() {
         let before = objects(&admin, schema).await;
         for read_only in [false, true] {
             let opened = if read_only {
-                PostgresStore::connect_read_only(&server.url(), schema).await
+                PostgresStore::open(&server.url(), schema, Access::ReadOnly).await
             } else {
                 PostgresStore::connect(&server.url(), schema).await
             };
@@ -680,7 +680,7 @@ async fn a_schema_leasehold_did_not_create_is_refused_untouched() {
 async fn reading_a_schema_that_does_not_exist_creates_nothing() {
     let server = server().await;
     let admin = sql(&server.url()).await;
-    match PostgresStore::connect_read_only(&server.url(), "nothing").await {
+    match PostgresStore::open(&server.url(), "nothing", Access::ReadOnly).await {
         Err(Error::NotFound(message)) => assert!(message.contains("nothing"), "{message}"),
         other => panic!("expected NotFound, got {other:?}"),
     }
@@ -689,7 +689,7 @@ async fn reading_a_schema_that_does_not_exist_creates_nothing() {
         .await
         .expect("first use");
     let created = objects(&admin, "nothing").await;
-    let reader = PostgresStore::connect_read_only(&server.url(), "nothing")
+    let reader = PostgresStore::open(&server.url(), "nothing", Access::ReadOnly)
         .await
         .expect("read-only");
     let election = unique_election("read-only");
@@ -747,7 +747,7 @@ async fn a_schema_version_table_leasehold_did_not_write_is_not_its_marker() {
         let before = objects(&admin, schema).await;
         for read_only in [false, true] {
             let opened = if read_only {
-                PostgresStore::connect_read_only(&server.url(), schema).await
+                PostgresStore::open(&server.url(), schema, Access::ReadOnly).await
             } else {
                 PostgresStore::connect(&server.url(), schema).await
             };

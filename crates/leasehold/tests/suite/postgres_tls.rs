@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold::store::Store;
 use leasehold::store::postgres::PostgresStore;
+use leasehold::store::{Access, Store};
 use leasehold::testing::{ServerHarness, unique_election};
 use leasehold::{CandidateId, Elector, Error, LeaseConfig};
 use leasehold_testkit::shared;
@@ -411,7 +411,7 @@ async fn postgres_least_privilege_and_password_file() {
         "GRANT CONNECT ON DATABASE lease TO observer",
     ]);
     let observer = s.url("observer", Some("observer-Pa55word"), "");
-    let refused = match PostgresStore::connect_read_only(&observer, "jobs").await {
+    let refused = match PostgresStore::open(&observer, "jobs", Access::ReadOnly).await {
         Err(error @ Error::Denied(_)) => one_clean_line(&error, &["observer-Pa55word"]),
         other => panic!("no USAGE on the schema: {other:?}"),
     };
@@ -431,7 +431,7 @@ async fn postgres_least_privilege_and_password_file() {
         )
         .await
         .expect("grant reading");
-    let reader = PostgresStore::connect_read_only(&observer, "jobs")
+    let reader = PostgresStore::open(&observer, "jobs", Access::ReadOnly)
         .await
         .expect("a reader with USAGE and SELECT");
     let listed = reader.elections().await.expect("list");

@@ -437,6 +437,12 @@ fn persistent() -> zookeeper_client::CreateOptions<'static> {
     zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all())
 }
 
+/// `root` of `server`, opened for reading only, through its URL.
+async fn read_only(server: &ZooKeeperServer, root: &str) -> leasehold::Result<ZkStore> {
+    let url: leasehold::store::ClusterUrl = server.url(root).parse()?;
+    ZkStore::open(&url, leasehold::store::Access::ReadOnly).await
+}
+
 async fn exists(client: &zookeeper_client::Client, path: &str) -> bool {
     client.check_stat(path).await.expect("stat").is_some()
 }
@@ -457,14 +463,11 @@ async fn zookeepers_own_node_and_malformed_roots_are_refused() {
         "/",
         "relative",
     ] {
-        for read_only in [false, true] {
+        // Through a URL, as every read-only opening goes, `/` is the
+        // default root: refused only when given apart.
+        for read_only in [false, true].into_iter().filter(|r| !(*r && root == "/")) {
             let opened = if read_only {
-                ZkStore::connect_read_only(
-                    &server.endpoints(),
-                    root,
-                    &leasehold::store::Security::none(),
-                )
-                .await
+                self::read_only(&server, root).await
             } else {
                 ZkStore::connect(
                     &server.endpoints(),
@@ -507,12 +510,7 @@ async fn a_node_leasehold_did_not_create_is_refused_untouched() {
     for root in ["/app", "/empty"] {
         for read_only in [false, true] {
             let opened = if read_only {
-                ZkStore::connect_read_only(
-                    &server.endpoints(),
-                    root,
-                    &leasehold::store::Security::none(),
-                )
-                .await
+                self::read_only(&server, root).await
             } else {
                 ZkStore::connect(
                     &server.endpoints(),
@@ -626,13 +624,7 @@ async fn nodes_leasehold_did_not_create_are_never_taken_for_a_leader() {
 async fn reading_a_root_that_does_not_exist_creates_nothing() {
     let server = server().await;
     let raw = raw_client(&server).await;
-    match ZkStore::connect_read_only(
-        &server.endpoints(),
-        "/team/nothing",
-        &leasehold::store::Security::none(),
-    )
-    .await
-    {
+    match read_only(&server, "/team/nothing").await {
         Err(leasehold::Error::NotFound(message)) => {
             assert!(message.contains("/team/nothing"), "{message}");
         }
@@ -646,13 +638,9 @@ async fn reading_a_root_that_does_not_exist_creates_nothing() {
     )
     .await
     .expect("first use");
-    let reader = ZkStore::connect_read_only(
-        &server.endpoints(),
-        "/team/nothing",
-        &leasehold::store::Security::none(),
-    )
-    .await
-    .expect("read-only");
+    let reader = read_only(&server, "/team/nothing")
+        .await
+        .expect("read-only");
     let job = leasehold::ElectionName::new("job").expect("name");
     assert_eq!(reader.leader(&job).await.expect("read"), None);
     assert!(reader.elections().await.expect("list").is_empty());
@@ -692,12 +680,7 @@ async fn a_foreign_node_shaped_like_a_leasehold_root_is_refused_untouched() {
     for root in ["/shaped", "/busy", "/mimic"] {
         for read_only in [false, true] {
             let opened = if read_only {
-                ZkStore::connect_read_only(
-                    &server.endpoints(),
-                    root,
-                    &leasehold::store::Security::none(),
-                )
-                .await
+                self::read_only(&server, root).await
             } else {
                 ZkStore::connect(
                     &server.endpoints(),
@@ -728,4 +711,52 @@ async fn a_foreign_node_shaped_like_a_leasehold_root_is_refused_untouched() {
             .expect("list")
             .is_empty()
     );
+}
+
+/// A campaign dropped while ZooKeeper does not answer withdraws its node
+/// once ZooKeeper answers again. A node left behind would, once the holder
+/// resigns, hold the election for a session that does not know it, with
+/// every other candidate waiting behind it for as long as that session
+/// lives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_campaign_dropped_while_zookeeper_is_stopped_withdraws_its_node_once_it_answers() {
+    let server = server().await;
+    let raw = raw_client(&server).await;
+    let (holder, waiter) = (store(&server).await, store(&server).await);
+    let election = unique_election("withdraw");
+    let ttl = Duration::from_secs(40);
+    let held = open_negotiated(&holder, ttl).await.id;
+    let grant = holder
+        .campaign(held, &election, &CandidateId::new("holder").expect("id"))
+        .await
+        .expect("granted");
+    let session = open_negotiated(&waiter, ttl).await.id;
+    let campaign = tokio::spawn({
+        let (waiter, election) = (Arc::clone(&waiter), election.clone());
+        let id = CandidateId::new("waiter").expect("id");
+        async move { waiter.campaign(session, &election, &id).await }
+    });
+    let dir = format!("/faults/elections/{election}");
+    let until = Instant::now() + Duration::from_secs(20);
+    while raw.list_children(&dir).await.expect("list").len() < 2 {
+        assert!(Instant::now() < until, "the waiter's node was not created");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.signal(Signal::SIGSTOP);
+    campaign.abort();
+    // Longer than a request may take (5 s): the first withdrawal fails.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    server.signal(Signal::SIGCONT);
+    holder.resign(&grant).await.expect("resign");
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        match holder.leader(&election).await.expect("a read") {
+            None => break,
+            Some(leader) => assert!(
+                Instant::now() < until,
+                "the dropped campaign's node holds the election: {leader:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

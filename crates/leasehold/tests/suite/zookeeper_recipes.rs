@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold::store::zookeeper::ZkStore;
-use leasehold::store::{FencingToken, Layout, Security, Store};
+use leasehold::store::{Access, ClusterUrl, FencingToken, Layout, Store};
 use leasehold::testing::ServerHarness;
 use leasehold::{CandidateId, ElectionName, Error};
 use leasehold_testkit::ZooKeeperServer;
@@ -32,9 +32,16 @@ async fn harness(layout: &str) -> ServerHarness<Server<ZooKeeperServer>> {
     ServerHarness::new(server, &url)
 }
 
+/// The URL of `root` on `server`, in `layout`.
+fn recipe_url(server: &ZooKeeperServer, root: &str, layout: Layout) -> ClusterUrl {
+    format!("{}?layout={layout}", server.url(root))
+        .parse()
+        .expect("a valid URL")
+}
+
 async fn store(server: &ZooKeeperServer, root: &str, layout: Layout) -> Arc<ZkStore> {
     Arc::new(
-        ZkStore::connect_with_layout(&server.endpoints(), root, &Security::none(), layout)
+        ZkStore::open(&recipe_url(server, root, layout), Access::ReadWrite)
             .await
             .expect("connect"),
     )
@@ -164,14 +171,9 @@ async fn refusals(layout: Layout) {
     // Nothing was written by any of it.
     assert!(raw.check_stat("/recipes").await.expect("stat").is_none());
     // A read-only opening of a path nobody used reads no leader.
-    let reader = ZkStore::connect_read_only_with_layout(
-        &server.endpoints(),
-        "/nothing",
-        &Security::none(),
-        layout,
-    )
-    .await
-    .expect("read-only");
+    let reader = ZkStore::open(&recipe_url(&server, "/nothing", layout), Access::ReadOnly)
+        .await
+        .expect("read-only");
     assert_eq!(reader.leader(&name("job")).await.expect("read"), None);
     assert!(raw.check_stat("/nothing").await.expect("stat").is_none());
 }

@@ -9,7 +9,7 @@ impl Store for EtcdStore {
         if self.read_only {
             return Err(Error::invalid(
                 "session",
-                "the store was opened read-only (EtcdStore::connect_read_only)",
+                "the store was opened read-only (Access::ReadOnly)",
             ));
         }
         let seconds = TTL.check(ttl)?.units;

@@ -35,7 +35,7 @@
 //! appear later are never taken for candidates: a candidate key is
 //! `{16 hex digits}` naming the lease attached to it, holding a candidate
 //! id; anything else is skipped, with a warning. A store opened read-only
-//! ([`EtcdStore::connect_read_only`]) writes nothing, not even the marker.
+//! ([`EtcdStore::open`] with [`Access::ReadOnly`]) writes nothing, not even the marker.
 //!
 //! `?layout=concurrency` ([`Layout::Concurrency`]) lays elections out as
 //! etcd's own `concurrency.Election` does, so that its clients (Go services,
@@ -69,6 +69,7 @@ use crate::store::layout::Layout;
 use crate::store::security::Security;
 use crate::store::shared_read::SharedReads;
 use crate::store::watch_driver::{self as leader_watch, Event, Source};
+use crate::store::{Access, ClusterUrl};
 use crate::store::{
     ElectionState, FencingToken, Grant, Leader, LeaderWatch, Note, NoteWatch, SessionId,
     SessionLease, StatusWatch, Store, session_key,
@@ -133,7 +134,7 @@ pub struct EtcdStore {
     prefix: String,
     /// Each session's keep-alive stream, behind a lock of its own.
     keepers: Arc<std::sync::Mutex<HashMap<i64, KeeperSlot>>>,
-    /// Opened by [`EtcdStore::connect_read_only`]: opens no session.
+    /// Opened for [`Access::ReadOnly`]: opens no session.
     read_only: bool,
     /// leasehold's own layout, or etcd's `concurrency.Election`.
     layout: Layout,
@@ -314,47 +315,40 @@ impl EtcdStore {
     /// leasehold store, is refused with [`Error::Corrupt`] and left as it
     /// is, and one written by a newer leasehold with
     /// [`Error::IncompatibleSchema`].
+    ///
+    /// [`EtcdStore::open`] with [`Access::ReadWrite`] and leasehold's
+    /// layout, for a cluster given by its parts.
     pub async fn connect(endpoints: &[String], prefix: &str, security: &Security) -> Result<Self> {
-        Self::connect_with_layout(endpoints, prefix, security, Layout::Leasehold).await
+        Self::start(
+            endpoints,
+            prefix,
+            security,
+            Access::ReadWrite,
+            Layout::Leasehold,
+        )
+        .await
     }
 
-    /// Connects as [`EtcdStore::connect`] does, with the elections laid
-    /// out as `layout` says: [`Layout::Concurrency`] speaks etcd's
-    /// `concurrency.Election` below `prefix` (which may then be empty).
-    pub async fn connect_with_layout(
+    /// Connects to the cluster `url` names for `access`, with its layout:
+    /// [`Layout::Concurrency`] speaks etcd's `concurrency.Election` below
+    /// the prefix (which may then be empty). [`Access::ReadOnly`] writes
+    /// nothing, not even the marker, and opens no session; a prefix where
+    /// no leasehold store was ever created is then [`Error::NotFound`].
+    /// [`Access::ReleaseOnly`] opens as [`Access::ReadWrite`] does.
+    pub async fn open(url: &ClusterUrl, access: Access) -> Result<Self> {
+        let (endpoints, security) = (url.endpoints(), url.security());
+        Self::start(endpoints, url.path(), security, access, url.layout()).await
+    }
+
+    async fn start(
         endpoints: &[String],
         prefix: &str,
         security: &Security,
+        access: Access,
         layout: Layout,
     ) -> Result<Self> {
-        let store = Self::reach(endpoints, prefix, security, false, layout).await?;
-        if layout == Layout::Leasehold {
-            store.open_space().await?;
-        }
-        warn_if_unencrypted(security);
-        Ok(store)
-    }
-
-    /// Connects as [`EtcdStore::connect`] does, for reading only: writes
-    /// nothing, not even the marker, and opens no session. A prefix where
-    /// no leasehold store was ever created is [`Error::NotFound`].
-    pub async fn connect_read_only(
-        endpoints: &[String],
-        prefix: &str,
-        security: &Security,
-    ) -> Result<Self> {
-        Self::connect_read_only_with_layout(endpoints, prefix, security, Layout::Leasehold).await
-    }
-
-    /// [`EtcdStore::connect_read_only`] with a layout
-    /// ([`EtcdStore::connect_with_layout`]).
-    pub async fn connect_read_only_with_layout(
-        endpoints: &[String],
-        prefix: &str,
-        security: &Security,
-        layout: Layout,
-    ) -> Result<Self> {
-        let store = Self::reach(endpoints, prefix, security, true, layout).await?;
+        let read_only = access == Access::ReadOnly;
+        let store = Self::reach(endpoints, prefix, security, read_only, layout).await?;
         if layout == Layout::Leasehold {
             store.open_space().await?;
         }
@@ -611,18 +605,24 @@ fn warn_foreign(kv: &KeyValue) {
 
 /// Deletes the candidate key created at `revision`, of a campaign that was
 /// dropped before it completed, so that a cancelled campaign never comes to
-/// hold the election later.
+/// hold the election later. Tried again while etcd is out of reach: the
+/// session (and so the key) may live on with its elector, and a key left
+/// there would come to hold the election for a campaign nobody runs, with
+/// every other candidate waiting behind it.
 async fn withdraw(store: EtcdStore, key: String, revision: i64) {
-    let txn = TxnRequest {
-        compare: vec![created_at(key.clone(), revision)],
-        success: vec![delete(key)],
-        failure: Vec::new(),
-    };
-    let withdrawn = store.txn("withdraw", txn).await;
-    tracing::debug!(
-        ok = withdrawn.is_ok(),
-        "withdrew the candidacy of a cancelled campaign"
-    );
+    crate::store::cleanup::until_done("withdraw a cancelled campaign", || {
+        let (store, key) = (store.clone(), key.clone());
+        async move {
+            let txn = TxnRequest {
+                compare: vec![created_at(key.clone(), revision)],
+                success: vec![delete(key)],
+                failure: Vec::new(),
+            };
+            store.txn("withdraw", txn).await?;
+            Ok(())
+        }
+    })
+    .await;
 }
 
 impl EtcdStore {

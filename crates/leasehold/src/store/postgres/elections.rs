@@ -9,7 +9,7 @@ impl Store for PostgresStore {
         if self.inner.read_only {
             return Err(Error::invalid(
                 "session",
-                "the store was opened read-only (PostgresStore::connect_read_only)",
+                "the store was opened read-only (Access::ReadOnly)",
             ));
         }
         let ttl_ms = TTL.check(ttl)?.units;

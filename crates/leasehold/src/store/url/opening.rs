@@ -88,36 +88,19 @@ pub async fn open(url: &StoreUrl, access: Access) -> Result<Arc<dyn Store>> {
         }
         #[cfg(feature = "etcd")]
         StoreUrl::Etcd(c) => {
-            use crate::store::etcd::EtcdStore;
-            let (e, p, s, l) = (&c.endpoints, &c.path, &c.security, c.layout);
-            resolve_any("etcd", e).await?;
-            Arc::new(match access {
-                Access::ReadOnly => EtcdStore::connect_read_only_with_layout(e, p, s, l).await?,
-                Access::ReadWrite | Access::ReleaseOnly => {
-                    EtcdStore::connect_with_layout(e, p, s, l).await?
-                }
-            })
+            resolve_any("etcd", &c.endpoints).await?;
+            Arc::new(crate::store::etcd::EtcdStore::open(c, access).await?)
         }
         #[cfg(feature = "zookeeper")]
         StoreUrl::ZooKeeper(c) => {
-            use crate::store::zookeeper::ZkStore;
-            let (e, r, s, l) = (&c.endpoints, &c.path, &c.security, c.layout);
-            resolve_any("ZooKeeper", e).await?;
-            Arc::new(match access {
-                Access::ReadWrite => ZkStore::connect_with_layout(e, r, s, l).await?,
-                Access::ReadOnly => ZkStore::connect_read_only_with_layout(e, r, s, l).await?,
-                Access::ReleaseOnly => ZkStore::to_release(e, r, s, l)?,
-            })
+            resolve_any("ZooKeeper", &c.endpoints).await?;
+            Arc::new(crate::store::zookeeper::ZkStore::open(c, access).await?)
         }
         #[cfg(feature = "postgres")]
-        StoreUrl::Postgres(PostgresUrl { url, schema }) => {
-            use crate::store::postgres::PostgresStore;
-            Arc::new(match access {
-                Access::ReadWrite => PostgresStore::connect(url, schema).await?,
-                Access::ReadOnly => PostgresStore::connect_read_only(url, schema).await?,
-                Access::ReleaseOnly => PostgresStore::connect_to_release(url, schema).await?,
-            })
-        }
+        StoreUrl::Postgres(pg) => Arc::new(
+            crate::store::postgres::PostgresStore::open(pg.connection_url(), pg.schema(), access)
+                .await?,
+        ),
         // A store this build was compiled without.
         #[allow(unreachable_patterns)]
         other => return Err(not_built(other)),

@@ -9,7 +9,7 @@ impl Store for ZkStore {
         if self.inner.read_only {
             return Err(Error::invalid(
                 "session",
-                "the store was opened read-only (ZkStore::connect_read_only)",
+                "the store was opened read-only (Access::ReadOnly)",
             ));
         }
         let ttl = TTL.check(ttl)?.ttl;

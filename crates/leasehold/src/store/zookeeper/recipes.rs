@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use zookeeper_client::{Client, CreateMode};
 
-use super::{ATTEMPTS, Inner, ZkSession, granted_token, not_holder, request, token_of};
+use super::{
+    ATTEMPTS, Inner, ZkSession, granted_token, not_holder, request, token_of, unavailable,
+};
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
 use crate::store::cleanup::OnDrop;
@@ -459,6 +461,8 @@ impl Inner {
 /// same session, so ZooKeeper answers it after that create; each delete is
 /// sent while no later campaign can start, so a later campaign's requests
 /// on the session, which ZooKeeper answers in order, see the node gone.
+///
+/// Tried again while ZooKeeper does not answer, as in leasehold's layout.
 async fn withdraw(
     session: Arc<ZkSession>,
     election: ElectionName,
@@ -466,24 +470,46 @@ async fn withdraw(
     prefix: String,
     number: u64,
 ) {
+    crate::store::cleanup::until_done("withdraw a cancelled campaign", || {
+        let (session, election) = (Arc::clone(&session), election.clone());
+        let (dir, prefix) = (dir.clone(), prefix.clone());
+        async move { withdraw_once(&session, &election, &dir, &prefix, number).await }
+    })
+    .await;
+}
+
+async fn withdraw_once(
+    session: &ZkSession,
+    election: &ElectionName,
+    dir: &str,
+    prefix: &str,
+    number: u64,
+) -> Result<()> {
+    use zookeeper_client::Error::{NoNode, SessionExpired};
     let Some(client) = session.client() else {
-        return;
+        return Ok(());
     };
-    let Ok(Ok(children)) = request("list candidates", client.list_children(&dir)).await else {
-        return;
+    let children = match request("list candidates", client.list_children(dir)).await? {
+        Ok(children) => children,
+        Err(NoNode | SessionExpired) => return Ok(()),
+        Err(error) => return Err(unavailable("list candidates", error)),
     };
-    for node in children.iter().filter(|c| c.starts_with(&prefix)) {
+    for node in children.iter().filter(|c| c.starts_with(prefix)) {
         let delete = {
             let campaigns = crate::mutex::lock(&session.recipe_campaigns);
-            let latest = campaigns.get(&election).map(|(_, n)| *n);
-            if latest != Some(number) || session.holds(&election) {
-                return;
+            let latest = campaigns.get(election).map(|(_, n)| *n);
+            if latest != Some(number) || session.holds(election) {
+                return Ok(());
             }
             // Sent now, under the lock.
             client.delete(&format!("{dir}/{node}"), None)
         };
-        let _ = request("withdraw", delete).await;
+        match request("withdraw", delete).await? {
+            Ok(()) | Err(NoNode | SessionExpired) => {}
+            Err(error) => return Err(unavailable("withdraw", error)),
+        }
     }
+    Ok(())
 }
 
 /// One campaign's steps in a recipe's layout. Every request fails with

@@ -83,25 +83,48 @@ impl ZkWatch {
 /// deletes the session's nodes in the election's node `dir` unless the
 /// session holds the election. The list is sent after any create of the
 /// dropped campaign on the same session, so ZooKeeper answers it after that
-/// create.
+/// create. Tried again while ZooKeeper does not answer: the session (and
+/// so the node) may live on with its elector, and a node left there would
+/// come to hold the election for a campaign nobody runs, with every other
+/// candidate waiting behind it.
 pub(super) async fn withdraw(session: Arc<ZkSession>, election: ElectionName, dir: String) {
+    crate::store::cleanup::until_done("withdraw a cancelled campaign", || {
+        let (session, election, dir) = (Arc::clone(&session), election.clone(), dir.clone());
+        async move { withdraw_once(&session, &election, &dir).await }
+    })
+    .await;
+}
+
+async fn withdraw_once(session: &ZkSession, election: &ElectionName, dir: &str) -> Result<()> {
+    // Once the session ended, its nodes went with it.
     let Some(client) = session.client() else {
-        return;
+        return Ok(());
     };
     let held = session
         .held
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
-        .contains(&election);
+        .contains(election);
     if held {
-        return;
+        return Ok(());
     }
     let prefix = session_prefix(session.id);
-    if let Ok(Ok(children)) = request("list candidates", client.list_children(&dir)).await {
-        for node in children.iter().filter(|c| c.starts_with(&prefix)) {
-            let _ = request("withdraw", client.delete(&format!("{dir}/{node}"), None)).await;
+    let children = match request("list candidates", client.list_children(dir)).await? {
+        Ok(children) => children,
+        // No election node, or no session: no node of this session.
+        Err(zookeeper_client::Error::NoNode | zookeeper_client::Error::SessionExpired) => {
+            return Ok(());
+        }
+        Err(error) => return Err(unavailable("list candidates", error)),
+    };
+    for node in children.iter().filter(|c| c.starts_with(&prefix)) {
+        match request("withdraw", client.delete(&format!("{dir}/{node}"), None)).await? {
+            Ok(())
+            | Err(zookeeper_client::Error::NoNode | zookeeper_client::Error::SessionExpired) => {}
+            Err(error) => return Err(unavailable("withdraw", error)),
         }
     }
+    Ok(())
 }
 
 /// A session's campaign in an election's node `dir`: the steps of

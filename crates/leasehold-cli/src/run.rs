@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold::{ElectionName, Elector, Leadership};
+use leasehold::{ElectionName, Elector, Leadership, LostReason};
 use nix::sys::signal::Signal;
 
 use crate::child;
@@ -60,11 +60,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         args.election.election.clone(),
         Arc::clone(&metrics),
     ));
+    let election = &args.election.election;
     let serving = match &args.http {
-        Some(addr) => {
-            let election = &args.election.election;
-            Some(serve_http(addr, &elector, election, store, &metrics).await?)
-        }
+        Some(addr) => Some(serve_http(addr, &elector, election, store, &metrics).await?),
         None => None,
     };
     check_margin(&elector, &args.election.election).await;
@@ -80,27 +78,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     .await?;
     if let Some(count) = args.shards {
         line_gauge.abort();
-        let elector = Arc::new(elector);
-        let runner = crate::shards::ShardRunner {
-            elector: Arc::clone(&elector),
-            group: args.election.election.clone(),
-            count,
-            command: args.command,
-            grace: args.grace,
-            restart_delay: args
-                .restart_delay
-                .unwrap_or(crate::cli::DEFAULT_RESTART_DELAY),
-            signals: StopSignals::install()?,
-            passed: PassedSignals::install()?,
-            ignored: IgnoredSignals::install()?,
-            store: args.election.store.url()?,
-            metrics,
-        };
-        let code = runner.serve().await;
-        if let Err(error) = elector.close().await {
-            tracing::warn!(%error, "could not close the session; the store will expire it after the TTL");
-        }
-        return code;
+        return run_shards(args, count, elector, metrics).await;
     }
     let mut runner = Runner {
         slots: args.slots,
@@ -117,6 +95,36 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let code = runner.serve().await;
     line_gauge.abort();
     if let Err(error) = runner.elector.close().await {
+        tracing::warn!(%error, "could not close the session; the store will expire it after the TTL");
+    }
+    code
+}
+
+/// `run --shards COUNT`: a command for each shard this replica owns.
+async fn run_shards(
+    args: RunArgs,
+    count: u32,
+    elector: Elector,
+    metrics: Arc<RunnerMetrics>,
+) -> anyhow::Result<ExitCode> {
+    let elector = Arc::new(elector);
+    let runner = crate::shards::ShardRunner {
+        elector: Arc::clone(&elector),
+        group: args.election.election.clone(),
+        count,
+        command: args.command,
+        grace: args.grace,
+        restart_delay: args
+            .restart_delay
+            .unwrap_or(crate::cli::DEFAULT_RESTART_DELAY),
+        signals: StopSignals::install()?,
+        passed: PassedSignals::install()?,
+        ignored: IgnoredSignals::install()?,
+        store: args.election.store.url()?,
+        metrics,
+    };
+    let code = runner.serve().await;
+    if let Err(error) = elector.close().await {
         tracing::warn!(%error, "could not close the session; the store will expire it after the TTL");
     }
     code
@@ -278,29 +286,65 @@ impl Runner {
     /// Runs the command while `leadership` lasts.
     async fn lead(&mut self, leadership: Leadership, slot: Option<u32>) -> anyhow::Result<Next> {
         let token = leadership.token();
-        // Granted while renewals failed (the store answered the campaign,
-        // but no renewal has been confirmed since the outage): the lease
-        // is already so close to its deadline that the command would be
-        // asked to stop as soon as it started. Wait for a renewal first,
-        // at most until the deadline.
+        if let Err(reason) = self.renewed_in_time(&leadership).await {
+            tracing::warn!(election = %self.election, id = %self.elector.candidate(), token = token.0, %reason,
+                "granted, but lost before a renewal was confirmed; the command was not started; campaigning again");
+            release(leadership).await;
+            return Ok(Next::Campaign);
+        }
+        let mut child = match self.start_command(&leadership, slot).await {
+            Ok(child) => child,
+            Err(next) => {
+                release(leadership).await;
+                return Ok(next);
+            }
+        };
+        self.metrics
+            .became_leader(token, Arc::clone(leadership.session()));
+        tracing::info!(election = %self.election, id = %self.elector.candidate(), token = token.0, pgid = child.pgid, "leading; command started");
+        // Returns once the command's whole tree is gone (the guard makes
+        // sure of it), so the election is released only then.
+        let (status, why) = self.supervise(&mut child, &leadership).await;
+        let next = self
+            .end_term(leadership, why, child::exit_code(status))
+            .await;
+        // The term is over: `run` released the grant or knows it lost it,
+        // so the guard releases nothing.
+        child.finish().await;
+        Ok(next)
+    }
+
+    /// Whether the command may start. Granted while renewals failed (the
+    /// store answered the campaign, but no renewal has been confirmed
+    /// since the outage), the lease is already so close to its deadline
+    /// that the command would be asked to stop as soon as it started: a
+    /// renewal is waited for first, at most until the deadline; why
+    /// leadership was lost if it was lost meanwhile.
+    async fn renewed_in_time(&self, leadership: &Leadership) -> Result<(), LostReason> {
         let at_risk = self.grace.min(self.elector.config().renew_every);
         let deadline = leadership.deadline();
-        if deadline.saturating_duration_since(tokio::time::Instant::now()) <= at_risk {
-            tokio::select! {
-                _ = leadership.deadline_after(deadline) => {}
-                reason = leadership.lost() => {
-                    tracing::warn!(election = %self.election, id = %self.elector.candidate(), token = token.0, %reason,
-                        "granted, but lost before a renewal was confirmed; the command was not started; campaigning again");
-                    release(leadership).await;
-                    return Ok(Next::Campaign);
-                }
-            }
+        if deadline.saturating_duration_since(tokio::time::Instant::now()) > at_risk {
+            return Ok(());
         }
+        tokio::select! {
+            _ = leadership.deadline_after(deadline) => Ok(()),
+            reason = leadership.lost() => Err(reason),
+        }
+    }
+
+    /// Starts the command under its guard, with the grant in its
+    /// environment; what to do next if it cannot start (the caller
+    /// releases the election).
+    async fn start_command(
+        &self,
+        leadership: &Leadership,
+        slot: Option<u32>,
+    ) -> Result<Supervised, Next> {
         // The token belongs to the election held: with --slots, the slot's.
         let mut env = vec![
             ("LEASEHOLD_ELECTION", leadership.election().to_string()),
             ("LEASEHOLD_ID", self.elector.candidate().to_string()),
-            ("LEASEHOLD_TOKEN", token.to_string()),
+            ("LEASEHOLD_TOKEN", leadership.token().to_string()),
         ];
         if let (Some(slot), Some(slots)) = (slot, self.slots) {
             env.push(("LEASEHOLD_SLOT", slot.to_string()));
@@ -317,33 +361,28 @@ impl Runner {
             // found dead only once the guard has killed the command's tree.
             session_locks: self.elector.store().session_lock_file(),
         };
-        let mut child = match Supervised::start(launch).await {
-            Ok(child) => child,
-            Err(error) => {
-                let program = self
-                    .command
-                    .first()
-                    .map(|p| p.to_string_lossy().into_owned());
-                // Never a panic on a closed stderr: the election must
-                // still be released below.
-                crate::say(&format!(
-                    "cannot run {}: {error:#}",
-                    leasehold::shortened(&program.unwrap_or_default())
-                ));
-                release(leadership).await;
-                return Ok(Next::Exit(ExitCode::from(EXIT_CANNOT_START)));
-            }
-        };
-        self.metrics
-            .became_leader(token, Arc::clone(leadership.session()));
-        tracing::info!(election = %self.election, id = %self.elector.candidate(), token = token.0, pgid = child.pgid, "leading; command started");
-        // Returns once the command's whole tree is gone (the guard makes
-        // sure of it), so the election is released only then.
-        let (status, why) = self.supervise(&mut child, &leadership).await;
-        let code = child::exit_code(status);
-        let id = self.elector.candidate().clone();
+        Supervised::start(launch).await.map_err(|error| {
+            let program = self
+                .command
+                .first()
+                .map(|p| p.to_string_lossy().into_owned());
+            // Never a panic on a closed stderr: the election must still be
+            // released.
+            crate::say(&format!(
+                "cannot run {}: {error:#}",
+                leasehold::shortened(&program.unwrap_or_default())
+            ));
+            Next::Exit(ExitCode::from(EXIT_CANNOT_START))
+        })
+    }
+
+    /// Ends a term the way it ended (`why`, the command's exit `code`):
+    /// says so, releases or hands over the election, and says what comes
+    /// next.
+    async fn end_term(&self, leadership: Leadership, why: TermEnd, code: u8) -> Next {
+        let (token, id) = (leadership.token(), self.elector.candidate().clone());
         let election = &self.election;
-        let next = match why {
+        match why {
             TermEnd::Lost(reason) => {
                 self.metrics
                     .stepped_down(StepDown::from_lost(&reason), &reason.to_string());
@@ -361,12 +400,8 @@ impl Runner {
             TermEnd::Stopped(signal) => {
                 let reason = format!("{signal} received");
                 self.metrics.stepped_down(StepDown::Stopped, &reason);
-                if release(leadership).await {
-                    tracing::info!(%election, %id, token = token.0, %reason, status = code, "stopped; election released");
-                } else {
-                    tracing::warn!(%election, %id, token = token.0, %reason, status = code, "stopped; the election was not released (the store expires it after the TTL)");
-                }
-                Next::Exit(ExitCode::from(code))
+                self.release_at_exit(leadership, &reason, "stopped; ", code)
+                    .await
             }
             TermEnd::HandedOver(handover) => {
                 self.metrics
@@ -396,18 +431,29 @@ impl Runner {
             TermEnd::Exited => {
                 let reason = "command exited";
                 self.metrics.stepped_down(StepDown::CommandExited, reason);
-                if release(leadership).await {
-                    tracing::info!(%election, %id, token = token.0, reason, status = code, "election released");
-                } else {
-                    tracing::warn!(%election, %id, token = token.0, reason, status = code, "the election was not released (the store expires it after the TTL)");
-                }
-                Next::Exit(ExitCode::from(code))
+                self.release_at_exit(leadership, reason, "", code).await
             }
-        };
-        // The term is over: `run` released the grant or knows it lost it,
-        // so the guard releases nothing.
-        child.finish().await;
-        Ok(next)
+        }
+    }
+
+    /// Releases the election as `run` exits with the command's `code`
+    /// (`reason`: why the term ended), saying whether it was released;
+    /// `said` starts each message.
+    async fn release_at_exit(
+        &self,
+        leadership: Leadership,
+        reason: &str,
+        said: &str,
+        code: u8,
+    ) -> Next {
+        let (token, id) = (leadership.token(), self.elector.candidate().clone());
+        let election = &self.election;
+        if release(leadership).await {
+            tracing::info!(%election, %id, token = token.0, reason, status = code, "{said}election released");
+        } else {
+            tracing::warn!(%election, %id, token = token.0, reason, status = code, "{said}the election was not released (the store expires it after the TTL)");
+        }
+        Next::Exit(ExitCode::from(code))
     }
 
     /// Waits until the command's whole tree is gone (see

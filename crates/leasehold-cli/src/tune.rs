@@ -28,14 +28,7 @@ pub async fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
         Some(n) => Some(measure(&args, n).await?),
         None => None,
     };
-    // Measured round trips count in whole milliseconds, rounded up, so the
-    // JSON's `jitter_ms` is exactly the jitter the figures assume.
-    let jitter = match (args.jitter, &measured) {
-        (Some(given), Some(m)) => given.max(m.p99),
-        (Some(given), None) => given,
-        (None, Some(m)) => m.p99,
-        (None, None) => anyhow::bail!("give --jitter or --measure N"),
-    };
+    let jitter = jitter(&args, measured.as_ref())?;
     let renew_every = match (args.renew_every, args.ttl) {
         (Some(r), _) => r,
         (None, Some(ttl)) => ttl / 3,
@@ -78,6 +71,18 @@ pub async fn run(args: TuneArgs) -> anyhow::Result<ExitCode> {
     Ok(match evaluated {
         Some(a) if !a.is_safe() => ExitCode::from(EXIT_UNSAFE),
         _ => ExitCode::SUCCESS,
+    })
+}
+
+/// The jitter to assume: `--jitter`, the measured p99, or the larger of
+/// the two. Measured round trips count in whole milliseconds, rounded up,
+/// so the JSON's `jitter_ms` is exactly the jitter the figures assume.
+fn jitter(args: &TuneArgs, measured: Option<&Measured>) -> anyhow::Result<Duration> {
+    Ok(match (args.jitter, measured) {
+        (Some(given), Some(m)) => given.max(m.p99),
+        (Some(given), None) => given,
+        (None, Some(m)) => m.p99,
+        (None, None) => anyhow::bail!("give --jitter or --measure N"),
     })
 }
 
@@ -239,6 +244,16 @@ fn show(d: Duration) -> String {
 
 /// The report for people, written into a string first: stdout is written
 /// once, by [`write_stdout`], whose failure is an error, never a panic.
+/// Writes one line into a `String`, which cannot fail.
+macro_rules! out_line {
+    ($out:expr) => {
+        $out.push('\n')
+    };
+    ($out:expr, $($arg:tt)*) => {{
+        let _ = writeln!($out, $($arg)*);
+    }};
+}
+
 fn human(
     report: &Report,
     conditions: &Conditions,
@@ -246,13 +261,22 @@ fn human(
     evaluated: Option<&Assessment>,
 ) -> String {
     let mut out = String::new();
-    // Writing into a String cannot fail.
-    macro_rules! out_line {
-        () => { out.push('\n') };
-        ($($arg:tt)*) => {{ let _ = writeln!(out, $($arg)*); }};
-    }
+    summary(&mut out, report, conditions, measured);
+    table(&mut out, report);
+    notes(&mut out, report, conditions, evaluated);
+    out
+}
+
+/// What was measured, the conditions, the rule and the recommendation.
+fn summary(
+    out: &mut String,
+    report: &Report,
+    conditions: &Conditions,
+    measured: Option<&Measured>,
+) {
     if let Some(m) = measured {
         out_line!(
+            out,
             "Measured {} renewals on {}: p50 {}, p99 {} (rounded up), max {}",
             m.samples.len(),
             m.store,
@@ -262,6 +286,7 @@ fn human(
         );
     }
     out_line!(
+        out,
         "Conditions: renew every {}, jitter {}, clock skew {}, clock drift {}%",
         show(conditions.renew_every),
         show(conditions.jitter),
@@ -269,9 +294,15 @@ fn human(
         conditions.drift * 100.0
     );
     out_line!(
+        out,
         "Renewal rule, as `leasehold run` enforces it: {}",
         leasehold::RENEWAL_RULE
     );
+    recommendation(out, report, conditions);
+}
+
+/// The recommended TTL, what it absorbs, and the command with it.
+fn recommendation(out: &mut String, report: &Report, conditions: &Conditions) {
     let failover = if conditions.store_expiry_check.is_zero() {
         "TTL + 2 × jitter".to_owned()
     } else {
@@ -281,6 +312,7 @@ fn human(
         )
     };
     out_line!(
+        out,
         "Recommended TTL: {} — absorbs {} in a row{}; after a crash the election is unowned \
          for up to {} ({failover})",
         report.recommended_ttl,
@@ -299,12 +331,18 @@ fn human(
         ))
     );
     out_line!(
+        out,
         "  leasehold run --ttl {} --renew-every {} …",
         report.recommended_ttl,
         show(conditions.renew_every)
     );
-    out_line!();
+}
+
+/// Each TTL considered, with what it absorbs and its verdict.
+fn table(out: &mut String, report: &Report) {
+    out_line!(out);
     out_line!(
+        out,
         "{:>8}  {:>22}  {:>26}  {:>20}  verdict",
         "TTL",
         "lost renewals absorbed",
@@ -336,6 +374,7 @@ fn human(
             row.lost_renewals_absorbed.to_string()
         };
         out_line!(
+            out,
             "{:>8}  {:>22}  {:>26}  {:>20}  {}{mark}",
             show(Duration::from_millis(row.ttl_ms)),
             absorbed,
@@ -344,9 +383,19 @@ fn human(
             row.verdict
         );
     }
+}
+
+/// etcd's expiry check, and the verdict on `--ttl`.
+fn notes(
+    out: &mut String,
+    report: &Report,
+    conditions: &Conditions,
+    evaluated: Option<&Assessment>,
+) {
     if conditions.store_expiry_check.is_zero() {
-        out_line!();
+        out_line!(out);
         out_line!(
+            out,
             "Worst-case failover is TTL + 2 × jitter; on etcd add up to {} (etcd checks for \
              expired leases every {}; give --store etcd://… to include it)",
             show(ETCD_EXPIRY_CHECK),
@@ -354,15 +403,17 @@ fn human(
         );
     }
     if let Some(e) = evaluated {
-        out_line!();
+        out_line!(out);
         match &e.verdict {
             Verdict::Tolerant => out_line!(
+                out,
                 "TTL {}: safe; absorbs {} in a row, worst-case failover {}",
                 show(e.ttl),
                 lost_renewals(e.lost_renewals_absorbed),
                 show(e.worst_case_failover)
             ),
             Verdict::Fragile => out_line!(
+                out,
                 "TTL {}: works but fragile: one lost or slow renewal (slower than {}) ends \
                  leadership, causing false failovers; consider {}",
                 show(e.ttl),
@@ -370,11 +421,11 @@ fn human(
                 report.recommended_ttl
             ),
             Verdict::Unsafe { reason } => out_line!(
+                out,
                 "TTL {}: UNSAFE: {reason}; consider {}",
                 show(e.ttl),
                 report.recommended_ttl
             ),
         }
     }
-    out
 }

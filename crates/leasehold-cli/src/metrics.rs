@@ -161,81 +161,97 @@ impl RunnerMetrics {
             candidate: candidate.to_owned(),
             registry: Registry::default(),
         };
+        metrics.register_leadership(&mut registry);
+        metrics.register_renewals(&mut registry);
+        metrics.register_shards(&mut registry);
+        Arc::new(RunnerMetrics {
+            registry,
+            ..metrics
+        })
+    }
+
+    /// The leadership series: whether it leads, the token, transitions and
+    /// step-downs.
+    fn register_leadership(&self, registry: &mut Registry) {
         registry.register(
             "is_leader",
             "1 while this runner holds the election (with --shards: owns a shard), else 0",
-            metrics.is_leader.clone(),
+            self.is_leader.clone(),
         );
         registry.register(
             "fencing_token",
             "The fencing token of the current term (0 when not leading)",
-            metrics.token.clone(),
+            self.token.clone(),
         );
         registry.register(
             "leadership_transitions",
             "Times this runner became leader or stopped being leader",
-            metrics.transitions.clone(),
+            self.transitions.clone(),
         );
         for why in StepDown::ALL {
             // The guard is dropped at once: only the series' creation matters.
-            drop(metrics.step_downs.get_or_create(&ReasonLabel {
+            drop(self.step_downs.get_or_create(&ReasonLabel {
                 reason: why.label(),
             }));
         }
         registry.register(
             "step_downs",
             "Terms of leadership that ended, by reason",
-            metrics.step_downs.clone(),
+            self.step_downs.clone(),
         );
+    }
+
+    /// The renewal series: round trips, failures, the lease left, the line.
+    fn register_renewals(&self, registry: &mut Registry) {
         registry.register(
             "renewal_duration_seconds",
             "Round trip of each lease renewal to the store",
-            metrics.renewal_seconds.clone(),
+            self.renewal_seconds.clone(),
         );
         registry.register(
             "renewal_failures",
             "Lease renewals that failed (retried until the deadline)",
-            metrics.renewal_failures.clone(),
+            self.renewal_failures.clone(),
         );
         registry.register(
             "lease_remaining_seconds",
             "Time left until the leader's conservative lease deadline (0 when not leading)",
-            metrics.lease_remaining.clone(),
+            self.lease_remaining.clone(),
         );
         registry.register(
-            "waiting_candidates",
-            "Candidates waiting in the election's line of standbys (the leader excluded), as this runner last read it",
-            metrics.waiting.clone(),
-        );
+        "waiting_candidates",
+        "Candidates waiting in the election's line of standbys (the leader excluded), as this runner last read it",
+        self.waiting.clone(),
+    );
+    }
+
+    /// The `--shards` series: shards owned, gained and released, the members.
+    fn register_shards(&self, registry: &mut Registry) {
         registry.register(
             "shards_owned",
             "With --shards: the shards this runner owns now",
-            metrics.shards_owned.clone(),
+            self.shards_owned.clone(),
         );
         registry.register(
             "shards_gained",
             "With --shards: shards this runner was granted (moves to it)",
-            metrics.shards_gained.clone(),
+            self.shards_gained.clone(),
         );
         for why in StepDown::ALL {
-            drop(metrics.shards_released.get_or_create(&ReasonLabel {
+            drop(self.shards_released.get_or_create(&ReasonLabel {
                 reason: why.label(),
             }));
         }
         registry.register(
-            "shards_released",
-            "With --shards: shards this runner gave up or lost, by reason (handed_over: moved to another member)",
-            metrics.shards_released.clone(),
-        );
+        "shards_released",
+        "With --shards: shards this runner gave up or lost, by reason (handed_over: moved to another member)",
+        self.shards_released.clone(),
+    );
         registry.register(
             "group_members",
             "With --shards: the members of the group, as this runner last saw them",
-            metrics.group_members.clone(),
+            self.group_members.clone(),
         );
-        Arc::new(RunnerMetrics {
-            registry,
-            ..metrics
-        })
     }
 
     /// An observer that feeds the renewal histogram and failure counter.

@@ -31,35 +31,7 @@ pub async fn run(args: TransferArgs) -> anyhow::Result<ExitCode> {
     // The leader before, to tell after a timeout whether a grant was made.
     let before = store.leader(election).await.ok().flatten();
     match request_transfer(&store, election, args.to.as_ref(), ttl, args.timeout).await {
-        Ok(done) => {
-            let now_leads = format!(
-                "{election}: {} leads now (token {}); {} (token {}) led before",
-                shown(done.to.candidate.as_str()),
-                done.to.token,
-                shown(done.from.candidate.as_str()),
-                done.from.token
-            );
-            match &done.asked_for {
-                Some(asked) if asked != &done.to.candidate => {
-                    let still_waits = leasehold::line::line(&*store, election)
-                        .await
-                        .is_ok_and(|line| line.iter().any(|w| &w.candidate == asked));
-                    let why = if still_waits {
-                        format!(
-                            "another move (a transfer or a preemption) won; {asked} still waits"
-                        )
-                    } else {
-                        format!("{asked} left the line during the transfer")
-                    };
-                    crate::say(&format!("{now_leads}, not {asked}: {why}"));
-                    Ok(ExitCode::FAILURE)
-                }
-                _ => {
-                    crate::inspect::print_line(&now_leads)?;
-                    Ok(ExitCode::SUCCESS)
-                }
-            }
-        }
+        Ok(done) => done_says(&*store, election, &done).await,
         // Refused (no leader, nobody waiting, not a waiting candidate):
         // nothing changed. Not a usage error: the same command may work
         // a moment later.
@@ -73,6 +45,40 @@ pub async fn run(args: TransferArgs) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::FAILURE)
         }
         Err(error) => Err(error.into()),
+    }
+}
+
+/// What `transfer` says of a transfer that was taken up: who leads now,
+/// and why that is not the candidate asked for, if it is not.
+async fn done_says(
+    store: &dyn leasehold::store::Store,
+    election: &leasehold::ElectionName,
+    done: &leasehold::transfer::Transferred,
+) -> anyhow::Result<ExitCode> {
+    let now_leads = format!(
+        "{election}: {} leads now (token {}); {} (token {}) led before",
+        shown(done.to.candidate.as_str()),
+        done.to.token,
+        shown(done.from.candidate.as_str()),
+        done.from.token
+    );
+    match &done.asked_for {
+        Some(asked) if asked != &done.to.candidate => {
+            let still_waits = leasehold::line::line(store, election)
+                .await
+                .is_ok_and(|line| line.iter().any(|w| &w.candidate == asked));
+            let why = if still_waits {
+                format!("another move (a transfer or a preemption) won; {asked} still waits")
+            } else {
+                format!("{asked} left the line during the transfer")
+            };
+            crate::say(&format!("{now_leads}, not {asked}: {why}"));
+            Ok(ExitCode::FAILURE)
+        }
+        _ => {
+            crate::inspect::print_line(&now_leads)?;
+            Ok(ExitCode::SUCCESS)
+        }
     }
 }
 

@@ -33,17 +33,7 @@ const RETRY_AFTER: Duration = Duration::from_secs(1);
 const MAX_TOKEN_FILE: u64 = 4096;
 
 pub async fn run(args: SidecarArgs) -> anyhow::Result<ExitCode> {
-    if args.http.is_none() && args.socket.is_none() {
-        anyhow::bail!(leasehold::Error::InvalidInput {
-            what: "options",
-            reason: "give --http ADDR, --socket PATH or both: the sidecar answers there".into(),
-        });
-    }
-    args.planned.check(&args.election.store)?;
-    let admin_token = match &args.admin_token_file {
-        Some(path) => Some(read_token(path)?),
-        None => None,
-    };
+    let admin_token = check(&args)?;
     let store = args.election.store.open().await?;
     // Dropped last: it stops the keeper once everything is released.
     let _keeper = keeper::Keeper::start(&*store, args.election.lease_config().ttl)?;
@@ -90,12 +80,7 @@ pub async fn run(args: SidecarArgs) -> anyhow::Result<ExitCode> {
             on_deposed: args.on_deposed.clone(),
             timeout: args.hook_timeout,
         }),
-        inputs: Inputs {
-            admin: admin_rx,
-            signals: StopSignals::install()?,
-            passed: PassedSignals::install()?,
-            ignored: IgnoredSignals::install()?,
-        },
+        inputs: Inputs::install(admin_rx)?,
         metrics,
     };
     let _socket = listen(&args, &shared, &common, admin_token).await?;
@@ -106,6 +91,22 @@ pub async fn run(args: SidecarArgs) -> anyhow::Result<ExitCode> {
     line_gauge.abort();
     sidecar.hooks.finish().await;
     code
+}
+
+/// Refuses options that cannot work together; the admin token, if a file
+/// gives one.
+fn check(args: &SidecarArgs) -> anyhow::Result<Option<String>> {
+    if args.http.is_none() && args.socket.is_none() {
+        anyhow::bail!(leasehold::Error::InvalidInput {
+            what: "options",
+            reason: "give --http ADDR, --socket PATH or both: the sidecar answers there".into(),
+        });
+    }
+    args.planned.check(&args.election.store)?;
+    Ok(match &args.admin_token_file {
+        Some(path) => Some(read_token(path)?),
+        None => None,
+    })
 }
 
 /// This replica's leadership as `/watch` first tells it: what `/leader`
@@ -215,6 +216,18 @@ struct Inputs {
     signals: StopSignals,
     passed: PassedSignals,
     ignored: IgnoredSignals,
+}
+
+impl Inputs {
+    /// `admin`'s requests and the signals, handled from now on.
+    fn install(admin: mpsc::Receiver<Admin>) -> anyhow::Result<Self> {
+        Ok(Inputs {
+            admin,
+            signals: StopSignals::install()?,
+            passed: PassedSignals::install()?,
+            ignored: IgnoredSignals::install()?,
+        })
+    }
 }
 
 /// Why a term of leadership ended.

@@ -134,10 +134,9 @@ impl HookQueue {
     }
 }
 
-/// Runs `command` with `sh -c` in a process group of its own, killing the
-/// group at `timeout`.
-async fn run_one(command: &str, fired: &Fired, timeout: Duration) {
-    let flag = fired.change.flag();
+/// The hook `command` for `fired`, in a process group of its own, with
+/// the grant in its environment and neither the store nor its password.
+fn hook_command(command: &str, fired: &Fired) -> tokio::process::Command {
     let mut child = tokio::process::Command::new("/bin/sh");
     child
         .arg("-c")
@@ -158,7 +157,14 @@ async fn run_one(command: &str, fired: &Fired, timeout: Duration) {
         Some(reason) => child.env("LEASEHOLD_REASON", reason),
         None => child.env_remove("LEASEHOLD_REASON"),
     };
-    let mut child = match child.spawn() {
+    child
+}
+
+/// Runs `command` with `sh -c` in a process group of its own, killing the
+/// group at `timeout`.
+async fn run_one(command: &str, fired: &Fired, timeout: Duration) {
+    let flag = fired.change.flag();
+    let mut child = match hook_command(command, fired).spawn() {
         Ok(child) => child,
         Err(error) => {
             tracing::warn!(hook = flag, %error, "cannot start the hook");

@@ -241,17 +241,22 @@ pub fn invalid_utf8_culprit() -> String {
             None => format!("argument {i} is not valid UTF-8"),
         };
     }
-    let variables = std::iter::once(&command)
+    invalid_utf8_variable(&command).unwrap_or_else(|| "an argument is not valid UTF-8".to_owned())
+}
+
+/// Which environment variable that `command` reads is not UTF-8, said.
+fn invalid_utf8_variable(command: &clap::Command) -> Option<String> {
+    let variables = std::iter::once(command)
         .chain(command.get_subcommands())
         .flat_map(clap::Command::get_arguments)
         .filter_map(clap::Arg::get_env);
     for variable in variables {
         if std::env::var_os(variable).is_some_and(|v| v.to_str().is_none()) {
-            return format!(
+            return Some(format!(
                 "the environment variable {} is not valid UTF-8",
                 variable.to_string_lossy()
-            );
+            ));
         }
     }
-    "an argument is not valid UTF-8".to_owned()
+    None
 }

@@ -163,10 +163,25 @@ pub struct Ended {
     pub guard_lost: bool,
 }
 
+/// What the guard is told to start the command: the store, the grant, the
+/// deadline, the command and its environment.
+fn orders(launch: &Launch<'_>) -> Vec<Order> {
+    let mut orders = vec![
+        Order::Store(launch.store.clone()),
+        Order::Grant(launch.grant.clone()),
+        Order::Deadline(monotonic_ns(launch.deadline)),
+    ];
+    orders.extend(launch.command.iter().cloned().map(Order::Arg));
+    orders.extend(term_env(launch.env));
+    orders.push(Order::Start);
+    orders
+}
+
 impl Supervised {
     /// Starts a guard and, through it, the command. The guard knows the
     /// grant and the deadline before the command starts.
     pub async fn start(launch: Launch<'_>) -> anyhow::Result<Supervised> {
+        let orders = orders(&launch);
         let (mine, theirs) = std::os::unix::net::UnixStream::pair()
             .context("cannot create the socket to the guard")?;
         let guard = spawn_guard(&theirs, launch.session_locks.as_ref())?;
@@ -197,14 +212,6 @@ impl Supervised {
             deadline: launch.deadline,
             store_gone,
         };
-        let mut orders = vec![
-            Order::Store(launch.store.clone()),
-            Order::Grant(launch.grant.clone()),
-            Order::Deadline(monotonic_ns(launch.deadline)),
-        ];
-        orders.extend(launch.command.iter().cloned().map(Order::Arg));
-        orders.extend(term_env(launch.env));
-        orders.push(Order::Start);
         for order in &orders {
             supervised.tell(order).await?;
         }

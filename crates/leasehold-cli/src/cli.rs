@@ -139,7 +139,7 @@ pub enum Command {
 pub struct StoreArgs {
     /// The store URL: sqlite:PATH, etcd://[USER@]HOST:PORT[,HOST:PORT…][/PREFIX][?cacert=PATH&cert=PATH&key=PATH&layout=L],
     /// zk://[USER@]HOST:PORT[,HOST:PORT…][/CHROOT][?layout=L],
-    /// postgres://USER@HOST[:PORT]/DB[?schema=NAME&sslmode=verify-full&sslrootcert=PATH…]
+    /// postgres://[USER@]HOST[:PORT]/DB[?schema=NAME&sslmode=verify-full&sslrootcert=PATH…]
     /// or memory:. A password goes in LEASEHOLD_STORE_PASSWORD or a file
     /// (?password_file=PATH), rather than in the URL, where ps and shell
     /// history show it. To share elections with other clients, etcd takes

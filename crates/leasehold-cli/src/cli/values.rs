@@ -18,7 +18,7 @@ pub(super) fn renew_every_help() -> String {
     format!(
         "How often the lease is renewed; {rule} (clock drift bound {drift}%, skew bound {skew}): {a}, {b}. \
          Should the store grant a shorter TTL than asked (ZooKeeper clamps it), the period is \
-         shortened to a third of what that TTL leaves, and `run` logs it. [default: a third of --ttl]",
+         shortened to a third of what that TTL leaves, and the log says so. [default: a third of --ttl]",
         rule = leasehold::RENEWAL_RULE,
         drift = leasehold::DEFAULT_DRIFT * 100.0,
         skew = humantime::format_duration(leasehold::DEFAULT_SKEW),

@@ -182,7 +182,7 @@ impl fmt::Display for Layout {
 }
 
 const SCHEMES: &str = "sqlite:PATH, etcd://HOST:PORT[,HOST:PORT…][/PREFIX], \
-     zk://HOST:PORT[,HOST:PORT…][/CHROOT], postgres://USER@HOST[:PORT]/DB[?schema=NAME] or memory:";
+     zk://HOST:PORT[,HOST:PORT…][/CHROOT], postgres://[USER@]HOST[:PORT]/DB[?schema=NAME] or memory:";
 
 /// The default PostgreSQL schema.
 pub const DEFAULT_POSTGRES_SCHEMA: &str = "leasehold";
@@ -415,7 +415,8 @@ impl StoreUrl {
         let refuse = |reason: &str| Err(Error::invalid("store password", reason.to_owned()));
         match &mut self {
             StoreUrl::Etcd(c) | StoreUrl::ZooKeeper(c) => {
-                Self::add_password(&mut c.security, password).map_err(invalid)?;
+                Self::add_password(&mut c.security, password)
+                    .map_err(|reason| Error::invalid("store password", reason))?;
             }
             StoreUrl::Postgres(PostgresUrl { url, .. }) => {
                 let pg = PgUrl::parse(url).map_err(invalid)?;
@@ -761,6 +762,17 @@ mod tests {
                 "2 ports for 1 host(s)",
             ),
             ("postgres://h:/db", "empty port"),
+            (
+                "postgres://u:pw@::1/db",
+                "write an IPv6 address in brackets",
+            ),
+            ("postgres://app%00x:pw@h/db", "user name holds a NUL byte"),
+            ("postgres://h/d%00b", "database name holds a NUL byte"),
+            ("postgres://h/db?application_name=a%00", "holds a NUL byte"),
+            (
+                "postgres://u:pw@h,::1:5432/db",
+                "write an IPv6 address in brackets",
+            ),
             ("etcd:127.0.0.1:2379", "expected etcd://"),
             ("etcd://127.0.0.1", "no :PORT"),
             ("etcd://127.0.0.1:x", "not a number from 1 to 65535"),

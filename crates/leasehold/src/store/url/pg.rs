@@ -155,8 +155,13 @@ impl<'a> PgUrl<'a> {
             );
         for (what, value) in names {
             // Counted once percent-decoded, as the server gets it.
-            let len = value.map_or(0, |v| percent_decode(v).len());
-            check_len(what, len, NAME_LEN)
+            let name = value.map(percent_decode).unwrap_or_default();
+            if name.contains(&0) {
+                return Err(format!(
+                    "the {what} holds a NUL byte (%00), which PostgreSQL cannot take"
+                ));
+            }
+            check_len(what, name.len(), NAME_LEN)
                 .map_err(|refused| format!("{refused} (PostgreSQL's limit for names)"))?;
         }
         for (key, value) in &self.params {
@@ -358,6 +363,11 @@ pub(super) fn split_host_port(chunk: &str) -> Result<(&str, Option<&str>), Strin
                 ));
             }
         }
+    } else if chunk.matches(':').count() > 1 {
+        return Err(format!(
+            "host {} is not HOST[:PORT] (write an IPv6 address in brackets: [::1]:5432)",
+            quote_endpoint(chunk)
+        ));
     } else {
         match chunk.split_once(':') {
             Some((host, port)) => (host, Some(port)),

@@ -285,6 +285,25 @@ pub(super) fn parse_cluster_options(
     Ok(())
 }
 
+/// `[USER[:PASSWORD]@]` at the start of `rest` into `security`; the rest.
+fn take_credentials<'a>(rest: &'a str, security: &mut Security) -> Result<&'a str, String> {
+    let Some((credentials, rest)) = rest.split_once('@') else {
+        return Ok(rest);
+    };
+    if rest.contains('@') {
+        return Err(
+            "the URL holds more than one '@': write an '@' in the user name \
+             or password as %40"
+                .into(),
+        );
+    }
+    let (user, password) = parse_credentials(credentials)?;
+    check_len("user name", user.len(), MAX_PATH_LEN)?;
+    security.user = Some(user);
+    security.password = password;
+    Ok(rest)
+}
+
 /// `//[USER[:PASSWORD]@]HOST:PORT[,HOST:PORT…][/PATH][?OPTIONS]` after
 /// `scheme:`: the endpoints, the path (the default if none) and the
 /// security settings.
@@ -300,23 +319,7 @@ pub(super) fn parse_cluster(cluster: Cluster, rest: &str) -> Result<ClusterUrl, 
     }
     let mut security = Security::none();
     // Before anything is quoted: a password may be anywhere up to its '@'.
-    let rest = match rest.split_once('@') {
-        Some((credentials, rest)) => {
-            if rest.contains('@') {
-                return Err(
-                    "the URL holds more than one '@': write an '@' in the user name \
-                     or password as %40"
-                        .into(),
-                );
-            }
-            let (user, password) = parse_credentials(credentials)?;
-            check_len("user name", user.len(), MAX_PATH_LEN)?;
-            security.user = Some(user);
-            security.password = password;
-            rest
-        }
-        None => rest,
-    };
+    let rest = take_credentials(rest, &mut security)?;
     let (rest, query) = match rest.split_once('?') {
         Some((rest, query)) => (rest, Some(query)),
         None => (rest, None),

@@ -55,26 +55,7 @@ impl<'a> PgUrl<'a> {
         } else {
             return Err(Self::GRAMMAR.into());
         };
-        let (user, password, rest) = match rest.split_once('@') {
-            Some((credentials, rest)) => {
-                let (user, password) = split_credentials(credentials)?;
-                if rest.contains('@') {
-                    return Err(
-                        "the URL holds more than one '@': write an '@' in the user name \
-                         or password, or after the host, as %40"
-                            .into(),
-                    );
-                }
-                if user.is_empty() {
-                    return Err("the user name before '@' is empty".into());
-                }
-                if std::str::from_utf8(&percent_decode(user)).is_err() {
-                    return Err("the user name is not UTF-8 once percent-decoded".into());
-                }
-                (Some(user), password, rest)
-            }
-            None => (None, None, rest),
-        };
+        let (user, password, rest) = Self::credentials(rest)?;
         if rest.contains('#') {
             return Err("a '#' must be written percent-encoded (%23)".into());
         }
@@ -117,6 +98,29 @@ impl<'a> PgUrl<'a> {
         };
         pg.check()?;
         Ok(pg)
+    }
+
+    /// `[USER[:PASSWORD]@]` at the start of `rest`, as written, and the
+    /// rest.
+    fn credentials(rest: &'a str) -> Result<(Option<&'a str>, Option<&'a str>, &'a str), String> {
+        let Some((credentials, rest)) = rest.split_once('@') else {
+            return Ok((None, None, rest));
+        };
+        let (user, password) = split_credentials(credentials)?;
+        if rest.contains('@') {
+            return Err(
+                "the URL holds more than one '@': write an '@' in the user name \
+                 or password, or after the host, as %40"
+                    .into(),
+            );
+        }
+        if user.is_empty() {
+            return Err("the user name before '@' is empty".into());
+        }
+        if std::str::from_utf8(&percent_decode(user)).is_err() {
+            return Err("the user name is not UTF-8 once percent-decoded".into());
+        }
+        Ok((Some(user), password, rest))
     }
 
     pub(super) fn param(&self, key: &str) -> Option<&'a str> {

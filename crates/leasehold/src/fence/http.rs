@@ -52,41 +52,9 @@ async fn enforce(State(fenced): State<Arc<Fenced>>, request: Request, next: Next
     ) {
         return next.run(request).await;
     }
-    // The resource is the path as the handlers see it, percent-decoded:
-    // `/objects/%70robe` is `/objects/probe`, and must meet its highest
-    // token rather than start a record of its own.
-    let resource = match percent_encoding::percent_decode_str(request.uri().path()).decode_utf8() {
-        Ok(path) => path.into_owned(),
-        Err(_) => {
-            return reply(
-                StatusCode::BAD_REQUEST,
-                error_body("the path is not UTF-8 once percent-decoded", "", None, None),
-            );
-        }
-    };
-    let token = match request
-        .headers()
-        .get(FENCING_TOKEN)
-        .map(|v| v.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()))
-    {
-        Some(Some(token)) => FencingToken(token),
-        Some(None) => {
-            return reply(
-                StatusCode::BAD_REQUEST,
-                error_body("Fencing-Token must be a decimal u64", &resource, None, None),
-            );
-        }
-        None => {
-            return reply(
-                StatusCode::PRECONDITION_REQUIRED,
-                error_body(
-                    "a write needs a Fencing-Token header",
-                    &resource,
-                    None,
-                    None,
-                ),
-            );
-        }
+    let (resource, token) = match resource_and_token(&request) {
+        Ok(found) => found,
+        Err(refused) => return *refused,
     };
     let lock = {
         let mut paths = crate::mutex::lock(&fenced.paths);
@@ -111,6 +79,41 @@ async fn enforce(State(fenced): State<Arc<Fenced>>, request: Request, next: Next
             error_body(&error.to_string(), &resource, Some(token), None),
         ),
     }
+}
+
+/// The resource a write names and the token it presents, or the reply
+/// that refuses it. The resource is the path as the handlers see it,
+/// percent-decoded: `/objects/%70robe` is `/objects/probe`, and must meet
+/// its highest token rather than start a record of its own.
+fn resource_and_token(request: &Request) -> Result<(String, FencingToken), Box<Response>> {
+    let Ok(path) = percent_encoding::percent_decode_str(request.uri().path()).decode_utf8() else {
+        return Err(Box::new(reply(
+            StatusCode::BAD_REQUEST,
+            error_body("the path is not UTF-8 once percent-decoded", "", None, None),
+        )));
+    };
+    let resource = path.into_owned();
+    let token = request
+        .headers()
+        .get(FENCING_TOKEN)
+        .map(|v| v.to_str().ok().and_then(|s| s.trim().parse::<u64>().ok()));
+    let refused = match token {
+        Some(Some(token)) => return Ok((resource, FencingToken(token))),
+        Some(None) => reply(
+            StatusCode::BAD_REQUEST,
+            error_body("Fencing-Token must be a decimal u64", &resource, None, None),
+        ),
+        None => reply(
+            StatusCode::PRECONDITION_REQUIRED,
+            error_body(
+                "a write needs a Fencing-Token header",
+                &resource,
+                None,
+                None,
+            ),
+        ),
+    };
+    Err(Box::new(refused))
 }
 
 fn error_body(

@@ -188,6 +188,20 @@ pub struct Session {
     store: Arc<dyn Store>,
 }
 
+/// A granted TTL that leaves no validity once `config`'s drift and skew
+/// are taken off.
+fn no_validity(config: &LeaseConfig, granted: Duration) -> Error {
+    Error::invalid(
+        "lease configuration",
+        format!(
+            "the store granted a TTL of {}, which leaves no validity after drift {} and skew {}",
+            humanize(granted),
+            config.drift,
+            humanize(config.skew)
+        ),
+    )
+}
+
 impl Session {
     /// Opens a session and starts renewing it.
     pub async fn open(
@@ -209,26 +223,19 @@ impl Session {
         let sent = clock.now();
         let lease = store.open_session(config.ttl).await?;
         let replied = clock.now();
-        let core = match LeaseState::open_with(
+        let opened = LeaseState::open_with(
             config,
             policy,
             sent.into_std(),
             replied.into_std(),
             lease.ttl,
-        ) {
+        );
+        let core = match opened {
             Ok(core) => core,
             Err(NoValidity) => {
                 // Best effort: the session is useless, let it go at once.
                 let _ = store.close_session(lease.id).await;
-                return Err(Error::invalid(
-                    "lease configuration",
-                    format!(
-                        "the store granted a TTL of {}, which leaves no validity after drift {} and skew {}",
-                        humanize(lease.ttl),
-                        config.drift,
-                        humanize(config.skew)
-                    ),
-                ));
+                return Err(no_validity(&config, lease.ttl));
             }
         };
         if lease.ttl != config.ttl {
@@ -240,6 +247,17 @@ impl Session {
                 "the store granted a different TTL; using the granted one"
             );
         }
+        Ok(Session::start(lease, core, clock, store, observer))
+    }
+
+    /// The session `lease`, with its lease core, renewed from now on.
+    fn start(
+        lease: SessionLease,
+        core: LeaseState,
+        clock: Arc<dyn Clock>,
+        store: Arc<dyn Store>,
+        observer: Option<RenewalObserver>,
+    ) -> Session {
         let (state, rx) = watch::channel(SessionState {
             deadline: Instant::from_std(core.deadline()),
             ended: None,
@@ -261,14 +279,14 @@ impl Session {
             observer,
         };
         tokio::spawn(renewer.run());
-        Ok(Session {
+        Session {
             lease,
             shared,
             state: rx,
             _stop_on_drop: stop.clone().drop_guard(),
             stop,
             store,
-        })
+        }
     }
 
     /// The session's id in the store.

@@ -353,11 +353,6 @@ impl LeaseState {
     /// Feeds `event`, which happened at `now`; returns what to do, in order.
     pub fn handle(&mut self, now: Instant, event: LeaseEvent) -> Vec<LeaseAction> {
         let mut actions = Vec::new();
-        let event_kind = if matches!(event, LeaseEvent::HandOver { .. }) {
-            Kind::HandOver
-        } else {
-            Kind::Other
-        };
         match event {
             LeaseEvent::Tick => {}
             LeaseEvent::RenewalSent => {
@@ -377,34 +372,17 @@ impl LeaseState {
             }
             LeaseEvent::SessionEnded => self.end(LostReason::SessionExpired, &mut actions),
             LeaseEvent::GrantAcquired { election, token } => {
-                let lost = self.over_at(now);
-                if let Some(reason) = &lost {
-                    actions.push(LeaseAction::StepDown {
-                        election: election.clone(),
-                        token,
-                        reason: reason.clone(),
-                    });
-                }
-                self.held.insert(election, Held { token, lost });
+                self.acquired(now, election, token, &mut actions);
             }
             LeaseEvent::GrantVanished { election, token }
             | LeaseEvent::Superseded { election, token } => {
                 self.step_down(&election, token, LostReason::Superseded, &mut actions);
             }
-            LeaseEvent::Resign { election, token } | LeaseEvent::HandOver { election, token } => {
-                let reason = if matches!(event_kind, Kind::HandOver) {
-                    LostReason::HandedOver
-                } else {
-                    LostReason::Resigned
-                };
-                if reason == LostReason::HandedOver {
-                    self.handed_over.insert(election.clone(), token);
-                }
-                self.step_down(&election, token, reason, &mut actions);
-                if self.held.get(&election).is_some_and(|h| h.token == token) {
-                    self.held.remove(&election);
-                    actions.push(LeaseAction::Release { election, token });
-                }
+            LeaseEvent::Resign { election, token } => {
+                self.let_go(election, token, LostReason::Resigned, &mut actions);
+            }
+            LeaseEvent::HandOver { election, token } => {
+                self.let_go(election, token, LostReason::HandedOver, &mut actions);
             }
             LeaseEvent::Close => {
                 if self.ended.is_none() {
@@ -415,6 +393,45 @@ impl LeaseState {
         }
         self.look_at_the_time(now, &mut actions);
         actions
+    }
+
+    /// A grant acquired on this session: held, and stepped down from at
+    /// once if the session is already over.
+    fn acquired(
+        &mut self,
+        now: Instant,
+        election: ElectionName,
+        token: FencingToken,
+        actions: &mut Vec<LeaseAction>,
+    ) {
+        let lost = self.over_at(now);
+        if let Some(reason) = &lost {
+            actions.push(LeaseAction::StepDown {
+                election: election.clone(),
+                token,
+                reason: reason.clone(),
+            });
+        }
+        self.held.insert(election, Held { token, lost });
+    }
+
+    /// A grant given up (`reason`: resigned or handed over): stepped down
+    /// from, and released if it is still held.
+    fn let_go(
+        &mut self,
+        election: ElectionName,
+        token: FencingToken,
+        reason: LostReason,
+        actions: &mut Vec<LeaseAction>,
+    ) {
+        if reason == LostReason::HandedOver {
+            self.handed_over.insert(election.clone(), token);
+        }
+        self.step_down(&election, token, reason, actions);
+        if self.held.get(&election).is_some_and(|h| h.token == token) {
+            self.held.remove(&election);
+            actions.push(LeaseAction::Release { election, token });
+        }
     }
 
     fn confirmed(
@@ -511,9 +528,3 @@ impl LeaseState {
 
 #[cfg(test)]
 mod tests;
-
-/// Whether a release event hands over (for its step-down reason).
-enum Kind {
-    HandOver,
-    Other,
-}

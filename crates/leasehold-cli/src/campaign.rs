@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
-use leasehold::Elector;
+use leasehold::{Elector, Leadership};
 
 use crate::cli::CampaignArgs;
 use crate::events::{Event, emit, monotonic_ns};
@@ -22,22 +22,14 @@ pub async fn run(args: CampaignArgs) -> anyhow::Result<ExitCode> {
     // election is resigned (not left to expire) and no round follows. The
     // rest that would end the process (SIGABRT, SIGXCPU…) are logged and
     // ignored (see signals.rs).
-    let mut signals = Signals {
-        stop: StopSignals::install()?,
-        passed: PassedSignals::install()?,
-        ignored: IgnoredSignals::install()?,
-    };
+    let mut signals = Signals::install()?;
     let election = &args.election.election;
-    let event = |event, token: Option<u64>, reason: Option<String>| Event {
-        event,
+    let say = Say {
         election: election.as_str(),
         id: candidate.as_str(),
-        token,
-        reason,
-        monotonic_ns: monotonic_ns(),
     };
     for _ in 0..args.rounds {
-        emit(&event("campaigning", None, None))?;
+        emit(&say.event("campaigning", None, None))?;
         let leadership = tokio::select! {
             outcome = elector.campaign(election) => match outcome {
                 Ok(leadership) => leadership,
@@ -58,7 +50,7 @@ pub async fn run(args: CampaignArgs) -> anyhow::Result<ExitCode> {
             }
         };
         let token = Some(leadership.token().0);
-        if let Err(error) = emit(&event("acquired", token, None)) {
+        if let Err(error) = emit(&say.event("acquired", token, None)) {
             // Nobody can learn that this process leads (stdout is gone, as
             // in `campaign --hold 1m | head -1` once head has exited): let
             // the election go at once rather than at the TTL.
@@ -67,39 +59,70 @@ pub async fn run(args: CampaignArgs) -> anyhow::Result<ExitCode> {
             released.with_context(|| format!("resigning {election} failed"))?;
             return Err(error);
         }
-        let stopped = tokio::select! {
-            () = tokio::time::sleep(args.hold) => None,
-            reason = leadership.lost() => {
-                emit(&event("lost", token, Some(reason.to_string())))?;
-                anyhow::bail!("lost {election} while holding it: {reason}");
-            }
-            signal = signals.recv() => Some(signal),
-        };
-        // The hold may end after the deadline (this process was stopped or
-        // starved past it): then leadership is lost, not released.
-        if let Some(reason) = leadership.lost_reason() {
-            emit(&event("lost", token, Some(reason.to_string())))?;
-            anyhow::bail!("lost {election} while holding it: {reason}");
-        }
-        let reason = stopped.map(|signal| format!("{signal} received"));
-        // The last moment this process acts as leader, before the release.
-        // Released even if stdout is gone (a closed terminal): the election
-        // must not wait for the TTL.
-        let announced = emit(&event("releasing", token, reason.clone()));
-        leadership
-            .resign()
-            .await
-            .with_context(|| format!("resigning {election} failed"))?;
-        // The release is done: the next candidate may be granted now.
-        emit(&event("released", token, reason))?;
-        announced?;
-        if let Some(signal) = stopped {
+        if let Some(signal) = hold(&say, leadership, args.hold, &mut signals).await? {
             tracing::info!(%signal, "stopped; election released");
             break;
         }
     }
     elector.close().await?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Holds `leadership` for `hold` or until a signal comes, then releases
+/// it, saying each step; the signal, if one ended the hold.
+async fn hold(
+    say: &Say<'_>,
+    leadership: Leadership,
+    hold: std::time::Duration,
+    signals: &mut Signals,
+) -> anyhow::Result<Option<AnySignal>> {
+    let (election, token) = (say.election, Some(leadership.token().0));
+    let stopped = tokio::select! {
+        () = tokio::time::sleep(hold) => None,
+        reason = leadership.lost() => {
+            emit(&say.event("lost", token, Some(reason.to_string())))?;
+            anyhow::bail!("lost {election} while holding it: {reason}");
+        }
+        signal = signals.recv() => Some(signal),
+    };
+    // The hold may end after the deadline (this process was stopped or
+    // starved past it): then leadership is lost, not released.
+    if let Some(reason) = leadership.lost_reason() {
+        emit(&say.event("lost", token, Some(reason.to_string())))?;
+        anyhow::bail!("lost {election} while holding it: {reason}");
+    }
+    let reason = stopped.map(|signal| format!("{signal} received"));
+    // The last moment this process acts as leader, before the release.
+    // Released even if stdout is gone (a closed terminal): the election
+    // must not wait for the TTL.
+    let announced = emit(&say.event("releasing", token, reason.clone()));
+    leadership
+        .resign()
+        .await
+        .with_context(|| format!("resigning {election} failed"))?;
+    // The release is done: the next candidate may be granted now.
+    emit(&say.event("released", token, reason))?;
+    announced?;
+    Ok(stopped)
+}
+
+/// What `campaign` says, as JSON lines, of one election and candidate.
+struct Say<'a> {
+    election: &'a str,
+    id: &'a str,
+}
+
+impl Say<'_> {
+    fn event(&self, event: &'static str, token: Option<u64>, reason: Option<String>) -> Event<'_> {
+        Event {
+            event,
+            election: self.election,
+            id: self.id,
+            token,
+            reason,
+            monotonic_ns: monotonic_ns(),
+        }
+    }
 }
 
 /// The signals `campaign` handles.
@@ -110,6 +133,15 @@ struct Signals {
 }
 
 impl Signals {
+    /// The signals handled from now on.
+    fn install() -> anyhow::Result<Self> {
+        Ok(Signals {
+            stop: StopSignals::install()?,
+            passed: PassedSignals::install()?,
+            ignored: IgnoredSignals::install()?,
+        })
+    }
+
     /// The next signal that ends the campaign; ignored ones are logged.
     async fn recv(&mut self) -> AnySignal {
         loop {

@@ -7,7 +7,7 @@ use leasehold::{Elector, Leadership};
 
 use crate::cli::CampaignArgs;
 use crate::events::{Event, emit, monotonic_ns};
-use crate::signals::{AnySignal, IgnoredSignals, PassedSignals, StopSignals};
+use crate::signals::{AnySignal, Handled};
 
 pub async fn run(args: CampaignArgs) -> anyhow::Result<ExitCode> {
     let store = args.election.store.open().await?;
@@ -22,7 +22,7 @@ pub async fn run(args: CampaignArgs) -> anyhow::Result<ExitCode> {
     // election is resigned (not left to expire) and no round follows. The
     // rest that would end the process (SIGABRT, SIGXCPU…) are logged and
     // ignored (see signals.rs).
-    let mut signals = Signals::install()?;
+    let mut signals = Handled::install()?;
     let election = &args.election.election;
     let say = Say {
         election: election.as_str(),
@@ -44,7 +44,7 @@ pub async fn run(args: CampaignArgs) -> anyhow::Result<ExitCode> {
                         .context(format!("campaign for {election} failed")));
                 }
             },
-            signal = signals.recv() => {
+            signal = next_signal(&mut signals) => {
                 tracing::info!(%signal, "stopping while waiting to lead");
                 break;
             }
@@ -74,7 +74,7 @@ async fn hold(
     say: &Say<'_>,
     leadership: Leadership,
     hold: std::time::Duration,
-    signals: &mut Signals,
+    signals: &mut Handled,
 ) -> anyhow::Result<Option<AnySignal>> {
     let (election, token) = (say.election, Some(leadership.token().0));
     let stopped = tokio::select! {
@@ -83,7 +83,7 @@ async fn hold(
             emit(&say.event("lost", token, Some(reason.to_string())))?;
             anyhow::bail!("lost {election} while holding it: {reason}");
         }
-        signal = signals.recv() => Some(signal),
+        signal = next_signal(signals) => Some(signal),
     };
     // The hold may end after the deadline (this process was stopped or
     // starved past it): then leadership is lost, not released.
@@ -125,31 +125,15 @@ impl Say<'_> {
     }
 }
 
-/// The signals `campaign` handles.
-struct Signals {
-    stop: StopSignals,
-    passed: PassedSignals,
-    ignored: IgnoredSignals,
-}
-
-impl Signals {
-    /// The signals handled from now on.
-    fn install() -> anyhow::Result<Self> {
-        Ok(Signals {
-            stop: StopSignals::install()?,
-            passed: PassedSignals::install()?,
-            ignored: IgnoredSignals::install()?,
-        })
-    }
-
-    /// The next signal that ends the campaign; ignored ones are logged.
-    async fn recv(&mut self) -> AnySignal {
-        loop {
-            tokio::select! {
-                signal = self.stop.recv() => return signal.into(),
-                signal = self.passed.recv() => return signal,
-                signal = self.ignored.recv() => tracing::info!(%signal, "signal ignored"),
-            }
+/// The next signal that ends the campaign: a stop signal, or one `run`
+/// would pass to its command (there is none here); ignored ones are
+/// logged.
+async fn next_signal(signals: &mut Handled) -> AnySignal {
+    loop {
+        tokio::select! {
+            signal = signals.stop.recv() => return signal.into(),
+            signal = signals.passed.recv() => return signal,
+            signal = signals.ignored.recv() => tracing::info!(%signal, "signal ignored"),
         }
     }
 }

@@ -6,13 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold::{ElectionName, Elector, Leadership, LostReason};
-use nix::sys::signal::Signal;
 
 use crate::child;
 use crate::cli::RunArgs;
 use crate::guard::{Launch, Supervised};
 use crate::metrics::{RunnerMetrics, StepDown};
-use crate::signals::{IgnoredSignals, PassedSignals, StopSignals};
+use crate::signals::{Handled, IgnoredSignals, PassedSignals, StopSignals};
 use crate::term::{EXIT_CANNOT_START, Request, TermEnd, already_gone};
 use crate::watch::Changes;
 
@@ -32,9 +31,7 @@ struct Runner {
     election: ElectionName,
     command: Vec<OsString>,
     grace: Duration,
-    signals: StopSignals,
-    passed: PassedSignals,
-    ignored: IgnoredSignals,
+    signals: Handled,
     /// Where the grants live, for the guard (see guard.rs).
     store: leasehold::StoreUrl,
     metrics: Arc<RunnerMetrics>,
@@ -86,9 +83,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         election: args.election.election.clone(),
         command: args.command,
         grace: args.grace,
-        signals: StopSignals::install()?,
-        passed: PassedSignals::install()?,
-        ignored: IgnoredSignals::install()?,
+        signals: Handled::install()?,
         store: args.election.store.url()?,
         metrics,
     };
@@ -117,9 +112,7 @@ async fn run_shards(
         restart_delay: args
             .restart_delay
             .unwrap_or(crate::cli::DEFAULT_RESTART_DELAY),
-        signals: StopSignals::install()?,
-        passed: PassedSignals::install()?,
-        ignored: IgnoredSignals::install()?,
+        signals: Handled::install()?,
         store: args.election.store.url()?,
         metrics,
     };
@@ -256,7 +249,7 @@ impl Runner {
                         tracing::warn!(%error, retry_in = ?RETRY_AFTER, "campaign failed; retrying");
                         tokio::select! {
                             () = tokio::time::sleep(RETRY_AFTER) => {}
-                            signal = stop_requested(&mut self.signals, &mut self.passed, &mut self.ignored) => {
+                            signal = self.signals.next_stop() => {
                                 tracing::info!(%signal, "stopping while waiting to lead");
                                 break Ok(None);
                             }
@@ -271,7 +264,7 @@ impl Runner {
                         break Err(anyhow::Error::new(error).context(what));
                     }
                 },
-                signal = stop_requested(&mut self.signals, &mut self.passed, &mut self.ignored) => {
+                signal = self.signals.next_stop() => {
                     tracing::info!(%signal, "stopping while waiting to lead");
                     break Ok(None);
                 }
@@ -471,9 +464,9 @@ impl Runner {
             renew_every: self.elector.config().renew_every,
         };
         let mut requests = SingleRequests {
-            signals: &mut self.signals,
-            passed: &mut self.passed,
-            ignored: &mut self.ignored,
+            signals: &mut self.signals.stop,
+            passed: &mut self.signals.passed,
+            ignored: &mut self.signals.ignored,
         };
         term.supervise(child, leadership, &mut requests).await
     }
@@ -553,27 +546,6 @@ async fn campaign_once(
             let slot = elector.campaign_slot(election, k).await?;
             tracing::info!(%election, slot = slot.index, slots = k, "holding a slot");
             Ok((slot.leadership, Some(slot.index)))
-        }
-    }
-}
-
-/// Waits for a signal that asks to stop. A signal meant for the command
-/// (SIGUSR1, SIGUSR2, SIGALRM…) that arrives while none runs is logged and
-/// dropped, never kept for the next command; so is one that is ignored.
-async fn stop_requested(
-    signals: &mut StopSignals,
-    passed: &mut PassedSignals,
-    ignored: &mut IgnoredSignals,
-) -> Signal {
-    loop {
-        tokio::select! {
-            signal = signals.recv() => return signal,
-            signal = passed.recv() => {
-                tracing::info!(%signal, "no command is running; signal ignored");
-            }
-            signal = ignored.recv() => {
-                tracing::info!(%signal, "signal ignored");
-            }
         }
     }
 }

@@ -17,7 +17,7 @@ use tokio::task::JoinSet;
 use crate::child;
 use crate::guard::{Launch, Supervised};
 use crate::metrics::{RunnerMetrics, StepDown};
-use crate::signals::{AnySignal, IgnoredSignals, PassedSignals, StopSignals};
+use crate::signals::{AnySignal, Handled};
 use crate::term::{Request, Requests, Term, TermEnd};
 
 /// Pause before joining again after the store did not answer.
@@ -84,9 +84,7 @@ pub struct ShardRunner {
     pub command: Vec<OsString>,
     pub grace: Duration,
     pub restart_delay: Duration,
-    pub signals: StopSignals,
-    pub passed: PassedSignals,
-    pub ignored: IgnoredSignals,
+    pub signals: Handled,
     pub store: leasehold::StoreUrl,
     pub metrics: Arc<RunnerMetrics>,
 }
@@ -102,9 +100,12 @@ impl ShardRunner {
             command,
             grace,
             restart_delay,
-            mut signals,
-            mut passed,
-            mut ignored,
+            signals:
+                Handled {
+                    stop: mut signals,
+                    mut passed,
+                    mut ignored,
+                },
             store,
             metrics,
         } = self;

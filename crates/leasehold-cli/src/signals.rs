@@ -113,6 +113,45 @@ impl fmt::Display for AnySignal {
     }
 }
 
+/// Every signal a process of leasehold's handles, installed together:
+/// those that stop it, those `run` passes to its command, and those it
+/// ignores.
+#[derive(Debug)]
+pub struct Handled {
+    pub stop: StopSignals,
+    pub passed: PassedSignals,
+    pub ignored: IgnoredSignals,
+}
+
+impl Handled {
+    /// Handles the three sets from now on.
+    pub fn install() -> anyhow::Result<Self> {
+        Ok(Handled {
+            stop: StopSignals::install()?,
+            passed: PassedSignals::install()?,
+            ignored: IgnoredSignals::install()?,
+        })
+    }
+
+    /// Waits for a signal that asks to stop. A signal meant for the command
+    /// (SIGUSR1, SIGUSR2, SIGALRM…) that arrives while none runs is logged
+    /// and dropped, never kept for the next command; so is one that is
+    /// ignored.
+    pub async fn next_stop(&mut self) -> Signal {
+        loop {
+            tokio::select! {
+                signal = self.stop.recv() => return signal,
+                signal = self.passed.recv() => {
+                    tracing::info!(%signal, "no command is running; signal ignored");
+                }
+                signal = self.ignored.recv() => {
+                    tracing::info!(%signal, "signal ignored");
+                }
+            }
+        }
+    }
+}
+
 /// The signals that ask to stop.
 #[derive(Debug)]
 pub struct StopSignals(SignalSet);

@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 
 use crate::cli::SidecarArgs;
 use crate::metrics::{RunnerMetrics, StepDown};
-use crate::signals::{IgnoredSignals, PassedSignals, StopSignals};
+use crate::signals::Handled;
 use crate::watch::{Changes, LeadershipEvent};
 
 mod answer;
@@ -80,7 +80,10 @@ pub async fn run(args: SidecarArgs) -> anyhow::Result<ExitCode> {
             on_deposed: args.on_deposed.clone(),
             timeout: args.hook_timeout,
         }),
-        inputs: Inputs::install(admin_rx)?,
+        inputs: Inputs {
+            admin: admin_rx,
+            signals: Handled::install()?,
+        },
         metrics,
     };
     let _socket = listen(&args, &shared, &common, admin_token).await?;
@@ -213,21 +216,7 @@ struct Sidecar {
 /// What may end a campaign or a term: signals and admin calls.
 struct Inputs {
     admin: mpsc::Receiver<Admin>,
-    signals: StopSignals,
-    passed: PassedSignals,
-    ignored: IgnoredSignals,
-}
-
-impl Inputs {
-    /// `admin`'s requests and the signals, handled from now on.
-    fn install(admin: mpsc::Receiver<Admin>) -> anyhow::Result<Self> {
-        Ok(Inputs {
-            admin,
-            signals: StopSignals::install()?,
-            passed: PassedSignals::install()?,
-            ignored: IgnoredSignals::install()?,
-        })
-    }
+    signals: Handled,
 }
 
 /// Why a term of leadership ended.
@@ -356,12 +345,12 @@ impl Inputs {
             tokio::select! {
                 reason = leadership.lost() => return TermEnd::Lost(reason),
                 _ = leadership.handover_requested() => return TermEnd::HandOver,
-                signal = self.signals.recv() => return TermEnd::Stopped(signal),
+                signal = self.signals.stop.recv() => return TermEnd::Stopped(signal),
                 Some(call) = self.admin.recv() => match call {
                     Admin::Resign(reply) => return TermEnd::Resign(reply),
                 },
-                signal = self.passed.recv() => tracing::info!(%signal, "signal ignored"),
-                signal = self.ignored.recv() => tracing::info!(%signal, "signal ignored"),
+                signal = self.signals.passed.recv() => tracing::info!(%signal, "signal ignored"),
+                signal = self.signals.ignored.recv() => tracing::info!(%signal, "signal ignored"),
             }
         }
     }
@@ -371,14 +360,14 @@ impl Inputs {
     async fn stop_requested(&mut self, election: &ElectionName) -> nix::sys::signal::Signal {
         loop {
             tokio::select! {
-                signal = self.signals.recv() => return signal,
+                signal = self.signals.stop.recv() => return signal,
                 Some(call) = self.admin.recv() => match call {
                     Admin::Resign(reply) => {
                         let _ = reply.send(Err(format!("this replica does not lead {election}")));
                     }
                 },
-                signal = self.passed.recv() => tracing::info!(%signal, "signal ignored"),
-                signal = self.ignored.recv() => tracing::info!(%signal, "signal ignored"),
+                signal = self.signals.passed.recv() => tracing::info!(%signal, "signal ignored"),
+                signal = self.signals.ignored.recv() => tracing::info!(%signal, "signal ignored"),
             }
         }
     }

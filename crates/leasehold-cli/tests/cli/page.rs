@@ -202,9 +202,13 @@ fn the_page_follows_a_transfer_in_a_browser_without_a_reload() {
             .contains("this replica leads")
     );
     // Opened after the transfer, a's page shows it in its timeline too.
+    // Its timeline is drawn from /watch's history once that answers.
     let late = browser.open(&format!("http://{at_a}/"));
     assert!(browser.shows(&late, "leader", "b"));
-    let timeline = browser.text(&late, "timeline");
-    assert!(timeline.contains("stepped down"), "{timeline}");
-    assert!(timeline.contains("b leads"), "{timeline}");
+    let mut timeline = String::new();
+    let shown = wait_until(10 * SECOND, || {
+        timeline = browser.text(&late, "timeline");
+        timeline.contains("stepped down") && timeline.contains("b leads")
+    });
+    assert!(shown, "{timeline}");
 }

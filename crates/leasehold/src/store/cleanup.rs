@@ -6,28 +6,10 @@
 //! [`Store`]: crate::store::Store
 
 use std::future::Future;
-#[cfg(any(
-    feature = "sqlite",
-    feature = "etcd",
-    feature = "zookeeper",
-    feature = "postgres"
-))]
 use std::pin::Pin;
 
-#[cfg(any(
-    feature = "sqlite",
-    feature = "etcd",
-    feature = "zookeeper",
-    feature = "postgres"
-))]
 type Cleanup<T> = Box<dyn FnOnce(T) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
 
-#[cfg(any(
-    feature = "sqlite",
-    feature = "etcd",
-    feature = "zookeeper",
-    feature = "postgres"
-))]
 /// Holds a value and an async cleanup for it. Dropped while armed, it
 /// spawns the cleanup with the value on the current tokio runtime (without
 /// a runtime, as when the whole runtime is shutting down, the cleanup does
@@ -37,12 +19,6 @@ pub(crate) struct OnDrop<T: Send + 'static> {
     armed: Option<(T, Cleanup<T>)>,
 }
 
-#[cfg(any(
-    feature = "sqlite",
-    feature = "etcd",
-    feature = "zookeeper",
-    feature = "postgres"
-))]
 impl<T: Send + 'static> OnDrop<T> {
     /// Arms `cleanup` to run with `value` if this guard is dropped.
     pub(crate) fn new<F, Fut>(value: T, cleanup: F) -> Self
@@ -80,12 +56,6 @@ impl<T: Send + 'static> OnDrop<T> {
     }
 }
 
-#[cfg(any(
-    feature = "sqlite",
-    feature = "etcd",
-    feature = "zookeeper",
-    feature = "postgres"
-))]
 impl<T: Send + 'static> Drop for OnDrop<T> {
     fn drop(&mut self) {
         let Some((value, cleanup)) = self.armed.take() else {
@@ -97,12 +67,6 @@ impl<T: Send + 'static> Drop for OnDrop<T> {
     }
 }
 
-#[cfg(any(
-    feature = "sqlite",
-    feature = "etcd",
-    feature = "zookeeper",
-    feature = "postgres"
-))]
 impl<T: Send + 'static> std::fmt::Debug for OnDrop<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("OnDrop")

@@ -1,7 +1,7 @@
-//! Waiting logic shared by the stores that live on this host (memory,
-//! SQLite): they cannot push per-election events, but they know when
-//! anything was committed and when the current holder's session expires.
-//! So waiters sleep until either happens, never on a fixed polling period.
+//! The SQLite store's waiting: it cannot push per-election events, but it
+//! knows when anything was committed and when the current holder's
+//! session expires. So waiters sleep until either happens, never on a
+//! fixed polling period.
 
 use std::collections::HashMap;
 use std::future::Future;

@@ -12,10 +12,13 @@ use crate::names::{CandidateId, ElectionName};
 pub(crate) mod cleanup;
 #[cfg(feature = "etcd")]
 pub mod etcd;
+pub mod keyed;
+pub mod keys;
 mod layout;
+#[cfg(feature = "sqlite")]
 mod local;
 pub mod memory;
-mod note_watch;
+pub(crate) mod note_watch;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod security;

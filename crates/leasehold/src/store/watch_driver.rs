@@ -167,6 +167,12 @@ pub(crate) trait Source: Send + 'static {
     /// go on.
     fn changed(&mut self) -> impl Future<Output = Event> + Send;
 
+    /// Whether [`Source::changed`] tells when the holder's session ends,
+    /// so that the watch need not read again at its expiry.
+    fn tells_expiry(&self) -> bool {
+        false
+    }
+
     /// Sleeps for `duration` on the store's clock.
     fn sleep(&self, duration: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         Box::pin(tokio::time::sleep(duration))
@@ -272,7 +278,7 @@ fn expiry<S: Source>(
     held: Option<FencingToken>,
 ) -> Pin<Box<dyn Future<Output = ()> + Send>> {
     match leader {
-        Some(leader) if Some(leader.token) != held => {
+        Some(leader) if Some(leader.token) != held && !source.tells_expiry() => {
             source.sleep(leader.expires_in + EXPIRY_SLACK)
         }
         _ => Box::pin(std::future::pending()),

@@ -5,6 +5,7 @@ pub mod conformance;
 mod counting;
 mod faults;
 mod groups;
+pub mod keys;
 mod planned;
 
 use std::sync::Arc;

@@ -78,12 +78,19 @@ fn campaign_writes_fenced_and_resigns_on_memory() {
 #[test]
 fn follow_on_memory_sees_three_leaders_take_turns() {
     let out = stdout(&run("follow", &["memory:"]));
-    let tokens: Vec<&str> = out
+    let leaders: Vec<(&str, u64)> = out
         .lines()
-        .filter_map(|l| l.split(" with token ").nth(1))
-        .filter_map(|rest| rest.split(' ').next())
+        .filter_map(|l| l.strip_prefix("leader: ")?.split_once(" with token "))
+        .filter_map(|(who, rest)| Some((who, rest.split(' ').next()?.parse().ok()?)))
         .collect();
-    assert_eq!(tokens, ["1", "2", "3"], "{out}");
+    // The memory store's tokens are its revisions, which the line's notes
+    // use too: they increase, not one by one; the first grant of a new
+    // store is its first write.
+    let mut who: Vec<&str> = leaders.iter().map(|(w, _)| *w).collect();
+    who.sort_unstable();
+    assert_eq!(who, ["replica-a", "replica-b", "replica-c"], "{out}");
+    assert_eq!(leaders.first().map(|(_, t)| *t), Some(1), "{out}");
+    assert!(leaders.windows(2).all(|w| w[0].1 < w[1].1), "{out}");
     assert!(out.ends_with("no leader\n"), "{out}");
 }
 

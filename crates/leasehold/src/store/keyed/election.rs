@@ -1,0 +1,372 @@
+//! The election and its notes, as keys, decided from what a read found:
+//! pure functions with exact tests, which the async code only carries out.
+//!
+//! The layout, for an election `E` (an election name holds no `:`, so
+//! `E:` is the prefix of its keys alone):
+//!
+//! - `E:c:{session}` — a candidate that campaigns in the store, its id as
+//!   the value, attached to its session. The live one of lowest creation
+//!   revision holds the election, and that revision is its token.
+//! - `E:n:{name}:{session}` — a note ([`crate::store::Note`]), attached to
+//!   the session that keeps it; its order is its creation revision.
+//! - `E:r` — the token of the last grant its holder released.
+//!
+//! Sessions are written as 16 hex digits, so that keys sort as they were
+//! numbered.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::grant::{FencingToken, Grant, Leader, SessionId};
+use crate::names::{CandidateId, ElectionName};
+use crate::store::keys::{Entry, Range};
+use crate::store::{ElectionState, Note};
+
+/// The prefix of the candidates' keys.
+pub(crate) fn candidates(election: &ElectionName) -> String {
+    format!("{election}:c:")
+}
+
+/// `session`'s candidate key.
+pub(crate) fn candidate_key(election: &ElectionName, session: SessionId) -> String {
+    format!("{election}:c:{:016x}", session.0)
+}
+
+/// The prefix of the notes' keys.
+pub(crate) fn notes(election: &ElectionName) -> String {
+    format!("{election}:n:")
+}
+
+/// `session`'s note `name`.
+pub(crate) fn note_key(election: &ElectionName, name: &str, session: SessionId) -> String {
+    format!("{election}:n:{name}:{:016x}", session.0)
+}
+
+/// The key of the release record.
+pub(crate) fn release_key(election: &ElectionName) -> String {
+    format!("{election}:r")
+}
+
+/// A key this layout does not know, or a value it did not write.
+fn corrupt(entry: &Entry) -> Error {
+    Error::Corrupt(format!(
+        "key {:?} is not one leasehold writes (or its value is not)",
+        entry.key
+    ))
+}
+
+/// A candidate key as the leader it names.
+fn leader(entry: &Entry) -> Result<Leader> {
+    let candidate = CandidateId::new(entry.value.as_str()).map_err(|_| corrupt(entry))?;
+    Ok(Leader {
+        candidate,
+        token: FencingToken(entry.created.0),
+        expires_in: entry.expires_in.unwrap_or_default(),
+        session: entry.session,
+    })
+}
+
+/// The holder of an election, from a read of its candidates: the live
+/// key of lowest creation revision.
+pub(crate) fn holder(range: &Range) -> Result<Option<Leader>> {
+    range
+        .entries
+        .iter()
+        .min_by_key(|e| e.created)
+        .map(leader)
+        .transpose()
+}
+
+/// Where a campaign stands, from a read of its election's candidates.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Standing {
+    /// Its key leads: the grant.
+    Granted(Grant),
+    /// Another key leads; read again when the candidates change, or after
+    /// `recheck` (when the session of the key ahead would have expired,
+    /// where the store does not tell it).
+    Waits { recheck: Option<Duration> },
+    /// Its key is gone: its session ended.
+    Gone,
+}
+
+/// Where the campaign of `session` on `election` stands.
+pub(crate) fn standing(
+    range: &Range,
+    election: &ElectionName,
+    session: SessionId,
+) -> Result<Standing> {
+    let own = candidate_key(election, session);
+    let Some(mine) = range.entries.iter().find(|e| e.key == own) else {
+        return Ok(Standing::Gone);
+    };
+    let first = range.entries.iter().min_by_key(|e| e.created);
+    match first {
+        Some(first) if first.key == own => {
+            let leader = leader(mine)?;
+            Ok(Standing::Granted(Grant {
+                election: election.clone(),
+                candidate: leader.candidate,
+                session,
+                token: leader.token,
+            }))
+        }
+        Some(first) => Ok(Standing::Waits {
+            recheck: first.expires_in,
+        }),
+        None => Ok(Standing::Gone),
+    }
+}
+
+/// The notes of an election, from a read of them, in order; and how long
+/// until the first of their sessions expires, where the store tells it.
+pub(crate) fn read_notes(
+    election: &ElectionName,
+    range: &Range,
+) -> Result<(Vec<Note>, Option<Duration>)> {
+    let prefix = notes(election);
+    let mut read = Vec::with_capacity(range.entries.len());
+    for entry in &range.entries {
+        let (name, session) = entry
+            .key
+            .strip_prefix(&prefix)
+            .and_then(|rest| rest.rsplit_once(':'))
+            .ok_or_else(|| corrupt(entry))?;
+        let session = u64::from_str_radix(session, 16)
+            .map(SessionId)
+            .map_err(|_| corrupt(entry))?;
+        read.push(Note {
+            session,
+            name: name.to_owned(),
+            order: entry.created.0,
+            text: entry.value.clone(),
+        });
+    }
+    read.sort_by_key(|note| note.order);
+    let first_expiry = range.entries.iter().filter_map(|e| e.expires_in).min();
+    Ok((read, first_expiry))
+}
+
+/// The token of the last release, from a read of the release record.
+pub(crate) fn last_release(range: &Range, election: &ElectionName) -> Result<Option<FencingToken>> {
+    let key = release_key(election);
+    range
+        .entries
+        .iter()
+        .find(|e| e.key == key)
+        .map(|e| e.value.parse().map(FencingToken).map_err(|_| corrupt(e)))
+        .transpose()
+}
+
+/// The name of the election a key belongs to, if it is one of this
+/// layout's.
+pub(crate) fn election_of(key: &str) -> Option<ElectionName> {
+    let (name, _) = key.split_once(':')?;
+    ElectionName::new(name).ok()
+}
+
+/// Every election with a key, and its holder, from a read of all keys
+/// (ordered by key: an election's keys are next to each other, since they
+/// all start with its name and a `:`, which no name holds).
+pub(crate) fn list(range: &Range) -> Result<Vec<ElectionState>> {
+    let mut listed: Vec<(ElectionName, Option<&Entry>)> = Vec::new();
+    for entry in &range.entries {
+        let Some(name) = election_of(&entry.key) else {
+            continue;
+        };
+        let candidate = entry.key.starts_with(&candidates(&name)).then_some(entry);
+        match listed.last_mut() {
+            Some((last, first)) if *last == name => {
+                if candidate.is_some_and(|c| first.is_none_or(|f| c.created < f.created)) {
+                    *first = candidate;
+                }
+            }
+            _ => listed.push((name, candidate)),
+        }
+    }
+    listed
+        .into_iter()
+        .map(|(election, first)| {
+            Ok(ElectionState {
+                election,
+                leader: first.map(leader).transpose()?,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::keys::Revision;
+
+    fn election() -> ElectionName {
+        ElectionName::new("jobs/e").expect("valid")
+    }
+
+    fn key(session: u64, created: u64, expires_in: Option<u64>) -> Entry {
+        Entry {
+            key: candidate_key(&election(), SessionId(session)),
+            value: format!("c{session}"),
+            session: Some(SessionId(session)),
+            created: Revision(created),
+            modified: Revision(created),
+            expires_in: expires_in.map(Duration::from_millis),
+        }
+    }
+
+    fn range(entries: Vec<Entry>) -> Range {
+        Range {
+            entries,
+            revision: Revision(100),
+        }
+    }
+
+    #[test]
+    fn the_key_created_first_holds_and_its_revision_is_the_token() {
+        // Sorted by key (session), not by creation: session 9 came first.
+        let read = range(vec![key(2, 40, Some(5)), key(9, 12, Some(7))]);
+        let first = holder(&read).expect("valid").expect("a holder");
+        assert_eq!(first.candidate.as_str(), "c9");
+        assert_eq!(first.token, FencingToken(12));
+        assert_eq!(first.expires_in, Duration::from_millis(7));
+        assert_eq!(first.session, Some(SessionId(9)));
+        assert_eq!(holder(&range(vec![])).expect("valid"), None);
+    }
+
+    #[test]
+    fn a_campaign_is_granted_only_at_the_front() {
+        let read = range(vec![key(2, 40, Some(5)), key(9, 12, Some(7))]);
+        assert_eq!(
+            standing(&read, &election(), SessionId(2)).expect("valid"),
+            Standing::Waits {
+                recheck: Some(Duration::from_millis(7))
+            }
+        );
+        assert_eq!(
+            standing(&read, &election(), SessionId(9)).expect("valid"),
+            Standing::Granted(Grant {
+                election: election(),
+                candidate: CandidateId::new("c9").expect("valid"),
+                session: SessionId(9),
+                token: FencingToken(12),
+            })
+        );
+        assert_eq!(
+            standing(&read, &election(), SessionId(3)).expect("valid"),
+            Standing::Gone
+        );
+        // Where the store tells an expiry, nothing to recheck.
+        let told = range(vec![key(2, 40, None), key(9, 12, None)]);
+        assert_eq!(
+            standing(&told, &election(), SessionId(2)).expect("valid"),
+            Standing::Waits { recheck: None }
+        );
+    }
+
+    #[test]
+    fn a_value_that_is_no_candidate_id_is_corrupt() {
+        let mut bad = key(1, 1, None);
+        bad.value = String::new();
+        assert!(matches!(holder(&range(vec![bad])), Err(Error::Corrupt(_))));
+    }
+
+    #[test]
+    fn notes_are_read_in_order_with_their_first_expiry() {
+        let e = election();
+        let note = |name: &str, session: u64, created: u64, left: u64| Entry {
+            key: note_key(&e, name, SessionId(session)),
+            value: format!("{name} of {session}"),
+            session: Some(SessionId(session)),
+            created: Revision(created),
+            modified: Revision(created + 1),
+            expires_in: Some(Duration::from_millis(left)),
+        };
+        let read = range(vec![note("cand", 2, 30, 900), note("transfer", 1, 20, 300)]);
+        let (read_back, first) = read_notes(&e, &read).expect("valid");
+        let shown: Vec<(&str, u64, u64)> = read_back
+            .iter()
+            .map(|n| (n.name.as_str(), n.session.0, n.order))
+            .collect();
+        assert_eq!(shown, [("transfer", 1, 20), ("cand", 2, 30)]);
+        assert_eq!(read_back[1].text, "cand of 2");
+        assert_eq!(first, Some(Duration::from_millis(300)));
+        let mut stray = note("cand", 2, 30, 900);
+        stray.key = format!("{}cand", notes(&e));
+        assert!(matches!(
+            read_notes(&e, &range(vec![stray])),
+            Err(Error::Corrupt(_))
+        ));
+    }
+
+    #[test]
+    fn every_election_with_a_key_is_listed_with_its_holder() {
+        let a = ElectionName::new("a").expect("valid");
+        let ab = ElectionName::new("a/b").expect("valid");
+        let entry = |key: String, value: &str, created: u64| Entry {
+            key,
+            value: value.into(),
+            session: None,
+            created: Revision(created),
+            modified: Revision(created),
+            expires_in: None,
+        };
+        let read = range(vec![
+            entry(candidate_key(&ab, SessionId(1)), "x", 5),
+            entry(candidate_key(&a, SessionId(1)), "late", 9),
+            entry(candidate_key(&a, SessionId(2)), "early", 3),
+            entry(note_key(&a, "cand", SessionId(3)), "1 - y", 1),
+            entry(release_key(&a), "2", 2),
+            entry(release_key(&election()), "7", 4),
+            entry("no election".into(), "", 6),
+        ]);
+        let listed: Vec<(String, Option<(String, u64)>)> = list(&read)
+            .expect("valid")
+            .into_iter()
+            .map(|s| {
+                let holder = s.leader.map(|l| (l.candidate.to_string(), l.token.0));
+                (s.election.to_string(), holder)
+            })
+            .collect();
+        assert_eq!(
+            listed,
+            [
+                ("a/b".to_owned(), Some(("x".to_owned(), 5))),
+                ("a".to_owned(), Some(("early".to_owned(), 3))),
+                ("jobs/e".to_owned(), None),
+            ]
+        );
+    }
+
+    #[test]
+    fn keys_name_their_election_alone() {
+        let e = election();
+        // An election named like another's keys cannot be: names hold no ':'.
+        assert!(ElectionName::new(format!("{}x", candidates(&e))).is_err());
+        assert_eq!(
+            election_of(&candidate_key(&e, SessionId(1))),
+            Some(e.clone())
+        );
+        assert_eq!(election_of(&release_key(&e)), Some(e.clone()));
+        assert_eq!(
+            candidate_key(&e, SessionId(0xab)),
+            "jobs/e:c:00000000000000ab"
+        );
+        let released = Range {
+            entries: vec![Entry {
+                key: release_key(&e),
+                value: "42".into(),
+                session: None,
+                created: Revision(3),
+                modified: Revision(9),
+                expires_in: None,
+            }],
+            revision: Revision(9),
+        };
+        assert_eq!(
+            last_release(&released, &e).expect("valid"),
+            Some(FencingToken(42))
+        );
+        assert_eq!(last_release(&range(vec![]), &e).expect("valid"), None);
+    }
+}

@@ -1,0 +1,314 @@
+//! Elections written once, above the store primitive
+//! ([`crate::store::keys`]): [`KeyedStore`] is the [`Store`] of any
+//! [`Keys`], its decisions the pure functions of `election`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::error::{Error, Result};
+use crate::grant::{FencingToken, Grant, Leader, SessionId, SessionLease};
+use crate::names::{CandidateId, ElectionName};
+use crate::store::cleanup::{self, OnDrop};
+use crate::store::keys::{Check, Keys, Write};
+use crate::store::{
+    ElectionState, LeaderWatch, Note, NoteWatch, StatusWatch, Store, check_note, note_watch,
+    watch_driver,
+};
+
+mod election;
+mod sources;
+
+use election::Standing;
+use sources::{CandidatesSource, NotesSource};
+
+/// The [`Store`] of a store primitive: elections, notes and the release
+/// record as keys. Cloning gives another handle onto the same keys.
+#[derive(Debug)]
+pub struct KeyedStore<K: Keys> {
+    keys: Arc<K>,
+}
+
+impl<K: Keys> Clone for KeyedStore<K> {
+    fn clone(&self) -> Self {
+        KeyedStore {
+            keys: Arc::clone(&self.keys),
+        }
+    }
+}
+
+impl<K: Keys> KeyedStore<K> {
+    /// Elections on `keys`.
+    pub fn over(keys: K) -> Self {
+        KeyedStore {
+            keys: Arc::new(keys),
+        }
+    }
+
+    /// The primitive underneath.
+    pub fn keys(&self) -> &K {
+        &self.keys
+    }
+
+    /// Waits until the campaign key of `session` leads, or is gone.
+    async fn wait_for_front(&self, session: SessionId, election: &ElectionName) -> Result<Grant> {
+        let prefix = election::candidates(election);
+        loop {
+            let range = self.keys.range(&prefix).await?;
+            let recheck = match election::standing(&range, election, session)? {
+                Standing::Granted(grant) => return Ok(grant),
+                Standing::Gone => return Err(Error::SessionExpired(session)),
+                Standing::Waits { recheck } => recheck,
+            };
+            let mut watch = self.keys.watch(&prefix, range.revision).await?;
+            let expiry = match recheck.filter(|_| !self.keys.tells_expiries()) {
+                Some(left) => self.keys.sleep(left + Duration::from_millis(1)),
+                None => Box::pin(std::future::pending()),
+            };
+            tokio::select! {
+                changed = watch.changed() => if changed.is_err() {
+                    return Err(Error::Unavailable {
+                    reason: "the store's watch ended".into(),
+                    source: None,
+                });
+                },
+                () = expiry => {}
+            }
+        }
+    }
+
+    /// Removes `key` of `session` (created at `created`, when known):
+    /// what a dropped campaign leaves behind.
+    fn withdraw_on_drop(
+        &self,
+        key: String,
+        session: SessionId,
+    ) -> OnDrop<(Arc<K>, String, SessionId)> {
+        OnDrop::new(
+            (Arc::clone(&self.keys), key, session),
+            |(keys, key, _session)| async move {
+                cleanup::until_done("withdraw a dropped campaign's key", || {
+                    let (keys, key) = (Arc::clone(&keys), key.clone());
+                    async move { keys.commit(&[], &[Write::Delete(key)]).await.map(drop) }
+                })
+                .await;
+            },
+        )
+    }
+
+    /// Deletes the grant's key and records its release, if it still holds.
+    async fn release(&self, grant: &Grant) -> Result<()> {
+        let key = election::candidate_key(&grant.election, grant.session);
+        let checks = [Check::Created {
+            key: key.clone(),
+            revision: crate::store::keys::Revision(grant.token.0),
+            session: Some(grant.session),
+        }];
+        let writes = [
+            Write::Delete(key),
+            Write::Put {
+                key: election::release_key(&grant.election),
+                value: grant.token.to_string(),
+                session: None,
+            },
+        ];
+        match self.keys.commit(&checks, &writes).await? {
+            Some(_) => Ok(()),
+            None => Err(Error::NotHolder {
+                election: grant.election.to_string(),
+                token: grant.token,
+            }),
+        }
+    }
+}
+
+#[async_trait]
+impl<K: Keys> Store for KeyedStore<K> {
+    async fn open_session(&self, ttl: Duration) -> Result<SessionLease> {
+        self.keys.open_session(ttl).await
+    }
+
+    async fn keep_alive(&self, session: SessionId) -> Result<Duration> {
+        self.keys.keep_alive(session).await
+    }
+
+    async fn close_session(&self, session: SessionId) -> Result<()> {
+        self.keys.close_session(session).await
+    }
+
+    async fn campaign(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        candidate: &CandidateId,
+    ) -> Result<Grant> {
+        let key = election::candidate_key(election, session);
+        // Armed before the request goes out: a campaign dropped while it
+        // is on its way may have created the key.
+        let withdraw = self.withdraw_on_drop(key.clone(), session);
+        let put = Write::Put {
+            key: key.clone(),
+            value: candidate.to_string(),
+            session: Some(session),
+        };
+        let created = self.keys.commit(&[Check::Absent(key)], &[put]).await;
+        let withdraw = match created {
+            Ok(Some(_)) => Some(withdraw),
+            // The key was there: an earlier campaign of this session's,
+            // which is not this one's to withdraw.
+            Ok(None) => {
+                withdraw.disarm();
+                None
+            }
+            Err(error) => {
+                withdraw.disarm();
+                return Err(error);
+            }
+        };
+        let grant = self.wait_for_front(session, election).await;
+        if let Some(withdraw) = withdraw
+            && grant.is_ok()
+        {
+            withdraw.disarm();
+        }
+        grant
+    }
+
+    async fn try_campaign_unwaited(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        candidate: &CandidateId,
+    ) -> Result<Option<Grant>> {
+        let checks = [
+            Check::NoneUnder(election::candidates(election)),
+            Check::NoneUnder(election::notes(election)),
+        ];
+        let put = Write::Put {
+            key: election::candidate_key(election, session),
+            value: candidate.to_string(),
+            session: Some(session),
+        };
+        let created = self.keys.commit(&checks, &[put]).await?;
+        Ok(created.map(|revision| Grant {
+            election: election.clone(),
+            candidate: candidate.clone(),
+            session,
+            token: FencingToken(revision.0),
+        }))
+    }
+
+    async fn resign(&self, grant: &Grant) -> Result<()> {
+        self.release(grant).await
+    }
+
+    async fn leader(&self, election: &ElectionName) -> Result<Option<Leader>> {
+        let range = self.keys.range(&election::candidates(election)).await?;
+        election::holder(&range)
+    }
+
+    async fn watch(&self, election: &ElectionName) -> Result<LeaderWatch> {
+        let source = CandidatesSource::new(Arc::clone(&self.keys), election).await?;
+        watch_driver::start(source, election, None).await
+    }
+
+    async fn watch_status(&self, election: &ElectionName) -> Result<StatusWatch> {
+        let source = CandidatesSource::new(Arc::clone(&self.keys), election).await?;
+        watch_driver::start(source, election, None).await
+    }
+
+    async fn watch_grant(&self, grant: &Grant) -> Result<LeaderWatch> {
+        let source = CandidatesSource::new(Arc::clone(&self.keys), &grant.election).await?;
+        watch_driver::start(source, &grant.election, Some(grant.token)).await
+    }
+
+    async fn elections(&self) -> Result<Vec<ElectionState>> {
+        election::list(&self.keys.range("").await?)
+    }
+
+    async fn session_ended(&self, session: SessionId) {
+        self.keys.session_ended(session).await;
+    }
+
+    async fn put_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+        text: &str,
+    ) -> Result<()> {
+        check_note(name, text)?;
+        let put = Write::Put {
+            key: election::note_key(election, name, session),
+            value: text.to_owned(),
+            session: Some(session),
+        };
+        self.keys.commit(&[], &[put]).await.map(drop)
+    }
+
+    async fn delete_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+    ) -> Result<()> {
+        let key = election::note_key(election, name, session);
+        self.keys.commit(&[], &[Write::Delete(key)]).await.map(drop)
+    }
+
+    async fn amend_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+        text: &str,
+    ) -> Result<bool> {
+        check_note(name, text)?;
+        let key = election::note_key(election, name, session);
+        let range = self.keys.range(&key).await?;
+        let Some(note) = range.entries.iter().find(|e| e.key == key) else {
+            return Ok(false);
+        };
+        let check = Check::Created {
+            key: key.clone(),
+            revision: note.created,
+            session: Some(session),
+        };
+        let put = Write::Put {
+            key,
+            value: text.to_owned(),
+            session: Some(session),
+        };
+        Ok(self.keys.commit(&[check], &[put]).await?.is_some())
+    }
+
+    async fn notes(&self, election: &ElectionName) -> Result<Vec<Note>> {
+        let range = self.keys.range(&election::notes(election)).await?;
+        Ok(election::read_notes(election, &range)?.0)
+    }
+
+    async fn watch_note(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        name: &str,
+    ) -> Result<NoteWatch> {
+        check_note(name, "")?;
+        let key = election::note_key(election, name, session);
+        let source = NotesSource::new(Arc::clone(&self.keys), election, key).await?;
+        note_watch::start(source, election).await
+    }
+
+    async fn watch_notes(&self, election: &ElectionName) -> Result<NoteWatch> {
+        let prefix = election::notes(election);
+        let source = NotesSource::new(Arc::clone(&self.keys), election, prefix).await?;
+        note_watch::start(source, election).await
+    }
+
+    async fn last_release(&self, election: &ElectionName) -> Result<Option<FencingToken>> {
+        let key = election::release_key(election);
+        let range = self.keys.range(&key).await?;
+        election::last_release(&range, election)
+    }
+}

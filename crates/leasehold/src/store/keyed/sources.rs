@@ -1,0 +1,134 @@
+//! What the shared watches (of a holder, of notes) read and wait on,
+//! over the primitive: a read of a prefix, and its watch.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::election;
+use crate::error::{Error, Result};
+use crate::grant::Leader;
+use crate::names::ElectionName;
+use crate::store::Note;
+use crate::store::keys::{Heard, KeyWatch, Keys, Range};
+use crate::store::note_watch::NoteSource;
+use crate::store::watch_driver::{Event, Source};
+
+/// After a failed read, a watch reads again after this.
+const RETRY: Duration = Duration::from_millis(250);
+
+/// A prefix followed: its first read, kept for the watch's first read,
+/// and the watch of it from there.
+struct Following<K: Keys> {
+    keys: Arc<K>,
+    prefix: String,
+    first: Option<Range>,
+    watch: KeyWatch,
+}
+
+impl<K: Keys> Following<K> {
+    async fn new(keys: Arc<K>, prefix: String) -> Result<Self> {
+        let first = keys.range(&prefix).await?;
+        let watch = keys.watch(&prefix, first.revision).await?;
+        Ok(Following {
+            keys,
+            prefix,
+            first: Some(first),
+            watch,
+        })
+    }
+
+    async fn read(&mut self) -> Result<Range> {
+        // Seen before the read: a change made during it wakes the watch.
+        self.watch.borrow_and_update();
+        match self.first.take() {
+            Some(first) => Ok(first),
+            None => self.keys.range(&self.prefix).await,
+        }
+    }
+
+    async fn changed(&mut self) -> Event {
+        if self.watch.changed().await.is_err() {
+            return Event::Ended;
+        }
+        match &*self.watch.borrow() {
+            Heard::Changed(_) => Event::Changed,
+            Heard::Unknown { error } => Event::Unavailable(Error::Unavailable {
+                reason: error.clone(),
+                source: None,
+            }),
+        }
+    }
+
+    fn sleep(&self, duration: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        self.keys.sleep(duration)
+    }
+}
+
+/// The candidates of an election, for a watch of its holder.
+pub(super) struct CandidatesSource<K: Keys>(Following<K>);
+
+impl<K: Keys> CandidatesSource<K> {
+    pub(super) async fn new(keys: Arc<K>, election: &ElectionName) -> Result<Self> {
+        Ok(Self(
+            Following::new(keys, election::candidates(election)).await?,
+        ))
+    }
+}
+
+impl<K: Keys> Source for CandidatesSource<K> {
+    const RETRY: Duration = RETRY;
+
+    async fn read(&mut self) -> Result<Option<Leader>> {
+        election::holder(&self.0.read().await?)
+    }
+
+    fn changed(&mut self) -> impl Future<Output = Event> + Send {
+        self.0.changed()
+    }
+
+    fn tells_expiry(&self) -> bool {
+        self.0.keys.tells_expiries()
+    }
+
+    fn sleep(&self, duration: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        self.0.sleep(duration)
+    }
+}
+
+/// The notes of an election under a prefix (all of them, or one), for a
+/// watch of them.
+pub(super) struct NotesSource<K: Keys> {
+    following: Following<K>,
+    election: ElectionName,
+}
+
+impl<K: Keys> NotesSource<K> {
+    pub(super) async fn new(keys: Arc<K>, election: &ElectionName, prefix: String) -> Result<Self> {
+        Ok(NotesSource {
+            following: Following::new(keys, prefix).await?,
+            election: election.clone(),
+        })
+    }
+}
+
+impl<K: Keys> NoteSource for NotesSource<K> {
+    const RETRY: Duration = RETRY;
+
+    async fn read(&mut self) -> Result<(Vec<Note>, Option<Duration>)> {
+        let range = self.following.read().await?;
+        let (notes, expiry) = election::read_notes(&self.election, &range)?;
+        // A store that tells expiries needs no read at them.
+        let told = self.following.keys.tells_expiries();
+        Ok((notes, expiry.filter(|_| !told)))
+    }
+
+    fn changed(&mut self) -> impl Future<Output = Event> + Send {
+        self.following.changed()
+    }
+
+    fn sleep(&self, duration: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        self.following.sleep(duration)
+    }
+}

@@ -1,0 +1,189 @@
+//! The store primitive, for backend implementers: sessions, and keys that
+//! may be attached to one, each with a store-wide creation revision,
+//! changed only by guarded commits, read and watched by prefix.
+//!
+//! It is the whole of what a store has to offer for elections to be
+//! decided on it: the election (the live key of lowest creation revision
+//! leads, and that revision is its fencing token), the notes of the line
+//! of standbys and the release record are written once above it
+//! ([`crate::store::keyed::KeyedStore`]). Each backend maps it onto its own
+//! atomic operations: etcd's leases, keys and transactions; ZooKeeper's
+//! sessions, ephemeral nodes and `multi`; one table and a sequence in SQL.
+//! [`memory::MemoryKeys`] is the reference, in one process.
+//!
+//! The rules a backend keeps (the primitive's conformance suite checks
+//! them):
+//! - **Revisions** are store-wide and strictly increasing, also across
+//!   restarts: every commit that writes gets a greater one than every
+//!   earlier commit, and every key it creates has it as its creation
+//!   revision, which later puts keep.
+//! - **Atomic commits**: a commit's writes all happen, at one revision,
+//!   if and only if all its checks hold at that revision.
+//! - **Sessions** expire by the store's own clock, their TTL after the
+//!   store processed their opening or last renewal, never earlier; a key
+//!   attached to a session lives exactly as long as the session.
+//! - **Watches** tell every change made by a commit or by closing a
+//!   session under their prefix after the revision they started from, or
+//!   that the store does not answer. An expiry may go untold (a SQL store
+//!   learns of it only by reading its clock; [`Keys::tells_expiries`]
+//!   says): a key attached to a session then comes with the time its
+//!   session had left when read, and whoever needs to know reads again
+//!   then.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::error::Result;
+use crate::grant::{SessionId, SessionLease};
+
+pub mod memory;
+
+/// A store-wide, strictly increasing number given to each commit that
+/// writes; 0 is before the first.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Revision(pub u64);
+
+impl fmt::Display for Revision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// A live key, as read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    /// The key.
+    pub key: String,
+    /// Its value.
+    pub value: String,
+    /// The session it is attached to, if any: it ends with that session.
+    pub session: Option<SessionId>,
+    /// The revision of the commit that created it.
+    pub created: Revision,
+    /// The revision of the commit that last wrote it.
+    pub modified: Revision,
+    /// How long its session had left on the store's clock when it was
+    /// read, where the store knows it without asking; `None` for a key
+    /// without a session, or when it does not.
+    pub expires_in: Option<Duration>,
+}
+
+/// The live keys under a prefix, ordered by key, as of one revision.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Range {
+    /// The keys.
+    pub entries: Vec<Entry>,
+    /// The store's revision when it was read: a watch started from it
+    /// misses nothing that came after the read.
+    pub revision: Revision,
+}
+
+/// A condition a commit checks before it writes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Check {
+    /// No live key has this name.
+    Absent(String),
+    /// A live key has this name, was created at this revision, and is
+    /// attached to this session (or to none).
+    Created {
+        /// The key.
+        key: String,
+        /// Its creation revision.
+        revision: Revision,
+        /// Its session.
+        session: Option<SessionId>,
+    },
+    /// No live key starts with this prefix.
+    NoneUnder(String),
+}
+
+/// A write of a commit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Write {
+    /// Creates the key, or replaces the value and session of a live one
+    /// (keeping its creation revision). A commit that attaches a key to a
+    /// session that has ended fails with
+    /// [`Error::SessionExpired`](crate::Error::SessionExpired), writing
+    /// nothing.
+    Put {
+        /// The key.
+        key: String,
+        /// Its value.
+        value: String,
+        /// The session it ends with, if any.
+        session: Option<SessionId>,
+    },
+    /// Deletes the key; deleting one that is not there writes nothing.
+    Delete(String),
+}
+
+/// What a watch has heard.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Heard {
+    /// Something under the prefix changed at this revision (or nothing
+    /// since the watch started, at the revision it started from).
+    Changed(Revision),
+    /// The store does not answer: changes may go untold until the next
+    /// [`Heard::Changed`], which comes as soon as it answers again.
+    Unknown {
+        /// Why, for messages.
+        error: String,
+    },
+}
+
+/// A watch of a prefix (see [`Keys::watch`]). It holds the latest of what
+/// it heard; a reader that wants the state reads it again.
+pub type KeyWatch = crate::watch::Receiver<Heard>;
+
+/// The store primitive (see the [module](self)).
+#[async_trait]
+pub trait Keys: Send + Sync + fmt::Debug + 'static {
+    /// Opens a session with the requested TTL; the store may grant another.
+    async fn open_session(&self, ttl: Duration) -> Result<SessionLease>;
+
+    /// Renews the session; returns the TTL granted for this renewal.
+    /// Fails with [`Error::SessionExpired`](crate::Error::SessionExpired)
+    /// once the session is gone.
+    async fn keep_alive(&self, session: SessionId) -> Result<Duration>;
+
+    /// Ends the session and every key attached to it, at once. Ending an
+    /// unknown or ended session is not an error.
+    async fn close_session(&self, session: SessionId) -> Result<()>;
+
+    /// Writes `writes` at one new revision if every check holds, and
+    /// returns it; `None`, having written nothing, if a check fails.
+    async fn commit(&self, checks: &[Check], writes: &[Write]) -> Result<Option<Revision>>;
+
+    /// The live keys that start with `prefix`.
+    async fn range(&self, prefix: &str) -> Result<Range>;
+
+    /// Watches the keys that start with `prefix` for what changes after
+    /// revision `from` (a [`Range::revision`], so that a read and a watch
+    /// started from it miss nothing; a change already made after it is
+    /// told at once).
+    async fn watch(&self, prefix: &str, from: Revision) -> Result<KeyWatch>;
+
+    /// Resolves when the store learns, between renewals, that `session`
+    /// has ended; stores that learn it only from a renewal keep the
+    /// default, which never resolves.
+    async fn session_ended(&self, session: SessionId) {
+        let _ = session;
+        std::future::pending::<()>().await;
+    }
+
+    /// Whether its watches tell when a session's end deletes keys, at
+    /// the session's expiry too; if not, whoever needs to know reads again
+    /// at the [`Entry::expires_in`] of what it read.
+    fn tells_expiries(&self) -> bool {
+        false
+    }
+
+    /// Sleeps on the store's clock (the one its sessions expire by).
+    fn sleep(&self, duration: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        Box::pin(tokio::time::sleep(duration))
+    }
+}

@@ -156,6 +156,54 @@ pub(crate) fn place(line: &[Standby], session: SessionId) -> Option<Option<&Stan
     Some(at.checked_sub(1).map(|ahead| &line[ahead]))
 }
 
+/// What a standby at the front of the line does next
+/// ([`front_step`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FrontStep {
+    /// It is neither first in line nor chosen any more: back to waiting
+    /// behind the one ahead.
+    Leave,
+    /// It waits for the line, or the holder it follows, to change.
+    Wait,
+    /// Lock-delay: before asking, learn whether the last holder, of this
+    /// token, released the election; if not (its lease expired), the
+    /// delay is waited out first.
+    AskHowItLeft(FencingToken),
+    /// It asks the store for the election.
+    Campaign,
+}
+
+/// What the standby of `session` does next, from the notes of the line
+/// and, under a lock-delay, the holder it follows (`None` when it does
+/// not: without a lock-delay it need not) and the last holder it saw.
+/// Only the chosen one asks (a leader's choice, else the first in line),
+/// and under a lock-delay only while nobody holds the election.
+pub(crate) fn front_step(
+    notes: &[Note],
+    session: SessionId,
+    holder: Option<Option<&Leader>>,
+    last_holder: Option<FencingToken>,
+) -> FrontStep {
+    let chosen = chosen(notes) == Some(session);
+    let first = matches!(place(&standbys(notes), session), Some(None));
+    if !chosen && !first {
+        return FrontStep::Leave;
+    }
+    if !chosen || matches!(holder, Some(Some(_))) {
+        return FrontStep::Wait;
+    }
+    match (holder, last_holder) {
+        (Some(_), Some(token)) => FrontStep::AskHowItLeft(token),
+        _ => FrontStep::Campaign,
+    }
+}
+
+/// Whether a standby the store just granted gives the grant back: a
+/// leader that handed over chose another standby.
+pub(crate) fn gives_back(notes: &[Note], granted: SessionId) -> bool {
+    chosen_by_a_leader(notes).is_some_and(|chosen| chosen != granted)
+}
+
 /// A transfer request, as its note says.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Request {
@@ -361,6 +409,79 @@ mod tests {
             order,
             text: text.into(),
         }
+    }
+
+    fn leader(token: u64) -> Leader {
+        Leader {
+            candidate: CandidateId::new("l").expect("valid"),
+            token: FencingToken(token),
+            expires_in: Duration::from_secs(1),
+            session: Some(SessionId(99)),
+        }
+    }
+
+    /// The front of the line: only the chosen one asks; the first in line
+    /// waits while another is chosen; under a lock-delay nobody asks
+    /// while the election is held, and the last holder's way of leaving
+    /// is learnt first.
+    #[test]
+    fn only_the_chosen_standby_asks_and_lock_delay_asks_how_the_holder_left() {
+        let (a, b, c) = (SessionId(1), SessionId(2), SessionId(3));
+        let line = [
+            note(1, CANDIDATE, 1, "0 - a"),
+            note(2, CANDIDATE, 2, "0 - b"),
+        ];
+        assert_eq!(front_step(&line, a, None, None), FrontStep::Campaign);
+        assert_eq!(front_step(&line, b, None, None), FrontStep::Leave);
+        assert_eq!(front_step(&line, c, None, None), FrontStep::Leave);
+        // A leader chose b: b asks, a (still first) waits.
+        let marked = [
+            note(1, CANDIDATE, 1, "0 - a"),
+            note(2, CANDIDATE, 2, "0 7 b"),
+        ];
+        assert_eq!(front_step(&marked, b, None, None), FrontStep::Campaign);
+        assert_eq!(front_step(&marked, a, None, None), FrontStep::Wait);
+        // Under a lock-delay: held, wait; free after holder 7, ask how it
+        // left; free with no holder seen, ask the store.
+        let held = leader(7);
+        assert_eq!(
+            front_step(&line, a, Some(Some(&held)), Some(FencingToken(7))),
+            FrontStep::Wait
+        );
+        assert_eq!(
+            front_step(&line, a, Some(None), Some(FencingToken(7))),
+            FrontStep::AskHowItLeft(FencingToken(7))
+        );
+        assert_eq!(front_step(&line, a, Some(None), None), FrontStep::Campaign);
+        // Without a lock-delay a holder is not followed: the last one seen
+        // does not matter.
+        assert_eq!(
+            front_step(&line, a, None, Some(FencingToken(7))),
+            FrontStep::Campaign
+        );
+        assert_eq!(front_step(&[], a, Some(None), None), FrontStep::Leave);
+    }
+
+    /// A grant is given back only when a leader chose another standby;
+    /// the first in line is no choice.
+    #[test]
+    fn a_grant_is_given_back_only_to_a_leaders_other_choice() {
+        let (a, b) = (SessionId(1), SessionId(2));
+        let line = [
+            note(1, CANDIDATE, 1, "0 - a"),
+            note(2, CANDIDATE, 2, "0 - b"),
+        ];
+        assert!(
+            !gives_back(&line, b),
+            "the first in line is no leader's choice"
+        );
+        let marked = [
+            note(1, CANDIDATE, 1, "0 - a"),
+            note(2, CANDIDATE, 2, "0 7 b"),
+        ];
+        assert!(gives_back(&marked, a));
+        assert!(!gives_back(&marked, b));
+        assert!(!gives_back(&[], a));
     }
 
     #[test]

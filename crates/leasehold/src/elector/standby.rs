@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use super::Elector;
 use crate::error::{Error, Result};
-use crate::line;
+use crate::line::{self, FrontStep};
 use crate::names::ElectionName;
 use crate::session::Session;
 use crate::store::{FencingToken, Grant, Note, Store};
@@ -69,8 +69,16 @@ impl Elector {
             joins: Arc::clone(&self.joins),
             started,
         };
+        let grant = self.wait_in_line(session, election).await?;
+        Ok((grant, Taken::InLine))
+    }
+
+    /// Waits in the line (joined) until granted: behind the standby
+    /// ahead, then at the front.
+    async fn wait_in_line(&self, session: &Arc<Session>, election: &ElectionName) -> Result<Grant> {
+        let sid = session.id();
         if let Some(grant) = self.live_or_release_stale(session, election).await? {
-            return Ok((grant, Taken::InLine));
+            return Ok(grant);
         }
         let mut missing = false;
         loop {
@@ -103,7 +111,7 @@ impl Elector {
             if (ahead.is_none() || marked || line::chosen(&notes) == Some(sid))
                 && let Some(grant) = self.campaign_at_the_front(session, election).await?
             {
-                return Ok((grant, Taken::InLine));
+                return Ok(grant);
             }
         }
     }
@@ -197,64 +205,72 @@ impl Elector {
                 Some(fresh) => fresh,
                 None => notes.borrow_and_update().clone(),
             };
-            let chosen = line::chosen(&current) == Some(sid);
-            let first = matches!(line::place(&line::standbys(&current), sid), Some(None));
-            if !chosen && !first {
-                return Ok(None);
-            }
             let holder = leaders.as_mut().map(|l| l.borrow_and_update().clone());
             if let Some(Some(holder)) = &holder {
                 last_leader = Some(holder.token);
             }
-            // Lock-delay: ask only once the election is free, and wait out
-            // the delay if its last holder's lease expired.
-            let busy = holder.as_ref().is_some_and(Option::is_some);
-            if !chosen || busy {
-                match leaders.as_mut() {
-                    Some(leaders) => tokio::select! {
-                        changed = notes.changed() => changed.map_err(|_| watch_ended())?,
-                        changed = leaders.changed() => changed.map_err(|_| watch_ended())?,
-                    },
-                    None => notes.changed().await.map_err(|_| watch_ended())?,
-                }
-                continue;
-            }
-            if leaders.is_some()
-                && let Some(token) = last_leader.take()
-                && self.store.last_release(election).await? != Some(token)
-            {
-                tracing::info!(%election, expired_token = token.0, delay = ?self.planned.lock_delay,
-                    "the previous leader's lease expired; waiting out the lock-delay");
-                session.sleep(self.planned.lock_delay).await;
-                continue;
-            }
-            let campaign = self.store.campaign(sid, election, &self.candidate);
-            tokio::pin!(campaign);
-            loop {
-                tokio::select! {
-                    biased;
-                    grant = &mut campaign => {
-                        let grant = grant?;
-                        match self.give_back_if_another_was_chosen(&grant).await {
-                            None => return Ok(Some(grant)),
-                            Some(notes) => {
-                                fresh = Some(notes);
-                                break;
-                            }
-                        }
+            let followed = holder.as_ref().map(Option::as_ref);
+            match line::front_step(&current, sid, followed, last_leader) {
+                FrontStep::Leave => return Ok(None),
+                FrontStep::Wait => {
+                    match leaders.as_mut() {
+                        Some(leaders) => tokio::select! {
+                            changed = notes.changed() => changed.map_err(|_| watch_ended())?,
+                            changed = leaders.changed() => changed.map_err(|_| watch_ended())?,
+                        },
+                        None => notes.changed().await.map_err(|_| watch_ended())?,
                     }
-                    changed = notes.changed() => {
-                        changed.map_err(|_| watch_ended())?;
-                        if line::chosen(&notes.borrow_and_update()) != Some(sid) {
-                            // Another was chosen: withdraw from the store.
-                            break;
-                        }
+                    continue;
+                }
+                FrontStep::AskHowItLeft(token) => {
+                    last_leader = None;
+                    if self.store.last_release(election).await? != Some(token) {
+                        tracing::info!(%election, expired_token = token.0, delay = ?self.planned.lock_delay,
+                            "the previous leader's lease expired; waiting out the lock-delay");
+                        session.sleep(self.planned.lock_delay).await;
+                        continue;
                     }
                 }
+                FrontStep::Campaign => {}
+            }
+            match self.ask_while_chosen(sid, election, &mut notes).await? {
+                Asked::Granted(grant) => return Ok(Some(grant)),
+                Asked::GaveBack(notes) => fresh = Some(notes),
+                Asked::Withdrew => {}
             }
             // A campaign withdrawn after the store granted it (its reply
             // was still on the way) leaves a grant this session holds.
             self.live_or_release_stale(session, election).await?;
+        }
+    }
+
+    /// Asks the store for `election` while this candidate stays chosen.
+    async fn ask_while_chosen(
+        &self,
+        sid: crate::grant::SessionId,
+        election: &ElectionName,
+        notes: &mut crate::store::NoteWatch,
+    ) -> Result<Asked> {
+        let campaign = self.store.campaign(sid, election, &self.candidate);
+        tokio::pin!(campaign);
+        loop {
+            tokio::select! {
+                biased;
+                grant = &mut campaign => {
+                    let grant = grant?;
+                    return Ok(match self.give_back_if_another_was_chosen(&grant).await {
+                        None => Asked::Granted(grant),
+                        Some(notes) => Asked::GaveBack(notes),
+                    });
+                }
+                changed = notes.changed() => {
+                    changed.map_err(|_| watch_ended())?;
+                    if line::chosen(&notes.borrow_and_update()) != Some(sid) {
+                        // Another was chosen: withdraw from the store.
+                        return Ok(Asked::Withdrew);
+                    }
+                }
+            }
         }
     }
 
@@ -332,8 +348,7 @@ impl Elector {
                 return None;
             }
         };
-        let chosen = line::chosen_by_a_leader(&notes)?;
-        if chosen == grant.session {
+        if !line::gives_back(&notes, grant.session) {
             return None;
         }
         tracing::debug!(%election, token = grant.token.0, "granted while another standby was chosen; giving the grant back");
@@ -346,6 +361,17 @@ impl Elector {
         }
         Some(notes)
     }
+}
+
+/// How asking the store while chosen ended.
+enum Asked {
+    /// Granted, and kept.
+    Granted(Grant),
+    /// Granted while a leader had chosen another: given back; the line as
+    /// read then.
+    GaveBack(Vec<Note>),
+    /// Another was chosen meanwhile: the campaign was withdrawn.
+    Withdrew,
 }
 
 fn watch_ended() -> Error {

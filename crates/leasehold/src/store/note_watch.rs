@@ -65,7 +65,6 @@ pub(crate) async fn start<S: NoteSource>(
 /// after a grant whose transaction saw none), and any later change comes
 /// as an event; a store whose history is gone from there breaks the watch,
 /// and the task reads as after any wake.
-#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
 pub(crate) fn start_known<S: NoteSource>(
     source: S,
     election: &ElectionName,

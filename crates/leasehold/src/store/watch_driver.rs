@@ -142,10 +142,6 @@ pub(crate) enum Event {
     /// is lost): the holder is unknown until the next [`Event::Changed`].
     /// (ZooKeeper's client and PostgreSQL's listener tell of a lost
     /// connection between reads.)
-    #[cfg_attr(
-        not(any(feature = "zookeeper", feature = "postgres")),
-        allow(dead_code)
-    )]
     Unavailable(Error),
     /// Nothing more will come: the watch ends.
     Ended,
@@ -217,7 +213,6 @@ pub(crate) async fn start<S: Source, V: Initial>(
 /// comes as an event. A store whose history is gone from that revision
 /// (compacted) breaks the watch, and the task reads the holder as after
 /// any wake.
-#[cfg_attr(not(feature = "etcd"), allow(dead_code))]
 pub(crate) fn start_held<S: Source, V: Initial>(source: S, grant: &Grant) -> watch::Receiver<V> {
     let first = Some(Leader {
         candidate: grant.candidate.clone(),

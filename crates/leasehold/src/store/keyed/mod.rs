@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::grant::{FencingToken, Grant, Leader, SessionId, SessionLease};
 use crate::names::{CandidateId, ElectionName};
 use crate::store::cleanup::{self, OnDrop};
-use crate::store::keys::{Check, Keys, Write};
+use crate::store::keys::{Check, Keys, Revision, Write};
 use crate::store::{
     ElectionState, LeaderWatch, Note, NoteWatch, StatusWatch, Store, check_note, note_watch,
     watch_driver,
@@ -102,7 +102,7 @@ impl<K: Keys> KeyedStore<K> {
         let key = election::candidate_key(&grant.election, grant.session);
         let checks = [Check::Created {
             key: key.clone(),
-            revision: crate::store::keys::Revision(grant.token.0),
+            revision: Revision(grant.token.0),
             session: Some(grant.session),
         }];
         let writes = [
@@ -218,9 +218,12 @@ impl<K: Keys> Store for KeyedStore<K> {
         watch_driver::start(source, election, None).await
     }
 
+    /// Started from the grant, unread: its key was created at the
+    /// revision that is its token, and any change since is told.
     async fn watch_grant(&self, grant: &Grant) -> Result<LeaderWatch> {
-        let source = CandidatesSource::new(Arc::clone(&self.keys), &grant.election).await?;
-        watch_driver::start(source, &grant.election, Some(grant.token)).await
+        let granted = Revision(grant.token.0);
+        let source = CandidatesSource::since(Arc::clone(&self.keys), &grant.election, granted);
+        Ok(watch_driver::start_held(source.await?, grant))
     }
 
     async fn elections(&self) -> Result<Vec<ElectionState>> {
@@ -304,6 +307,14 @@ impl<K: Keys> Store for KeyedStore<K> {
         let prefix = election::notes(election);
         let source = NotesSource::new(Arc::clone(&self.keys), election, prefix).await?;
         note_watch::start(source, election).await
+    }
+
+    /// Started unread: the commit that made the grant checked that the
+    /// election had no note at its revision.
+    async fn watch_notes_since_unwaited(&self, grant: &Grant) -> Result<NoteWatch> {
+        let from = Revision(grant.token.0);
+        let source = NotesSource::since(Arc::clone(&self.keys), &grant.election, from).await?;
+        Ok(note_watch::start_known(source, &grant.election, Vec::new()))
     }
 
     async fn last_release(&self, election: &ElectionName) -> Result<Option<FencingToken>> {

@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::grant::Leader;
 use crate::names::ElectionName;
 use crate::store::Note;
-use crate::store::keys::{Heard, KeyWatch, Keys, Range};
+use crate::store::keys::{Heard, KeyWatch, Keys, Range, Revision};
 use crate::store::note_watch::NoteSource;
 use crate::store::watch_driver::{Event, Source};
 
@@ -35,6 +35,18 @@ impl<K: Keys> Following<K> {
             keys,
             prefix,
             first: Some(first),
+            watch,
+        })
+    }
+
+    /// Follows `prefix` from `from`, known without a read: the first
+    /// read comes after the first change told.
+    async fn since(keys: Arc<K>, prefix: String, from: Revision) -> Result<Self> {
+        let watch = keys.watch(&prefix, from).await?;
+        Ok(Following {
+            keys,
+            prefix,
+            first: None,
             watch,
         })
     }
@@ -75,6 +87,17 @@ impl<K: Keys> CandidatesSource<K> {
             Following::new(keys, election::candidates(election)).await?,
         ))
     }
+
+    /// For the holder of a grant made at revision `granted`: the
+    /// candidates are known from there without a read.
+    pub(super) async fn since(
+        keys: Arc<K>,
+        election: &ElectionName,
+        granted: Revision,
+    ) -> Result<Self> {
+        let prefix = election::candidates(election);
+        Ok(Self(Following::since(keys, prefix, granted).await?))
+    }
 }
 
 impl<K: Keys> Source for CandidatesSource<K> {
@@ -108,6 +131,19 @@ impl<K: Keys> NotesSource<K> {
     pub(super) async fn new(keys: Arc<K>, election: &ElectionName, prefix: String) -> Result<Self> {
         Ok(NotesSource {
             following: Following::new(keys, prefix).await?,
+            election: election.clone(),
+        })
+    }
+
+    /// All the notes of `election`, known to be none at revision `from`.
+    pub(super) async fn since(
+        keys: Arc<K>,
+        election: &ElectionName,
+        from: Revision,
+    ) -> Result<Self> {
+        let prefix = election::notes(election);
+        Ok(NotesSource {
+            following: Following::since(keys, prefix, from).await?,
             election: election.clone(),
         })
     }

@@ -3,6 +3,7 @@ mod etcd;
 mod etcd_api;
 mod etcd_concurrency;
 mod etcd_faults;
+mod etcd_keys;
 mod etcd_secure;
 mod examples;
 mod fence;

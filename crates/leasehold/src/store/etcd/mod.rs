@@ -82,11 +82,13 @@ mod connect;
 mod elections;
 mod keys;
 mod notes;
+mod primitive;
 mod space;
 mod watch_hub;
 
 pub use client::ATTEMPT_TIMEOUT;
 use client::{EtcdError, KeepAlive, Members, prefix_end};
+pub use primitive::EtcdKeys;
 use watch_hub::{WatchHub, Woken};
 
 /// The messages and client stubs generated from `proto/etcd.proto`.

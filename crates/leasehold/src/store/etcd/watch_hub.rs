@@ -28,8 +28,9 @@ use super::pb;
 /// How a wait ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Woken {
-    /// A change in the range.
-    Changed,
+    /// A change in the range, at this revision (the last of the events
+    /// that told it).
+    Changed(i64),
     /// The watch could not be kept (the stream broke or could not be
     /// opened, the revision was compacted away, etcd cancelled it).
     Broken,
@@ -310,7 +311,16 @@ fn answer(
     if reply.canceled || reply.compact_revision > 0 {
         waits.wake(ticket, Woken::Broken);
     } else if !reply.events.is_empty() {
-        waits.wake(ticket, Woken::Changed);
+        let at = reply
+            .events
+            .iter()
+            .filter_map(|e| e.kv.as_ref())
+            .map(|kv| kv.mod_revision)
+            .max();
+        let at = at
+            .or(reply.header.as_ref().map(|h| h.revision))
+            .unwrap_or(0);
+        waits.wake(ticket, Woken::Changed(at));
         cancel(outgoing, id);
     }
     true

@@ -10,16 +10,17 @@ use async_trait::async_trait;
 use crate::error::{Error, Result};
 use crate::grant::{FencingToken, Grant, Leader, SessionId, SessionLease};
 use crate::names::{CandidateId, ElectionName};
-use crate::store::cleanup::{self, OnDrop};
 use crate::store::keys::{Check, Keys, Revision, Write};
 use crate::store::{
     ElectionState, LeaderWatch, Note, NoteWatch, StatusWatch, Store, check_note, note_watch,
     watch_driver,
 };
 
+mod campaign;
 mod election;
 mod sources;
 
+use campaign::CandidateKey;
 use election::Standing;
 use sources::{CandidatesSource, NotesSource};
 
@@ -78,25 +79,6 @@ impl<K: Keys> KeyedStore<K> {
         }
     }
 
-    /// Removes `key` of `session` (created at `created`, when known):
-    /// what a dropped campaign leaves behind.
-    fn withdraw_on_drop(
-        &self,
-        key: String,
-        session: SessionId,
-    ) -> OnDrop<(Arc<K>, String, SessionId)> {
-        OnDrop::new(
-            (Arc::clone(&self.keys), key, session),
-            |(keys, key, _session)| async move {
-                cleanup::until_done("withdraw a dropped campaign's key", || {
-                    let (keys, key) = (Arc::clone(&keys), key.clone());
-                    async move { keys.commit(&[], &[Write::Delete(key)]).await.map(drop) }
-                })
-                .await;
-            },
-        )
-    }
-
     /// Deletes the grant's key and records its release, if it still holds.
     async fn release(&self, grant: &Grant) -> Result<()> {
         let key = election::candidate_key(&grant.election, grant.session);
@@ -123,6 +105,11 @@ impl<K: Keys> KeyedStore<K> {
     }
 }
 
+/// A candidate key's value: the candidate's id.
+fn candidate_value(candidate: &CandidateId) -> String {
+    candidate.to_string()
+}
+
 #[async_trait]
 impl<K: Keys> Store for KeyedStore<K> {
     async fn open_session(&self, ttl: Duration) -> Result<SessionLease> {
@@ -141,31 +128,19 @@ impl<K: Keys> Store for KeyedStore<K> {
         &self,
         session: SessionId,
         election: &ElectionName,
-        candidate: &CandidateId,
+        candidate_id: &CandidateId,
     ) -> Result<Grant> {
-        let key = election::candidate_key(election, session);
-        // Armed before the request goes out: a campaign dropped while it
-        // is on its way may have created the key.
-        let withdraw = self.withdraw_on_drop(key.clone(), session);
-        let put = Write::Put {
-            key: key.clone(),
-            value: candidate.to_string(),
-            session: Some(session),
+        let candidate = CandidateKey {
+            key: election::candidate_key(election, session),
+            session,
         };
-        let created = self.keys.commit(&[Check::Absent(key)], &[put]).await;
-        let withdraw = match created {
-            Ok(Some(_)) => Some(withdraw),
-            // The key was there: an earlier campaign of this session's,
-            // which is not this one's to withdraw.
-            Ok(None) => {
-                withdraw.disarm();
-                None
-            }
-            Err(error) => {
-                withdraw.disarm();
-                return Err(error);
-            }
-        };
+        let checks = vec![Check::Absent(candidate.key.clone())];
+        let created = candidate
+            .create(&self.keys, checks, candidate_value(candidate_id))
+            .await?;
+        // The key was there: an earlier campaign of this session's, which
+        // is not this one's to withdraw.
+        let withdraw = created.map(|revision| candidate.withdraw_on_drop(&self.keys, revision));
         let grant = self.wait_for_front(session, election).await;
         if let Some(withdraw) = withdraw
             && grant.is_ok()
@@ -179,21 +154,22 @@ impl<K: Keys> Store for KeyedStore<K> {
         &self,
         session: SessionId,
         election: &ElectionName,
-        candidate: &CandidateId,
+        candidate_id: &CandidateId,
     ) -> Result<Option<Grant>> {
-        let checks = [
+        let candidate = CandidateKey {
+            key: election::candidate_key(election, session),
+            session,
+        };
+        let checks = vec![
             Check::NoneUnder(election::candidates(election)),
             Check::NoneUnder(election::notes(election)),
         ];
-        let put = Write::Put {
-            key: election::candidate_key(election, session),
-            value: candidate.to_string(),
-            session: Some(session),
-        };
-        let created = self.keys.commit(&checks, &[put]).await?;
+        let created = candidate
+            .create(&self.keys, checks, candidate_value(candidate_id))
+            .await?;
         Ok(created.map(|revision| Grant {
             election: election.clone(),
-            candidate: candidate.clone(),
+            candidate: candidate_id.clone(),
             session,
             token: FencingToken(revision.0),
         }))

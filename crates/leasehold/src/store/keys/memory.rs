@@ -29,6 +29,9 @@ const TTL: StoreTtl = StoreTtl {
     max: Duration::MAX,
 };
 
+/// How many deletions are kept for watches that start from before them.
+const TOMBSTONES: usize = 4096;
+
 /// The largest revision: the largest fencing token.
 const LAST_REVISION: u64 = FencingToken::LAST.0;
 
@@ -68,8 +71,12 @@ struct State {
     sessions: HashMap<SessionId, Session>,
     keys: BTreeMap<String, Stored>,
     /// The revision at which each key that is gone was deleted, for
-    /// watches that start from before.
+    /// watches that start from before; at most [`TOMBSTONES`] of them.
     deleted: BTreeMap<String, Revision>,
+    /// The latest deletion forgotten: a watch that starts from before it
+    /// is told of a change at once (its reader reads again, and finds
+    /// what there is).
+    forgotten: Revision,
     watches: Vec<(String, watch::Sender<Heard>)>,
     /// When the task that ends expired sessions is to look next; `None`
     /// while it waits for a key to be attached to a session.
@@ -219,7 +226,21 @@ impl State {
     fn delete(&mut self, key: &str) {
         if self.keys.remove(key).is_some() {
             self.deleted.insert(key.to_owned(), Revision(self.revision));
+            if self.deleted.len() > TOMBSTONES {
+                self.forget_older_half();
+            }
         }
+    }
+
+    /// Forgets the older half of the deletions kept for watches, so that
+    /// a process that opens and ends sessions for ever keeps a bounded
+    /// record.
+    fn forget_older_half(&mut self) {
+        let mut at: Vec<Revision> = self.deleted.values().copied().collect();
+        at.sort_unstable();
+        let floor = at[at.len() / 2];
+        self.deleted.retain(|_, revision| *revision > floor);
+        self.forgotten = self.forgotten.max(floor);
     }
 
     fn holds(&self, check: &Check) -> bool {
@@ -289,9 +310,11 @@ impl State {
         });
     }
 
-    /// Whether anything under `prefix` changed after `from`.
+    /// Whether anything under `prefix` changed after `from` (or may have:
+    /// a deletion since forgotten).
     fn changed_since(&self, prefix: &str, from: Revision) -> bool {
-        self.under(prefix).any(|(_, k)| k.modified > from)
+        from < self.forgotten
+            || self.under(prefix).any(|(_, k)| k.modified > from)
             || self
                 .deleted
                 .range::<str, _>((Bound::Included(prefix), Bound::Unbounded))
@@ -412,6 +435,39 @@ mod tests {
 
     /// The largest token is granted; after it, a commit is refused as
     /// corrupt and writes nothing.
+    /// Deletions kept for watches stay bounded however many keys come and
+    /// go; a watch from before a forgotten one is told at once.
+    #[tokio::test]
+    async fn the_record_of_deletions_stays_bounded() {
+        let keys = MemoryKeys::new();
+        let put = |key: String| Write::Put {
+            key,
+            value: String::new(),
+            session: None,
+        };
+        let start = keys.range("").await.expect("range").revision;
+        for i in 0..3 * TOMBSTONES {
+            let key = format!("k{i}");
+            keys.commit(&[], &[put(key.clone())]).await.expect("put");
+            keys.commit(&[], &[Write::Delete(key)])
+                .await
+                .expect("delete");
+        }
+        let kept = keys.state().0.deleted.len();
+        assert!(kept <= TOMBSTONES, "{kept} deletions kept");
+        let mut watch = keys.watch("k1", start).await.expect("watch");
+        assert!(
+            watch.has_changed().expect("open"),
+            "a forgotten change is told"
+        );
+        let now = keys.range("").await.expect("range").revision;
+        let mut quiet = keys.watch("k1", now).await.expect("watch");
+        assert!(!quiet.has_changed().expect("open"));
+        keys.commit(&[], &[put("k1".into())]).await.expect("put");
+        assert!(quiet.has_changed().expect("open"));
+        let _ = watch.borrow_and_update();
+    }
+
     #[tokio::test]
     async fn exhausted_revisions_are_corrupt() {
         let keys = MemoryKeys::new();

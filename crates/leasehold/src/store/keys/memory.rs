@@ -461,7 +461,7 @@ mod tests {
             "a forgotten change is told"
         );
         let now = keys.range("").await.expect("range").revision;
-        let mut quiet = keys.watch("k1", now).await.expect("watch");
+        let quiet = keys.watch("k1", now).await.expect("watch");
         assert!(!quiet.has_changed().expect("open"));
         keys.commit(&[], &[put("k1".into())]).await.expect("put");
         assert!(quiet.has_changed().expect("open"));

@@ -121,6 +121,16 @@ pub enum Write {
     Delete(String),
 }
 
+impl Write {
+    /// The session a put attaches its key to.
+    pub fn session(&self) -> Option<SessionId> {
+        match self {
+            Write::Put { session, .. } => *session,
+            Write::Delete(_) => None,
+        }
+    }
+}
+
 /// What a watch has heard.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Heard {

@@ -137,17 +137,6 @@ impl EtcdKeys {
     }
 }
 
-/// The sessions a commit's puts attach keys to.
-fn sessions_of(writes: &[Write]) -> impl Iterator<Item = SessionId> + '_ {
-    writes.iter().filter_map(|w| match w {
-        Write::Put {
-            session: Some(session),
-            ..
-        } => Some(*session),
-        _ => None,
-    })
-}
-
 #[async_trait]
 impl Keys for EtcdKeys {
     async fn open_session(&self, ttl: Duration) -> Result<SessionLease> {
@@ -177,7 +166,11 @@ impl Keys for EtcdKeys {
         let done = match self.store.txn("commit", txn).await {
             Ok(done) => done,
             Err(error) if error.is_lease_not_found() => {
-                let session = sessions_of(writes).next().unwrap_or(SessionId(0));
+                let session = writes
+                    .iter()
+                    .filter_map(Write::session)
+                    .next()
+                    .unwrap_or(SessionId(0));
                 return Err(Error::SessionExpired(session));
             }
             Err(error) => return Err(error.into()),

@@ -1,9 +1,11 @@
 //! A campaign's key: created only if absent, withdrawn if the campaign is
 //! dropped, whenever that happens — even while the request that creates
 //! it is on its way (the cancellation obligation of
-//! [`Store::campaign`](crate::store::Store::campaign)).
+//! [`Store::campaign`](crate::store::Store::campaign)) — and never taken
+//! up by a later campaign while it is being withdrawn.
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
 
@@ -12,11 +14,75 @@ use crate::grant::SessionId;
 use crate::store::cleanup::{self, OnDrop};
 use crate::store::keys::{Check, Keys, Revision, Write};
 
+/// The keys of dropped campaigns that a handle is withdrawing: a campaign
+/// of the same session that finds one waits until it is gone rather than
+/// take it up (it would vanish under it).
+#[derive(Debug, Default)]
+pub(super) struct Withdrawing(Mutex<HashSet<String>>);
+
+impl Withdrawing {
+    fn set(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn mark(&self, key: &str) {
+        self.set().insert(key.to_owned());
+    }
+
+    fn clear(&self, key: &str) {
+        self.set().remove(key);
+    }
+
+    /// Whether `key` is being withdrawn.
+    pub(super) fn has(&self, key: &str) -> bool {
+        self.set().contains(key)
+    }
+}
+
 /// A campaign's key: `key`, attached to `session`.
 #[derive(Clone, Debug)]
 pub(super) struct CandidateKey {
     pub(super) key: String,
     pub(super) session: SessionId,
+}
+
+/// The answer to a creation, awaited; dropped before it came, it leaves
+/// the key marked as being withdrawn and sees to it that it is.
+struct Awaiting<K: Keys> {
+    answered: oneshot::Receiver<Result<Option<Revision>>>,
+    keys: Arc<K>,
+    candidate: CandidateKey,
+    withdrawing: Arc<Withdrawing>,
+    done: bool,
+}
+
+impl<K: Keys> Drop for Awaiting<K> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        self.withdrawing.mark(&self.candidate.key);
+        // No answer can come after this: the task learns its answer was
+        // abandoned, and withdraws what it created.
+        self.answered.close();
+        let created = match self.answered.try_recv() {
+            // Answered, but not read: withdrawn here.
+            Ok(Ok(Some(revision))) => revision,
+            Err(oneshot::error::TryRecvError::Empty) => return,
+            Ok(_) | Err(oneshot::error::TryRecvError::Closed) => {
+                self.withdrawing.clear(&self.candidate.key);
+                return;
+            }
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let (keys, candidate) = (Arc::clone(&self.keys), self.candidate.clone());
+            let withdrawing = Arc::clone(&self.withdrawing);
+            runtime.spawn(async move {
+                candidate.clone().withdraw(keys, created).await;
+                withdrawing.clear(&candidate.key);
+            });
+        }
+    }
 }
 
 impl CandidateKey {
@@ -27,23 +93,37 @@ impl CandidateKey {
     pub(super) async fn create<K: Keys>(
         &self,
         keys: &Arc<K>,
+        withdrawing: &Arc<Withdrawing>,
         checks: Vec<Check>,
         value: String,
     ) -> Result<Option<Revision>> {
         let (answer, answered) = oneshot::channel();
-        let (keys, candidate) = (Arc::clone(keys), self.clone());
+        let (task_keys, candidate) = (Arc::clone(keys), self.clone());
+        let task_withdrawing = Arc::clone(withdrawing);
         tokio::spawn(async move {
             let put = Write::Put {
                 key: candidate.key.clone(),
                 value,
                 session: Some(candidate.session),
             };
-            let created = keys.commit(&checks, &[put]).await;
-            if let Err(Ok(Some(revision))) = answer.send(created) {
-                candidate.withdraw(keys, revision).await;
+            let created = task_keys.commit(&checks, &[put]).await;
+            if let Err(abandoned) = answer.send(created) {
+                if let Ok(Some(revision)) = abandoned {
+                    candidate.clone().withdraw(task_keys, revision).await;
+                }
+                task_withdrawing.clear(&candidate.key);
             }
         });
-        answered.await.map_err(|_| Error::Unavailable {
+        let mut awaiting = Awaiting {
+            answered,
+            keys: Arc::clone(keys),
+            candidate: self.clone(),
+            withdrawing: Arc::clone(withdrawing),
+            done: false,
+        };
+        let answer = (&mut awaiting.answered).await;
+        awaiting.done = true;
+        answer.map_err(|_| Error::Unavailable {
             reason: "the campaign's request was abandoned".into(),
             source: None,
         })?
@@ -66,16 +146,21 @@ impl CandidateKey {
     }
 
     /// Withdraws the key created at `revision` if the guard is dropped
-    /// armed.
+    /// armed; the key counts as being withdrawn from the drop on.
     pub(super) fn withdraw_on_drop<K: Keys>(
         &self,
         keys: &Arc<K>,
+        withdrawing: &Arc<Withdrawing>,
         revision: Revision,
-    ) -> OnDrop<(Arc<K>, CandidateKey)> {
+    ) -> OnDrop<(Arc<K>, CandidateKey, Arc<Withdrawing>)> {
         OnDrop::new(
-            (Arc::clone(keys), self.clone()),
-            move |(keys, candidate): (Arc<K>, CandidateKey)| async move {
-                candidate.withdraw(keys, revision).await;
+            (Arc::clone(keys), self.clone(), Arc::clone(withdrawing)),
+            move |(keys, candidate, withdrawing): (Arc<K>, CandidateKey, Arc<Withdrawing>)| {
+                withdrawing.mark(&candidate.key);
+                async move {
+                    candidate.clone().withdraw(keys, revision).await;
+                    withdrawing.clear(&candidate.key);
+                }
             },
         )
     }

@@ -29,6 +29,9 @@ const TTL: StoreTtl = StoreTtl {
     max: Duration::MAX,
 };
 
+/// The fewest watches kept before those nobody reads are forgotten.
+const PRUNE_AT: usize = 64;
+
 /// How many deletions are kept for watches that start from before them.
 const TOMBSTONES: usize = 4096;
 
@@ -81,6 +84,9 @@ struct State {
     /// When the task that ends expired sessions is to look next; `None`
     /// while it waits for a key to be attached to a session.
     reap_at: Option<Instant>,
+    /// The watches dropped by their readers are forgotten when this many
+    /// are kept (and at every write).
+    prune_at: usize,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -113,6 +119,7 @@ impl MemoryKeys {
     pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
         let state = State {
             next_session: 1,
+            prune_at: PRUNE_AT,
             ..State::default()
         };
         MemoryKeys {
@@ -137,17 +144,22 @@ impl MemoryKeys {
         lock(&self.shared, &*self.clock)
     }
 
-    /// Has the task that ends expired sessions look at the next expiry
-    /// (starting it the first time).
-    fn reap(&self) {
-        if !self.shared.reaping.swap(true, Ordering::Relaxed) {
-            tokio::spawn(reap(
-                Arc::downgrade(&self.shared),
-                Arc::clone(&self.handle.wake),
-                Arc::clone(&self.clock),
-            ));
+    /// Starts the task that ends expired sessions unless it runs (it
+    /// ends with its runtime: a handle used on another runtime later
+    /// starts another there); `true` if this started it.
+    fn reaping(&self) -> bool {
+        if self.shared.reaping.swap(true, Ordering::Relaxed) {
+            return false;
         }
-        self.handle.wake.notify_one();
+        // Made before the task: dropped with it, even unpolled.
+        let running = Reaping(Arc::downgrade(&self.shared));
+        let (wake, clock) = (Arc::clone(&self.handle.wake), Arc::clone(&self.clock));
+        let shared = Arc::downgrade(&self.shared);
+        tokio::spawn(async move {
+            let _running = running;
+            reap(shared, wake, clock).await;
+        });
+        true
     }
 }
 
@@ -167,6 +179,23 @@ fn lock<'a>(shared: &'a Shared, clock: &dyn Clock) -> (MutexGuard<'a, State>, In
         state.end(session);
     }
     (state, now)
+}
+
+/// Says that the task that ends expired sessions no longer runs, when it
+/// ends (with its runtime, say).
+struct Reaping(Weak<Shared>);
+
+impl Drop for Reaping {
+    fn drop(&mut self) {
+        if let Some(shared) = self.0.upgrade() {
+            shared
+                .state
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .reap_at = None;
+            shared.reaping.store(false, Ordering::Relaxed);
+        }
+    }
 }
 
 /// Ends each session that keeps keys at its expiry, so that watches hear
@@ -264,7 +293,16 @@ impl State {
             .take_while(move |(key, _)| key.starts_with(prefix))
     }
 
+    /// Applies `writes` at a new revision, unless none changes anything
+    /// (deletes of keys that are not there).
     fn apply(&mut self, writes: &[Write]) {
+        let changes = writes.iter().any(|w| match w {
+            Write::Put { .. } => true,
+            Write::Delete(key) => self.keys.contains_key(key),
+        });
+        if !changes {
+            return;
+        }
         self.revision += 1;
         let revision = Revision(self.revision);
         for write in writes {
@@ -373,17 +411,16 @@ impl Keys for MemoryKeys {
         }
         state.apply(writes);
         let revision = Revision(state.revision);
+        // The task looks again if a key's session expires before it was
+        // to look.
+        let sooner = writes
+            .iter()
+            .filter_map(Write::session)
+            .filter_map(|session| state.sessions.get(&session))
+            .any(|s| state.reap_at.is_none_or(|at| s.expires_at < at));
         drop(state);
-        if writes.iter().any(|w| {
-            matches!(
-                w,
-                Write::Put {
-                    session: Some(_),
-                    ..
-                }
-            )
-        }) {
-            self.reap();
+        if !self.reaping() && sooner {
+            self.handle.wake.notify_one();
         }
         Ok(Some(revision))
     }
@@ -411,10 +448,17 @@ impl Keys for MemoryKeys {
     }
 
     async fn watch(&self, prefix: &str, from: Revision) -> Result<KeyWatch> {
+        self.reaping();
         let (mut state, _) = self.state();
+        // A revision the store has not reached yet: from its last.
+        let from = from.min(Revision(state.revision));
         let (tx, rx) = watch::channel(Heard::Changed(from));
         if state.changed_since(prefix, from) {
             tx.send_replace(Heard::Changed(Revision(state.revision)));
+        }
+        if state.watches.len() >= state.prune_at {
+            state.watches.retain(|(_, tx)| !tx.is_closed());
+            state.prune_at = (2 * state.watches.len()).max(PRUNE_AT);
         }
         state.watches.push((prefix.to_owned(), tx));
         Ok(rx)
@@ -435,6 +479,77 @@ mod tests {
 
     /// The largest token is granted; after it, a commit is refused as
     /// corrupt and writes nothing.
+    fn put(key: &str, session: Option<SessionId>) -> Write {
+        Write::Put {
+            key: key.to_owned(),
+            value: String::new(),
+            session,
+        }
+    }
+
+    /// A handle used on a runtime that is gone still tells expiries on the
+    /// next one (its task ended with the first).
+    #[test]
+    fn expiries_are_told_on_a_later_runtime() {
+        let runtime = || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .expect("runtime")
+        };
+        let keys = MemoryKeys::new();
+        runtime().block_on(async {
+            let session = keys
+                .open_session(Duration::from_secs(30))
+                .await
+                .expect("open");
+            keys.commit(&[], &[put("first", Some(session.id))])
+                .await
+                .expect("put");
+        });
+        runtime().block_on(async {
+            let session = keys
+                .open_session(Duration::from_millis(50))
+                .await
+                .expect("open");
+            keys.commit(&[], &[put("k", Some(session.id))])
+                .await
+                .expect("put");
+            let at = keys.range("k").await.expect("range").revision;
+            let mut watch = keys.watch("k", at).await.expect("watch");
+            tokio::time::timeout(Duration::from_secs(5), watch.changed())
+                .await
+                .expect("the expiry is told")
+                .expect("open");
+        });
+    }
+
+    /// Watches dropped on a store nobody writes to are forgotten all the
+    /// same.
+    #[tokio::test]
+    async fn dropped_watches_are_forgotten_without_writes() {
+        let keys = MemoryKeys::new();
+        for _ in 0..10_000 {
+            drop(keys.watch("p", Revision(0)).await.expect("watch"));
+        }
+        let kept = keys.state().0.watches.len();
+        assert!(kept <= PRUNE_AT, "{kept} watches kept");
+    }
+
+    /// A commit that changes nothing (a delete of a key that is not there)
+    /// takes no revision and wakes nobody; a watch from a revision the
+    /// store has not reached starts from its last.
+    #[tokio::test]
+    async fn a_commit_that_changes_nothing_is_no_change() {
+        let keys = MemoryKeys::new();
+        let written = keys.commit(&[], &[put("a", None)]).await.expect("put");
+        let watch = keys.watch("z", Revision(1_000)).await.expect("watch");
+        assert_eq!(*watch.borrow(), Heard::Changed(Revision(1)));
+        let nothing = keys.commit(&[], &[Write::Delete("z-absent".into())]).await;
+        assert_eq!(nothing.expect("commit"), written);
+        assert!(!watch.has_changed().expect("open"), "woken by no change");
+    }
+
     /// Deletions kept for watches stay bounded however many keys come and
     /// go; a watch from before a forgotten one is told at once.
     #[tokio::test]

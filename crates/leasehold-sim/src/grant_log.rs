@@ -120,4 +120,22 @@ impl Store for GrantLog {
     async fn last_release(&self, election: &ElectionName) -> Result<Option<FencingToken>> {
         self.store.last_release(election).await
     }
+    async fn release_orphaned(&self, grant: &Grant) -> Result<()> {
+        self.store.release_orphaned(grant).await
+    }
+    async fn watch_grant(&self, grant: &Grant) -> Result<LeaderWatch> {
+        self.store.watch_grant(grant).await
+    }
+    async fn watch_status(&self, election: &ElectionName) -> Result<StatusWatch> {
+        self.store.watch_status(election).await
+    }
+    async fn watch_notes_since_unwaited(&self, grant: &Grant) -> Result<NoteWatch> {
+        self.store.watch_notes_since_unwaited(grant).await
+    }
+    async fn session_ended(&self, session: SessionId) {
+        self.store.session_ended(session).await;
+    }
+    fn session_lock_file(&self) -> Option<std::fs::File> {
+        self.store.session_lock_file()
+    }
 }

@@ -43,7 +43,7 @@ use leasehold::fence::MemoryFence;
 use leasehold::store::memory::MemoryStore;
 use leasehold::store::{
     ElectionState, FencingToken, Grant, Leader, LeaderWatch, Note, NoteWatch, SessionId,
-    SessionLease, Store,
+    SessionLease, StatusWatch, Store,
 };
 use leasehold::{CandidateId, ElectionName, Elector, Error, LeaseConfig, Result, Session};
 

@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use leasehold::clock::Instant;
 use leasehold::store::{
     ElectionState, FencingToken, Grant, Leader, LeaderWatch, Note, NoteWatch, SessionId,
-    SessionLease, Store,
+    SessionLease, StatusWatch, Store,
 };
 use leasehold::{CandidateId, ElectionName, Error, Result};
 
@@ -325,6 +325,41 @@ impl Store for Link {
 
     async fn elections(&self) -> Result<Vec<ElectionState>> {
         self.call(self.store.elections()).await
+    }
+
+    async fn release_orphaned(&self, grant: &Grant) -> Result<()> {
+        self.call(self.store.release_orphaned(grant)).await
+    }
+
+    /// The store's watch of a held grant, seen through this candidate as
+    /// [`Link::watch`] sees the leader.
+    async fn watch_grant(&self, grant: &Grant) -> Result<LeaderWatch> {
+        let store_side = self.call(self.store.watch_grant(grant)).await?;
+        Ok(through_faults(store_side, Arc::clone(&self.faults)))
+    }
+
+    /// The store's status watch, seen through this candidate as
+    /// [`Link::watch`] sees the leader.
+    async fn watch_status(&self, election: &ElectionName) -> Result<StatusWatch> {
+        let store_side = self.call(self.store.watch_status(election)).await?;
+        Ok(through_faults(store_side, Arc::clone(&self.faults)))
+    }
+
+    /// The notes watch of an unwaited grant's holder, seen through this
+    /// candidate as [`Link::watch`] sees the leader.
+    async fn watch_notes_since_unwaited(&self, grant: &Grant) -> Result<NoteWatch> {
+        let store_side = self
+            .call(self.store.watch_notes_since_unwaited(grant))
+            .await?;
+        Ok(through_faults(store_side, Arc::clone(&self.faults)))
+    }
+
+    async fn session_ended(&self, session: SessionId) {
+        self.store.session_ended(session).await;
+    }
+
+    fn session_lock_file(&self) -> Option<std::fs::File> {
+        self.store.session_lock_file()
     }
 }
 

@@ -5,7 +5,10 @@
 //! up by a later campaign while it is being withdrawn.
 
 use std::collections::HashSet;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
 
 use tokio::sync::oneshot;
 
@@ -86,10 +89,12 @@ impl<K: Keys> Drop for Awaiting<K> {
 }
 
 impl CandidateKey {
-    /// Commits `checks` with the put of this key, valued `value`. The
-    /// commit runs as a task of its own: dropped before it answers, the
-    /// caller leaves it to learn whether the key was created, and to
-    /// withdraw it if so.
+    /// Commits `checks` with the put of this key, valued `value`. A
+    /// commit that does not answer at once (a store across a network)
+    /// goes on as a task of its own: dropped before it answers, the caller
+    /// leaves it to learn whether the key was created, and to withdraw it
+    /// if so. One that answers at once (the memory store) has nothing on
+    /// the way, and takes no task.
     pub(super) async fn create<K: Keys>(
         &self,
         keys: &Arc<K>,
@@ -97,16 +102,27 @@ impl CandidateKey {
         checks: Vec<Check>,
         value: String,
     ) -> Result<Option<Revision>> {
+        let put = Write::Put {
+            key: self.key.clone(),
+            value,
+            session: Some(self.session),
+        };
+        let task_keys = Arc::clone(keys);
+        let mut commit: Pin<Box<dyn Future<Output = _> + Send>> =
+            Box::pin(async move { task_keys.commit(&checks, &[put]).await });
+        // Polled once here, with no one to wake: if it is not done, the
+        // task polls it again with its own waker.
+        if let Poll::Ready(created) = commit
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+        {
+            return created;
+        }
         let (answer, answered) = oneshot::channel();
         let (task_keys, candidate) = (Arc::clone(keys), self.clone());
         let task_withdrawing = Arc::clone(withdrawing);
         tokio::spawn(async move {
-            let put = Write::Put {
-                key: candidate.key.clone(),
-                value,
-                session: Some(candidate.session),
-            };
-            let created = task_keys.commit(&checks, &[put]).await;
+            let created = commit.await;
             if let Err(abandoned) = answer.send(created) {
                 if let Ok(Some(revision)) = abandoned {
                     candidate.clone().withdraw(task_keys, revision).await;

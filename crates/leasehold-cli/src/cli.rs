@@ -237,7 +237,7 @@ static DEFAULT_TTL: std::sync::LazyLock<String> =
 
 impl ElectionArgs {
     pub fn lease_config(&self) -> LeaseConfig {
-        let mut config = LeaseConfig::with_ttl(self.ttl);
+        let mut config = LeaseConfig::new(self.ttl);
         if let Some(every) = self.renew_every {
             config.renew_every = every;
         }

@@ -509,7 +509,7 @@ async fn candidate(c: Candidate) {
     let mut elector = Elector::new(
         Arc::clone(&c.writer.link) as Arc<dyn Store>,
         c.id.clone(),
-        LeaseConfig::with_ttl(c.ttl),
+        LeaseConfig::new(c.ttl),
     )
     .expect("valid config")
     .with_clock(Arc::clone(&c.clock) as Arc<dyn leasehold::clock::Clock>)

@@ -77,7 +77,7 @@ pub(crate) async fn member(mut m: Member) {
     let mut elector = Elector::new(
         Arc::clone(&m.writer.link) as Arc<dyn Store>,
         id,
-        LeaseConfig::with_ttl(m.ttl),
+        LeaseConfig::new(m.ttl),
     )
     .expect("valid config")
     .with_clock(Arc::clone(&m.clock) as Arc<dyn leasehold::clock::Clock>);

@@ -119,7 +119,7 @@ fn ms(d: Duration) -> String {
 }
 
 fn elector(store: Arc<dyn Store>, name: &str) -> Elector {
-    Elector::new(store, id(name), LeaseConfig::with_ttl(TTL)).expect("config")
+    Elector::new(store, id(name), LeaseConfig::new(TTL)).expect("config")
 }
 
 /// This process's CPU time (user + system) and resident memory.
@@ -264,7 +264,7 @@ async fn held(url: &StoreUrl, n: usize) -> Held {
     tasks.abort_all();
     // Idle: let the watches settle, then five renewal periods.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let period = LeaseConfig::with_ttl(TTL).renew_every;
+    let period = LeaseConfig::new(TTL).renew_every;
     let (cpu_before, _) = usage();
     let counts_before = handle.counts();
     let reads_before = watch_reads();

@@ -87,7 +87,7 @@ async fn measure(store: &'static str, url: &str, waiters: usize, rounds: usize) 
         let elector = Elector::new(
             Arc::clone(&handle) as Arc<dyn Store>,
             CandidateId::new(format!("c{i}")).expect("id"),
-            LeaseConfig::with_ttl(TTL),
+            LeaseConfig::new(TTL),
         )
         .expect("config");
         let campaigned = election.clone();

@@ -99,7 +99,7 @@ async fn work(leadership: &Leadership, db: &mut Connection, me: &str) -> Result<
             Outcome::Stale { highest } => {
                 // Someone newer has written: this process is no longer
                 // leader, whatever its lease says.
-                leadership.supersede();
+                leadership.end_as_stale();
                 println!("stale: the journal has accepted token {highest} > {token}; stopping");
                 return Ok(());
             }
@@ -129,11 +129,7 @@ async fn main() -> Result<(), BoxError> {
 
     let store = leasehold::store::open(&url, leasehold::store::Access::ReadWrite).await?;
     let me = CandidateId::default_for_process();
-    let elector = Elector::new(
-        store,
-        me.clone(),
-        LeaseConfig::with_ttl(Duration::from_secs(5)),
-    )?;
+    let elector = Elector::new(store, me.clone(), LeaseConfig::new(Duration::from_secs(5)))?;
     let election = ElectionName::new("example")?;
     let mut db = open_resource(&resource)?;
 

@@ -56,7 +56,7 @@ async fn take_turns(store: Arc<dyn Store>, election: ElectionName) -> Result<(),
         let elector = Elector::new(
             Arc::clone(&store),
             CandidateId::new(name)?,
-            LeaseConfig::with_ttl(Duration::from_secs(2)),
+            LeaseConfig::new(Duration::from_secs(2)),
         )?;
         let election = election.clone();
         turns.spawn(async move {

@@ -51,13 +51,13 @@ pub struct LeaseConfig {
 
 impl Default for LeaseConfig {
     fn default() -> Self {
-        LeaseConfig::with_ttl(DEFAULT_TTL)
+        LeaseConfig::new(DEFAULT_TTL)
     }
 }
 
 impl LeaseConfig {
     /// `ttl`, renewed every third of it, with the default clock bounds.
-    pub fn with_ttl(ttl: Duration) -> Self {
+    pub fn new(ttl: Duration) -> Self {
         LeaseConfig {
             ttl,
             renew_every: ttl / 3,
@@ -262,14 +262,14 @@ mod tests {
         LeaseConfig::default()
             .validate()
             .expect("default config is valid");
-        LeaseConfig::with_ttl(ms(2000))
+        LeaseConfig::new(ms(2000))
             .validate()
             .expect("--ttl 2s alone is valid");
     }
 
     #[test]
     fn rejects_with_numbers() {
-        let mut c = LeaseConfig::with_ttl(ms(2000));
+        let mut c = LeaseConfig::new(ms(2000));
         c.renew_every = ms(1000);
         let err = c.validate().expect_err("2r ≥ ttl·0.99 − s").to_string();
         assert!(
@@ -282,13 +282,13 @@ mod tests {
         assert!(err.contains(RENEWAL_RULE), "{err}");
         // Issue 12: 450 ms passed validation with TTL 1 s although the
         // runner then renewed every 296 ms and `tune` called it fragile.
-        let mut c = LeaseConfig::with_ttl(ms(1000));
+        let mut c = LeaseConfig::new(ms(1000));
         c.renew_every = ms(450);
         let err = c.validate().expect_err("900ms ≥ 890ms").to_string();
         assert!(err.contains("= 445ms"), "{err}");
         c.renew_every = ms(444);
         c.validate().expect("888ms < 890ms");
-        let mut c = LeaseConfig::with_ttl(ms(100));
+        let mut c = LeaseConfig::new(ms(100));
         let err = c.validate().expect_err("no validity").to_string();
         assert!(err.contains("is not positive"), "{err}");
         assert!(err.contains(RENEWAL_RULE), "{err}");
@@ -297,12 +297,12 @@ mod tests {
             c.validate().is_err(),
             "TTL 100ms leaves no time after the skew"
         );
-        assert!(LeaseConfig::with_ttl(Duration::ZERO).validate().is_err());
-        let mut c = LeaseConfig::with_ttl(ms(2000));
+        assert!(LeaseConfig::new(Duration::ZERO).validate().is_err());
+        let mut c = LeaseConfig::new(ms(2000));
         c.renew_every = Duration::ZERO;
         assert!(c.validate().is_err());
         for drift in [-0.1, 0.5, f64::NAN, f64::INFINITY] {
-            let mut c = LeaseConfig::with_ttl(ms(2000));
+            let mut c = LeaseConfig::new(ms(2000));
             c.drift = drift;
             assert!(c.validate().is_err(), "drift {drift}");
         }
@@ -313,14 +313,14 @@ mod tests {
     /// etcd and PostgreSQL failed every campaign, SQLite capped it).
     #[test]
     fn rejects_a_ttl_above_the_maximum() {
-        assert!(LeaseConfig::with_ttl(MAX_TTL).validate().is_ok());
+        assert!(LeaseConfig::new(MAX_TTL).validate().is_ok());
         for ttl in [
             MAX_TTL + Duration::from_nanos(1),
             Duration::from_secs(1000 * 365 * 86_400),
             Duration::from_secs(u64::MAX),
             Duration::MAX,
         ] {
-            let err = LeaseConfig::with_ttl(ttl)
+            let err = LeaseConfig::new(ttl)
                 .validate()
                 .expect_err("too long")
                 .to_string();
@@ -363,7 +363,7 @@ mod tests {
 
     #[test]
     fn deadline_uses_drift_and_skew() {
-        let c = LeaseConfig::with_ttl(ms(10_000));
+        let c = LeaseConfig::new(ms(10_000));
         let sent = Instant::now();
         // 10s * 0.99 - 100ms = 9.8s
         assert_eq!(c.deadline(sent, ms(10_000)), Some(sent + ms(9_800)));
@@ -372,7 +372,7 @@ mod tests {
 
     #[test]
     fn renew_period_shrinks_when_store_grants_less() {
-        let c = LeaseConfig::with_ttl(ms(3000));
+        let c = LeaseConfig::new(ms(3000));
         assert_eq!(c.renew_period_for(ms(3000)), ms(1000));
         assert_eq!(c.renew_period_for(ms(5000)), ms(1000));
         let shorter = c.renew_period_for(ms(1000));
@@ -456,7 +456,7 @@ mod tests {
         fn later_send_never_gives_earlier_deadline(
             ttl_ms in 300u64..100_000, gap_ms in 0u64..10_000,
         ) {
-            let c = LeaseConfig::with_ttl(ms(ttl_ms));
+            let c = LeaseConfig::new(ms(ttl_ms));
             let t0 = Instant::now();
             let a = c.deadline(t0, c.ttl);
             let b = c.deadline(t0 + ms(gap_ms), c.ttl);

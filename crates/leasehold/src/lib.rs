@@ -11,7 +11,7 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> leasehold::Result<()> {
 //! let store = Arc::new(MemoryStore::new());
-//! let elector = Elector::new(store, CandidateId::new("replica-a")?, LeaseConfig::with_ttl(Duration::from_secs(2)))?;
+//! let elector = Elector::new(store, CandidateId::new("replica-a")?, LeaseConfig::new(Duration::from_secs(2)))?;
 //! let election = ElectionName::new("nightly-billing")?;
 //!
 //! let leadership = elector.campaign(&election).await?;

@@ -7,7 +7,7 @@ use super::*;
 /// in the library's words, with what it means for two TTLs.
 pub(super) fn renew_every_help() -> String {
     let limit = |ttl: Duration| {
-        let config = LeaseConfig::with_ttl(ttl);
+        let config = LeaseConfig::new(ttl);
         let half = config.validity(ttl).map(|v| v / 2).unwrap_or_default();
         format!(
             "under {} for --ttl {}",

@@ -161,7 +161,7 @@ impl Leadership {
     /// write as stale ([`crate::Error::Stale`]): someone newer has written,
     /// so this process must stop acting, whatever its lease says. The grant
     /// is left to expire or be released by [`Leadership::resign`].
-    pub fn supersede(&self) {
+    pub fn end_as_stale(&self) {
         if self.session.supersede(&self.grant, false) {
             tracing::warn!(election = %self.grant.election, token = self.grant.token.0,
                 "leadership ended: the resource refused this token as stale");

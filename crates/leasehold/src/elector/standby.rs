@@ -485,7 +485,7 @@ mod tests {
         let elector = Elector::new(
             Arc::clone(&store),
             CandidateId::new("b").expect("valid id"),
-            LeaseConfig::with_ttl(TTL),
+            LeaseConfig::new(TTL),
         )
         .expect("config");
         // While `a`'s note is the one read, `b` waits.

@@ -157,7 +157,7 @@ pub async fn invalid_input_is_rejected(harness: &dyn StoreHarness) {
             Elector::new(
                 Arc::clone(&store),
                 candidate("a"),
-                LeaseConfig::with_ttl(too_long)
+                LeaseConfig::new(too_long)
             ),
             Err(Error::InvalidInput { .. })
         ));
@@ -168,14 +168,14 @@ pub async fn invalid_input_is_rejected(harness: &dyn StoreHarness) {
             Err(Error::InvalidInput { .. })
         ));
     }
-    let mut config = LeaseConfig::with_ttl(Duration::from_secs(2));
+    let mut config = LeaseConfig::new(Duration::from_secs(2));
     config.renew_every = Duration::from_secs(1);
     assert!(matches!(
         Elector::new(Arc::clone(&store), candidate("a"), config),
         Err(Error::InvalidInput { .. })
     ));
     assert!(matches!(
-        Elector::new(store, candidate("a"), LeaseConfig::with_ttl(Duration::ZERO)),
+        Elector::new(store, candidate("a"), LeaseConfig::new(Duration::ZERO)),
         Err(Error::InvalidInput { .. })
     ));
 }
@@ -204,7 +204,7 @@ pub async fn elections_are_listed(harness: &dyn StoreHarness) {
 }
 
 fn short_config() -> LeaseConfig {
-    LeaseConfig::with_ttl(SHORT_TTL.max(Duration::from_secs(2)))
+    LeaseConfig::new(SHORT_TTL.max(Duration::from_secs(2)))
 }
 
 /// Rule 4: when renewals stop reaching the store, the elector's lost signal
@@ -283,7 +283,7 @@ pub async fn a_recipe_layout_refuses_what_only_leasehold_keeps(harness: &dyn Sto
     let prioritized = Elector::new(
         Arc::clone(&store),
         CandidateId::new("high").expect("id"),
-        LeaseConfig::with_ttl(Duration::from_secs(5)),
+        LeaseConfig::new(Duration::from_secs(5)),
     )
     .expect("config")
     .with_priority(5);
@@ -297,7 +297,7 @@ pub async fn a_recipe_layout_refuses_what_only_leasehold_keeps(harness: &dyn Sto
         Elector::new(
             Arc::clone(&store),
             CandidateId::new("plain").expect("id"),
-            LeaseConfig::with_ttl(Duration::from_secs(5)),
+            LeaseConfig::new(Duration::from_secs(5)),
         )
         .expect("config"),
     );

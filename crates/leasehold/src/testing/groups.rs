@@ -158,8 +158,7 @@ async fn member(
 ) -> Member {
     let faults = Arc::new(FaultyStore::new(harness.open().await, Arc::new(TokioClock)));
     let store: Arc<dyn Store> = Arc::clone(&faults) as Arc<dyn Store>;
-    let elector =
-        Arc::new(Elector::new(store, id(name), LeaseConfig::with_ttl(ttl)).expect("config"));
+    let elector = Arc::new(Elector::new(store, id(name), LeaseConfig::new(ttl)).expect("config"));
     let mut shards = Shards::join(Arc::clone(&elector), group.clone(), count)
         .await
         .unwrap_or_else(|e| panic!("{name} joins {group}: {e}"));
@@ -268,9 +267,8 @@ pub async fn a_group_refuses_another_count(harness: &dyn StoreHarness) {
     let ownership = Arc::new(Ownership::default());
     let a = member(harness, "a", TTL, &group, 3, &ownership).await;
     let store = harness.open().await;
-    let other = Arc::new(
-        Elector::new(Arc::clone(&store), id("b"), LeaseConfig::with_ttl(TTL)).expect("config"),
-    );
+    let other =
+        Arc::new(Elector::new(Arc::clone(&store), id("b"), LeaseConfig::new(TTL)).expect("config"));
     match Shards::join(Arc::clone(&other), group.clone(), 4).await {
         Err(Error::Conflict(message)) => assert!(
             message.contains("3 shards"),
@@ -295,7 +293,7 @@ pub async fn a_group_refuses_another_count(harness: &dyn StoreHarness) {
     let single = unique_election("single");
     let leader = other.campaign(&single).await.expect("campaign");
     let joiner = Arc::new(
-        Elector::new(harness.open().await, id("c"), LeaseConfig::with_ttl(TTL)).expect("config"),
+        Elector::new(harness.open().await, id("c"), LeaseConfig::new(TTL)).expect("config"),
     );
     match Shards::join(Arc::clone(&joiner), single.clone(), 2).await {
         Err(Error::Conflict(message)) => assert!(
@@ -335,8 +333,7 @@ pub async fn slots_hold_at_most_k(harness: &dyn StoreHarness) {
         let store = harness.open().await;
         let (group, ownership) = (group.clone(), Arc::clone(&ownership));
         tasks.spawn(async move {
-            let elector =
-                Elector::new(store, id(name), LeaseConfig::with_ttl(TTL)).expect("config");
+            let elector = Elector::new(store, id(name), LeaseConfig::new(TTL)).expect("config");
             for _ in 0..3 {
                 let slot = elector
                     .campaign_slot(&group, SLOTS)
@@ -368,10 +365,10 @@ pub async fn a_member_that_leaves_is_gone_at_once(harness: &dyn StoreHarness) {
     let group = unique_election("leave");
     let store = harness.open().await;
     let a = Arc::new(
-        Elector::new(harness.open().await, id("a"), LeaseConfig::with_ttl(TTL)).expect("config"),
+        Elector::new(harness.open().await, id("a"), LeaseConfig::new(TTL)).expect("config"),
     );
     let b = Arc::new(
-        Elector::new(harness.open().await, id("b"), LeaseConfig::with_ttl(TTL)).expect("config"),
+        Elector::new(harness.open().await, id("b"), LeaseConfig::new(TTL)).expect("config"),
     );
     let mut shards_a = Shards::join(Arc::clone(&a), group.clone(), 2)
         .await

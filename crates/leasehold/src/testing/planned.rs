@@ -34,7 +34,7 @@ fn id(name: &str) -> CandidateId {
 }
 
 async fn elector(harness: &dyn StoreHarness, name: &str) -> Elector {
-    Elector::new(harness.open().await, id(name), LeaseConfig::with_ttl(TTL)).expect("config")
+    Elector::new(harness.open().await, id(name), LeaseConfig::new(TTL)).expect("config")
 }
 
 /// An elector "leader" and its leadership of `election` (keep the
@@ -167,7 +167,7 @@ pub async fn a_transfer_to_a_standby_that_cannot_take_it_up_times_out(harness: &
         Elector::new(
             Arc::clone(&frozen) as Arc<dyn Store>,
             id("b"),
-            LeaseConfig::with_ttl(TTL),
+            LeaseConfig::new(TTL),
         )
         .expect("config"),
     );
@@ -367,9 +367,8 @@ pub async fn a_standby_whose_campaign_ends_leaves_the_line_despite_a_failure(
     let requester = harness.open().await;
     let (_leader, leadership) = leading(harness, &election).await;
     let faulty = Arc::new(FaultyStore::new(harness.open().await, Arc::new(TokioClock)));
-    let front = Arc::new(
-        Elector::new(faulty.clone(), id("front"), LeaseConfig::with_ttl(TTL)).expect("config"),
-    );
+    let front =
+        Arc::new(Elector::new(faulty.clone(), id("front"), LeaseConfig::new(TTL)).expect("config"));
     let front_task = join(Arc::clone(&front), &election, &requester).await;
     let behind = join(
         Arc::new(elector(harness, "behind").await),
@@ -462,7 +461,7 @@ pub async fn a_transfer_wakes_only_the_front_of_the_line(harness: &dyn StoreHarn
         let elector = Elector::new(
             Arc::clone(&store) as Arc<dyn Store>,
             id(&format!("w{i}")),
-            LeaseConfig::with_ttl(TTL),
+            LeaseConfig::new(TTL),
         )
         .expect("config");
         tasks.push(join(Arc::new(elector), &election, &requester).await);
@@ -541,7 +540,7 @@ pub async fn a_line_on_one_handle_reads_only_at_its_front(harness: &dyn StoreHar
     const SHORT: Duration = Duration::from_secs(2);
     let election = unique_election("one-handle-line");
     let shared = harness.open().await;
-    let config = LeaseConfig::with_ttl(SHORT);
+    let config = LeaseConfig::new(SHORT);
     let leader = Elector::new(Arc::clone(&shared), id("leader"), config).expect("config");
     let leadership = within("leader campaigns", leader.campaign(&election))
         .await
@@ -707,7 +706,7 @@ async fn an_uncontended_campaign_is_one_request(harness: &dyn StoreHarness) {
     let election = unique_election("one-request");
     let counting = Arc::new(CountingStore::new(harness.open().await));
     let store: Arc<dyn Store> = counting.clone();
-    let elector = Elector::new(store, id("solo"), LeaseConfig::with_ttl(TTL)).expect("config");
+    let elector = Elector::new(store, id("solo"), LeaseConfig::new(TTL)).expect("config");
     elector.session().await.expect("session");
     let before = counting.counts();
     let leadership = within("an uncontended campaign", elector.campaign(&election))

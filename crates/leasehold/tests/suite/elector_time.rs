@@ -32,7 +32,7 @@ fn setup(ttl: Duration) -> Setup {
     let elector = Elector::new(
         faulty.clone(),
         CandidateId::new("a").expect("id"),
-        LeaseConfig::with_ttl(ttl),
+        LeaseConfig::new(ttl),
     )
     .expect("valid config")
     .with_clock(clock);
@@ -236,7 +236,7 @@ async fn waiter_takes_over_on_resign_and_on_crash() {
     let b = Elector::new(
         b_link.clone(),
         CandidateId::new("b").expect("id"),
-        LeaseConfig::with_ttl(ms(3000)),
+        LeaseConfig::new(ms(3000)),
     )
     .expect("config");
     let first = s.elector.campaign(&election).await.expect("campaign");
@@ -353,7 +353,7 @@ async fn a_clock_that_wakes_early_neither_spins_nor_misses_the_deadline() {
     let elector = Elector::new(
         faulty.clone(),
         CandidateId::new("a").expect("id"),
-        LeaseConfig::with_ttl(ms(3000)),
+        LeaseConfig::new(ms(3000)),
     )
     .expect("valid config")
     .with_clock(clock);
@@ -394,7 +394,7 @@ async fn a_renewal_due_as_an_election_is_taken_still_goes_out() {
     let ttl = ms(3000);
     let s = setup(ttl);
     let base = unique_election("due");
-    let period = LeaseConfig::with_ttl(ttl).renew_every;
+    let period = LeaseConfig::new(ttl).renew_every;
     let mut held = vec![
         s.elector
             .campaign(&leasehold::ElectionName::new(format!("{base}-0")).expect("name"))

@@ -41,7 +41,7 @@ async fn elector(endpoints: &[String], id: &str, ttl: Duration) -> Elector {
     Elector::new(
         Arc::new(store),
         CandidateId::new(id).expect("id"),
-        LeaseConfig::with_ttl(ttl),
+        LeaseConfig::new(ttl),
     )
     .expect("config")
 }

@@ -74,7 +74,7 @@ fn elector(store: &Arc<dyn Store>, id: &str) -> Arc<Elector> {
         Elector::new(
             Arc::clone(store),
             CandidateId::new(id).expect("id"),
-            LeaseConfig::with_ttl(Duration::from_secs(5)),
+            LeaseConfig::new(Duration::from_secs(5)),
         )
         .expect("config"),
     )

@@ -917,7 +917,7 @@ impl Turns {
         let elector = Elector::new(
             Arc::new(store),
             id(name),
-            LeaseConfig::with_ttl(Duration::from_secs(2)),
+            LeaseConfig::new(Duration::from_secs(2)),
         )
         .expect("config");
         let seed = self.seed ^ (self.tasks.len() as u64 + 1);

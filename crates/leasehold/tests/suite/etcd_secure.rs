@@ -215,7 +215,7 @@ async fn elector(store: EtcdStore, id: &str, ttl: Duration) -> Elector {
     Elector::new(
         Arc::new(store),
         CandidateId::new(id).expect("id"),
-        LeaseConfig::with_ttl(ttl),
+        LeaseConfig::new(ttl),
     )
     .expect("config")
 }

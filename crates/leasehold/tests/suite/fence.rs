@@ -117,7 +117,7 @@ async fn a_paused_writer_is_fenced_off_after_a_takeover() {
         Arc::new(store.clone()),
         Arc::clone(&clock),
     ));
-    let config = LeaseConfig::with_ttl(Duration::from_secs(10));
+    let config = LeaseConfig::new(Duration::from_secs(10));
     let a =
         Elector::new(a_link.clone(), CandidateId::new("a").expect("id"), config).expect("config");
     let b = Elector::new(
@@ -153,7 +153,7 @@ async fn a_paused_writer_is_fenced_off_after_a_takeover() {
             presented, highest, ..
         }) => {
             assert_eq!((presented, highest), (leader_a.token(), leader_b.token()));
-            leader_a.supersede();
+            leader_a.end_as_stale();
         }
         other => panic!("the stale write must be refused, got {other:?}"),
     }
@@ -166,14 +166,14 @@ async fn a_paused_writer_is_fenced_off_after_a_takeover() {
     assert_eq!(log, vec![('a', 1), ('b', leader_b.token().0)]);
 }
 
-/// `supersede` ends a live leadership at once with `Superseded`.
+/// `end_as_stale` ends a live leadership at once with `Superseded`.
 #[tokio::test(start_paused = true)]
 async fn supersede_ends_leadership_at_once() {
     let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
     let elector = Elector::new(
         store,
         CandidateId::new("a").expect("id"),
-        LeaseConfig::with_ttl(Duration::from_secs(10)),
+        LeaseConfig::new(Duration::from_secs(10)),
     )
     .expect("config");
     let leadership = elector
@@ -181,7 +181,7 @@ async fn supersede_ends_leadership_at_once() {
         .await
         .expect("campaign");
     assert!(leadership.is_leader());
-    leadership.supersede();
+    leadership.end_as_stale();
     assert!(!leadership.is_leader());
     assert_eq!(leadership.lost().await, LostReason::Superseded);
 }

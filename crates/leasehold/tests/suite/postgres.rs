@@ -285,7 +285,7 @@ async fn server_restart_while_a_candidate_leads() {
             Elector::new(
                 Arc::new(store),
                 CandidateId::new(id).expect("id"),
-                LeaseConfig::with_ttl(Duration::from_secs(2)),
+                LeaseConfig::new(Duration::from_secs(2)),
             )
             .expect("config")
         }

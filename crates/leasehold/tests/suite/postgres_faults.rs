@@ -97,7 +97,7 @@ enum Down {
 
 /// The leader's validity after sending a renewal: `ttl·(1 − drift) − skew`.
 fn leader_validity() -> Duration {
-    LeaseConfig::with_ttl(LEADER_TTL)
+    LeaseConfig::new(LEADER_TTL)
         .validity(LEADER_TTL)
         .expect("a valid TTL")
 }
@@ -114,7 +114,7 @@ async fn candidate(url: &str, id: &str, ttl: Duration) -> Elector {
     Elector::new(
         Arc::new(store),
         CandidateId::new(id).expect("id"),
-        LeaseConfig::with_ttl(ttl),
+        LeaseConfig::new(ttl),
     )
     .expect("config")
 }

@@ -455,7 +455,7 @@ async fn postgres_certificates_rotate_without_a_restart() {
     let elector = Elector::new(
         Arc::new(store.clone()),
         CandidateId::new("rotating").expect("id"),
-        LeaseConfig::with_ttl(Duration::from_secs(4)),
+        LeaseConfig::new(Duration::from_secs(4)),
     )
     .expect("config");
     let election = unique_election("rotate");

@@ -49,7 +49,7 @@ fn elector(store: &Arc<ZkStore>, id: &str, ttl: Duration) -> Elector {
     Elector::new(
         Arc::clone(store) as Arc<dyn Store>,
         CandidateId::new(id).expect("id"),
-        LeaseConfig::with_ttl(ttl),
+        LeaseConfig::new(ttl),
     )
     .expect("config")
 }
@@ -80,7 +80,7 @@ async fn the_ttl_is_the_negotiated_session_timeout() {
     let fine = open_negotiated(&store, Duration::from_millis(1500)).await;
     assert_eq!(fine.ttl, Duration::from_millis(1500));
     // The elector uses the granted value for its deadline.
-    let mut config = LeaseConfig::with_ttl(Duration::from_secs(120));
+    let mut config = LeaseConfig::new(Duration::from_secs(120));
     config.renew_every = Duration::from_secs(10);
     let elector = Elector::new(
         Arc::clone(&store) as Arc<dyn Store>,

@@ -74,7 +74,7 @@ async fn an_intruder_cannot_depose_the_leader() {
     let elector = Elector::new(
         Arc::clone(&store),
         CandidateId::new("a").expect("id"),
-        LeaseConfig::with_ttl(Duration::from_secs(2)),
+        LeaseConfig::new(Duration::from_secs(2)),
     )
     .expect("config");
     let election = ElectionName::new("job").expect("name");

@@ -76,7 +76,7 @@ fn elector(store: &Arc<ZkStore>, id: &str) -> Elector {
     Elector::new(
         Arc::clone(store) as Arc<dyn Store>,
         CandidateId::new(id).expect("id"),
-        LeaseConfig::with_ttl(TTL),
+        LeaseConfig::new(TTL),
     )
     .expect("config")
 }

@@ -111,7 +111,7 @@ pub async fn an_exhausted_token_counter_is_corrupt(harness: &dyn StoreHarness) {
     let elector = Elector::new(
         Arc::clone(&store),
         candidate("d"),
-        LeaseConfig::with_ttl(LONG_TTL),
+        LeaseConfig::new(LONG_TTL),
     )
     .expect("config");
     let refused = within("a refused elector", elector.campaign(&election)).await;
@@ -326,7 +326,7 @@ pub async fn a_release_by_another_session_of_one_id_changes_nothing(harness: &dy
 /// the first resigns, with a higher token.
 pub async fn two_electors_of_one_id_never_lead_together(harness: &dyn StoreHarness) {
     let election = unique_election("one-id-electors");
-    let config = LeaseConfig::with_ttl(LONG_TTL);
+    let config = LeaseConfig::new(LONG_TTL);
     let a = Elector::new(harness.open().await, candidate("twin"), config).expect("a");
     let b = Elector::new(harness.open().await, candidate("twin"), config).expect("b");
     let first = within("a campaigns", a.campaign(&election))

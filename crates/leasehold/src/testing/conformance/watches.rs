@@ -121,7 +121,7 @@ pub async fn a_holder_of_many_reads_nothing_per_period(harness: &dyn StoreHarnes
     let elector = Elector::new(
         Arc::clone(&store),
         candidate("holder"),
-        LeaseConfig::with_ttl(TTL),
+        LeaseConfig::new(TTL),
     )
     .expect("config");
     let base = unique_election("many");

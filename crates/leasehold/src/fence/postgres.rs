@@ -39,6 +39,15 @@ fn pg(error: tokio_postgres::Error) -> Error {
     Error::unavailable("postgres fence", error)
 }
 
+/// A PostgreSQL error in a fenced write: `?` works on the caller's
+/// statements in the transaction the check runs in.
+/// [`Error::Unavailable`], as the fence's own PostgreSQL errors.
+impl From<tokio_postgres::Error> for Error {
+    fn from(error: tokio_postgres::Error) -> Self {
+        pg(error)
+    }
+}
+
 /// Creates the fence table if it does not exist.
 pub async fn create_table(client: &impl GenericClient) -> Result<()> {
     client.batch_execute(CREATE_TABLE).await.map_err(pg)
@@ -76,4 +85,20 @@ pub async fn check_and_advance(
         presented: token,
         highest: FencingToken::from_stored(highest),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A caller's own PostgreSQL error converts with `?` in code that
+    /// returns leasehold's `Result`.
+    #[test]
+    fn a_postgres_error_converts_with_a_question_mark() {
+        fn configure() -> Result<tokio_postgres::Config> {
+            Ok("host=h port=not-a-port".parse::<tokio_postgres::Config>()?)
+        }
+        let error = configure().expect_err("an invalid port");
+        assert!(matches!(error, Error::Unavailable { .. }), "{error:?}");
+    }
 }

@@ -36,6 +36,15 @@ fn sql(error: rusqlite::Error) -> Error {
     Error::unavailable("sqlite fence", error)
 }
 
+/// A SQLite error in a fenced write: `?` works in the closure given to
+/// [`SqliteFence::fenced`], and the transaction is rolled back, the token
+/// with it. [`Error::Unavailable`], as the fence's own SQLite errors.
+impl From<rusqlite::Error> for Error {
+    fn from(error: rusqlite::Error) -> Self {
+        Error::unavailable("sqlite", error)
+    }
+}
+
 /// Creates the fence table if it does not exist (idempotent).
 pub fn create_table(conn: &Connection) -> Result<()> {
     conn.execute_batch(CREATE).map_err(sql)
@@ -120,5 +129,36 @@ impl Fence for SqliteFence {
         tokio::task::spawn_blocking(move || fence.fenced(&resource, token, |_| Ok(())))
             .await
             .map_err(|e| Error::unavailable("sqlite fence worker failed", e))?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A write that fails with SQLite's own error (`?` in the closure)
+    /// rolls back, the new highest token with it.
+    #[test]
+    fn a_failed_write_keeps_the_last_token() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let fence = SqliteFence::open(dir.path().join("fence.db")).expect("open");
+        fence
+            .fenced("r", FencingToken(1), |tx| {
+                tx.execute_batch("CREATE TABLE t (x INTEGER NOT NULL)")?;
+                Ok(())
+            })
+            .expect("first write");
+        let failed = fence.fenced("r", FencingToken(5), |tx| {
+            tx.execute("INSERT INTO t (x) VALUES (NULL)", [])?;
+            Ok(())
+        });
+        assert!(
+            matches!(failed, Err(Error::Unavailable { .. })),
+            "{failed:?}"
+        );
+        // Token 5 was not kept: 2 is still above the highest.
+        fence
+            .fenced("r", FencingToken(2), |_| Ok(()))
+            .expect("token 2 is not stale");
     }
 }

@@ -59,17 +59,23 @@ impl<K: Keys> KeyedStore<K> {
         &self.keys
     }
 
-    /// Waits until the campaign key of `session` leads, or is gone.
+    /// Waits until the campaign key of `session` leads, or is gone: one
+    /// watch of the candidates for the whole wait, opened from the first
+    /// read, and a read at each change it tells.
     async fn wait_for_front(&self, session: SessionId, election: &ElectionName) -> Result<Grant> {
         let prefix = election::candidates(election);
+        let mut range = self.keys.range(&prefix).await?;
+        let mut watch = None;
         loop {
-            let range = self.keys.range(&prefix).await?;
             let recheck = match election::standing(&range, election, session)? {
                 Standing::Granted(grant) => return Ok(grant),
                 Standing::Gone => return Err(Error::SessionExpired(session)),
                 Standing::Waits { recheck } => recheck,
             };
-            let mut watch = self.keys.watch(&prefix, range.revision).await?;
+            let watch = match &mut watch {
+                Some(watch) => watch,
+                None => watch.insert(self.keys.watch(&prefix, range.revision).await?),
+            };
             let expiry = match recheck.filter(|_| !self.keys.tells_expiries()) {
                 Some(left) => self.keys.sleep(left + Duration::from_millis(1)),
                 None => Box::pin(std::future::pending()),
@@ -77,12 +83,15 @@ impl<K: Keys> KeyedStore<K> {
             tokio::select! {
                 changed = watch.changed() => if changed.is_err() {
                     return Err(Error::Unavailable {
-                    reason: "the store's watch ended".into(),
-                    source: None,
-                });
+                        reason: "the store's watch ended".into(),
+                        source: None,
+                    });
                 },
                 () = expiry => {}
             }
+            // Seen before the read: a change made during it is told again.
+            watch.borrow_and_update();
+            range = self.keys.range(&prefix).await?;
         }
     }
 

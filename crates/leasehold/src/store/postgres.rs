@@ -65,7 +65,7 @@ use crate::store::{
 
 mod elections;
 mod listening;
-use listening::{PgWatch, leave_line, listen, wakes};
+use listening::{InFlight, PgWatch, listen, wakes};
 mod notes;
 mod schema;
 mod tls;
@@ -105,6 +105,17 @@ enum Listening {
     Yes,
     /// The connection was lost: changes go unheard until it is back.
     Lost,
+}
+
+/// What one `acquire` statement answered.
+#[derive(Debug)]
+pub(super) enum Acquired {
+    /// The session holds the election; `fresh` when this statement granted
+    /// it (not when the session held it already).
+    Granted { grant: Grant, fresh: bool },
+    /// Someone else holds it or is before this session in line: wait at
+    /// most `left`; `token` is the election's current one.
+    Waiting { left: Duration, token: FencingToken },
 }
 
 /// An election store in a PostgreSQL database.
@@ -420,12 +431,12 @@ impl Inner {
     /// One acquisition attempt, one statement: the grant, or how long to
     /// wait at most and the election's current token (the holder's, if it
     /// has one).
-    async fn try_acquire(
+    pub(super) async fn try_acquire(
         &self,
         session: SessionId,
         election: &ElectionName,
         candidate: &CandidateId,
-    ) -> Result<std::result::Result<Grant, (Duration, FencingToken)>> {
+    ) -> Result<Acquired> {
         let id = session_key(session)?;
         let client = self.client().await?;
         let acquired = timed("campaign", async {
@@ -438,21 +449,43 @@ impl Inner {
         })
         .await?;
         let row = acquired.map_err(|error| self.acquire_failed(election, error))?;
-        let (granted, tok, wait_ms): (Option<bool>, Option<i64>, Option<i64>) =
-            (row.get(0), row.get(1), row.get(2));
+        let (granted, tok, wait_ms, fresh): (Option<bool>, Option<i64>, Option<i64>, Option<bool>) =
+            (row.get(0), row.get(1), row.get(2), row.get(3));
         match (granted, tok) {
-            (Some(true), Some(tok)) => Ok(Ok(Grant {
-                election: election.clone(),
-                candidate: candidate.clone(),
-                session,
-                token: FencingToken::from_stored(tok),
-            })),
-            (Some(false), tok) => Ok(Err((
-                from_millis(wait_ms.unwrap_or(0)),
-                FencingToken::from_stored(tok.unwrap_or(0)),
-            ))),
+            (Some(true), Some(tok)) => Ok(Acquired::Granted {
+                grant: Grant {
+                    election: election.clone(),
+                    candidate: candidate.clone(),
+                    session,
+                    token: FencingToken::from_stored(tok),
+                },
+                fresh: fresh == Some(true),
+            }),
+            (Some(false), tok) => Ok(Acquired::Waiting {
+                left: from_millis(wait_ms.unwrap_or(0)),
+                token: FencingToken::from_stored(tok.unwrap_or(0)),
+            }),
             _ => Err(Error::SessionExpired(session)),
         }
+    }
+
+    /// Releases `grant` if it still holds its election: whether it did.
+    pub(super) async fn release(&self, grant: &Grant) -> Result<bool> {
+        let id = session_key(grant.session)?;
+        let client = self.client().await?;
+        Ok(timed(
+            "release the election",
+            client.query_one(
+                &format!("SELECT {}($1, $2, $3)", self.table("release")),
+                &[
+                    &grant.election.as_str(),
+                    &grant.token.to_i64_saturating(),
+                    &id,
+                ],
+            ),
+        )
+        .await?
+        .get(0))
     }
 
     /// The error of an `acquire` of `election` that the server refused.

@@ -770,3 +770,66 @@ async fn a_schema_version_table_leasehold_did_not_write_is_not_its_marker() {
         .get(0);
     assert_eq!(rows, 0, "written");
 }
+
+/// The cancellation obligation, where the race lives: a campaign whose
+/// statement is still waiting in the server when it is dropped is granted
+/// after the drop (the holder's release commits while it waits). The drop's
+/// cleanup must release that grant, not only take the campaign out of line.
+/// The statement is held in the server by a transaction of the test's own
+/// that releases the holder through the store's own function and commits
+/// only after the campaign is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_campaign_granted_in_the_server_after_its_drop_is_released() {
+    let server = tokio::task::spawn_blocking(shared::postgres)
+        .await
+        .expect("server start");
+    let schema = shared::unique("dropped_in_server");
+    let store: Arc<dyn Store> = Arc::new(
+        PostgresStore::connect(&server.url(), &schema)
+            .await
+            .expect("connect"),
+    );
+    let election = unique_election("dropped-in-server");
+    let held = leasehold::testing::campaign_on_new_session(
+        &*store,
+        &election,
+        "a",
+        Duration::from_secs(30),
+    )
+    .await;
+    let admin = sql(&server.url()).await;
+    admin.batch_execute("BEGIN").await.expect("begin");
+    let released: bool = admin
+        .query_one(
+            &format!("SELECT {schema}.release($1, $2, $3)"),
+            &[
+                &election.as_str(),
+                &held.token.to_i64_saturating(),
+                &i64::try_from(held.session.0).expect("a stored session id"),
+            ],
+        )
+        .await
+        .expect("release, uncommitted")
+        .get(0);
+    assert!(
+        released,
+        "the holder's grant is released in the transaction"
+    );
+    let lease = store
+        .open_session(Duration::from_secs(30))
+        .await
+        .expect("open");
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(300),
+        store.campaign(lease.id, &election, &CandidateId::new("b").expect("id")),
+    )
+    .await;
+    assert!(dropped.is_err(), "the campaign waits on the held row");
+    admin.batch_execute("COMMIT").await.expect("commit");
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(
+        store.leader(&election).await.expect("read"),
+        None,
+        "a campaign dropped while its statement waited was left holding the election"
+    );
+}

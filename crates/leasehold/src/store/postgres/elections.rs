@@ -104,24 +104,29 @@ impl Store for PostgresStore {
         // Subscribed before the first attempt, so a release between the
         // attempt and the wait is not missed.
         let mut notices = self.inner.notices.subscribe();
-        let withdraw = {
+        // Dropped, the campaign leaves the line, and releases the grant of
+        // a statement still on its way (the `Store` cancellation obligation).
+        let mut in_flight = OnDrop::new(InFlight::default(), {
             let (inner, election) = (Arc::clone(&self.inner), election.clone());
-            OnDrop::new((), move |()| leave_line(inner, election, session))
-        };
+            move |in_flight| in_flight.abandon(inner, election, session)
+        });
         let me = session.0.to_string();
         // The holder whose grant this campaign found expired, not released.
         let mut expired: Option<(String, FencingToken)> = None;
         loop {
-            match self.inner.try_acquire(session, election, candidate).await? {
-                Ok(grant) => {
-                    withdraw.disarm();
+            let attempt = in_flight
+                .get_mut()
+                .attempt(&self.inner, session, election, candidate);
+            match attempt.await? {
+                Acquired::Granted { grant, .. } => {
+                    in_flight.disarm();
                     if let Some((holder, tok)) = expired {
                         tracing::info!(%election, id = %candidate, expired_leader = %holder, expired_token = tok.0,
                             "the previous leader's lease expired; taking over");
                     }
                     return Ok(grant);
                 }
-                Err((left, tok)) => {
+                Acquired::Waiting { left, token: tok } => {
                     let wake = tokio::time::Instant::now() + left + Duration::from_millis(1);
                     let by_timer = loop {
                         tokio::select! {
@@ -153,19 +158,7 @@ impl Store for PostgresStore {
     }
 
     async fn resign(&self, grant: &Grant) -> Result<()> {
-        let id = session_key(grant.session)?;
-        let client = self.inner.client().await?;
-        let token_value = grant.token.to_i64_saturating();
-        let released: bool = timed(
-            "release the election",
-            client.query_one(
-                &format!("SELECT {}($1, $2, $3)", self.inner.table("release")),
-                &[&grant.election.as_str(), &token_value, &id],
-            ),
-        )
-        .await?
-        .get(0);
-        if !released {
+        if !self.inner.release(grant).await? {
             return Err(Error::NotHolder {
                 election: grant.election.to_string(),
                 token: grant.token,

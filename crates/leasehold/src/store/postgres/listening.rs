@@ -157,7 +157,52 @@ pub(super) fn wakes(
 
 /// Leaves the line, for a campaign dropped or failed before it was
 /// granted, so that a release is never handed to a waiter that is gone.
-pub(super) async fn leave_line(inner: Arc<Inner>, election: ElectionName, session: SessionId) {
+/// A campaign's `acquire` statement on its way: run as a task of its own,
+/// so that its answer outlives the campaign's drop.
+#[derive(Debug, Default)]
+pub(super) struct InFlight {
+    statement: Option<tokio::task::JoinHandle<Result<Acquired>>>,
+}
+
+impl InFlight {
+    /// One `acquire`, kept here until it is answered.
+    pub(super) async fn attempt(
+        &mut self,
+        inner: &Arc<Inner>,
+        session: SessionId,
+        election: &ElectionName,
+        candidate: &CandidateId,
+    ) -> Result<Acquired> {
+        let statement = self.statement.insert(tokio::spawn({
+            let (inner, election, candidate) =
+                (Arc::clone(inner), election.clone(), candidate.clone());
+            async move { inner.try_acquire(session, &election, &candidate).await }
+        }));
+        let answered = statement.await;
+        self.statement = None;
+        answered.map_err(|e| Error::unavailable("the campaign's statement failed", e))?
+    }
+
+    /// The cleanup of a dropped campaign: once its statement on the way (if
+    /// any) is answered, releases the grant it made, then leaves the line.
+    pub(super) async fn abandon(
+        self,
+        inner: Arc<Inner>,
+        election: ElectionName,
+        session: SessionId,
+    ) {
+        if let Some(statement) = self.statement
+            && let Ok(Ok(Acquired::Granted { grant, fresh: true })) = statement.await
+        {
+            let released = inner.release(&grant).await;
+            tracing::debug!(?released, "released the grant of a dropped campaign");
+        }
+        leave_line(inner, election, session).await;
+    }
+}
+
+/// Takes `session` out of `election`'s line.
+async fn leave_line(inner: Arc<Inner>, election: ElectionName, session: SessionId) {
     let Ok(id) = session_key(session) else { return };
     let statement = format!("SELECT {}($1, $2)", inner.table("withdraw"));
     // Tried until it lands: a row left at the head of the queue while the

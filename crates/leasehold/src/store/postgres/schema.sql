@@ -52,7 +52,8 @@ $fn$;
 
 CREATE OR REPLACE FUNCTION {schema}.acquire(
     p_session bigint, p_name text, p_candidate text,
-    OUT o_granted boolean, OUT o_token bigint, OUT o_wait_ms bigint)
+    OUT o_granted boolean, OUT o_token bigint, OUT o_wait_ms bigint,
+    OUT o_fresh boolean)
 LANGUAGE plpgsql AS $fn$
 DECLARE
     v_token bigint;
@@ -85,6 +86,8 @@ BEGIN
             WHERE h.id = v_holder AND h.expires_at > clock_timestamp() FOR UPDATE;
         IF FOUND THEN
             IF v_holder = p_session THEN
+                -- Held already: not this call's grant (o_fresh stays null),
+                -- so a dropped campaign's cleanup does not release it.
                 o_granted := true;
                 o_wait_ms := 0;
                 RETURN;
@@ -123,6 +126,7 @@ BEGIN
     o_granted := true;
     o_token := v_token;
     o_wait_ms := 0;
+    o_fresh := true;
 END
 $fn$;
 

@@ -142,9 +142,9 @@ impl Inner {
 ///   it either committed before and is seen, or runs after and finds the
 ///   session expired), and bumps the token in the acquiring `UPDATE`. A free
 ///   election goes to the first waiter in line whose session is live; a
-///   candidate that has to wait joins the line. Returns `(true, token, 0)`
-///   when granted (also when the session already holds the election),
-///   `(false, token, ms)` with how long to sleep at most — until the
+///   candidate that has to wait joins the line. Returns `(true, token, 0,
+///   true)` when this call granted it, `(true, token, 0, NULL)` when the
+///   session held the election already, `(false, token, ms, NULL)` with how long to sleep at most — until the
 ///   holder's expiry for the first in line, until the first's expiry for the
 ///   others — or NULLs when the calling session has expired.
 /// - `queue_head(election)`: the first waiter with a live session.

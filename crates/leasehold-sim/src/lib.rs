@@ -37,15 +37,11 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use leasehold::clock::Instant;
 use leasehold::fence::MemoryFence;
 use leasehold::store::memory::MemoryStore;
-use leasehold::store::{
-    ElectionState, FencingToken, Grant, Leader, LeaderWatch, Note, NoteWatch, SessionId,
-    SessionLease, StatusWatch, Store,
-};
-use leasehold::{CandidateId, ElectionName, Elector, Error, LeaseConfig, Result, Session};
+use leasehold::store::{Grant, Leader, Request, Store, Wrapper};
+use leasehold::{CandidateId, ElectionName, Elector, Error, LeaseConfig, Session};
 
 use crate::clock::{DriftingClock, StoreClock};
 use crate::history::{Crash, Granted, History, Term, Write};

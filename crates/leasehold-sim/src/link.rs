@@ -10,13 +10,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use leasehold::clock::Instant;
-use leasehold::store::{
-    ElectionState, FencingToken, Grant, Leader, LeaderWatch, Note, NoteWatch, SessionId,
-    SessionLease, StatusWatch, Store,
-};
-use leasehold::{CandidateId, ElectionName, Error, Result};
+use leasehold::store::{Call, Grant, Request, SessionId, Store, Wrapper};
+use leasehold::{ElectionName, Error, Result};
 
 use leasehold_testkit::Rng;
 
@@ -206,160 +202,28 @@ impl Link {
     }
 }
 
-#[async_trait]
-impl Store for Link {
-    async fn open_session(&self, ttl: Duration) -> Result<SessionLease> {
-        self.call(self.store.open_session(ttl)).await
+/// Every call crosses the network ([`Link::call`]). Every watch is the
+/// store's, seen through this candidate: while it is paused it handles
+/// nothing, and while it is cut off nothing reaches it, so a change
+/// reaches it only when it resumes and the partition heals (the latest
+/// value then); once it crashed, nothing more. (Were it to hear of a lost
+/// grant at once, a holder would step down at once, and a grant wrongly
+/// released under it would go unnoticed.)
+impl Wrapper for Link {
+    fn inner(&self) -> &dyn Store {
+        &*self.store
     }
 
-    async fn keep_alive(&self, session: SessionId) -> Result<Duration> {
-        self.call(self.store.keep_alive(session)).await
+    fn around<'a, T: Send + 'a>(&'a self, _: Call, request: Request<'a, T>) -> Request<'a, T> {
+        Box::pin(self.call(request))
     }
 
-    async fn close_session(&self, session: SessionId) -> Result<()> {
-        self.call(self.store.close_session(session)).await
-    }
-
-    async fn campaign(
+    fn watched<T: Clone + Send + Sync + 'static>(
         &self,
-        session: SessionId,
-        election: &ElectionName,
-        candidate: &CandidateId,
-    ) -> Result<Grant> {
-        self.call(self.store.campaign(session, election, candidate))
-            .await
-    }
-
-    async fn try_campaign_unwaited(
-        &self,
-        session: SessionId,
-        election: &ElectionName,
-        candidate: &CandidateId,
-    ) -> Result<Option<Grant>> {
-        self.call(
-            self.store
-                .try_campaign_unwaited(session, election, candidate),
-        )
-        .await
-    }
-
-    async fn resign(&self, grant: &Grant) -> Result<()> {
-        self.call(self.store.resign(grant)).await
-    }
-
-    async fn leader(&self, election: &ElectionName) -> Result<Option<Leader>> {
-        self.call(self.store.leader(election)).await
-    }
-
-    /// The store's watch, seen through this candidate: while it is paused
-    /// it handles nothing, and while it is cut off nothing reaches it, so a
-    /// change reaches it only when it resumes and the partition heals (the
-    /// latest value then); once it crashed, nothing more. (Were it to hear
-    /// of a lost grant at once, a holder would step down at once, and a
-    /// grant wrongly released under it would go unnoticed.)
-    async fn watch(&self, election: &ElectionName) -> Result<LeaderWatch> {
-        let store_side = self.call(self.store.watch(election)).await?;
-        Ok(through_faults(store_side, Arc::clone(&self.faults)))
-    }
-
-    async fn put_note(
-        &self,
-        session: SessionId,
-        election: &ElectionName,
-        name: &str,
-        text: &str,
-    ) -> Result<()> {
-        self.call(self.store.put_note(session, election, name, text))
-            .await
-    }
-
-    async fn delete_note(
-        &self,
-        session: SessionId,
-        election: &ElectionName,
-        name: &str,
-    ) -> Result<()> {
-        self.call(self.store.delete_note(session, election, name))
-            .await
-    }
-
-    async fn amend_note(
-        &self,
-        session: SessionId,
-        election: &ElectionName,
-        name: &str,
-        text: &str,
-    ) -> Result<bool> {
-        self.call(self.store.amend_note(session, election, name, text))
-            .await
-    }
-
-    /// The store's one-note watch, seen through this candidate as
-    /// [`Link::watch`] sees the leader.
-    async fn watch_note(
-        &self,
-        session: SessionId,
-        election: &ElectionName,
-        name: &str,
-    ) -> Result<NoteWatch> {
-        let store_side = self
-            .call(self.store.watch_note(session, election, name))
-            .await?;
-        Ok(through_faults(store_side, Arc::clone(&self.faults)))
-    }
-
-    async fn notes(&self, election: &ElectionName) -> Result<Vec<Note>> {
-        self.call(self.store.notes(election)).await
-    }
-
-    /// The store's notes watch, seen through this candidate as
-    /// [`Link::watch`] sees the leader.
-    async fn watch_notes(&self, election: &ElectionName) -> Result<NoteWatch> {
-        let store_side = self.call(self.store.watch_notes(election)).await?;
-        Ok(through_faults(store_side, Arc::clone(&self.faults)))
-    }
-
-    async fn last_release(&self, election: &ElectionName) -> Result<Option<FencingToken>> {
-        self.call(self.store.last_release(election)).await
-    }
-
-    async fn elections(&self) -> Result<Vec<ElectionState>> {
-        self.call(self.store.elections()).await
-    }
-
-    async fn release_orphaned(&self, grant: &Grant) -> Result<()> {
-        self.call(self.store.release_orphaned(grant)).await
-    }
-
-    /// The store's watch of a held grant, seen through this candidate as
-    /// [`Link::watch`] sees the leader.
-    async fn watch_grant(&self, grant: &Grant) -> Result<LeaderWatch> {
-        let store_side = self.call(self.store.watch_grant(grant)).await?;
-        Ok(through_faults(store_side, Arc::clone(&self.faults)))
-    }
-
-    /// The store's status watch, seen through this candidate as
-    /// [`Link::watch`] sees the leader.
-    async fn watch_status(&self, election: &ElectionName) -> Result<StatusWatch> {
-        let store_side = self.call(self.store.watch_status(election)).await?;
-        Ok(through_faults(store_side, Arc::clone(&self.faults)))
-    }
-
-    /// The notes watch of an unwaited grant's holder, seen through this
-    /// candidate as [`Link::watch`] sees the leader.
-    async fn watch_notes_since_unwaited(&self, grant: &Grant) -> Result<NoteWatch> {
-        let store_side = self
-            .call(self.store.watch_notes_since_unwaited(grant))
-            .await?;
-        Ok(through_faults(store_side, Arc::clone(&self.faults)))
-    }
-
-    async fn session_ended(&self, session: SessionId) {
-        self.store.session_ended(session).await;
-    }
-
-    fn session_lock_file(&self) -> Option<std::fs::File> {
-        self.store.session_lock_file()
+        _: Call,
+        watch: leasehold::watch::Receiver<T>,
+    ) -> leasehold::watch::Receiver<T> {
+        through_faults(watch, Arc::clone(&self.faults))
     }
 }
 

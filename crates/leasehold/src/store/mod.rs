@@ -28,6 +28,7 @@ pub(crate) mod shared_read;
 pub mod sqlite;
 mod url;
 pub(crate) mod watch_driver;
+mod wrap;
 #[cfg(feature = "zookeeper")]
 pub mod zookeeper;
 
@@ -40,6 +41,7 @@ pub use url::{
     Access, ClusterUrl, MAX_FILE_PATH_LEN, PASSWORD_ENV, PgSslMode, PostgresUrl, StoreUrl, open,
 };
 pub(crate) use watch_driver::status_of;
+pub use wrap::{Call, Request, Wrapper};
 
 /// `session`'s key in a store that keeps session ids as signed 64-bit
 /// integers (SQLite, PostgreSQL, etcd): [`Error::SessionExpired`] for an

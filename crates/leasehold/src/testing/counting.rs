@@ -4,16 +4,8 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
-use async_trait::async_trait;
-
-use crate::error::Result;
-use crate::names::{CandidateId, ElectionName};
-use crate::store::{
-    ElectionState, FencingToken, Grant, Leader, LeaderWatch, Note, NoteWatch, SessionId,
-    SessionLease, StatusWatch, Store,
-};
+use crate::store::{Call, Request, Store, Wrapper};
 use crate::watch;
 
 /// What one client of the store did, as [`CountingStore`] counted it.
@@ -103,14 +95,6 @@ impl CountingStore {
         }
     }
 
-    fn write(&self) {
-        self.counters.writes.fetch_add(1, Ordering::SeqCst);
-    }
-
-    fn read(&self) {
-        self.counters.reads.fetch_add(1, Ordering::SeqCst);
-    }
-
     /// `watch` as this client sees it: every value the store's watch
     /// brings after the first counts as a wake.
     fn counted<T>(&self, mut watch: watch::Receiver<T>) -> watch::Receiver<T>
@@ -139,140 +123,44 @@ impl CountingStore {
     }
 }
 
-#[async_trait]
-impl Store for CountingStore {
-    async fn open_session(&self, ttl: Duration) -> Result<SessionLease> {
-        self.write();
-        self.inner.open_session(ttl).await
+impl Wrapper for CountingStore {
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
     }
 
-    async fn keep_alive(&self, session: SessionId) -> Result<Duration> {
-        self.counters.renewals.fetch_add(1, Ordering::SeqCst);
-        self.inner.keep_alive(session).await
+    fn around<'a, T: Send + 'a>(&'a self, call: Call, request: Request<'a, T>) -> Request<'a, T> {
+        let c = &self.counters;
+        let counter = match call {
+            Call::OpenSession
+            | Call::CloseSession
+            | Call::Resign
+            | Call::PutNote
+            | Call::AmendNote
+            | Call::DeleteNote => Some(&c.writes),
+            Call::KeepAlive => Some(&c.renewals),
+            Call::Campaign => Some(&c.campaigns),
+            Call::TryCampaignUnwaited => Some(&c.unwaited),
+            Call::Leader | Call::Elections | Call::Notes | Call::LastRelease => Some(&c.reads),
+            // A watch is counted as it is handed out (`watched`).
+            Call::Watch
+            | Call::WatchGrant
+            | Call::WatchStatus
+            | Call::WatchNote
+            | Call::WatchNotes
+            | Call::WatchNotesSinceUnwaited
+            | Call::ReleaseOrphaned => None,
+        };
+        if let Some(counter) = counter {
+            counter.fetch_add(1, Ordering::SeqCst);
+        }
+        request
     }
 
-    async fn close_session(&self, session: SessionId) -> Result<()> {
-        self.write();
-        self.inner.close_session(session).await
-    }
-
-    async fn campaign(
+    fn watched<T: Clone + Send + Sync + 'static>(
         &self,
-        session: SessionId,
-        election: &ElectionName,
-        candidate: &CandidateId,
-    ) -> Result<Grant> {
-        self.counters.campaigns.fetch_add(1, Ordering::SeqCst);
-        self.inner.campaign(session, election, candidate).await
-    }
-
-    async fn try_campaign_unwaited(
-        &self,
-        session: SessionId,
-        election: &ElectionName,
-        candidate: &CandidateId,
-    ) -> Result<Option<Grant>> {
-        self.counters.unwaited.fetch_add(1, Ordering::SeqCst);
-        self.inner
-            .try_campaign_unwaited(session, election, candidate)
-            .await
-    }
-
-    async fn resign(&self, grant: &Grant) -> Result<()> {
-        self.write();
-        self.inner.resign(grant).await
-    }
-
-    async fn release_orphaned(&self, grant: &Grant) -> Result<()> {
-        self.inner.release_orphaned(grant).await
-    }
-
-    async fn leader(&self, election: &ElectionName) -> Result<Option<Leader>> {
-        self.read();
-        self.inner.leader(election).await
-    }
-
-    async fn watch(&self, election: &ElectionName) -> Result<LeaderWatch> {
-        Ok(self.counted(self.inner.watch(election).await?))
-    }
-
-    async fn watch_status(&self, election: &ElectionName) -> Result<StatusWatch> {
-        Ok(self.counted(self.inner.watch_status(election).await?))
-    }
-
-    async fn watch_grant(&self, grant: &Grant) -> Result<LeaderWatch> {
-        Ok(self.counted(self.inner.watch_grant(grant).await?))
-    }
-
-    async fn elections(&self) -> Result<Vec<ElectionState>> {
-        self.read();
-        self.inner.elections().await
-    }
-
-    async fn session_ended(&self, session: SessionId) {
-        self.inner.session_ended(session).await;
-    }
-
-    async fn put_note(
-        &self,
-        session: SessionId,
-        election: &ElectionName,
-        name: &str,
-        text: &str,
-    ) -> Result<()> {
-        self.write();
-        self.inner.put_note(session, election, name, text).await
-    }
-
-    async fn amend_note(
-        &self,
-        session: SessionId,
-        election: &ElectionName,
-        name: &str,
-        text: &str,
-    ) -> Result<bool> {
-        self.write();
-        self.inner.amend_note(session, election, name, text).await
-    }
-
-    async fn delete_note(
-        &self,
-        session: SessionId,
-        election: &ElectionName,
-        name: &str,
-    ) -> Result<()> {
-        self.write();
-        self.inner.delete_note(session, election, name).await
-    }
-
-    async fn notes(&self, election: &ElectionName) -> Result<Vec<Note>> {
-        self.read();
-        self.inner.notes(election).await
-    }
-
-    async fn watch_notes(&self, election: &ElectionName) -> Result<NoteWatch> {
-        Ok(self.counted(self.inner.watch_notes(election).await?))
-    }
-
-    async fn watch_notes_since_unwaited(&self, grant: &Grant) -> Result<NoteWatch> {
-        Ok(self.counted(self.inner.watch_notes_since_unwaited(grant).await?))
-    }
-
-    async fn watch_note(
-        &self,
-        session: SessionId,
-        election: &ElectionName,
-        name: &str,
-    ) -> Result<NoteWatch> {
-        Ok(self.counted(self.inner.watch_note(session, election, name).await?))
-    }
-
-    async fn last_release(&self, election: &ElectionName) -> Result<Option<FencingToken>> {
-        self.read();
-        self.inner.last_release(election).await
-    }
-
-    fn session_lock_file(&self) -> Option<std::fs::File> {
-        self.inner.session_lock_file()
+        _: Call,
+        watch: watch::Receiver<T>,
+    ) -> watch::Receiver<T> {
+        self.counted(watch)
     }
 }

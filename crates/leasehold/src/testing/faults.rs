@@ -7,15 +7,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_trait::async_trait;
-
 use crate::clock::Clock;
 use crate::error::{Error, Result};
-use crate::names::{CandidateId, ElectionName};
-use crate::store::{
-    ElectionState, FencingToken, Grant, Leader, LeaderWatch, Note, NoteWatch, SessionId,
-    SessionLease, StatusWatch, Store,
-};
+use crate::store::{Call, Grant, Request, Store, Wrapper};
 
 /// Wraps a store and injects faults into what passes through it.
 #[derive(Debug)]
@@ -64,7 +58,7 @@ impl FaultyStore {
     }
 
     /// While `on`, a campaign reaches the store, which may grant it, but
-    /// its reply never arrives (the future stays pending): a holder the
+    /// a grant never arrives (the future stays pending): a holder the
     /// store shows, whose process never learns of its grant, while its
     /// session is renewed as before (a process stopped or hung after it
     /// asked, with a session kept alive elsewhere).
@@ -85,6 +79,23 @@ impl FaultyStore {
         self.keep_alives_sent.load(Ordering::SeqCst)
     }
 
+    /// A keep-alive: lost on the way, or answered late.
+    async fn keep_alive<T>(&self, request: Request<'_, T>) -> Result<T> {
+        if self.drop_keep_alives.load(Ordering::SeqCst) {
+            return std::future::pending().await;
+        }
+        self.keep_alives_sent.fetch_add(1, Ordering::SeqCst);
+        let outcome = request.await;
+        let delay = *self
+            .keep_alive_reply_delay
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if !delay.is_zero() {
+            self.clock.sleep(delay).await;
+        }
+        outcome
+    }
+
     fn check(&self) -> Result<()> {
         if self.unavailable.load(Ordering::SeqCst) {
             return Err(Error::Unavailable {
@@ -96,177 +107,38 @@ impl FaultyStore {
     }
 }
 
-#[async_trait]
-impl Store for FaultyStore {
-    async fn open_session(&self, ttl: Duration) -> Result<SessionLease> {
-        self.check()?;
-        self.inner.open_session(ttl).await
+impl Wrapper for FaultyStore {
+    fn inner(&self) -> &dyn Store {
+        &*self.inner
     }
 
-    async fn keep_alive(&self, session: SessionId) -> Result<Duration> {
-        self.check()?;
-        if self.drop_keep_alives.load(Ordering::SeqCst) {
-            return std::future::pending().await;
-        }
-        self.keep_alives_sent.fetch_add(1, Ordering::SeqCst);
-        let outcome = self.inner.keep_alive(session).await;
-        let delay = *self
-            .keep_alive_reply_delay
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        if !delay.is_zero() {
-            self.clock.sleep(delay).await;
-        }
-        outcome
+    fn around<'a, T: Send + 'a>(&'a self, call: Call, request: Request<'a, T>) -> Request<'a, T> {
+        Box::pin(async move {
+            self.check()?;
+            match call {
+                Call::KeepAlive => self.keep_alive(request).await,
+                Call::DeleteNote
+                    if self
+                        .failing_note_deletes
+                        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                        .is_ok() =>
+                {
+                    Err(Error::Unavailable {
+                        reason: "fault injected: the connection closed".into(),
+                        source: None,
+                    })
+                }
+                _ => request.await,
+            }
+        })
     }
 
-    async fn close_session(&self, session: SessionId) -> Result<()> {
-        self.check()?;
-        self.inner.close_session(session).await
-    }
-
-    async fn campaign(
-        &self,
-        session: SessionId,
-        election: &ElectionName,
-        candidate: &CandidateId,
-    ) -> Result<Grant> {
-        self.check()?;
-        let grant = self.inner.campaign(session, election, candidate).await;
-        if self.withhold_grants.load(Ordering::SeqCst) {
-            return std::future::pending().await;
-        }
-        grant
-    }
-
-    async fn try_campaign_unwaited(
-        &self,
-        session: SessionId,
-        election: &ElectionName,
-        candidate: &CandidateId,
-    ) -> Result<Option<Grant>> {
-        self.check()?;
-        let grant = self
-            .inner
-            .try_campaign_unwaited(session, election, candidate)
-            .await;
-        if self.withhold_grants.load(Ordering::SeqCst) && !matches!(grant, Ok(None)) {
-            return std::future::pending().await;
-        }
-        grant
-    }
-
-    async fn resign(&self, grant: &Grant) -> Result<()> {
-        self.check()?;
-        self.inner.resign(grant).await
-    }
-
-    async fn release_orphaned(&self, grant: &Grant) -> Result<()> {
-        self.check()?;
-        self.inner.release_orphaned(grant).await
-    }
-
-    async fn leader(&self, election: &ElectionName) -> Result<Option<Leader>> {
-        self.check()?;
-        self.inner.leader(election).await
-    }
-
-    async fn watch(&self, election: &ElectionName) -> Result<LeaderWatch> {
-        self.check()?;
-        self.inner.watch(election).await
-    }
-
-    async fn watch_status(&self, election: &ElectionName) -> Result<StatusWatch> {
-        self.check()?;
-        self.inner.watch_status(election).await
-    }
-
-    async fn watch_grant(&self, grant: &Grant) -> Result<LeaderWatch> {
-        self.check()?;
-        self.inner.watch_grant(grant).await
-    }
-
-    async fn elections(&self) -> Result<Vec<ElectionState>> {
-        self.check()?;
-        self.inner.elections().await
-    }
-
-    async fn put_note(
-        &self,
-        session: SessionId,
-        election: &ElectionName,
-        name: &str,
-        text: &str,
-    ) -> Result<()> {
-        self.check()?;
-        self.inner.put_note(session, election, name, text).await
-    }
-
-    async fn delete_note(
-        &self,
-        session: SessionId,
-        election: &ElectionName,
-        name: &str,
-    ) -> Result<()> {
-        self.check()?;
-        let failing =
-            self.failing_note_deletes
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
-        if failing.is_ok() {
-            return Err(Error::Unavailable {
-                reason: "fault injected: the connection closed".into(),
-                source: None,
-            });
-        }
-        self.inner.delete_note(session, election, name).await
-    }
-
-    async fn amend_note(
-        &self,
-        session: SessionId,
-        election: &ElectionName,
-        name: &str,
-        text: &str,
-    ) -> Result<bool> {
-        self.check()?;
-        self.inner.amend_note(session, election, name, text).await
-    }
-
-    async fn watch_note(
-        &self,
-        session: SessionId,
-        election: &ElectionName,
-        name: &str,
-    ) -> Result<NoteWatch> {
-        self.check()?;
-        self.inner.watch_note(session, election, name).await
-    }
-
-    async fn notes(&self, election: &ElectionName) -> Result<Vec<Note>> {
-        self.check()?;
-        self.inner.notes(election).await
-    }
-
-    async fn watch_notes(&self, election: &ElectionName) -> Result<NoteWatch> {
-        self.check()?;
-        self.inner.watch_notes(election).await
-    }
-
-    async fn watch_notes_since_unwaited(&self, grant: &Grant) -> Result<NoteWatch> {
-        self.check()?;
-        self.inner.watch_notes_since_unwaited(grant).await
-    }
-
-    async fn last_release(&self, election: &ElectionName) -> Result<Option<FencingToken>> {
-        self.check()?;
-        self.inner.last_release(election).await
-    }
-
-    async fn session_ended(&self, session: SessionId) {
-        self.inner.session_ended(session).await;
-    }
-
-    fn session_lock_file(&self) -> Option<std::fs::File> {
-        self.inner.session_lock_file()
+    fn granted<'a>(&'a self, _: &'a Grant) -> Request<'a, ()> {
+        Box::pin(async move {
+            if self.withhold_grants.load(Ordering::SeqCst) {
+                return std::future::pending().await;
+            }
+            Ok(())
+        })
     }
 }

@@ -67,7 +67,9 @@ mod elections;
 mod listening;
 use listening::{InFlight, PgWatch, listen, wakes};
 mod notes;
+mod primitive;
 mod schema;
+pub use primitive::PgKeys;
 mod tls;
 
 /// How PostgreSQL keeps a TTL: as milliseconds in a `bigint`, turned into
@@ -138,6 +140,9 @@ struct Inner {
     client: tokio::sync::Mutex<Option<Arc<Client>>>,
     notices: broadcast::Sender<Notice>,
     listening: tokio::sync::watch::Sender<Listening>,
+    /// The key changes the listening connection heard lately, which a new
+    /// watch of the primitive looks back on (see `primitive.rs`).
+    recent: Arc<std::sync::Mutex<primitive::Recent>>,
     /// Reads of an election's notes by this handle's note watches, shared
     /// (see `notes.rs`).
     note_reads: crate::store::shared_read::SharedReads<ElectionName, notes::Rows>,
@@ -314,6 +319,7 @@ impl PostgresStore {
             client: tokio::sync::Mutex::new(None),
             notices,
             listening: tokio::sync::watch::Sender::new(Listening::Starting),
+            recent: Arc::default(),
             note_reads: crate::store::shared_read::SharedReads::default(),
             _stop_listener: stop.clone().drop_guard(),
         });

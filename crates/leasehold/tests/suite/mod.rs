@@ -11,6 +11,7 @@ mod memory;
 mod password_env;
 mod postgres;
 mod postgres_faults;
+mod postgres_keys;
 mod postgres_tls;
 mod sqlite;
 mod sqlite_crash;

@@ -511,10 +511,13 @@ async fn a_status_watch_reports_a_lost_listener_though_reads_succeed() {
     let admin = sql(&other).await;
     // Both stores' listeners are there first (each starts its own as it
     // opens; one may still be on its way).
-    let listening = "SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN leasehold_deaf'";
+    // A listener's last statement: its LISTEN, then its read of the
+    // revision it listens from.
+    let listener = "query IN ('LISTEN leasehold_deaf', 'SELECT value FROM deaf.revision')";
+    let listening = format!("SELECT count(*) FROM pg_stat_activity WHERE {listener}");
     let started = tokio::time::Instant::now();
     while admin
-        .query_one(listening, &[])
+        .query_one(&listening, &[])
         .await
         .expect("count the listeners")
         .get::<_, i64>(0)
@@ -532,8 +535,7 @@ async fn a_status_watch_reports_a_lost_listener_though_reads_succeed() {
         .expect("refuse new connections");
     let ended = admin
         .query(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-             WHERE query = 'LISTEN leasehold_deaf'",
+            &format!("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE {listener}"),
             &[],
         )
         .await

@@ -2,6 +2,7 @@
 //! and leaving the line when a campaign ends.
 
 use super::*;
+use crate::mutex::lock;
 
 /// Keeps one connection LISTENing on the store's channel and broadcasts
 /// what it hears; after every (re)connection it broadcasts `None`, since
@@ -9,13 +10,15 @@ use super::*;
 pub(super) async fn listen(inner: std::sync::Weak<Inner>, stop: CancellationToken) {
     loop {
         let Some(store) = inner.upgrade() else { return };
-        let (connector, what, channel, notices, state) = (
+        let (connector, what, channel, notices, state, recent) = (
             store.connector.clone(),
             format!("listen on {}", store.display),
             store.channel.clone(),
             store.notices.clone(),
             store.listening.clone(),
+            Arc::clone(&store.recent),
         );
+        let revision = format!("SELECT value FROM {}", store.table("revision"));
         drop(store);
         let connected = connector.connect(&what).await;
         if let Err(error) = &connected {
@@ -23,12 +26,17 @@ pub(super) async fn listen(inner: std::sync::Weak<Inner>, stop: CancellationToke
         }
         if let Ok((client, mut connection)) = connected {
             let forward = {
-                let notices = notices.clone();
+                let (notices, recent) = (notices.clone(), Arc::clone(&recent));
                 async move {
                     loop {
                         match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
                             Some(Ok(AsyncMessage::Notification(n))) => {
-                                let _ = notices.send(Some(Arc::from(n.payload())));
+                                let payload = Arc::from(n.payload());
+                                // Kept before it is told: a watch that
+                                // subscribes meanwhile finds it in one or
+                                // the other.
+                                lock(&recent).heard(&payload);
+                                let _ = notices.send(Some(payload));
                             }
                             Some(Ok(_)) => {}
                             Some(Err(_)) | None => return,
@@ -42,7 +50,10 @@ pub(super) async fn listen(inner: std::sync::Weak<Inner>, stop: CancellationToke
                     .batch_execute(&format!("LISTEN {channel}"))
                     .await
                     .is_ok()
+                    && let Ok(row) = client.query_one(&revision, &[]).await
                 {
+                    // Every change after this revision is heard from now.
+                    lock(&recent).listening_after(row.get(0));
                     state.send_replace(Listening::Yes);
                     let _ = notices.send(None);
                     std::future::pending::<()>().await;
@@ -56,6 +67,7 @@ pub(super) async fn listen(inner: std::sync::Weak<Inner>, stop: CancellationToke
             }
             // Lost the connection: whatever happened meanwhile is unknown,
             // and nothing is heard until it is back.
+            lock(&recent).deaf();
             state.send_replace(Listening::Lost);
             let _ = notices.send(None);
         }

@@ -206,4 +206,137 @@ BEGIN
 END
 $fn$;
 
+-- The store primitive (postgres/primitive.rs): keys, each perhaps attached
+-- to a session, with the store-wide revision of the commit that created
+-- and that last wrote it. `revision` holds the last revision given; every
+-- commit locks its one row first, so commits are taken one at a time and
+-- each sees every earlier one. A key of an ended session is dead: reads
+-- and checks skip it, and the commit that next writes it replaces it.
+CREATE TABLE {schema}.revision (value bigint NOT NULL);
+INSERT INTO {schema}.revision (value) VALUES (0);
+CREATE TABLE {schema}.keys (
+    key text COLLATE "C" PRIMARY KEY,
+    value text NOT NULL,
+    session bigint,
+    created bigint NOT NULL,
+    modified bigint NOT NULL);
+CREATE INDEX ON {schema}.keys (session);
+
+CREATE OR REPLACE FUNCTION {schema}.live(p_session bigint) RETURNS boolean
+LANGUAGE sql AS $fn$
+    SELECT p_session IS NULL OR EXISTS (
+        SELECT 1 FROM {schema}.sessions h
+        WHERE h.id = p_session AND h.expires_at > clock_timestamp())
+$fn$;
+
+-- Tells the watches of `p_keys` that they changed at `p_revision`: one
+-- key a line. A payload too long for NOTIFY, or a key with a line break
+-- in it, names no key: every watch reads again.
+CREATE OR REPLACE FUNCTION {schema}.notify_keys(p_revision bigint, p_keys text[])
+RETURNS void LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_payload text := 'k ' || p_revision;
+    v_keys text := array_to_string(p_keys, chr(10));
+BEGIN
+    IF length(v_keys) < 7000
+       AND NOT EXISTS (SELECT 1 FROM unnest(p_keys) k WHERE strpos(k, chr(10)) > 0) THEN
+        v_payload := v_payload || chr(10) || v_keys;
+    END IF;
+    PERFORM pg_notify('leasehold_{schema}', v_payload);
+END
+$fn$;
+
+-- One commit: the checks (kind 'absent', 'created' or 'under', with the
+-- key or prefix, and for 'created' the revision and session), then the
+-- writes (a put of value and session, or a delete). Returns the new
+-- revision; the last one if nothing changed; NULL if a check failed; or,
+-- writing nothing, the ended session a put named in `o_expired`.
+CREATE OR REPLACE FUNCTION {schema}.commit_keys(
+    p_check_kind text[], p_check_key text[], p_check_revision bigint[],
+    p_check_session bigint[], p_delete boolean[], p_key text[], p_value text[],
+    p_session bigint[], OUT o_revision bigint, OUT o_expired bigint)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_last bigint;
+    v_next bigint;
+    v_found {schema}.keys%ROWTYPE;
+    v_changed text[] := '{}';
+    v_was_live boolean;
+BEGIN
+    SELECT r.value INTO v_last FROM {schema}.revision r FOR UPDATE;
+    FOR i IN 1 .. coalesce(cardinality(p_check_kind), 0) LOOP
+        IF p_check_kind[i] = 'under' THEN
+            PERFORM 1 FROM {schema}.keys k
+                WHERE k.key >= p_check_key[i] AND starts_with(k.key, p_check_key[i])
+                  AND {schema}.live(k.session)
+                LIMIT 1;
+            IF FOUND THEN RETURN; END IF;
+        ELSE
+            SELECT * INTO v_found FROM {schema}.keys k
+                WHERE k.key = p_check_key[i] AND {schema}.live(k.session);
+            IF p_check_kind[i] = 'absent' THEN
+                IF FOUND THEN RETURN; END IF;
+            ELSIF NOT FOUND OR v_found.created <> p_check_revision[i]
+                  OR v_found.session IS DISTINCT FROM p_check_session[i] THEN
+                RETURN;
+            END IF;
+        END IF;
+    END LOOP;
+    FOR i IN 1 .. coalesce(cardinality(p_key), 0) LOOP
+        IF NOT p_delete[i] AND NOT {schema}.live(p_session[i]) THEN
+            o_expired := p_session[i];
+            RETURN;
+        END IF;
+    END LOOP;
+    -- At the largest bigint, `+ 1` fails with numeric_value_out_of_range
+    -- and rolls everything back: primitive.rs reports revisions exhausted.
+    v_next := v_last + 1;
+    FOR i IN 1 .. coalesce(cardinality(p_key), 0) LOOP
+        IF p_delete[i] THEN
+            DELETE FROM {schema}.keys k WHERE k.key = p_key[i]
+                RETURNING {schema}.live(k.session) INTO v_was_live;
+            IF FOUND AND v_was_live THEN
+                v_changed := v_changed || p_key[i];
+            END IF;
+        ELSE
+            INSERT INTO {schema}.keys AS k (key, value, session, created, modified)
+                VALUES (p_key[i], p_value[i], p_session[i], v_next, v_next)
+                ON CONFLICT (key) DO UPDATE SET
+                    value = excluded.value, session = excluded.session, modified = v_next,
+                    created = CASE WHEN {schema}.live(k.session) THEN k.created ELSE v_next END;
+            v_changed := v_changed || p_key[i];
+        END IF;
+    END LOOP;
+    IF cardinality(v_changed) = 0 THEN
+        o_revision := v_last;
+        RETURN;
+    END IF;
+    UPDATE {schema}.revision SET value = v_next;
+    PERFORM {schema}.notify_keys(v_next, v_changed);
+    o_revision := v_next;
+END
+$fn$;
+
+-- Ends a session: its keys at once (one revision, told), then its grants
+-- and places in line (close_session).
+CREATE OR REPLACE FUNCTION {schema}.end_session(p_session bigint) RETURNS void
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_next bigint;
+    v_ended text[];
+BEGIN
+    SELECT r.value + 1 INTO v_next FROM {schema}.revision r FOR UPDATE;
+    WITH ended AS (
+        DELETE FROM {schema}.keys k
+        WHERE k.session = p_session AND {schema}.live(k.session) RETURNING k.key)
+    SELECT array_agg(e.key) INTO v_ended FROM ended e;
+    DELETE FROM {schema}.keys k WHERE k.session = p_session;
+    IF v_ended IS NOT NULL THEN
+        UPDATE {schema}.revision SET value = v_next;
+        PERFORM {schema}.notify_keys(v_next, v_ended);
+    END IF;
+    PERFORM {schema}.close_session(p_session);
+END
+$fn$;
+
 INSERT INTO {schema}.schema_version (version) VALUES ({version});

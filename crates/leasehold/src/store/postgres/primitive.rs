@@ -1,0 +1,460 @@
+//! The store primitive on PostgreSQL ([`Keys`]): a session is a row of
+//! `sessions` (expiring by the server's clock), a key a row of `keys`, a
+//! commit one statement (`commit_keys`, which takes the store's commits
+//! one at a time on the row of `revision`), a watch one subscriber of the
+//! store's listening connection. Each commit `NOTIFY`s the keys it
+//! changed, so a watch wakes for its prefix only. An expiry goes untold
+//! (nothing runs in the server when a session's time is up): a key comes
+//! with the time its session had left, and whoever needs to know reads
+//! again then.
+
+use super::*;
+use crate::mutex::lock;
+use crate::store::keys::{Check, Entry, Heard, KeyWatch, Keys, Range, Revision, Write};
+use crate::watch;
+
+/// How many key changes [`Recent`] keeps.
+const RECENT: usize = 1024;
+
+/// The key changes a handle's listening connection heard lately, so that
+/// a new watch tells a change made between its caller's read and its
+/// subscription without reading again.
+#[derive(Debug, Default)]
+pub(super) struct Recent {
+    /// Every change after this revision is in `told` or yet to be heard;
+    /// `None` while not listening.
+    floor: Option<u64>,
+    /// The `notify_keys` payloads heard after `floor`, with their
+    /// revisions, in order.
+    told: std::collections::VecDeque<(u64, Arc<str>)>,
+}
+
+impl Recent {
+    /// A payload the listening connection heard.
+    pub(super) fn heard(&mut self, payload: &Arc<str>) {
+        let Some((revision, _)) = parse(payload) else {
+            return;
+        };
+        if self.told.len() == RECENT
+            && let Some((forgotten, _)) = self.told.pop_front()
+        {
+            self.floor = self.floor.map(|floor| floor.max(forgotten));
+        }
+        self.told.push_back((revision, Arc::clone(payload)));
+    }
+
+    /// Listening again, from the store's `revision` on.
+    pub(super) fn listening_after(&mut self, revision: i64) {
+        let revision = u64::try_from(revision).unwrap_or(0);
+        self.told.retain(|(r, _)| *r > revision);
+        self.floor = Some(revision);
+    }
+
+    /// Not listening: changes go unheard.
+    pub(super) fn deaf(&mut self) {
+        self.floor = None;
+        self.told.clear();
+    }
+
+    /// The last change under `prefix` after `from`, if any (`Some(None)`
+    /// if none); `None` if what was heard cannot tell.
+    fn since(&self, from: Revision, prefix: &str) -> Option<Option<Revision>> {
+        if self.floor? > from.0 {
+            return None;
+        }
+        Some(
+            self.told
+                .iter()
+                .filter_map(|(_, payload)| concerns(payload, prefix, from))
+                .max(),
+        )
+    }
+}
+
+/// A `notify_keys` payload's revision and the keys it names (none: any).
+fn parse(payload: &str) -> Option<(u64, &str)> {
+    let told = payload.strip_prefix("k ")?;
+    let (revision, keys) = told.split_once('\n').unwrap_or((told, ""));
+    Some((revision.parse().ok()?, keys))
+}
+
+/// The revision of a change a `notify_keys` payload tells under `prefix`,
+/// after `from`.
+fn concerns(payload: &str, prefix: &str, from: Revision) -> Option<Revision> {
+    let (at, keys) = parse(payload)?;
+    let ours = keys.is_empty() || keys.split('\n').any(|k| k.starts_with(prefix));
+    (at > from.0 && ours).then_some(Revision(at))
+}
+
+/// The primitive on a PostgreSQL store's schema and connections (opened
+/// with its URL, for its access). Cloning shares them.
+#[derive(Clone, Debug)]
+pub struct PgKeys {
+    store: PostgresStore,
+}
+
+impl PgKeys {
+    /// The primitive on `store`'s schema and connections.
+    pub fn new(store: PostgresStore) -> Self {
+        PgKeys { store }
+    }
+
+    fn inner(&self) -> &Arc<Inner> {
+        &self.store.inner
+    }
+
+    /// Refuses a write on a store opened read-only.
+    fn writable(&self) -> Result<()> {
+        if self.inner().read_only {
+            return Err(Error::invalid(
+                "commit",
+                "the store was opened read-only (Access::ReadOnly)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A commit's checks and writes as `commit_keys` takes them: one array a
+/// column.
+#[derive(Default)]
+struct Arrays {
+    check_kind: Vec<&'static str>,
+    check_key: Vec<String>,
+    check_revision: Vec<i64>,
+    check_session: Vec<Option<i64>>,
+    delete: Vec<bool>,
+    key: Vec<String>,
+    value: Vec<String>,
+    session: Vec<Option<i64>>,
+}
+
+impl Arrays {
+    fn of(checks: &[Check], writes: &[Write]) -> Result<Self> {
+        let mut a = Arrays::default();
+        for check in checks {
+            let (kind, key, revision, session) = match check {
+                Check::Absent(key) => ("absent", key, 0, None),
+                Check::NoneUnder(prefix) => ("under", prefix, 0, None),
+                Check::Created {
+                    key,
+                    revision,
+                    session,
+                } => (
+                    "created",
+                    key,
+                    // A revision beyond bigint was never given: the check
+                    // fails, as it should.
+                    i64::try_from(revision.0).unwrap_or(-1),
+                    session.map(session_key).transpose()?,
+                ),
+            };
+            a.check_kind.push(kind);
+            a.check_key.push(key.clone());
+            a.check_revision.push(revision);
+            a.check_session.push(session);
+        }
+        for write in writes {
+            let (delete, key, value, session) = match write {
+                Write::Put {
+                    key,
+                    value,
+                    session,
+                } => (
+                    false,
+                    key,
+                    value.clone(),
+                    session.map(session_key).transpose()?,
+                ),
+                Write::Delete(key) => (true, key, String::new(), None),
+            };
+            a.delete.push(delete);
+            a.key.push(key.clone());
+            a.value.push(value);
+            a.session.push(session);
+        }
+        Ok(a)
+    }
+}
+
+/// The least string above every string that starts with `prefix` (in
+/// code point order, which is the byte order of UTF-8 that the keys'
+/// collation "C" sorts by); `None` if there is none.
+fn prefix_end(prefix: &str) -> Option<String> {
+    let mut chars: Vec<char> = prefix.chars().collect();
+    while let Some(last) = chars.pop() {
+        let next = match last {
+            '\u{D7FF}' => Some('\u{E000}'),
+            c => char::from_u32(u32::from(c) + 1),
+        };
+        if let Some(next) = next {
+            chars.push(next);
+            return Some(chars.into_iter().collect());
+        }
+    }
+    None
+}
+
+#[async_trait]
+impl Keys for PgKeys {
+    async fn open_session(&self, ttl: Duration) -> Result<SessionLease> {
+        self.store.open_session(ttl).await
+    }
+
+    async fn keep_alive(&self, session: SessionId) -> Result<Duration> {
+        self.store.keep_alive(session).await
+    }
+
+    async fn close_session(&self, session: SessionId) -> Result<()> {
+        self.writable()?;
+        let Ok(id) = session_key(session) else {
+            return Ok(());
+        };
+        let inner = self.inner();
+        let client = inner.client().await?;
+        timed(
+            "end a session",
+            client.execute(
+                &format!("SELECT {}($1)", inner.table("end_session")),
+                &[&id],
+            ),
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn commit(&self, checks: &[Check], writes: &[Write]) -> Result<Option<Revision>> {
+        self.writable()?;
+        let a = Arrays::of(checks, writes)?;
+        let inner = self.inner();
+        let client = inner.client().await?;
+        let statement = format!(
+            "SELECT * FROM {}($1, $2, $3, $4, $5, $6, $7, $8)",
+            inner.table("commit_keys")
+        );
+        let answered = timed("commit", async {
+            Ok(client
+                .query_one(
+                    &statement,
+                    &[
+                        &a.check_kind,
+                        &a.check_key,
+                        &a.check_revision,
+                        &a.check_session,
+                        &a.delete,
+                        &a.key,
+                        &a.value,
+                        &a.session,
+                    ],
+                )
+                .await)
+        })
+        .await?;
+        let row = answered.map_err(|error| self.commit_failed(error))?;
+        let (revision, expired): (Option<i64>, Option<i64>) = (row.get(0), row.get(1));
+        if let Some(session) = expired {
+            return Err(Error::SessionExpired(SessionId::from_stored(session)));
+        }
+        Ok(revision.map(|r| Revision(u64::try_from(r).unwrap_or(0))))
+    }
+
+    async fn range(&self, prefix: &str) -> Result<Range> {
+        let inner = self.inner();
+        let client = inner.client().await?;
+        let end = prefix_end(prefix);
+        // One statement, one snapshot: the keys and the revision agree.
+        let statement = format!(
+            "SELECT r.value, k.key, k.value, k.session, k.created, k.modified, k.left_ms
+             FROM {revision} r LEFT JOIN (
+                 SELECT k.key, k.value, k.session, k.created, k.modified,
+                        (extract(epoch FROM h.expires_at - clock_timestamp()) * 1000)::bigint
+                            AS left_ms
+                 FROM {keys} k LEFT JOIN {sessions} h ON h.id = k.session
+                 WHERE k.key >= $1 AND ($2::text IS NULL OR k.key < $2)
+                   AND (k.session IS NULL OR h.expires_at > clock_timestamp())
+             ) k ON true
+             ORDER BY k.key",
+            revision = inner.table("revision"),
+            keys = inner.table("keys"),
+            sessions = inner.table("sessions"),
+        );
+        let rows = timed("read keys", client.query(&statement, &[&prefix, &end])).await?;
+        let mut range = Range::default();
+        for row in rows {
+            range.revision = Revision(u64::try_from(row.get::<_, i64>(0)).unwrap_or(0));
+            let Some(key) = row.get::<_, Option<String>>(1) else {
+                continue;
+            };
+            let (session, left): (Option<i64>, Option<i64>) = (row.get(3), row.get(6));
+            range.entries.push(Entry {
+                key,
+                value: row.get(2),
+                session: session.map(SessionId::from_stored),
+                created: Revision(u64::try_from(row.get::<_, i64>(4)).unwrap_or(0)),
+                modified: Revision(u64::try_from(row.get::<_, i64>(5)).unwrap_or(0)),
+                expires_in: left.map(from_millis),
+            });
+        }
+        Ok(range)
+    }
+
+    async fn watch(&self, prefix: &str, from: Revision) -> Result<KeyWatch> {
+        let (tx, rx) = watch::channel(Heard::Changed(from));
+        // Subscribed before the task's first read: nothing after it is
+        // missed.
+        let notices = self.inner().notices.subscribe();
+        let listening = self.inner().listening.subscribe();
+        let follow = Following {
+            keys: self.clone(),
+            prefix: prefix.to_owned(),
+            from,
+            notices,
+            listening,
+        };
+        tokio::spawn(follow.run(tx));
+        Ok(rx)
+    }
+
+    fn tells_expiries(&self) -> bool {
+        false
+    }
+}
+
+impl PgKeys {
+    /// The error of a `commit_keys` the server refused: its one sum that
+    /// can leave bigint's range is the revision's `+ 1`.
+    fn commit_failed(&self, error: tokio_postgres::Error) -> Error {
+        use tokio_postgres::error::SqlState;
+        if error.code() == Some(&SqlState::NUMERIC_VALUE_OUT_OF_RANGE) {
+            return Error::Corrupt(format!(
+                "{} is at the largest revision a store keeps; nothing was written",
+                self.inner().table("revision")
+            ));
+        }
+        unavailable("commit", error)
+    }
+}
+
+/// A watch's task: what the listening connection hears of its prefix.
+struct Following {
+    keys: PgKeys,
+    prefix: String,
+    from: Revision,
+    notices: broadcast::Receiver<Notice>,
+    listening: tokio::sync::watch::Receiver<Listening>,
+}
+
+impl Following {
+    async fn run(mut self, tx: watch::Sender<Heard>) {
+        // What changed between the caller's read and the subscription: in
+        // what the listening connection heard, or else read.
+        let since = lock(&self.keys.inner().recent).since(self.from, &self.prefix);
+        let mut resync = since.is_none();
+        if let Some(Some(at)) = since {
+            self.from = at;
+            tx.send_replace(Heard::Changed(at));
+        }
+        loop {
+            if *self.listening.borrow_and_update() == Listening::Lost {
+                tx.send_if_modified(|heard| {
+                    let news = !matches!(heard, Heard::Unknown { .. });
+                    *heard = Heard::Unknown {
+                        error: format!(
+                            "postgres listen on {}: the connection is lost, changes are not heard",
+                            self.keys.inner().display
+                        ),
+                    };
+                    news
+                });
+                resync = false;
+            } else if resync {
+                match self.keys.range(&self.prefix).await {
+                    Ok(read)
+                        if read.revision > self.from
+                            || matches!(*tx.borrow(), Heard::Unknown { .. }) =>
+                    {
+                        self.from = read.revision.max(self.from);
+                        tx.send_replace(Heard::Changed(self.from));
+                        resync = false;
+                    }
+                    Ok(_) => resync = false,
+                    Err(error) => {
+                        tx.send_replace(Heard::Unknown {
+                            error: error.to_string(),
+                        });
+                        tokio::time::sleep(RETRY).await;
+                        continue;
+                    }
+                }
+            }
+            tokio::select! {
+                biased;
+                () = tx.closed() => return,
+                notice = self.notices.recv() => match notice {
+                    Ok(Some(payload)) => {
+                        if let Some(at) = concerns(&payload, &self.prefix, self.from) {
+                            self.from = at;
+                            tx.send_replace(Heard::Changed(at));
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return,
+                    // A reconnection, or notices missed: read again.
+                    Ok(None) | Err(broadcast::error::RecvError::Lagged(_)) => resync = true,
+                },
+                changed = self.listening.changed() => if changed.is_err() { return },
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn heard(recent: &mut Recent, payload: &str) {
+        recent.heard(&Arc::from(payload));
+    }
+
+    #[test]
+    fn what_was_heard_tells_changes_under_a_prefix_after_a_revision() {
+        let mut recent = Recent::default();
+        heard(&mut recent, "k 4\na:x");
+        assert_eq!(recent.since(Revision(3), "a:"), None, "not listening");
+        recent.listening_after(4);
+        heard(&mut recent, "k 5\na:x\nb:y");
+        heard(&mut recent, "jobs 17");
+        heard(&mut recent, "k 6\nb:z");
+        heard(&mut recent, "k 7");
+        assert_eq!(recent.since(Revision(3), "a:"), None, "before the floor");
+        assert_eq!(recent.since(Revision(4), "a:"), Some(Some(Revision(7))));
+        assert_eq!(recent.since(Revision(4), "b:"), Some(Some(Revision(7))));
+        assert_eq!(recent.since(Revision(7), "a:"), Some(None));
+        recent.listening_after(6);
+        heard(&mut recent, "k 8\nb:z");
+        assert_eq!(recent.since(Revision(7), "a:"), Some(None));
+        assert_eq!(recent.since(Revision(7), "b:"), Some(Some(Revision(8))));
+        recent.deaf();
+        assert_eq!(recent.since(Revision(8), "a:"), None);
+    }
+
+    #[test]
+    fn what_was_forgotten_cannot_tell() {
+        let mut recent = Recent::default();
+        recent.listening_after(0);
+        for r in 1..=u64::try_from(RECENT).unwrap_or(0) + 2 {
+            heard(&mut recent, &format!("k {r}\nb:{r}"));
+        }
+        assert_eq!(recent.since(Revision(1), "a:"), None);
+        assert_eq!(recent.since(Revision(2), "a:"), Some(None));
+    }
+
+    #[test]
+    fn a_prefix_ends_at_the_next_string_of_its_length() {
+        assert_eq!(prefix_end("ab").as_deref(), Some("ac"));
+        assert_eq!(prefix_end("a:").as_deref(), Some("a;"));
+        assert_eq!(prefix_end("a\u{D7FF}").as_deref(), Some("a\u{E000}"));
+        assert_eq!(prefix_end("a\u{10FFFF}").as_deref(), Some("b"));
+        assert_eq!(prefix_end(""), None);
+        assert_eq!(prefix_end("\u{10FFFF}"), None);
+    }
+}

@@ -82,10 +82,15 @@ pub(crate) fn holder(range: &Range) -> Result<Option<Leader>> {
 pub(crate) enum Standing {
     /// Its key leads: the grant.
     Granted(Grant),
-    /// Another key leads; read again when the candidates change, or after
-    /// `recheck` (when the session of the key ahead would have expired,
-    /// where the store does not tell it).
-    Waits { recheck: Option<Duration> },
+    /// Another key leads. The campaign waits for the key just ahead of its
+    /// own (`ahead`: created last before it) to change, not for any
+    /// candidate, so that a release wakes only the next in line; it reads
+    /// again then, or after `recheck` (when that key's session would have
+    /// expired, where the store does not tell it).
+    Waits {
+        ahead: String,
+        recheck: Option<Duration>,
+    },
     /// Its key is gone: its session ended.
     Gone,
 }
@@ -100,9 +105,13 @@ pub(crate) fn standing(
     let Some(mine) = range.entries.iter().find(|e| e.key == own) else {
         return Ok(Standing::Gone);
     };
-    let first = range.entries.iter().min_by_key(|e| e.created);
-    match first {
-        Some(first) if first.key == own => {
+    let ahead = range
+        .entries
+        .iter()
+        .filter(|e| e.created < mine.created)
+        .max_by_key(|e| e.created);
+    match ahead {
+        None => {
             let leader = leader(mine)?;
             Ok(Standing::Granted(Grant {
                 election: election.clone(),
@@ -111,10 +120,10 @@ pub(crate) fn standing(
                 token: leader.token,
             }))
         }
-        Some(first) => Ok(Standing::Waits {
-            recheck: first.expires_in,
+        Some(ahead) => Ok(Standing::Waits {
+            ahead: ahead.key.clone(),
+            recheck: ahead.expires_in,
         }),
-        None => Ok(Standing::Gone),
     }
 }
 
@@ -240,6 +249,7 @@ mod tests {
         assert_eq!(
             standing(&read, &election(), SessionId(2)).expect("valid"),
             Standing::Waits {
+                ahead: candidate_key(&election(), SessionId(9)),
                 recheck: Some(Duration::from_millis(7))
             }
         );
@@ -260,7 +270,46 @@ mod tests {
         let told = range(vec![key(2, 40, None), key(9, 12, None)]);
         assert_eq!(
             standing(&told, &election(), SessionId(2)).expect("valid"),
-            Standing::Waits { recheck: None }
+            Standing::Waits {
+                ahead: candidate_key(&election(), SessionId(9)),
+                recheck: None
+            }
+        );
+    }
+
+    #[test]
+    fn a_campaign_waits_for_the_key_just_ahead_not_the_holder() {
+        // Holder 9 (created 12), then 4 (20), then 2 (40), then 7 (55).
+        let read = range(vec![
+            key(2, 40, Some(5)),
+            key(4, 20, Some(3)),
+            key(7, 55, Some(8)),
+            key(9, 12, Some(7)),
+        ]);
+        let waits = |session| match standing(&read, &election(), SessionId(session)) {
+            Ok(Standing::Waits { ahead, recheck }) => (ahead, recheck),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            waits(4),
+            (
+                candidate_key(&election(), SessionId(9)),
+                Some(Duration::from_millis(7))
+            )
+        );
+        assert_eq!(
+            waits(2),
+            (
+                candidate_key(&election(), SessionId(4)),
+                Some(Duration::from_millis(3))
+            )
+        );
+        assert_eq!(
+            waits(7),
+            (
+                candidate_key(&election(), SessionId(2)),
+                Some(Duration::from_millis(5))
+            )
         );
     }
 

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use crate::error::{Error, Result};
 use crate::grant::{FencingToken, Grant, Leader, SessionId, SessionLease};
 use crate::names::{CandidateId, ElectionName};
-use crate::store::keys::{Check, Keys, Revision, Write};
+use crate::store::keys::{Check, KeyWatch, Keys, Revision, Write};
 use crate::store::{
     ElectionState, LeaderWatch, Note, NoteWatch, StatusWatch, Store, check_note, note_watch,
     watch_driver,
@@ -59,22 +59,26 @@ impl<K: Keys> KeyedStore<K> {
         &self.keys
     }
 
-    /// Waits until the campaign key of `session` leads, or is gone: one
-    /// watch of the candidates for the whole wait, opened from the first
-    /// read, and a read at each change it tells.
+    /// Waits until the campaign key of `session` leads, or is gone: a
+    /// watch of the key just ahead of its own (so that a release wakes
+    /// the next in line alone), opened anew only when that key is another,
+    /// and a read of the candidates at each change it tells.
     async fn wait_for_front(&self, session: SessionId, election: &ElectionName) -> Result<Grant> {
         let prefix = election::candidates(election);
         let mut range = self.keys.range(&prefix).await?;
-        let mut watch = None;
+        let mut watched: Option<(String, KeyWatch)> = None;
         loop {
-            let recheck = match election::standing(&range, election, session)? {
+            let (ahead, recheck) = match election::standing(&range, election, session)? {
                 Standing::Granted(grant) => return Ok(grant),
                 Standing::Gone => return Err(Error::SessionExpired(session)),
-                Standing::Waits { recheck } => recheck,
+                Standing::Waits { ahead, recheck } => (ahead, recheck),
             };
-            let watch = match &mut watch {
-                Some(watch) => watch,
-                None => watch.insert(self.keys.watch(&prefix, range.revision).await?),
+            let watch = match &mut watched {
+                Some((key, watch)) if *key == ahead => watch,
+                _ => {
+                    let watch = self.keys.watch(&ahead, range.revision).await?;
+                    &mut watched.insert((ahead, watch)).1
+                }
             };
             let expiry = match recheck.filter(|_| !self.keys.tells_expiries()) {
                 Some(left) => self.keys.sleep(left + Duration::from_millis(1)),
@@ -341,6 +345,7 @@ mod tests {
 
     use crate::names::{CandidateId, ElectionName};
     use crate::store::Store;
+    use crate::store::keys::Keys;
     use crate::store::memory::MemoryStore;
 
     /// A campaign dropped and tried again at once on the same live session
@@ -378,5 +383,102 @@ mod tests {
         store.keep_alive(b.id).await.expect("b lives");
         let leader = store.leader(&election).await.expect("read");
         assert_eq!(leader.map(|l| l.token), Some(held.token));
+    }
+
+    /// The primitive in memory, counting its reads.
+    #[derive(Debug, Default)]
+    struct CountingKeys {
+        keys: crate::store::keys::memory::MemoryKeys,
+        reads: std::sync::atomic::AtomicU64,
+    }
+
+    #[async_trait::async_trait]
+    impl Keys for CountingKeys {
+        async fn open_session(&self, ttl: Duration) -> crate::Result<crate::store::SessionLease> {
+            self.keys.open_session(ttl).await
+        }
+        async fn keep_alive(&self, session: crate::store::SessionId) -> crate::Result<Duration> {
+            self.keys.keep_alive(session).await
+        }
+        async fn close_session(&self, session: crate::store::SessionId) -> crate::Result<()> {
+            self.keys.close_session(session).await
+        }
+        async fn commit(
+            &self,
+            checks: &[super::Check],
+            writes: &[super::Write],
+        ) -> crate::Result<Option<super::Revision>> {
+            self.keys.commit(checks, writes).await
+        }
+        async fn range(&self, prefix: &str) -> crate::Result<crate::store::keys::Range> {
+            self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.keys.range(prefix).await
+        }
+        async fn watch(
+            &self,
+            prefix: &str,
+            from: super::Revision,
+        ) -> crate::Result<super::KeyWatch> {
+            self.keys.watch(prefix, from).await
+        }
+        fn tells_expiries(&self) -> bool {
+            self.keys.tells_expiries()
+        }
+    }
+
+    /// No herd: with 20 campaigns waiting on the store, a release wakes
+    /// the next in line alone, which reads once and holds (before, every
+    /// waiter watched all the candidates and read again: 20 reads).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_release_wakes_only_the_next_in_line() {
+        use std::sync::atomic::Ordering;
+        let store = std::sync::Arc::new(super::KeyedStore::over(CountingKeys::default()));
+        let ttl = Duration::from_secs(30);
+        let election = ElectionName::new("herd").expect("valid");
+        let holder = store.open_session(ttl).await.expect("open").id;
+        let id = |n: usize| CandidateId::new(format!("c{n}")).expect("valid");
+        let mut grant = store
+            .campaign(holder, &election, &id(0))
+            .await
+            .expect("held");
+        let (tx, mut granted) = tokio::sync::mpsc::unbounded_channel();
+        for n in 1..=20 {
+            let (store, election, tx) =
+                (std::sync::Arc::clone(&store), election.clone(), tx.clone());
+            let session = store.open_session(ttl).await.expect("open").id;
+            tokio::spawn(async move {
+                let _ = tx.send(store.campaign(session, &election, &id(n)).await);
+            });
+        }
+        let prefix = super::election::candidates(&election);
+        while store
+            .keys()
+            .keys
+            .range(&prefix)
+            .await
+            .expect("read")
+            .entries
+            .len()
+            < 21
+        {
+            sleep(Duration::from_millis(5)).await;
+        }
+        for handover in 0..3 {
+            sleep(Duration::from_millis(50)).await;
+            let before = store.keys().reads.load(Ordering::SeqCst);
+            store.resign(&grant).await.expect("resign");
+            grant = timeout(Duration::from_secs(5), granted.recv())
+                .await
+                .expect("the next is granted")
+                .expect("open")
+                .expect("granted");
+            sleep(Duration::from_millis(50)).await;
+            let reads = store.keys().reads.load(Ordering::SeqCst) - before;
+            assert!(
+                (1..=2).contains(&reads),
+                "handover {handover}: {reads} reads of the candidates for 20 waiters"
+            );
+            assert!(granted.try_recv().is_err(), "two granted at once");
+        }
     }
 }

@@ -151,7 +151,7 @@ impl Error {
     /// `store` (as messages name it) is exhausted. Only a counter set by
     /// hand or damaged gets there — a grant every nanosecond would take
     /// 292 years — and no token it could hand out would be correct.
-    #[cfg(any(feature = "sqlite", feature = "postgres"))]
+    #[cfg(feature = "sqlite")]
     pub(crate) fn tokens_exhausted(store: &dyn std::fmt::Display, election: &str) -> Self {
         Error::Corrupt(format!(
             "{store}: the fencing token counter of election {election} is exhausted: its last \

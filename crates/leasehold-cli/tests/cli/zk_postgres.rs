@@ -528,7 +528,8 @@ fn twelve_shards_over_three_replicas_on_postgres() {
     );
 }
 
-/// A campaign refused as corrupt (its counter set below zero by hand)
+/// A campaign refused as corrupt (the store's revision counter, its
+/// tokens, set below zero by hand)
 /// leaves nobody waiting: its session is closed as it exits, so once the
 /// counter is set right the next campaign is granted at once (before: the
 /// exited process stayed in line for its TTL, shown by `status`, and the
@@ -539,10 +540,7 @@ fn a_refused_campaign_leaves_nobody_waiting_on_postgres() {
     let store = server.url();
     let (code, err, _) = leasehold_on(&store, &["campaign", "--election", "job", "--hold", "0s"]);
     assert_eq!(code, Some(0), "{err}");
-    psql(
-        &server,
-        "UPDATE leasehold.elections SET token = -7 WHERE name = 'job'",
-    );
+    psql(&server, "UPDATE leasehold.revision SET value = -7");
     let (code, err, _) = leasehold_on(&store, &["campaign", "--election", "job", "--ttl", "60s"]);
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("no count of grants"), "{err}");

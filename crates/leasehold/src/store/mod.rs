@@ -22,7 +22,7 @@ pub(crate) mod note_watch;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod security;
-#[cfg(any(feature = "etcd", feature = "postgres"))]
+#[cfg(feature = "etcd")]
 pub(crate) mod shared_read;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;

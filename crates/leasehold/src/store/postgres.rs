@@ -12,18 +12,21 @@
 //! - A session is a row with an expiry on the **server's** clock
 //!   (`clock_timestamp()`), never the client's; a renewal is one `UPDATE`
 //!   of that row, which renews every election the session holds.
-//! - An election is a row with the holder's session, the candidate and a
-//!   token. Acquisition is one transaction that locks the election row and
-//!   the holder's session row (so a concurrent renewal either lands first
-//!   and is seen, or comes after and finds the session expired), and bumps
-//!   the token in the acquiring `UPDATE` — one statement, a function
-//!   created with the schema. The token is never reset, so it
-//!   increases across server restarts.
-//! - Releases and grants `NOTIFY` the channel `leasehold_{schema}` with the
-//!   election's name; waiters `LISTEN` and otherwise sleep until the holder's
-//!   expiry as the server reported it; there is no polling period. Waiters
-//!   queue: a release notifies with the first waiter in line, and only it
-//!   tries, so a handover costs O(1) statements however many wait.
+//! - Elections are written once over the store primitive
+//!   ([`crate::store::keyed`]); on PostgreSQL the primitive ([`PgKeys`],
+//!   `primitive.rs`) is a table of keys, each perhaps attached to a
+//!   session, with the store-wide revision of the commit that created it
+//!   (the token of a candidate's key) and of the one that last wrote it.
+//!   A commit is one statement, a function created with the schema, that
+//!   takes the store's commits one at a time on the single row of
+//!   `revision`; revisions are never reset, so tokens increase across
+//!   server restarts.
+//! - Each commit `NOTIFY`s the channel `leasehold_{schema}` with the keys
+//!   it changed; a handle's watches share its one `LISTEN`ing connection,
+//!   and a waiting campaign watches the key just ahead of its own, so a
+//!   release wakes the next in line alone. The server tells no expiry: a
+//!   waiter otherwise sleeps until the expiry of the key ahead as the
+//!   server reported it; there is no polling period.
 //! - TLS follows libpq's `sslmode` (module `tls`), on rustls; the TLS files
 //!   and `password_file` are read at each (re)connection, so a rotated
 //!   certificate takes effect without a restart. A refusal — a certificate
@@ -54,22 +57,14 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 
 use crate::config::StoreTtl;
 use crate::error::{Error, Result};
-use crate::names::{CandidateId, ElectionName};
 use crate::store::Access;
-use crate::store::cleanup::OnDrop;
-use crate::store::watch_driver::{self as leader_watch, Event, Source};
-use crate::store::{
-    ElectionState, FencingToken, Grant, Leader, LeaderWatch, Note, NoteWatch, SessionId,
-    SessionLease, StatusWatch, Store, session_key,
-};
+use crate::store::keyed::KeyedStore;
+use crate::store::{SessionId, SessionLease, session_key};
 
-mod elections;
 mod listening;
-use listening::{InFlight, PgWatch, listen, wakes};
-mod notes;
+use listening::listen;
 mod primitive;
 mod schema;
-pub use primitive::PgKeys;
 mod tls;
 
 /// How PostgreSQL keeps a TTL: as milliseconds in a `bigint`, turned into
@@ -90,8 +85,6 @@ const RETRY: Duration = Duration::from_millis(250);
 /// The columns of leasehold's `schema_version`, as the schema check reads
 /// them from the catalog: its marker.
 const MARKER_COLUMNS: &str = "version bigint not null";
-/// Expired session rows older than this are deleted when sessions open.
-const KEEP_EXPIRED: &str = "1 hour";
 
 /// What the listener broadcasts: an election that changed, or `None` after
 /// (re)connecting, when anything may have changed unseen.
@@ -109,20 +102,14 @@ enum Listening {
     Lost,
 }
 
-/// What one `acquire` statement answered.
-#[derive(Debug)]
-pub(super) enum Acquired {
-    /// The session holds the election; `fresh` when this statement granted
-    /// it (not when the session held it already).
-    Granted { grant: Grant, fresh: bool },
-    /// Someone else holds it or is before this session in line: wait at
-    /// most `left`; `token` is the election's current one.
-    Waiting { left: Duration, token: FencingToken },
-}
+/// An election store in a PostgreSQL database: the elections written once
+/// over the store primitive, on [`PgKeys`].
+pub type PostgresStore = KeyedStore<PgKeys>;
 
-/// An election store in a PostgreSQL database.
+/// The store primitive in a PostgreSQL database: its connections, its
+/// schema and its listening connection. Cloning shares them.
 #[derive(Debug, Clone)]
-pub struct PostgresStore {
+pub struct PgKeys {
     inner: Arc<Inner>,
 }
 
@@ -143,9 +130,6 @@ struct Inner {
     /// The key changes the listening connection heard lately, which a new
     /// watch of the primitive looks back on (see `primitive.rs`).
     recent: Arc<std::sync::Mutex<primitive::Recent>>,
-    /// Reads of an election's notes by this handle's note watches, shared
-    /// (see `notes.rs`).
-    note_reads: crate::store::shared_read::SharedReads<ElectionName, notes::Rows>,
     _stop_listener: DropGuard,
 }
 
@@ -235,26 +219,7 @@ fn check_schema_name(schema: &str) -> Result<()> {
     Ok(())
 }
 
-impl PostgresStore {
-    /// A watch of `election`; with `held`, for the holder of that grant
-    /// (see [`leader_watch::start`]).
-    async fn watch_held<V: crate::store::watch_driver::Initial>(
-        &self,
-        election: &ElectionName,
-        held: Option<FencingToken>,
-    ) -> Result<crate::watch::Receiver<V>> {
-        let source = PgWatch {
-            inner: Arc::clone(&self.inner),
-            election: election.clone(),
-            // Subscribed before the first read, so that no change between
-            // the two is missed.
-            notices: self.inner.notices.subscribe(),
-            listening: self.inner.listening.subscribe(),
-            told_deaf: false,
-        };
-        leader_watch::start(source, election, held).await
-    }
-
+impl KeyedStore<PgKeys> {
     /// Connects to the database at `url` (a libpq-style URL) and creates
     /// leasehold's tables in `schema` on first use, or checks them. A
     /// schema that exists but was not created by leasehold is refused with
@@ -268,6 +233,13 @@ impl PostgresStore {
         Self::open(url, schema, Access::ReadWrite).await
     }
 
+    /// The elections over [`PgKeys::open`].
+    pub async fn open(url: &str, schema: &str, access: Access) -> Result<Self> {
+        Ok(KeyedStore::over(PgKeys::open(url, schema, access).await?))
+    }
+}
+
+impl PgKeys {
     /// Connects to the database at `url` (a libpq-style URL, without
     /// leasehold's `schema` parameter) for `access`, with leasehold's
     /// tables in `schema`. [`Access::ReadOnly`] creates nothing and opens
@@ -281,12 +253,12 @@ impl PostgresStore {
         let read_only = access == Access::ReadOnly;
         let (inner, stop) = Self::inner(url, schema, read_only)?;
         if access == Access::ReleaseOnly {
-            return Ok(PostgresStore { inner });
+            return Ok(PgKeys { inner });
         }
         let client = inner.client().await?;
         inner.migrate(&client).await?;
         tokio::spawn(listen(Arc::downgrade(&inner), stop));
-        Ok(PostgresStore { inner })
+        Ok(PgKeys { inner })
     }
 
     fn inner(url: &str, schema: &str, read_only: bool) -> Result<(Arc<Inner>, CancellationToken)> {
@@ -320,7 +292,6 @@ impl PostgresStore {
             notices,
             listening: tokio::sync::watch::Sender::new(Listening::Starting),
             recent: Arc::default(),
-            note_reads: crate::store::shared_read::SharedReads::default(),
             _stop_listener: stop.clone().drop_guard(),
         });
         Ok((inner, stop))
@@ -384,200 +355,5 @@ impl Inner {
     fn table(&self, name: &str) -> String {
         // The schema name is checked to be [a-z0-9_] by `check_schema_name`.
         format!("{}.{name}", self.schema)
-    }
-}
-
-impl Inner {
-    async fn read_leader(&self, election: &ElectionName) -> Result<Option<Leader>> {
-        let client = self.client().await?;
-        let row = timed(
-            "read the leader",
-            client.query_opt(
-                &format!(
-                    "SELECT e.candidate, e.token,
-                            (extract(epoch FROM h.expires_at - clock_timestamp()) * 1000)::bigint,
-                            e.session
-                     FROM {} e JOIN {} h ON h.id = e.session
-                     WHERE e.name = $1 AND h.expires_at > clock_timestamp()",
-                    self.table("elections"),
-                    self.table("sessions")
-                ),
-                &[&election.as_str()],
-            ),
-        )
-        .await?;
-        row.map(|row| self.leader_from(row.get(0), row.get(1), row.get(2), row.get(3)))
-            .transpose()
-    }
-
-    fn leader_from(
-        &self,
-        candidate: Option<String>,
-        tok: i64,
-        left_ms: i64,
-        session: Option<i64>,
-    ) -> Result<Leader> {
-        let candidate = candidate
-            .as_deref()
-            .and_then(|c| CandidateId::new(c).ok())
-            .ok_or_else(|| {
-                Error::Corrupt(format!(
-                    "{} holds an invalid candidate",
-                    self.table("elections")
-                ))
-            })?;
-        Ok(Leader {
-            candidate,
-            token: FencingToken::from_stored(tok),
-            expires_in: from_millis(left_ms),
-            session: session.map(SessionId::from_stored),
-        })
-    }
-
-    /// One acquisition attempt, one statement: the grant, or how long to
-    /// wait at most and the election's current token (the holder's, if it
-    /// has one).
-    pub(super) async fn try_acquire(
-        &self,
-        session: SessionId,
-        election: &ElectionName,
-        candidate: &CandidateId,
-    ) -> Result<Acquired> {
-        let id = session_key(session)?;
-        let client = self.client().await?;
-        let acquired = timed("campaign", async {
-            Ok(client
-                .query_one(
-                    &format!("SELECT * FROM {}($1, $2, $3)", self.table("acquire")),
-                    &[&id, &election.as_str(), &candidate.as_str()],
-                )
-                .await)
-        })
-        .await?;
-        let row = acquired.map_err(|error| self.acquire_failed(election, error))?;
-        let (granted, tok, wait_ms, fresh): (Option<bool>, Option<i64>, Option<i64>, Option<bool>) =
-            (row.get(0), row.get(1), row.get(2), row.get(3));
-        match (granted, tok) {
-            (Some(true), Some(tok)) => Ok(Acquired::Granted {
-                grant: Grant {
-                    election: election.clone(),
-                    candidate: candidate.clone(),
-                    session,
-                    token: FencingToken::from_stored(tok),
-                },
-                fresh: fresh == Some(true),
-            }),
-            (Some(false), tok) => Ok(Acquired::Waiting {
-                left: from_millis(wait_ms.unwrap_or(0)),
-                token: FencingToken::from_stored(tok.unwrap_or(0)),
-            }),
-            _ => Err(Error::SessionExpired(session)),
-        }
-    }
-
-    /// Releases `grant` if it still holds its election: whether it did.
-    pub(super) async fn release(&self, grant: &Grant) -> Result<bool> {
-        let id = session_key(grant.session)?;
-        let client = self.client().await?;
-        Ok(timed(
-            "release the election",
-            client.query_one(
-                &format!("SELECT {}($1, $2, $3)", self.table("release")),
-                &[
-                    &grant.election.as_str(),
-                    &grant.token.to_i64_saturating(),
-                    &id,
-                ],
-            ),
-        )
-        .await?
-        .get(0))
-    }
-
-    /// The error of an `acquire` of `election` that the server refused.
-    /// Its one sum that can leave bigint's range is the token's `+ 1`
-    /// (the milliseconds it computes stay far below it, as timestamps end
-    /// in 294276 AD): `numeric_value_out_of_range` says the election's
-    /// counter is exhausted; `data_corrupted` is `acquire`'s refusal of a
-    /// counter below zero. The statement, its own transaction, was rolled
-    /// back: nothing was written.
-    fn acquire_failed(&self, election: &ElectionName, error: tokio_postgres::Error) -> Error {
-        use tokio_postgres::error::SqlState;
-        if error.code() == Some(&SqlState::NUMERIC_VALUE_OUT_OF_RANGE) {
-            return Error::tokens_exhausted(&self.table("elections"), election.as_str());
-        }
-        if let Some(db) = error.as_db_error()
-            && db.code() == &SqlState::DATA_CORRUPTED
-        {
-            return Error::Corrupt(format!(
-                "{}: {}; no grant was written",
-                self.table("elections"),
-                db.message()
-            ));
-        }
-        unavailable("campaign", error)
-    }
-
-    /// The candidate of the grant `tok` of `election` if that grant was
-    /// never released but its session is no longer live: it expired.
-    async fn expired_holder(
-        &self,
-        election: &ElectionName,
-        tok: FencingToken,
-    ) -> Result<Option<String>> {
-        let client = self.client().await?;
-        let tok = tok.to_i64_saturating();
-        let row = timed(
-            "read the expired holder",
-            client.query_opt(
-                &format!(
-                    "SELECT e.candidate FROM {} e
-                     WHERE e.name = $1 AND e.token = $2 AND e.session IS NOT NULL
-                       AND NOT EXISTS (SELECT 1 FROM {} h
-                                       WHERE h.id = e.session AND h.expires_at > clock_timestamp())",
-                    self.table("elections"),
-                    self.table("sessions")
-                ),
-                &[&election.as_str(), &tok],
-            ),
-        )
-        .await?;
-        Ok(row.and_then(|r| r.get(0)))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn notice(payload: &str) -> std::result::Result<Notice, broadcast::error::RecvError> {
-        Ok(Some(Arc::from(payload)))
-    }
-
-    #[test]
-    fn a_release_wakes_the_waiter_it_names_and_only_it() {
-        assert!(wakes(&notice("jobs 7"), "jobs", "7"));
-        assert!(!wakes(&notice("jobs 8"), "jobs", "7"));
-        assert!(!wakes(&notice("other 7"), "jobs", "7"));
-        // A grant, and a change of the line's notes, wake no waiter.
-        assert!(!wakes(&notice("jobs"), "jobs", "7"));
-        assert!(!wakes(&notice("#n jobs"), "jobs", "7"));
-    }
-
-    #[test]
-    fn a_release_that_names_nobody_wakes_every_waiter_of_the_election() {
-        assert!(wakes(&notice("jobs "), "jobs", "7"));
-        assert!(wakes(&notice("jobs "), "jobs", "8"));
-        assert!(!wakes(&notice("other "), "jobs", "7"));
-    }
-
-    #[test]
-    fn a_resync_wakes_every_waiter() {
-        assert!(wakes(&Ok(None), "jobs", "7"));
-        assert!(wakes(
-            &Err(broadcast::error::RecvError::Lagged(3)),
-            "jobs",
-            "7"
-        ));
     }
 }

@@ -96,10 +96,11 @@ impl<S: Send + Sync> StoreHarness for ServerHarness<S> {
     }
 
     fn campaigns_unwaited(&self) -> bool {
-        matches!(
-            &self.url,
-            crate::store::StoreUrl::Etcd(c) if c.layout() == crate::store::Layout::Leasehold
-        )
+        match &self.url {
+            crate::store::StoreUrl::Etcd(c) => c.layout() == crate::store::Layout::Leasehold,
+            crate::store::StoreUrl::Postgres(_) => true,
+            _ => false,
+        }
     }
 }
 

@@ -10,7 +10,7 @@ use leasehold::store::{Access, Store};
 use leasehold::testing::{
     ServerHarness, StoreHarness, campaign_until_granted, spawn_campaign, unique_election,
 };
-use leasehold::{CandidateId, ElectionName, Elector, Error, Grant, LeaderStatus, LeaseConfig};
+use leasehold::{CandidateId, Elector, Error, Grant, LeaderStatus, LeaseConfig};
 use leasehold_testkit::PostgresServer;
 use leasehold_testkit::shared::{self, Server};
 use tokio::time::Instant;
@@ -54,52 +54,120 @@ impl StoreHarness for PgHarness {
     fn campaigns_unwaited(&self) -> bool {
         self.harness.campaigns_unwaited()
     }
-
-    async fn set_last_token(&self, election: &ElectionName, last: i64) -> bool {
-        let set = sql(&self.harness.server().url())
-            .await
-            .execute(
-                &format!(
-                    "UPDATE {}.elections SET token = $2 WHERE name = $1",
-                    self.schema
-                ),
-                &[&election.as_str(), &last],
-            )
-            .await
-            .expect("set the counter");
-        set == 1
-    }
-
-    async fn last_token(&self, election: &ElectionName) -> Option<i64> {
-        sql(&self.harness.server().url())
-            .await
-            .query_opt(
-                &format!(
-                    "SELECT token FROM {}.elections WHERE name = $1",
-                    self.schema
-                ),
-                &[&election.as_str()],
-            )
-            .await
-            .expect("read the counter")
-            .map(|row| row.get(0))
-    }
 }
 
 leasehold::conformance_tests!(harness());
 
-/// A counter at the largest token: the next grant is refused as corrupt
-/// (`bigint out of range` was an outage, retried forever).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_exhausted_token_counter_is_corrupt() {
-    leasehold::testing::conformance::an_exhausted_token_counter_is_corrupt(&harness().await).await;
+/// Sets the store's revision counter (the last token given) by hand, as
+/// an operator's own tools would.
+async fn set_revision(harness: &PgHarness, last: i64) {
+    let set = sql(&harness.harness.server().url())
+        .await
+        .execute(
+            &format!("UPDATE {}.revision SET value = $1", harness.schema),
+            &[&last],
+        )
+        .await
+        .expect("set the counter");
+    assert_eq!(set, 1, "one revision row");
 }
 
-/// A counter below zero: refused as corrupt, nothing written (PostgreSQL
-/// granted token 0 again and again, and could not release it).
+async fn revision(harness: &PgHarness) -> i64 {
+    sql(&harness.harness.server().url())
+        .await
+        .query_one(
+            &format!("SELECT value FROM {}.revision", harness.schema),
+            &[],
+        )
+        .await
+        .expect("read the counter")
+        .get(0)
+}
+
+/// The revisions (the tokens) at the largest bigint: a grant gets the
+/// largest token, and the next change is refused as corrupt, naming the
+/// counter, with nothing written (`bigint out of range` was an outage,
+/// retried forever).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_negative_token_counter_is_corrupt() {
-    leasehold::testing::conformance::a_negative_token_counter_is_corrupt(&harness().await).await;
+async fn an_exhausted_revision_counter_is_corrupt() {
+    let harness = harness().await;
+    let store = harness.open().await;
+    let election = unique_election("exhausted");
+    set_revision(&harness, i64::MAX - 1).await;
+    let last = leasehold::testing::campaign_on_new_session(
+        &*store,
+        &election,
+        "a",
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(last.token.to_i64(), Some(i64::MAX), "the largest token");
+    let refused = store.resign(&last).await;
+    match &refused {
+        Err(Error::Corrupt(message)) => {
+            assert!(message.contains("exhausted"), "{message}");
+            assert!(message.contains(&harness.schema), "{message}");
+            assert!(!message.contains('\n'), "{message}");
+        }
+        other => panic!("a change past the largest revision must be Corrupt, got {other:?}"),
+    }
+    let lease = store
+        .open_session(Duration::from_secs(30))
+        .await
+        .expect("open");
+    let elector = Elector::new(
+        Arc::clone(&store),
+        CandidateId::new("b").expect("id"),
+        LeaseConfig::new(Duration::from_secs(30)),
+    )
+    .expect("config");
+    let other = unique_election("exhausted-other");
+    match tokio::time::timeout(Duration::from_secs(15), elector.campaign(&other)).await {
+        Ok(Err(Error::Corrupt(message))) => assert!(message.contains("exhausted"), "{message}"),
+        other => panic!("a campaign past the largest revision must be Corrupt, got {other:?}"),
+    }
+    assert_eq!(store.leader(&other).await.expect("read"), None);
+    assert_eq!(revision(&harness).await, i64::MAX, "the counter changed");
+    store.close_session(lease.id).await.ok();
+}
+
+/// A revision counter below zero (set by hand, or a damaged store) holds
+/// no count of grants: a campaign is refused as corrupt, nothing written
+/// (PostgreSQL granted token 0 again and again, and could not release it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_negative_revision_counter_is_corrupt() {
+    let harness = harness().await;
+    let store = harness.open().await;
+    let election = unique_election("negative");
+    let first = leasehold::testing::campaign_on_new_session(
+        &*store,
+        &election,
+        "a",
+        Duration::from_secs(30),
+    )
+    .await;
+    store.resign(&first).await.expect("resign");
+    set_revision(&harness, -5).await;
+    let lease = store
+        .open_session(Duration::from_secs(30))
+        .await
+        .expect("open");
+    let refused = tokio::time::timeout(
+        Duration::from_secs(15),
+        store.campaign(lease.id, &election, &CandidateId::new("b").expect("id")),
+    )
+    .await
+    .expect("refused in time");
+    match refused {
+        Err(Error::Corrupt(message)) => {
+            assert!(message.contains("no count of grants"), "{message}");
+            assert!(message.contains(&harness.schema), "{message}");
+            assert!(!message.contains('\n'), "{message}");
+        }
+        other => panic!("a grant from a negative counter must be Corrupt, got {other:?}"),
+    }
+    assert_eq!(store.leader(&election).await.expect("read"), None);
+    assert_eq!(revision(&harness).await, -5, "the counter changed");
 }
 
 async fn sql(url: &str) -> tokio_postgres::Client {
@@ -171,7 +239,7 @@ async fn schema_is_versioned_and_a_newer_one_is_refused() {
 
 async fn dump(client: &tokio_postgres::Client, schema: &str) -> Vec<String> {
     let mut out = Vec::new();
-    for table in ["schema_version", "sessions", "elections"] {
+    for table in ["schema_version", "sessions", "revision", "keys"] {
         for row in client
             .query(
                 &format!("SELECT t::text FROM {schema}.{table} t ORDER BY 1"),
@@ -331,7 +399,7 @@ async fn server_restart_while_a_candidate_leads() {
 }
 
 /// No herd: with 30 candidates waiting, a release wakes only the first in
-/// line, so a handover costs a constant number of acquisition statements
+/// line, so a handover costs a constant number of reads of the candidates
 /// (counted in the server's statement log), not one per waiter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handover_wakes_only_the_first_in_line() {
@@ -376,11 +444,11 @@ async fn a_handover_wakes_only_the_first_in_line() {
     let in_line = async {
         loop {
             let n: i64 = admin
-                .query_one("SELECT count(*) FROM herd.waiters", &[])
+                .query_one("SELECT count(*) FROM herd.keys WHERE key LIKE '%:c:%'", &[])
                 .await
                 .expect("count")
                 .get(0);
-            if n == 30 {
+            if n == 31 {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -389,7 +457,12 @@ async fn a_handover_wakes_only_the_first_in_line() {
     tokio::time::timeout(Duration::from_secs(20), in_line)
         .await
         .expect("30 waiters in line");
-    let acquisitions = || server.log().matches("herd.acquire(").count();
+    let acquisitions = || {
+        server
+            .log()
+            .matches("FROM herd.revision r LEFT JOIN")
+            .count()
+    };
     let mut grant = holder;
     for handover in 0..3 {
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -403,7 +476,7 @@ async fn a_handover_wakes_only_the_first_in_line() {
         let cost = acquisitions() - before;
         assert!(
             (1..=3).contains(&cost),
-            "handover {handover} ran {cost} acquisition statements for 30 waiters"
+            "handover {handover} ran {cost} reads of the candidates for 30 waiters"
         );
         assert!(rx.try_recv().is_err(), "two waiters granted at once");
     }
@@ -775,11 +848,12 @@ async fn a_schema_version_table_leasehold_did_not_write_is_not_its_marker() {
 
 /// The cancellation obligation, where the race lives: a campaign whose
 /// statement is still waiting in the server when it is dropped is granted
-/// after the drop (the holder's release commits while it waits). The drop's
-/// cleanup must release that grant, not only take the campaign out of line.
-/// The statement is held in the server by a transaction of the test's own
-/// that releases the holder through the store's own function and commits
-/// only after the campaign is dropped.
+/// after the drop (the holder's session ends while it waits). The drop's
+/// cleanup must take that grant back, not only forget the campaign. The
+/// statement is held in the server by a transaction of the test's own that
+/// ends the holder's session through the store's own function (holding
+/// the store's revision row) and commits only after the campaign is
+/// dropped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_campaign_granted_in_the_server_after_its_drop_is_released() {
     let server = tokio::task::spawn_blocking(shared::postgres)
@@ -801,22 +875,13 @@ async fn a_campaign_granted_in_the_server_after_its_drop_is_released() {
     .await;
     let admin = sql(&server.url()).await;
     admin.batch_execute("BEGIN").await.expect("begin");
-    let released: bool = admin
-        .query_one(
-            &format!("SELECT {schema}.release($1, $2, $3)"),
-            &[
-                &election.as_str(),
-                &held.token.to_i64_saturating(),
-                &i64::try_from(held.session.0).expect("a stored session id"),
-            ],
+    admin
+        .execute(
+            &format!("SELECT {schema}.end_session($1)"),
+            &[&i64::try_from(held.session.0).expect("a stored session id")],
         )
         .await
-        .expect("release, uncommitted")
-        .get(0);
-    assert!(
-        released,
-        "the holder's grant is released in the transaction"
-    );
+        .expect("end the holder's session, uncommitted");
     let lease = store
         .open_session(Duration::from_secs(30))
         .await

@@ -1,7 +1,7 @@
 -- What is in the schema named $1: whether it exists; the columns of its
 -- table schema_version, as `name type[ not null]` joined by ", " (NULL if it
 -- has no such table); and how many of leasehold's tables sessions and
--- elections it has. postgres.rs runs it with include_str!, under the
+-- keys it has. postgres.rs runs it with include_str!, under the
 -- schema's advisory lock, before creating or using the schema.
 SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1),
        (SELECT string_agg(a.attname::text || ' '
@@ -16,4 +16,4 @@ SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1),
        (SELECT count(*) FROM pg_class c
         JOIN pg_namespace n ON n.oid = c.relnamespace
         WHERE n.nspname = $1 AND c.relkind = 'r'
-          AND c.relname IN ('sessions', 'elections'));
+          AND c.relname IN ('sessions', 'keys'));

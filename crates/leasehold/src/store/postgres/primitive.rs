@@ -86,28 +86,12 @@ fn concerns(payload: &str, prefix: &str, from: Revision) -> Option<Revision> {
     (at > from.0 && ours).then_some(Revision(at))
 }
 
-/// The primitive on a PostgreSQL store's schema and connections (opened
-/// with its URL, for its access). Cloning shares them.
-#[derive(Clone, Debug)]
-pub struct PgKeys {
-    store: PostgresStore,
-}
-
 impl PgKeys {
-    /// The primitive on `store`'s schema and connections.
-    pub fn new(store: PostgresStore) -> Self {
-        PgKeys { store }
-    }
-
-    fn inner(&self) -> &Arc<Inner> {
-        &self.store.inner
-    }
-
     /// Refuses a write on a store opened read-only.
-    fn writable(&self) -> Result<()> {
-        if self.inner().read_only {
+    fn writable(&self, what: &'static str) -> Result<()> {
+        if self.inner.read_only {
             return Err(Error::invalid(
-                "commit",
+                what,
                 "the store was opened read-only (Access::ReadOnly)",
             ));
         }
@@ -198,19 +182,66 @@ fn prefix_end(prefix: &str) -> Option<String> {
 #[async_trait]
 impl Keys for PgKeys {
     async fn open_session(&self, ttl: Duration) -> Result<SessionLease> {
-        self.store.open_session(ttl).await
+        self.writable("session")?;
+        let ttl_ms = TTL.check(ttl)?.units;
+        let client = self.inner.client().await?;
+        let s = self.inner.table("sessions");
+        let id: i64 = timed(
+            "open a session",
+            client.query_one(
+                &format!(
+                    "INSERT INTO {s} (ttl_ms, expires_at)
+                     VALUES ($1::bigint, clock_timestamp() + $1::bigint * interval '1 millisecond')
+                     RETURNING id"
+                ),
+                &[&ttl_ms],
+            ),
+        )
+        .await?
+        .get(0);
+        // Housekeeping: sessions long expired, and their dead keys, are of
+        // no use to anyone.
+        let _ = timed(
+            "forget old sessions",
+            client.execute(
+                &format!("SELECT {}()", self.inner.table("forget_old_sessions")),
+                &[],
+            ),
+        )
+        .await;
+        Ok(SessionLease {
+            id: SessionId::from_stored(id),
+            ttl: from_millis(ttl_ms),
+        })
     }
 
     async fn keep_alive(&self, session: SessionId) -> Result<Duration> {
-        self.store.keep_alive(session).await
+        let id = session_key(session)?;
+        let client = self.inner.client().await?;
+        let row = timed(
+            "renew the session",
+            client.query_opt(
+                &format!(
+                    "UPDATE {} SET expires_at = clock_timestamp() + ttl_ms * interval '1 millisecond'
+                     WHERE id = $1 AND expires_at > clock_timestamp() RETURNING ttl_ms",
+                    self.inner.table("sessions")
+                ),
+                &[&id],
+            ),
+        )
+        .await?;
+        match row {
+            Some(row) => Ok(from_millis(row.get(0))),
+            None => Err(Error::SessionExpired(session)),
+        }
     }
 
     async fn close_session(&self, session: SessionId) -> Result<()> {
-        self.writable()?;
+        self.writable("session")?;
         let Ok(id) = session_key(session) else {
             return Ok(());
         };
-        let inner = self.inner();
+        let inner = &self.inner;
         let client = inner.client().await?;
         timed(
             "end a session",
@@ -224,9 +255,9 @@ impl Keys for PgKeys {
     }
 
     async fn commit(&self, checks: &[Check], writes: &[Write]) -> Result<Option<Revision>> {
-        self.writable()?;
+        self.writable("commit")?;
         let a = Arrays::of(checks, writes)?;
-        let inner = self.inner();
+        let inner = &self.inner;
         let client = inner.client().await?;
         let statement = format!(
             "SELECT * FROM {}($1, $2, $3, $4, $5, $6, $7, $8)",
@@ -259,7 +290,7 @@ impl Keys for PgKeys {
     }
 
     async fn range(&self, prefix: &str) -> Result<Range> {
-        let inner = self.inner();
+        let inner = &self.inner;
         let client = inner.client().await?;
         let end = prefix_end(prefix);
         // One statement, one snapshot: the keys and the revision agree.
@@ -302,8 +333,8 @@ impl Keys for PgKeys {
         let (tx, rx) = watch::channel(Heard::Changed(from));
         // Subscribed before the task's first read: nothing after it is
         // missed.
-        let notices = self.inner().notices.subscribe();
-        let listening = self.inner().listening.subscribe();
+        let notices = self.inner.notices.subscribe();
+        let listening = self.inner.listening.subscribe();
         let follow = Following {
             keys: self.clone(),
             prefix: prefix.to_owned(),
@@ -321,15 +352,23 @@ impl Keys for PgKeys {
 }
 
 impl PgKeys {
-    /// The error of a `commit_keys` the server refused: its one sum that
-    /// can leave bigint's range is the revision's `+ 1`.
+    /// The error of a `commit_keys` the server refused, its own
+    /// transaction, rolled back: nothing was written. Its one sum that can
+    /// leave bigint's range is the revision's `+ 1`; `data_corrupted` is
+    /// its refusal of a counter below zero.
     fn commit_failed(&self, error: tokio_postgres::Error) -> Error {
         use tokio_postgres::error::SqlState;
         if error.code() == Some(&SqlState::NUMERIC_VALUE_OUT_OF_RANGE) {
             return Error::Corrupt(format!(
-                "{} is at the largest revision a store keeps; nothing was written",
-                self.inner().table("revision")
+                "{}: the revisions (the fencing tokens) are exhausted: the last is the largest \
+                 token a store keeps; nothing was written",
+                self.inner.table("revision")
             ));
+        }
+        if let Some(db) = error.as_db_error()
+            && db.code() == &SqlState::DATA_CORRUPTED
+        {
+            return Error::Corrupt(format!("{}; nothing was written", db.message()));
         }
         unavailable("commit", error)
     }
@@ -348,7 +387,7 @@ impl Following {
     async fn run(mut self, tx: watch::Sender<Heard>) {
         // What changed between the caller's read and the subscription: in
         // what the listening connection heard, or else read.
-        let since = lock(&self.keys.inner().recent).since(self.from, &self.prefix);
+        let since = lock(&self.keys.inner.recent).since(self.from, &self.prefix);
         let mut resync = since.is_none();
         if let Some(Some(at)) = since {
             self.from = at;
@@ -361,7 +400,7 @@ impl Following {
                     *heard = Heard::Unknown {
                         error: format!(
                             "postgres listen on {}: the connection is lost, changes are not heard",
-                            self.keys.inner().display
+                            self.keys.inner.display
                         ),
                     };
                     news

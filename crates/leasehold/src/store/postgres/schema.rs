@@ -115,7 +115,7 @@ impl Inner {
             Some(v) if v >= 1 && tables == 2 => Ok(()),
             Some(v) if v >= 1 => Err(Error::Corrupt(format!(
                 "schema {s} has leasehold's schema_version but not its tables sessions and \
-                 elections: it was damaged; nothing was written"
+                 keys: it was damaged; nothing was written"
             ))),
             _ => Err(Error::Corrupt(format!(
                 "{s}.schema_version holds no version leasehold writes: schema {s} was not created \
@@ -137,29 +137,19 @@ impl Inner {
 /// store's statements that change state, as functions so that each is one
 /// statement (one implicit transaction) however many steps it takes:
 ///
-/// - `acquire(session, election, candidate)`: the compare-and-swap. It locks
-///   the election row, then the holder's session row (a renewal racing with
-///   it either committed before and is seen, or runs after and finds the
-///   session expired), and bumps the token in the acquiring `UPDATE`. A free
-///   election goes to the first waiter in line whose session is live; a
-///   candidate that has to wait joins the line. Returns `(true, token, 0,
-///   true)` when this call granted it, `(true, token, 0, NULL)` when the
-///   session held the election already, `(false, token, ms, NULL)` with how long to sleep at most — until the
-///   holder's expiry for the first in line, until the first's expiry for the
-///   others — or NULLs when the calling session has expired.
-/// - `queue_head(election)`: the first waiter with a live session.
-/// - `notify_release(election)`: `NOTIFY` with `"{election} {head}"`, so that
-///   only the first in line wakes (no herd); observers read any notice.
-/// - `release(election, token, session)`, `withdraw(election, session)`,
-///   `close_session(session)`: the guarded release (which records the
-///   released token in `releases`, for lock-delay), leaving the line, and
-///   ending a session (releasing its grants and its places in line).
-/// - `put_note(election, session, name, text)` and
-///   `delete_note(election, session, name)`: the notes of planned moves
-///   (see `line.rs`) in `notes`; `put_note` puts a note of a live session
-///   only (false if it has ended) and drops the election's notes of ended
-///   sessions. Both `NOTIFY` `"#n {election}"`: no election name starts
-///   with `#`, so no waiter takes it for a release.
+/// - `commit_keys(checks…, writes…)`: the store primitive's commit (see
+///   `primitive.rs`). It locks the one row of `revision` first, so commits
+///   are taken one at a time and each sees every earlier one; checks and
+///   writes skip the dead keys of ended sessions; a commit that changes
+///   nothing takes no revision. Returns the revision, NULL when a check
+///   failed, or the ended session a put named.
+/// - `notify_keys(revision, keys)`: `NOTIFY` with `"k {revision}"` and the
+///   keys, one a line, so that a watch wakes for its own keys alone (no
+///   herd).
+/// - `end_session(session)`: ends a session and its keys, at one revision.
+/// - `forget_old_sessions()`: deletes sessions expired over an hour ago and
+///   their dead keys (housekeeping when a session opens).
+/// - `live(session)`: whether a key's session is live.
 pub(super) const SCHEMA_SQL: &str = include_str!("schema.sql");
 
 /// What [`Inner::inspect_schema`] finds (`postgres/inspect_schema.sql`).
@@ -170,7 +160,7 @@ pub(super) struct FoundSchema {
     pub(super) exists: bool,
     /// The columns of its table schema_version, if it has one.
     pub(super) marker_columns: Option<String>,
-    /// How many of leasehold's tables sessions and elections it has.
+    /// How many of leasehold's tables sessions and keys it has.
     pub(super) tables: i64,
 }
 

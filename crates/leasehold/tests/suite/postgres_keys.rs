@@ -3,6 +3,7 @@
 //! the whole conformance suite in `postgres.rs`.)
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use leasehold::store::Access;
@@ -45,3 +46,73 @@ impl KeysHarness for Postgres {
 }
 
 leasehold::keys_conformance_tests!(postgres());
+
+/// A watch that starts from a revision older than what its handle's
+/// listening connection heard reads whether its prefix changed since:
+/// a write elsewhere is not told (before, any commit in the store was),
+/// and a key of its prefix deleted meanwhile is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_watch_tells_its_own_prefix_alone() {
+    use leasehold::store::keys::{Check, Keys, Write};
+    let postgres = postgres().await;
+    let first = postgres.keys().await;
+    let put = |key: &str| Write::Put {
+        key: key.to_owned(),
+        value: String::new(),
+        session: None,
+    };
+    first
+        .commit(&[], &[put("mine:a")])
+        .await
+        .expect("commit")
+        .expect("written");
+    let before = first.range("mine:").await.expect("read").revision;
+    first
+        .commit(&[Check::Absent("theirs:b".into())], &[put("theirs:b")])
+        .await
+        .expect("commit")
+        .expect("written");
+    // A handle whose listener starts after both: it heard neither.
+    let late = postgres.keys().await;
+    let admin = sql(&postgres).await;
+    let listening = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT value FROM {}.revision'",
+        postgres.schema
+    );
+    let started = tokio::time::Instant::now();
+    while admin
+        .query_one(&listening, &[])
+        .await
+        .expect("count")
+        .get::<_, i64>(0)
+        < 2
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "never listening"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut quiet = late.watch("mine:", before).await.expect("watch");
+    let told = tokio::time::timeout(Duration::from_millis(500), quiet.changed()).await;
+    assert!(told.is_err(), "a write under another prefix was told");
+    first
+        .commit(&[], &[Write::Delete("mine:a".into())])
+        .await
+        .expect("commit")
+        .expect("deleted");
+    let mut deleted = late.watch("mine:", before).await.expect("watch");
+    tokio::time::timeout(Duration::from_secs(5), deleted.changed())
+        .await
+        .expect("a deletion under the prefix is told")
+        .expect("watch open");
+}
+
+async fn sql(postgres: &Postgres) -> tokio_postgres::Client {
+    let (client, connection) =
+        tokio_postgres::connect(&postgres.server.url(), tokio_postgres::NoTls)
+            .await
+            .expect("connect");
+    tokio::spawn(connection);
+    client
+}

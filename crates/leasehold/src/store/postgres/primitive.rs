@@ -3,7 +3,10 @@
 //! commit one statement (`commit_keys`, which takes the store's commits
 //! one at a time on the row of `revision`), a watch one subscriber of the
 //! store's listening connection. Each commit `NOTIFY`s the keys it
-//! changed, so a watch wakes for its prefix only. An expiry goes untold
+//! changed, so a watch wakes for its prefix only. A watch that starts
+//! later than the revision it watches from finds what changed meanwhile in
+//! what the listener heard lately ([`Recent`]), or else reads it: its
+//! prefix's last writes, and the `deletions` table. An expiry goes untold
 //! (nothing runs in the server when a session's time is up): a key comes
 //! with the time its session had left, and whoever needs to know reads
 //! again then.
@@ -352,6 +355,33 @@ impl Keys for PgKeys {
 }
 
 impl PgKeys {
+    /// The store's revision, and whether anything under `prefix` changed
+    /// after `from`: a key written or deleted since (an expiry is not
+    /// told), or deletions forgotten since.
+    async fn changed_under(&self, prefix: &str, from: Revision) -> Result<(Revision, bool)> {
+        let client = self.inner.client().await?;
+        let under = "k.key >= $1 AND ($2::text IS NULL OR k.key < $2)";
+        let statement = format!(
+            "SELECT r.value, r.forgotten,
+                    greatest((SELECT max(k.modified) FROM {keys} k WHERE {under}),
+                             (SELECT max(k.revision) FROM {deletions} k WHERE {under}))
+             FROM {revision} r",
+            keys = self.inner.table("keys"),
+            deletions = self.inner.table("deletions"),
+            revision = self.inner.table("revision"),
+        );
+        let end = prefix_end(prefix);
+        let row = timed(
+            "read what changed",
+            client.query_one(&statement, &[&prefix, &end]),
+        )
+        .await?;
+        let (now, forgotten, last): (i64, i64, Option<i64>) = (row.get(0), row.get(1), row.get(2));
+        let after = |r: i64| u64::try_from(r).is_ok_and(|r| r > from.0);
+        let now = Revision(u64::try_from(now).unwrap_or(0));
+        Ok((now, after(forgotten) || last.is_some_and(after)))
+    }
+
     /// The error of a `commit_keys` the server refused, its own
     /// transaction, rolled back: nothing was written. Its one sum that can
     /// leave bigint's range is the revision's `+ 1`; `data_corrupted` is
@@ -407,16 +437,14 @@ impl Following {
                 });
                 resync = false;
             } else if resync {
-                match self.keys.range(&self.prefix).await {
-                    Ok(read)
-                        if read.revision > self.from
-                            || matches!(*tx.borrow(), Heard::Unknown { .. }) =>
-                    {
-                        self.from = read.revision.max(self.from);
-                        tx.send_replace(Heard::Changed(self.from));
+                match self.keys.changed_under(&self.prefix, self.from).await {
+                    Ok((now, changed)) => {
+                        if changed || matches!(*tx.borrow(), Heard::Unknown { .. }) {
+                            tx.send_replace(Heard::Changed(now.max(self.from)));
+                        }
+                        self.from = now.max(self.from);
                         resync = false;
                     }
-                    Ok(_) => resync = false,
                     Err(error) => {
                         tx.send_replace(Heard::Unknown {
                             error: error.to_string(),

@@ -16,8 +16,8 @@ CREATE TABLE {schema}.sessions (
 -- revision given; every commit locks its one row first, so commits are
 -- taken one at a time and each sees every earlier one. A key of an ended session is dead: reads
 -- and checks skip it, and the commit that next writes it replaces it.
-CREATE TABLE {schema}.revision (value bigint NOT NULL);
-INSERT INTO {schema}.revision (value) VALUES (0);
+CREATE TABLE {schema}.revision (value bigint NOT NULL, forgotten bigint NOT NULL);
+INSERT INTO {schema}.revision (value, forgotten) VALUES (0, 0);
 CREATE TABLE {schema}.keys (
     key text COLLATE "C" PRIMARY KEY,
     value text NOT NULL,
@@ -25,6 +25,14 @@ CREATE TABLE {schema}.keys (
     created bigint NOT NULL,
     modified bigint NOT NULL);
 CREATE INDEX ON {schema}.keys (session);
+-- The revision at which each key was last deleted (by a commit or its
+-- session's end), so that a watch that starts late reads whether its
+-- prefix changed after a revision: its keys' `modified`, and these.
+-- Deletions older than 100,000 revisions are forgotten (housekeeping),
+-- and `revision.forgotten` says up to where.
+CREATE TABLE {schema}.deletions (
+    key text COLLATE "C" PRIMARY KEY,
+    revision bigint NOT NULL);
 
 CREATE OR REPLACE FUNCTION {schema}.live(p_session bigint) RETURNS boolean
 LANGUAGE sql AS $fn$
@@ -107,6 +115,8 @@ BEGIN
                 RETURNING {schema}.live(k.session) INTO v_was_live;
             IF FOUND AND v_was_live THEN
                 v_changed := v_changed || p_key[i];
+                INSERT INTO {schema}.deletions AS d (key, revision) VALUES (p_key[i], v_next)
+                    ON CONFLICT (key) DO UPDATE SET revision = excluded.revision;
             END IF;
         ELSE
             INSERT INTO {schema}.keys AS k (key, value, session, created, modified)
@@ -141,6 +151,9 @@ BEGIN
     SELECT array_agg(e.key) INTO v_ended FROM ended e;
     DELETE FROM {schema}.keys k WHERE k.session = p_session;
     DELETE FROM {schema}.sessions h WHERE h.id = p_session;
+    INSERT INTO {schema}.deletions AS d (key, revision)
+        SELECT e, v_next FROM unnest(coalesce(v_ended, '{}')) e
+        ON CONFLICT (key) DO UPDATE SET revision = excluded.revision;
     IF v_ended IS NOT NULL THEN
         UPDATE {schema}.revision SET value = v_next;
         PERFORM {schema}.notify_keys(v_next, v_ended);
@@ -148,13 +161,26 @@ BEGIN
 END
 $fn$;
 
--- Forgets sessions that expired over an hour ago, and their dead keys.
+-- Forgets sessions that expired over an hour ago and their dead keys,
+-- and deletions older than 100,000 revisions.
 CREATE OR REPLACE FUNCTION {schema}.forget_old_sessions() RETURNS void
-LANGUAGE sql AS $fn$
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_before bigint;
+    v_forgot bigint;
+BEGIN
     WITH old AS (
         DELETE FROM {schema}.sessions h
         WHERE h.expires_at < clock_timestamp() - interval '1 hour' RETURNING h.id)
-    DELETE FROM {schema}.keys k USING old WHERE k.session = old.id
+    DELETE FROM {schema}.keys k USING old WHERE k.session = old.id;
+    SELECT r.value - 100000 INTO v_before FROM {schema}.revision r;
+    WITH forgot AS (
+        DELETE FROM {schema}.deletions d WHERE d.revision < v_before RETURNING d.revision)
+    SELECT max(f.revision) INTO v_forgot FROM forgot f;
+    IF v_forgot IS NOT NULL THEN
+        UPDATE {schema}.revision r SET forgotten = greatest(r.forgotten, v_forgot);
+    END IF;
+END
 $fn$;
 
 INSERT INTO {schema}.schema_version (version) VALUES ({version});

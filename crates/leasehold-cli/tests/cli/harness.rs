@@ -270,6 +270,12 @@ impl StoppedReplica {
             vec![command],
             "the command is the guard's child"
         );
+        // The guard and the command first: the guard acts on time alone
+        // (it kills the command at the lease deadline), and on a loaded
+        // machine the runner may take a while to be caught outside a write
+        // (CI once saw the guard's deadline pass meanwhile).
+        kill(Pid::from_raw(guard), Signal::SIGSTOP).expect("stop the guard");
+        killpg(Pid::from_raw(command), Signal::SIGSTOP).expect("stop the command");
         let shm = store
             .strip_prefix("sqlite:")
             .map(|path| PathBuf::from(format!("{path}-shm")));
@@ -286,8 +292,6 @@ impl StoppedReplica {
             kill(Pid::from_raw(runner), Signal::SIGCONT).expect("continue the runner");
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
-        kill(Pid::from_raw(guard), Signal::SIGSTOP).expect("stop the guard");
-        killpg(Pid::from_raw(command), Signal::SIGSTOP).expect("stop the command");
         StoppedReplica {
             runner,
             guard,

@@ -51,7 +51,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::broadcast;
 use tokio_postgres::{AsyncMessage, Client};
 use tokio_util::sync::{CancellationToken, DropGuard};
 
@@ -61,6 +60,7 @@ use crate::store::Access;
 use crate::store::keyed::KeyedStore;
 use crate::store::{SessionId, SessionLease, session_key};
 
+mod heard;
 mod listening;
 use listening::listen;
 mod primitive;
@@ -86,10 +86,6 @@ const RETRY: Duration = Duration::from_millis(250);
 /// them from the catalog: its marker.
 const MARKER_COLUMNS: &str = "version bigint not null";
 
-/// What the listener broadcasts: an election that changed, or `None` after
-/// (re)connecting, when anything may have changed unseen.
-type Notice = Option<Arc<str>>;
-
 /// Whether the listener hears the store's notices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Listening {
@@ -100,6 +96,35 @@ enum Listening {
     Yes,
     /// The connection was lost: changes go unheard until it is back.
     Lost,
+}
+
+/// A connection, with the statements prepared on it: each of leasehold's
+/// statements is prepared once per connection, not at every use (which
+/// costs a round trip).
+#[derive(Debug)]
+struct Conn {
+    client: Client,
+    prepared: std::sync::Mutex<std::collections::HashMap<String, tokio_postgres::Statement>>,
+}
+
+impl std::ops::Deref for Conn {
+    type Target = Client;
+
+    fn deref(&self) -> &Client {
+        &self.client
+    }
+}
+
+impl Conn {
+    /// `sql` prepared on this connection.
+    async fn prepared(&self, sql: &str) -> Result<tokio_postgres::Statement> {
+        if let Some(statement) = crate::mutex::lock(&self.prepared).get(sql) {
+            return Ok(statement.clone());
+        }
+        let statement = timed("prepare a statement", self.client.prepare(sql)).await?;
+        crate::mutex::lock(&self.prepared).insert(sql.to_owned(), statement.clone());
+        Ok(statement)
+    }
 }
 
 /// An election store in a PostgreSQL database: the elections written once
@@ -124,12 +149,11 @@ struct Inner {
     /// opens no session.
     read_only: bool,
     channel: String,
-    client: tokio::sync::Mutex<Option<Arc<Client>>>,
-    notices: broadcast::Sender<Notice>,
+    client: tokio::sync::Mutex<Option<Arc<Conn>>>,
     listening: tokio::sync::watch::Sender<Listening>,
     /// The key changes the listening connection heard lately, which a new
     /// watch of the primitive looks back on (see `primitive.rs`).
-    recent: Arc<std::sync::Mutex<primitive::Recent>>,
+    recent: Arc<std::sync::Mutex<heard::Recent>>,
     _stop_listener: DropGuard,
 }
 
@@ -276,7 +300,6 @@ impl PgKeys {
         // already, and a password added from the environment would show
         // there as a ?password= parameter.
         let display = server_of(&config);
-        let (notices, _) = broadcast::channel(1024);
         let stop = CancellationToken::new();
         let inner = Arc::new(Inner {
             connector: tls::Connector {
@@ -289,7 +312,6 @@ impl PgKeys {
             read_only,
             channel: format!("leasehold_{schema}"),
             client: tokio::sync::Mutex::new(None),
-            notices,
             listening: tokio::sync::watch::Sender::new(Listening::Starting),
             recent: Arc::default(),
             _stop_listener: stop.clone().drop_guard(),
@@ -340,16 +362,19 @@ impl Inner {
     }
 
     /// The shared connection, reconnected if it broke.
-    async fn client(&self) -> Result<Arc<Client>> {
+    async fn client(&self) -> Result<Arc<Conn>> {
         let mut slot = self.client.lock().await;
-        if let Some(client) = slot.as_ref()
-            && !client.is_closed()
+        if let Some(conn) = slot.as_ref()
+            && !conn.client.is_closed()
         {
-            return Ok(Arc::clone(client));
+            return Ok(Arc::clone(conn));
         }
-        let client = Arc::new(self.connect().await?);
-        *slot = Some(Arc::clone(&client));
-        Ok(client)
+        let conn = Arc::new(Conn {
+            client: self.connect().await?,
+            prepared: std::sync::Mutex::default(),
+        });
+        *slot = Some(Arc::clone(&conn));
+        Ok(conn)
     }
 
     fn table(&self, name: &str) -> String {

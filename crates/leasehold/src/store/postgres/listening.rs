@@ -4,17 +4,16 @@
 use super::*;
 use crate::mutex::lock;
 
-/// Keeps one connection LISTENing on the store's channel and broadcasts
-/// what it hears; after every (re)connection it broadcasts `None`, since
-/// notifications sent meanwhile were lost.
+/// Keeps one connection LISTENing on the store's channel and hands what it
+/// hears to the watches (`heard.rs`); after every (re)connection they read
+/// again, since notifications sent meanwhile were lost.
 pub(super) async fn listen(inner: std::sync::Weak<Inner>, stop: CancellationToken) {
     loop {
         let Some(store) = inner.upgrade() else { return };
-        let (connector, what, channel, notices, state, recent) = (
+        let (connector, what, channel, state, recent) = (
             store.connector.clone(),
             format!("listen on {}", store.display),
             store.channel.clone(),
-            store.notices.clone(),
             store.listening.clone(),
             Arc::clone(&store.recent),
         );
@@ -26,17 +25,12 @@ pub(super) async fn listen(inner: std::sync::Weak<Inner>, stop: CancellationToke
         }
         if let Ok((client, mut connection)) = connected {
             let forward = {
-                let (notices, recent) = (notices.clone(), Arc::clone(&recent));
+                let recent = Arc::clone(&recent);
                 async move {
                     loop {
                         match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
                             Some(Ok(AsyncMessage::Notification(n))) => {
-                                let payload = Arc::from(n.payload());
-                                // Kept before it is told: a watch that
-                                // subscribes meanwhile finds it in one or
-                                // the other.
-                                lock(&recent).heard(&payload);
-                                let _ = notices.send(Some(payload));
+                                lock(&recent).heard(&Arc::from(n.payload()));
                             }
                             Some(Ok(_)) => {}
                             Some(Err(_)) | None => return,
@@ -52,10 +46,11 @@ pub(super) async fn listen(inner: std::sync::Weak<Inner>, stop: CancellationToke
                     .is_ok()
                     && let Ok(row) = client.query_one(&revision, &[]).await
                 {
-                    // Every change after this revision is heard from now.
-                    lock(&recent).listening_after(row.get(0));
+                    // Every change after this revision is heard from now;
+                    // the watches read again (after they see the state, so
+                    // that none takes the resync for the lost connection's).
                     state.send_replace(Listening::Yes);
-                    let _ = notices.send(None);
+                    lock(&recent).listening_after(row.get(0));
                     std::future::pending::<()>().await;
                 }
             };
@@ -69,7 +64,6 @@ pub(super) async fn listen(inner: std::sync::Weak<Inner>, stop: CancellationToke
             // and nothing is heard until it is back.
             lock(&recent).deaf();
             state.send_replace(Listening::Lost);
-            let _ = notices.send(None);
         }
         tokio::select! {
             biased;

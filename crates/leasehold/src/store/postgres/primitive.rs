@@ -5,89 +5,15 @@
 //! store's listening connection. Each commit `NOTIFY`s the keys it
 //! changed, so a watch wakes for its prefix only. A watch that starts
 //! later than the revision it watches from finds what changed meanwhile in
-//! what the listener heard lately ([`Recent`]), or else reads it: its
+//! what the listener heard lately (`heard.rs`), or else reads it: its
 //! prefix's last writes, and the `deletions` table. An expiry goes untold
 //! (nothing runs in the server when a session's time is up): a key comes
 //! with the time its session had left, and whoever needs to know reads
 //! again then.
 
 use super::*;
-use crate::mutex::lock;
 use crate::store::keys::{Check, Entry, Heard, KeyWatch, Keys, Range, Revision, Write};
 use crate::watch;
-
-/// How many key changes [`Recent`] keeps.
-const RECENT: usize = 1024;
-
-/// The key changes a handle's listening connection heard lately, so that
-/// a new watch tells a change made between its caller's read and its
-/// subscription without reading again.
-#[derive(Debug, Default)]
-pub(super) struct Recent {
-    /// Every change after this revision is in `told` or yet to be heard;
-    /// `None` while not listening.
-    floor: Option<u64>,
-    /// The `notify_keys` payloads heard after `floor`, with their
-    /// revisions, in order.
-    told: std::collections::VecDeque<(u64, Arc<str>)>,
-}
-
-impl Recent {
-    /// A payload the listening connection heard.
-    pub(super) fn heard(&mut self, payload: &Arc<str>) {
-        let Some((revision, _)) = parse(payload) else {
-            return;
-        };
-        if self.told.len() == RECENT
-            && let Some((forgotten, _)) = self.told.pop_front()
-        {
-            self.floor = self.floor.map(|floor| floor.max(forgotten));
-        }
-        self.told.push_back((revision, Arc::clone(payload)));
-    }
-
-    /// Listening again, from the store's `revision` on.
-    pub(super) fn listening_after(&mut self, revision: i64) {
-        let revision = u64::try_from(revision).unwrap_or(0);
-        self.told.retain(|(r, _)| *r > revision);
-        self.floor = Some(revision);
-    }
-
-    /// Not listening: changes go unheard.
-    pub(super) fn deaf(&mut self) {
-        self.floor = None;
-        self.told.clear();
-    }
-
-    /// The last change under `prefix` after `from`, if any (`Some(None)`
-    /// if none); `None` if what was heard cannot tell.
-    fn since(&self, from: Revision, prefix: &str) -> Option<Option<Revision>> {
-        if self.floor? > from.0 {
-            return None;
-        }
-        Some(
-            self.told
-                .iter()
-                .filter_map(|(_, payload)| concerns(payload, prefix, from))
-                .max(),
-        )
-    }
-}
-
-/// A `notify_keys` payload's revision and the keys it names (none: any).
-fn parse(payload: &str) -> Option<(u64, &str)> {
-    let told = payload.strip_prefix("k ")?;
-    let (revision, keys) = told.split_once('\n').unwrap_or((told, ""));
-    Some((revision.parse().ok()?, keys))
-}
-
-/// The revision of a change a `notify_keys` payload tells under `prefix`,
-/// after `from`.
-fn concerns(payload: &str, prefix: &str, from: Revision) -> Option<Revision> {
-    let (at, keys) = parse(payload)?;
-    let ours = keys.is_empty() || keys.split('\n').any(|k| k.starts_with(prefix));
-    (at > from.0 && ours).then_some(Revision(at))
-}
 
 impl PgKeys {
     /// Refuses a write on a store opened read-only.
@@ -108,6 +34,7 @@ impl PgKeys {
 struct Arrays {
     check_kind: Vec<&'static str>,
     check_key: Vec<String>,
+    check_end: Vec<Option<String>>,
     check_revision: Vec<i64>,
     check_session: Vec<Option<i64>>,
     delete: Vec<bool>,
@@ -137,6 +64,10 @@ impl Arrays {
                 ),
             };
             a.check_kind.push(kind);
+            a.check_end.push(match check {
+                Check::NoneUnder(prefix) => prefix_end(prefix),
+                _ => None,
+            });
             a.check_key.push(key.clone());
             a.check_revision.push(revision);
             a.check_session.push(session);
@@ -221,18 +152,14 @@ impl Keys for PgKeys {
     async fn keep_alive(&self, session: SessionId) -> Result<Duration> {
         let id = session_key(session)?;
         let client = self.inner.client().await?;
-        let row = timed(
-            "renew the session",
-            client.query_opt(
-                &format!(
-                    "UPDATE {} SET expires_at = clock_timestamp() + ttl_ms * interval '1 millisecond'
-                     WHERE id = $1 AND expires_at > clock_timestamp() RETURNING ttl_ms",
-                    self.inner.table("sessions")
-                ),
-                &[&id],
-            ),
-        )
-        .await?;
+        let statement = client
+            .prepared(&format!(
+                "UPDATE {} SET expires_at = clock_timestamp() + ttl_ms * interval '1 millisecond'
+                 WHERE id = $1 AND expires_at > clock_timestamp() RETURNING ttl_ms",
+                self.inner.table("sessions")
+            ))
+            .await?;
+        let row = timed("renew the session", client.query_opt(&statement, &[&id])).await?;
         match row {
             Some(row) => Ok(from_millis(row.get(0))),
             None => Err(Error::SessionExpired(session)),
@@ -262,10 +189,12 @@ impl Keys for PgKeys {
         let a = Arrays::of(checks, writes)?;
         let inner = &self.inner;
         let client = inner.client().await?;
-        let statement = format!(
-            "SELECT * FROM {}($1, $2, $3, $4, $5, $6, $7, $8)",
-            inner.table("commit_keys")
-        );
+        let statement = client
+            .prepared(&format!(
+                "SELECT * FROM {}($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+                inner.table("commit_keys")
+            ))
+            .await?;
         let answered = timed("commit", async {
             Ok(client
                 .query_one(
@@ -273,6 +202,7 @@ impl Keys for PgKeys {
                     &[
                         &a.check_kind,
                         &a.check_key,
+                        &a.check_end,
                         &a.check_revision,
                         &a.check_session,
                         &a.delete,
@@ -312,6 +242,7 @@ impl Keys for PgKeys {
             keys = inner.table("keys"),
             sessions = inner.table("sessions"),
         );
+        let statement = client.prepared(&statement).await?;
         let rows = timed("read keys", client.query(&statement, &[&prefix, &end])).await?;
         let mut range = Range::default();
         for row in rows {
@@ -334,18 +265,18 @@ impl Keys for PgKeys {
 
     async fn watch(&self, prefix: &str, from: Revision) -> Result<KeyWatch> {
         let (tx, rx) = watch::channel(Heard::Changed(from));
-        // Subscribed before the task's first read: nothing after it is
+        // Registered before the task's first read: nothing after it is
         // missed.
-        let notices = self.inner.notices.subscribe();
         let listening = self.inner.listening.subscribe();
+        let (pokes, since) = heard::Registered::new(&self.inner.recent, prefix, from);
         let follow = Following {
             keys: self.clone(),
             prefix: prefix.to_owned(),
             from,
-            notices,
+            pokes,
             listening,
         };
-        tokio::spawn(follow.run(tx));
+        tokio::spawn(follow.run(tx, since));
         Ok(rx)
     }
 
@@ -371,6 +302,7 @@ impl PgKeys {
             revision = self.inner.table("revision"),
         );
         let end = prefix_end(prefix);
+        let statement = client.prepared(&statement).await?;
         let row = timed(
             "read what changed",
             client.query_one(&statement, &[&prefix, &end]),
@@ -409,15 +341,15 @@ struct Following {
     keys: PgKeys,
     prefix: String,
     from: Revision,
-    notices: broadcast::Receiver<Notice>,
+    pokes: heard::Registered,
     listening: tokio::sync::watch::Receiver<Listening>,
 }
 
 impl Following {
-    async fn run(mut self, tx: watch::Sender<Heard>) {
-        // What changed between the caller's read and the subscription: in
-        // what the listening connection heard, or else read.
-        let since = lock(&self.keys.inner.recent).since(self.from, &self.prefix);
+    /// `since`: what changed between the caller's read and the
+    /// registration, as the listening connection heard it (`None`: it
+    /// cannot tell; read).
+    async fn run(mut self, tx: watch::Sender<Heard>, since: Option<Option<Revision>>) {
         let mut resync = since.is_none();
         if let Some(Some(at)) = since {
             self.from = at;
@@ -457,16 +389,13 @@ impl Following {
             tokio::select! {
                 biased;
                 () = tx.closed() => return,
-                notice = self.notices.recv() => match notice {
-                    Ok(Some(payload)) => {
-                        if let Some(at) = concerns(&payload, &self.prefix, self.from) {
-                            self.from = at;
-                            tx.send_replace(Heard::Changed(at));
-                        }
-                    }
-                    Err(broadcast::error::RecvError::Closed) => return,
-                    // A reconnection, or notices missed: read again.
-                    Ok(None) | Err(broadcast::error::RecvError::Lagged(_)) => resync = true,
+                poke = self.pokes.next() => match poke {
+                    None => return,
+                    Some(heard::Poke::Resync) => resync = true,
+                    Some(heard::Poke::Changed(at)) => if at > self.from {
+                        self.from = at;
+                        tx.send_replace(Heard::Changed(at));
+                    },
                 },
                 changed = self.listening.changed() => if changed.is_err() { return },
             }
@@ -477,43 +406,6 @@ impl Following {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn heard(recent: &mut Recent, payload: &str) {
-        recent.heard(&Arc::from(payload));
-    }
-
-    #[test]
-    fn what_was_heard_tells_changes_under_a_prefix_after_a_revision() {
-        let mut recent = Recent::default();
-        heard(&mut recent, "k 4\na:x");
-        assert_eq!(recent.since(Revision(3), "a:"), None, "not listening");
-        recent.listening_after(4);
-        heard(&mut recent, "k 5\na:x\nb:y");
-        heard(&mut recent, "jobs 17");
-        heard(&mut recent, "k 6\nb:z");
-        heard(&mut recent, "k 7");
-        assert_eq!(recent.since(Revision(3), "a:"), None, "before the floor");
-        assert_eq!(recent.since(Revision(4), "a:"), Some(Some(Revision(7))));
-        assert_eq!(recent.since(Revision(4), "b:"), Some(Some(Revision(7))));
-        assert_eq!(recent.since(Revision(7), "a:"), Some(None));
-        recent.listening_after(6);
-        heard(&mut recent, "k 8\nb:z");
-        assert_eq!(recent.since(Revision(7), "a:"), Some(None));
-        assert_eq!(recent.since(Revision(7), "b:"), Some(Some(Revision(8))));
-        recent.deaf();
-        assert_eq!(recent.since(Revision(8), "a:"), None);
-    }
-
-    #[test]
-    fn what_was_forgotten_cannot_tell() {
-        let mut recent = Recent::default();
-        recent.listening_after(0);
-        for r in 1..=u64::try_from(RECENT).unwrap_or(0) + 2 {
-            heard(&mut recent, &format!("k {r}\nb:{r}"));
-        }
-        assert_eq!(recent.since(Revision(1), "a:"), None);
-        assert_eq!(recent.since(Revision(2), "a:"), Some(None));
-    }
 
     #[test]
     fn a_prefix_ends_at_the_next_string_of_its_length() {

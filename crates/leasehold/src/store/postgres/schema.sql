@@ -59,12 +59,13 @@ END
 $fn$;
 
 -- One commit: the checks (kind 'absent', 'created' or 'under', with the
--- key or prefix, and for 'created' the revision and session), then the
+-- key or prefix, for 'under' the least string above the prefix's (NULL:
+-- none), and for 'created' the revision and session), then the
 -- writes (a put of value and session, or a delete). Returns the new
 -- revision; the last one if nothing changed; NULL if a check failed; or,
 -- writing nothing, the ended session a put named in `o_expired`.
 CREATE OR REPLACE FUNCTION {schema}.commit_keys(
-    p_check_kind text[], p_check_key text[], p_check_revision bigint[],
+    p_check_kind text[], p_check_key text[], p_check_end text[], p_check_revision bigint[],
     p_check_session bigint[], p_delete boolean[], p_key text[], p_value text[],
     p_session bigint[], OUT o_revision bigint, OUT o_expired bigint)
 LANGUAGE plpgsql AS $fn$
@@ -85,7 +86,8 @@ BEGIN
     FOR i IN 1 .. coalesce(cardinality(p_check_kind), 0) LOOP
         IF p_check_kind[i] = 'under' THEN
             PERFORM 1 FROM {schema}.keys k
-                WHERE k.key >= p_check_key[i] AND starts_with(k.key, p_check_key[i])
+                WHERE k.key >= p_check_key[i]
+                  AND (p_check_end[i] IS NULL OR k.key < p_check_end[i])
                   AND {schema}.live(k.session)
                 LIMIT 1;
             IF FOUND THEN RETURN; END IF;

@@ -86,18 +86,6 @@ const RETRY: Duration = Duration::from_millis(250);
 /// them from the catalog: its marker.
 const MARKER_COLUMNS: &str = "version bigint not null";
 
-/// Whether the listener hears the store's notices.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Listening {
-    /// Not yet connected since the store was opened (the first `LISTEN`
-    /// ends with a `None` notice, as every reconnection does).
-    Starting,
-    /// `LISTEN` is in place.
-    Yes,
-    /// The connection was lost: changes go unheard until it is back.
-    Lost,
-}
-
 /// A connection, with the statements prepared on it: each of leasehold's
 /// statements is prepared once per connection, not at every use (which
 /// costs a round trip).
@@ -150,9 +138,8 @@ struct Inner {
     read_only: bool,
     channel: String,
     client: tokio::sync::Mutex<Option<Arc<Conn>>>,
-    listening: tokio::sync::watch::Sender<Listening>,
-    /// The key changes the listening connection heard lately, which a new
-    /// watch of the primitive looks back on (see `primitive.rs`).
+    /// What the listening connection heard lately, and the primitive's
+    /// watches it tells (see `heard.rs`).
     recent: Arc<std::sync::Mutex<heard::Recent>>,
     _stop_listener: DropGuard,
 }
@@ -312,7 +299,6 @@ impl PgKeys {
             read_only,
             channel: format!("leasehold_{schema}"),
             client: tokio::sync::Mutex::new(None),
-            listening: tokio::sync::watch::Sender::new(Listening::Starting),
             recent: Arc::default(),
             _stop_listener: stop.clone().drop_guard(),
         });

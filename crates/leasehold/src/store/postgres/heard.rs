@@ -1,38 +1,27 @@
 //! What a handle's listening connection heard of the primitive's keys,
-//! and the watches it wakes: each registered by its prefix, woken only by
-//! a change of a key under it (a key's prefixes are looked up, so a
-//! change costs the key's length, not the number of watches), and never
-//! behind: a watch holds only the latest change it was told. The last
-//! changes are kept, so that a new watch tells one made between its
-//! caller's read and its registration without reading again.
+//! and the watches it tells, with no task of their own: each registered by
+//! its prefix, told only of a change of a key under it (a key's prefixes
+//! are looked up, so a change costs the key's length, not the number of
+//! watches), and never behind: a watch holds only the latest news. While
+//! nobody listens they hold "unknown"; once the listener is back, a
+//! change at the revision it listens from, so that their readers read
+//! again. The last changes are kept, so that a new watch tells one made
+//! between its caller's read and its registration without reading again.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use crate::mutex::lock;
-use crate::store::keys::Revision;
+use crate::store::keys::{Heard, Revision};
+use crate::watch;
 
 /// How many key changes [`Recent`] keeps.
 const RECENT: usize = 1024;
 
-/// What a watch is told.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Poke {
-    /// A key under its prefix changed at this revision.
-    Changed(Revision),
-    /// The listener (re)started listening: what changed meanwhile is
-    /// unknown; read again.
-    Resync,
-}
+type Senders = Vec<watch::Sender<Heard>>;
 
-/// What a registered watch holds: the last change and how many resyncs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct Pokes {
-    revision: u64,
-    resyncs: u64,
-}
-
-type Senders = Vec<(u64, tokio::sync::watch::Sender<Pokes>)>;
+/// How many watches may be registered before the ones nobody reads are
+/// dropped.
+const PRUNE_AT: usize = 64;
 
 /// The key changes a handle's listening connection heard lately, and the
 /// watches registered with it.
@@ -46,8 +35,11 @@ pub(super) struct Recent {
     told: VecDeque<(u64, Arc<str>)>,
     /// The watches, by prefix.
     watches: HashMap<String, Senders>,
-    next: u64,
-    resyncs: u64,
+    /// How many are registered, and how many the next prune waits for.
+    registered: usize,
+    prune_at: usize,
+    /// Why changes go unheard, while they do.
+    deaf: Option<String>,
 }
 
 impl Recent {
@@ -62,45 +54,90 @@ impl Recent {
             self.floor = self.floor.map(|floor| floor.max(forgotten));
         }
         self.told.push_back((revision, Arc::clone(payload)));
-        let poke = |senders: &Senders| {
-            for (_, tx) in senders {
-                tx.send_if_modified(|p| {
-                    let newer = revision > p.revision;
-                    p.revision = p.revision.max(revision);
-                    newer
-                });
-            }
-        };
+        let at = Revision(revision);
         if keys.is_empty() {
-            self.watches.values().for_each(poke);
+            self.watches.values().flatten().for_each(|tx| tell(tx, at));
             return;
         }
         for key in keys.split('\n') {
             for (end, _) in key.char_indices().chain([(key.len(), ' ')]) {
                 if let Some(senders) = self.watches.get(&key[..end]) {
-                    poke(senders);
+                    senders.iter().for_each(|tx| tell(tx, at));
                 }
             }
         }
     }
 
-    /// Listening again, from the store's `revision` on: every watch reads
-    /// again, since what changed while nobody listened is unknown.
+    /// Listening again, from the store's `revision` on: every watch is
+    /// told a change there, since what changed while nobody listened is
+    /// unknown.
     pub(super) fn listening_after(&mut self, revision: i64) {
         let revision = u64::try_from(revision).unwrap_or(0);
         self.told.retain(|(r, _)| *r > revision);
         self.floor = Some(revision);
-        self.resyncs += 1;
-        let resyncs = self.resyncs;
-        for (_, tx) in self.watches.values().flatten() {
-            tx.send_modify(|p| p.resyncs = resyncs);
+        self.deaf = None;
+        for tx in self.watches.values().flatten() {
+            tx.send_modify(|heard| {
+                let at = match heard {
+                    Heard::Changed(at) => (*at).max(Revision(revision)),
+                    Heard::Unknown { .. } => Revision(revision),
+                };
+                *heard = Heard::Changed(at);
+            });
         }
     }
 
-    /// Not listening: changes go unheard.
-    pub(super) fn deaf(&mut self) {
+    /// Not listening: changes go unheard, and every watch says so.
+    pub(super) fn deaf(&mut self, why: String) {
         self.floor = None;
         self.told.clear();
+        for tx in self.watches.values().flatten() {
+            tx.send_replace(Heard::Unknown { error: why.clone() });
+        }
+        self.deaf = Some(why);
+    }
+
+    /// A watch of `prefix` from `from`: its receiver, which already tells
+    /// what changed after `from` as far as what was heard tells; `false`
+    /// if that cannot tell (the caller reads, and tells the watch then).
+    pub(super) fn register(
+        &mut self,
+        prefix: &str,
+        from: Revision,
+    ) -> (watch::Sender<Heard>, crate::store::keys::KeyWatch, bool) {
+        let since = self.since(from, prefix);
+        let (tx, rx) = watch::channel(Heard::Changed(from));
+        // What it tells already, as news to its reader.
+        match (&self.deaf, since) {
+            (Some(why), _) => {
+                tx.send_replace(Heard::Unknown { error: why.clone() });
+            }
+            (None, Some(Some(at))) => {
+                tx.send_replace(Heard::Changed(at));
+            }
+            (None, _) => {}
+        }
+        self.prune();
+        self.registered += 1;
+        self.watches
+            .entry(prefix.to_owned())
+            .or_default()
+            .push(tx.clone());
+        (tx, rx, since.is_some() || self.deaf.is_some())
+    }
+
+    /// Drops the watches nobody reads any more, once there are twice as
+    /// many registered as after the last prune.
+    fn prune(&mut self) {
+        if self.registered < self.prune_at.max(PRUNE_AT) {
+            return;
+        }
+        self.watches.retain(|_, senders| {
+            senders.retain(|tx| !tx.is_closed());
+            !senders.is_empty()
+        });
+        self.registered = self.watches.values().map(Vec::len).sum();
+        self.prune_at = self.registered * 2;
     }
 
     /// The last change under `prefix` after `from`, if any (`Some(None)`
@@ -118,71 +155,15 @@ impl Recent {
     }
 }
 
-/// A watch registered with a handle's [`Recent`]; dropped, it is gone.
-#[derive(Debug)]
-pub(super) struct Registered {
-    recent: Arc<Mutex<Recent>>,
-    prefix: String,
-    id: u64,
-    rx: tokio::sync::watch::Receiver<Pokes>,
-    resyncs: u64,
-}
-
-impl Registered {
-    /// Registers a watch of `prefix`; with what changed under it after
-    /// `from` as far as what was heard tells (see [`Recent::since`]).
-    pub(super) fn new(
-        recent: &Arc<Mutex<Recent>>,
-        prefix: &str,
-        from: Revision,
-    ) -> (Self, Option<Option<Revision>>) {
-        let mut heard = lock(recent);
-        heard.next += 1;
-        let id = heard.next;
-        let start = Pokes {
-            revision: from.0,
-            resyncs: heard.resyncs,
-        };
-        let (tx, rx) = tokio::sync::watch::channel(start);
-        heard
-            .watches
-            .entry(prefix.to_owned())
-            .or_default()
-            .push((id, tx));
-        let since = heard.since(from, prefix);
-        drop(heard);
-        let registered = Registered {
-            recent: Arc::clone(recent),
-            prefix: prefix.to_owned(),
-            id,
-            rx,
-            resyncs: start.resyncs,
-        };
-        (registered, since)
-    }
-
-    /// The next thing this watch is told; `None` once the handle is gone.
-    pub(super) async fn next(&mut self) -> Option<Poke> {
-        self.rx.changed().await.ok()?;
-        let pokes = *self.rx.borrow_and_update();
-        if pokes.resyncs != self.resyncs {
-            self.resyncs = pokes.resyncs;
-            return Some(Poke::Resync);
+/// Tells `tx` of a change at `at`, unless it holds a later one.
+pub(super) fn tell(tx: &watch::Sender<Heard>, at: Revision) {
+    tx.send_if_modified(|heard| match heard {
+        Heard::Changed(told) if *told >= at => false,
+        _ => {
+            *heard = Heard::Changed(at);
+            true
         }
-        Some(Poke::Changed(Revision(pokes.revision)))
-    }
-}
-
-impl Drop for Registered {
-    fn drop(&mut self) {
-        let mut heard = lock(&self.recent);
-        if let Some(senders) = heard.watches.get_mut(&self.prefix) {
-            senders.retain(|(id, _)| *id != self.id);
-            if senders.is_empty() {
-                heard.watches.remove(&self.prefix);
-            }
-        }
-    }
+    });
 }
 
 /// A `notify_keys` payload's revision and the keys it names (none: any).
@@ -204,10 +185,6 @@ fn concerns(payload: &str, prefix: &str, from: Revision) -> Option<Revision> {
 mod tests {
     use super::*;
 
-    fn heard(recent: &Arc<Mutex<Recent>>, payload: &str) {
-        lock(recent).heard(&Arc::from(payload));
-    }
-
     #[test]
     fn what_was_heard_tells_changes_under_a_prefix_after_a_revision() {
         let mut recent = Recent::default();
@@ -225,7 +202,7 @@ mod tests {
         recent.heard(&Arc::from("k 8\nb:z"));
         assert_eq!(recent.since(Revision(7), "a:"), Some(None));
         assert_eq!(recent.since(Revision(7), "b:"), Some(Some(Revision(8))));
-        recent.deaf();
+        recent.deaf("lost".into());
         assert_eq!(recent.since(Revision(8), "a:"), None);
     }
 
@@ -240,32 +217,65 @@ mod tests {
         assert_eq!(recent.since(Revision(2), "a:"), Some(None));
     }
 
-    #[tokio::test]
-    async fn a_change_wakes_the_watches_of_its_key_s_prefixes_alone() {
-        let recent = Arc::new(Mutex::new(Recent::default()));
-        lock(&recent).listening_after(0);
-        let (mut election, _) = Registered::new(&recent, "e:c:", Revision(0));
-        let (mut ahead, _) = Registered::new(&recent, "e:c:01", Revision(0));
-        let (mut other, _) = Registered::new(&recent, "f:c:", Revision(0));
-        heard(&recent, "k 3\ne:c:02");
-        assert_eq!(election.next().await, Some(Poke::Changed(Revision(3))));
+    #[test]
+    fn a_change_tells_the_watches_of_its_key_s_prefixes_alone() {
+        let mut recent = Recent::default();
+        recent.listening_after(0);
+        let (_, mut election, _) = recent.register("e:c:", Revision(0));
+        let (_, mut ahead, _) = recent.register("e:c:01", Revision(0));
+        let (_, mut other, _) = recent.register("f:c:", Revision(0));
+        recent.heard(&Arc::from("k 3\ne:c:02"));
+        assert!(election.has_changed().unwrap_or(false));
+        assert_eq!(*election.borrow_and_update(), Heard::Changed(Revision(3)));
         assert!(
-            !ahead.rx.has_changed().unwrap_or(true),
+            !ahead.has_changed().unwrap_or(true),
             "another key's watch woke"
         );
         assert!(
-            !other.rx.has_changed().unwrap_or(true),
+            !other.has_changed().unwrap_or(true),
             "another election's watch woke"
         );
-        heard(&recent, "k 4\ne:c:01");
-        assert_eq!(ahead.next().await, Some(Poke::Changed(Revision(4))));
-        // A payload that names no key wakes every watch; a new listening
-        // connection makes every watch read again.
-        heard(&recent, "k 5");
-        assert_eq!(other.next().await, Some(Poke::Changed(Revision(5))));
-        lock(&recent).listening_after(5);
-        assert_eq!(other.next().await, Some(Poke::Resync));
-        drop(election);
-        assert_eq!(lock(&recent).watches.len(), 2, "a dropped watch is gone");
+        recent.heard(&Arc::from("k 4\ne:c:01"));
+        assert_eq!(*ahead.borrow_and_update(), Heard::Changed(Revision(4)));
+        // A payload that names no key tells every watch; a lost listener
+        // makes them unknown, and a new one tells them all a change.
+        recent.heard(&Arc::from("k 5"));
+        assert_eq!(*other.borrow_and_update(), Heard::Changed(Revision(5)));
+        recent.deaf("lost".into());
+        assert!(matches!(*other.borrow_and_update(), Heard::Unknown { .. }));
+        let (_, mut late, tells) = recent.register("g:", Revision(5));
+        assert!(tells, "a watch registered while nobody listens says so");
+        assert!(matches!(*late.borrow_and_update(), Heard::Unknown { .. }));
+        recent.listening_after(9);
+        assert_eq!(*other.borrow_and_update(), Heard::Changed(Revision(9)));
+        assert_eq!(*late.borrow_and_update(), Heard::Changed(Revision(9)));
+    }
+
+    #[test]
+    fn a_new_watch_tells_what_was_heard_since_its_revision() {
+        let mut recent = Recent::default();
+        let (_, _, tells) = recent.register("a:", Revision(3));
+        assert!(!tells, "not listening yet: the caller reads");
+        recent.listening_after(4);
+        recent.heard(&Arc::from("k 5\na:x"));
+        let (_, mut told, tells) = recent.register("a:", Revision(4));
+        assert!(tells);
+        assert!(told.has_changed().unwrap_or(false));
+        assert_eq!(*told.borrow_and_update(), Heard::Changed(Revision(5)));
+        let (_, quiet, tells) = recent.register("b:", Revision(4));
+        assert!(tells);
+        assert!(!quiet.has_changed().unwrap_or(true));
+    }
+
+    #[test]
+    fn watches_nobody_reads_are_dropped() {
+        let mut recent = Recent::default();
+        recent.listening_after(0);
+        let (_, _kept, _) = recent.register("kept:", Revision(0));
+        for n in 0..200 {
+            drop(recent.register(&format!("gone{n}:"), Revision(0)));
+        }
+        assert!(recent.watches.len() < 70, "{}", recent.watches.len());
+        assert!(recent.watches.contains_key("kept:"));
     }
 }

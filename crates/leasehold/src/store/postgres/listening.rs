@@ -10,11 +10,10 @@ use crate::mutex::lock;
 pub(super) async fn listen(inner: std::sync::Weak<Inner>, stop: CancellationToken) {
     loop {
         let Some(store) = inner.upgrade() else { return };
-        let (connector, what, channel, state, recent) = (
+        let (connector, what, channel, recent) = (
             store.connector.clone(),
             format!("listen on {}", store.display),
             store.channel.clone(),
-            store.listening.clone(),
             Arc::clone(&store.recent),
         );
         let revision = format!("SELECT value FROM {}", store.table("revision"));
@@ -47,9 +46,7 @@ pub(super) async fn listen(inner: std::sync::Weak<Inner>, stop: CancellationToke
                     && let Ok(row) = client.query_one(&revision, &[]).await
                 {
                     // Every change after this revision is heard from now;
-                    // the watches read again (after they see the state, so
-                    // that none takes the resync for the lost connection's).
-                    state.send_replace(Listening::Yes);
+                    // every watch is told to read again.
                     lock(&recent).listening_after(row.get(0));
                     std::future::pending::<()>().await;
                 }
@@ -62,8 +59,9 @@ pub(super) async fn listen(inner: std::sync::Weak<Inner>, stop: CancellationToke
             }
             // Lost the connection: whatever happened meanwhile is unknown,
             // and nothing is heard until it is back.
-            lock(&recent).deaf();
-            state.send_replace(Listening::Lost);
+            lock(&recent).deaf(format!(
+                "postgres {what}: the connection is lost, changes are not heard"
+            ));
         }
         tokio::select! {
             biased;

@@ -12,8 +12,8 @@
 //! again then.
 
 use super::*;
+use crate::mutex::lock;
 use crate::store::keys::{Check, Entry, Heard, KeyWatch, Keys, Range, Revision, Write};
-use crate::watch;
 
 impl PgKeys {
     /// Refuses a write on a store opened read-only.
@@ -264,19 +264,23 @@ impl Keys for PgKeys {
     }
 
     async fn watch(&self, prefix: &str, from: Revision) -> Result<KeyWatch> {
-        let (tx, rx) = watch::channel(Heard::Changed(from));
-        // Registered before the task's first read: nothing after it is
-        // missed.
-        let listening = self.inner.listening.subscribe();
-        let (pokes, since) = heard::Registered::new(&self.inner.recent, prefix, from);
-        let follow = Following {
-            keys: self.clone(),
-            prefix: prefix.to_owned(),
-            from,
-            pokes,
-            listening,
-        };
-        tokio::spawn(follow.run(tx, since));
+        let (tx, rx, tells) = lock(&self.inner.recent).register(prefix, from);
+        if !tells {
+            // What changed between the caller's read and the registration
+            // was not heard here: read it (once; the listener tells the
+            // rest).
+            let (keys, prefix) = (self.clone(), prefix.to_owned());
+            tokio::spawn(async move {
+                match keys.changed_under(&prefix, from).await {
+                    Ok((now, true)) => heard::tell(&tx, now),
+                    Ok((_, false)) => {}
+                    // The reader reads, and meets the error itself.
+                    Err(_) => {
+                        tx.send_replace(Heard::Changed(from));
+                    }
+                }
+            });
+        }
         Ok(rx)
     }
 
@@ -333,73 +337,6 @@ impl PgKeys {
             return Error::Corrupt(format!("{}; nothing was written", db.message()));
         }
         unavailable("commit", error)
-    }
-}
-
-/// A watch's task: what the listening connection hears of its prefix.
-struct Following {
-    keys: PgKeys,
-    prefix: String,
-    from: Revision,
-    pokes: heard::Registered,
-    listening: tokio::sync::watch::Receiver<Listening>,
-}
-
-impl Following {
-    /// `since`: what changed between the caller's read and the
-    /// registration, as the listening connection heard it (`None`: it
-    /// cannot tell; read).
-    async fn run(mut self, tx: watch::Sender<Heard>, since: Option<Option<Revision>>) {
-        let mut resync = since.is_none();
-        if let Some(Some(at)) = since {
-            self.from = at;
-            tx.send_replace(Heard::Changed(at));
-        }
-        loop {
-            if *self.listening.borrow_and_update() == Listening::Lost {
-                tx.send_if_modified(|heard| {
-                    let news = !matches!(heard, Heard::Unknown { .. });
-                    *heard = Heard::Unknown {
-                        error: format!(
-                            "postgres listen on {}: the connection is lost, changes are not heard",
-                            self.keys.inner.display
-                        ),
-                    };
-                    news
-                });
-                resync = false;
-            } else if resync {
-                match self.keys.changed_under(&self.prefix, self.from).await {
-                    Ok((now, changed)) => {
-                        if changed || matches!(*tx.borrow(), Heard::Unknown { .. }) {
-                            tx.send_replace(Heard::Changed(now.max(self.from)));
-                        }
-                        self.from = now.max(self.from);
-                        resync = false;
-                    }
-                    Err(error) => {
-                        tx.send_replace(Heard::Unknown {
-                            error: error.to_string(),
-                        });
-                        tokio::time::sleep(RETRY).await;
-                        continue;
-                    }
-                }
-            }
-            tokio::select! {
-                biased;
-                () = tx.closed() => return,
-                poke = self.pokes.next() => match poke {
-                    None => return,
-                    Some(heard::Poke::Resync) => resync = true,
-                    Some(heard::Poke::Changed(at)) => if at > self.from {
-                        self.from = at;
-                        tx.send_replace(Heard::Changed(at));
-                    },
-                },
-                changed = self.listening.changed() => if changed.is_err() { return },
-            }
-        }
     }
 }
 

@@ -23,20 +23,7 @@ pub(super) async fn listen(inner: std::sync::Weak<Inner>, stop: CancellationToke
             tracing::debug!(%error, "the postgres listener could not connect; retrying");
         }
         if let Ok((client, mut connection)) = connected {
-            let forward = {
-                let recent = Arc::clone(&recent);
-                async move {
-                    loop {
-                        match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
-                            Some(Ok(AsyncMessage::Notification(n))) => {
-                                lock(&recent).heard(&Arc::from(n.payload()));
-                            }
-                            Some(Ok(_)) => {}
-                            Some(Err(_)) | None => return,
-                        }
-                    }
-                }
-            };
+            let forward = forward(&mut connection, &recent);
             // Runs while `forward` drives the connection.
             let listening = async {
                 if client
@@ -67,6 +54,24 @@ pub(super) async fn listen(inner: std::sync::Weak<Inner>, stop: CancellationToke
             biased;
             () = stop.cancelled() => return,
             () = tokio::time::sleep(RETRY) => {}
+        }
+    }
+}
+
+/// Drives the listening connection, handing each notice to the watches,
+/// until it ends.
+async fn forward<S, T>(
+    connection: &mut tokio_postgres::Connection<S, T>,
+    recent: &std::sync::Mutex<heard::Recent>,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    loop {
+        match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            Some(Ok(AsyncMessage::Notification(n))) => lock(recent).heard(&Arc::from(n.payload())),
+            Some(Ok(_)) => {}
+            Some(Err(_)) | None => return,
         }
     }
 }

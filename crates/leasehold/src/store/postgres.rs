@@ -205,7 +205,7 @@ fn from_millis(ms: i64) -> Duration {
 /// PostgreSQL's own schemas, which hold other programs' objects.
 fn check_schema_name(schema: &str) -> Result<()> {
     let plain = !schema.is_empty()
-        && schema.len() <= 63
+        && schema.len() <= 53
         && schema.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
         && schema
             .chars()
@@ -214,7 +214,7 @@ fn check_schema_name(schema: &str) -> Result<()> {
         return Err(Error::invalid(
             "PostgreSQL schema",
             format!(
-                "{schema:?} must be 1–63 characters of a-z, 0-9 and _, not starting with a digit"
+                "{schema:?} must be 1–53 characters of a-z, 0-9 and _, not starting with a digit (its notices go on the channel leasehold_SCHEMA, and PostgreSQL's names end at 63)"
             ),
         ));
     }

@@ -716,6 +716,13 @@ mod tests {
             ("postgres://h/db?schema=Bad-Name", "schema \"Bad-Name\""),
             ("postgresql://h/db?schema=", "schema \"\""),
             ("postgres://h/db?schema=9lives", "not starting with a digit"),
+            // The notice channel leasehold_SCHEMA must stay within
+            // PostgreSQL's 63 bytes (found by a review: 54 to 63 passed,
+            // created the schema, then every commit failed).
+            (
+                "postgres://h/db?schema=bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb",
+                "must be 1–53 characters",
+            ),
             ("postgres:h/db", "expected postgres://"),
             ("postgres:///db", "names no host"),
             ("postgres://h/db?", "a parameter is empty"),

@@ -167,7 +167,60 @@ async fn a_negative_revision_counter_is_corrupt() {
         other => panic!("a grant from a negative counter must be Corrupt, got {other:?}"),
     }
     assert_eq!(store.leader(&election).await.expect("read"), None);
+    // Ending a session writes nothing either (found by a review: it wrote
+    // revision -4).
+    assert!(matches!(
+        store.close_session(lease.id).await,
+        Err(Error::Corrupt(_))
+    ));
     assert_eq!(revision(&harness).await, -5, "the counter changed");
+}
+
+/// A revision counter set below the revision a key was written at: a key
+/// created there would lead beside the holder (found by a review: two
+/// commands ran, the newcomer's with token 12 beside the holder's 124). It
+/// is refused as corrupt, and nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revision_counter_below_a_written_key_is_corrupt() {
+    let harness = harness().await;
+    let store = harness.open().await;
+    let election = unique_election("lowered");
+    let held = leasehold::testing::campaign_on_new_session(
+        &*store,
+        &election,
+        "a",
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(held.token.0, 1, "the schema's first commit");
+    set_revision(&harness, 0).await;
+    let lease = store
+        .open_session(Duration::from_secs(30))
+        .await
+        .expect("open");
+    let refused = tokio::time::timeout(
+        Duration::from_secs(15),
+        store.campaign(lease.id, &election, &CandidateId::new("b").expect("id")),
+    )
+    .await
+    .expect("refused in time");
+    match refused {
+        Err(Error::Corrupt(message)) => {
+            assert!(message.contains("below revision"), "{message}");
+            assert!(!message.contains('\n'), "{message}");
+        }
+        other => panic!("a campaign below a written key must be Corrupt, got {other:?}"),
+    }
+    assert_eq!(
+        store
+            .leader(&election)
+            .await
+            .expect("read")
+            .map(|l| l.token),
+        Some(held.token),
+        "the holder still leads, alone"
+    );
+    assert_eq!(revision(&harness).await, 0, "the counter changed");
 }
 
 async fn sql(url: &str) -> tokio_postgres::Client {

@@ -55,6 +55,15 @@ fn corrupt(entry: &Entry) -> Error {
     ))
 }
 
+/// Whether `entry` is a candidate key leasehold wrote: attached to the
+/// session its name carries. Any other key among the candidates (written
+/// by hand or by another program) is never taken for a candidate.
+fn written_by_leasehold(entry: &Entry) -> bool {
+    entry
+        .session
+        .is_some_and(|s| entry.key.ends_with(&format!(":c:{:016x}", s.0)))
+}
+
 /// A candidate key as the leader it names.
 fn leader(entry: &Entry) -> Result<Leader> {
     let candidate = CandidateId::new(entry.value.as_str()).map_err(|_| corrupt(entry))?;
@@ -72,6 +81,7 @@ pub(crate) fn holder(range: &Range) -> Result<Option<Leader>> {
     range
         .entries
         .iter()
+        .filter(|e| written_by_leasehold(e))
         .min_by_key(|e| e.created)
         .map(leader)
         .transpose()
@@ -108,7 +118,7 @@ pub(crate) fn standing(
     let ahead = range
         .entries
         .iter()
-        .filter(|e| e.created < mine.created)
+        .filter(|e| written_by_leasehold(e) && e.created < mine.created)
         .max_by_key(|e| e.created);
     match ahead {
         None => {
@@ -183,7 +193,8 @@ pub(crate) fn list(range: &Range) -> Result<Vec<ElectionState>> {
         let Some(name) = election_of(&entry.key) else {
             continue;
         };
-        let candidate = entry.key.starts_with(&candidates(&name)).then_some(entry);
+        let candidate = (entry.key.starts_with(&candidates(&name)) && written_by_leasehold(entry))
+            .then_some(entry);
         match listed.last_mut() {
             Some((last, first)) if *last == name => {
                 if candidate.is_some_and(|c| first.is_none_or(|f| c.created < f.created)) {
@@ -313,6 +324,32 @@ mod tests {
         );
     }
 
+    /// A key among the candidates that leasehold did not write (no
+    /// session, or another session than its name carries) is never taken
+    /// for a candidate (found by a review: a row put by hand led, and the
+    /// election was blocked for good).
+    #[test]
+    fn keys_leasehold_did_not_write_are_never_candidates() {
+        let mut foreign = key(1, 1, None);
+        foreign.session = None;
+        let mut misnamed = key(3, 2, None);
+        misnamed.session = Some(SessionId(4));
+        let read = range(vec![foreign, misnamed, key(9, 12, None)]);
+        assert_eq!(
+            holder(&read).expect("valid").map(|l| l.token),
+            Some(FencingToken(12))
+        );
+        assert!(matches!(
+            standing(&read, &election(), SessionId(9)),
+            Ok(Standing::Granted(_))
+        ));
+        let listed = list(&read).expect("valid");
+        assert_eq!(
+            listed[0].leader.as_ref().map(|l| l.token),
+            Some(FencingToken(12))
+        );
+    }
+
     #[test]
     fn a_value_that_is_no_candidate_id_is_corrupt() {
         let mut bad = key(1, 1, None);
@@ -352,10 +389,16 @@ mod tests {
     fn every_election_with_a_key_is_listed_with_its_holder() {
         let a = ElectionName::new("a").expect("valid");
         let ab = ElectionName::new("a/b").expect("valid");
+        // As leasehold writes them: a candidate's or a note's key attached
+        // to the session its name carries, the release record to none.
         let entry = |key: String, value: &str, created: u64| Entry {
+            session: key
+                .rsplit_once(':')
+                .and_then(|(_, s)| u64::from_str_radix(s, 16).ok())
+                .filter(|_| key.contains(":c:") || key.contains(":n:"))
+                .map(SessionId),
             key,
             value: value.into(),
-            session: None,
             created: Revision(created),
             modified: Revision(created),
             expires_in: None,

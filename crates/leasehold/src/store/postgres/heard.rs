@@ -155,14 +155,17 @@ impl Recent {
     }
 }
 
-/// Tells `tx` of a change at `at`, unless it holds a later one.
+/// Tells `tx` of a change at `at`.
 pub(super) fn tell(tx: &watch::Sender<Heard>, at: Revision) {
-    tx.send_if_modified(|heard| match heard {
-        Heard::Changed(told) if *told >= at => false,
-        _ => {
-            *heard = Heard::Changed(at);
-            true
-        }
+    // Told whatever revision it held: a notice is anyone's to send (any
+    // role that connects may NOTIFY), so one that names a revision far
+    // ahead must not silence the real ones after it; the reader reads.
+    tx.send_modify(|heard| {
+        let told = match heard {
+            Heard::Changed(told) => (*told).max(at),
+            Heard::Unknown { .. } => at,
+        };
+        *heard = Heard::Changed(told);
     });
 }
 
@@ -249,6 +252,24 @@ mod tests {
         recent.listening_after(9);
         assert_eq!(*other.borrow_and_update(), Heard::Changed(Revision(9)));
         assert_eq!(*late.borrow_and_update(), Heard::Changed(Revision(9)));
+    }
+
+    /// A forged notice that names a revision far ahead (anyone who may
+    /// connect may NOTIFY) does not silence the real changes after it
+    /// (found by a review: transfers then waited for the lease to expire).
+    #[test]
+    fn a_notice_from_far_ahead_does_not_silence_the_next() {
+        let mut recent = Recent::default();
+        recent.listening_after(0);
+        let (_, mut watch, _) = recent.register("e:", Revision(0));
+        recent.heard(&Arc::from("k 9000000000000\ne:x"));
+        assert!(watch.has_changed().unwrap_or(false));
+        watch.borrow_and_update();
+        recent.heard(&Arc::from("k 7\ne:x"));
+        assert!(
+            watch.has_changed().unwrap_or(false),
+            "the real change was silenced"
+        );
     }
 
     #[test]

@@ -173,15 +173,14 @@ impl Keys for PgKeys {
         };
         let inner = &self.inner;
         let client = inner.client().await?;
-        timed(
-            "end a session",
-            client.execute(
-                &format!("SELECT {}($1)", inner.table("end_session")),
-                &[&id],
-            ),
-        )
+        let statement = client
+            .prepared(&format!("SELECT {}($1)", inner.table("end_session")))
+            .await?;
+        let ended = timed("end a session", async {
+            Ok(client.execute(&statement, &[&id]).await)
+        })
         .await?;
-        Ok(())
+        ended.map(|_| ()).map_err(|error| self.commit_failed(error))
     }
 
     async fn commit(&self, checks: &[Check], writes: &[Write]) -> Result<Option<Revision>> {

@@ -25,6 +25,7 @@ CREATE TABLE {schema}.keys (
     created bigint NOT NULL,
     modified bigint NOT NULL);
 CREATE INDEX ON {schema}.keys (session);
+CREATE INDEX ON {schema}.keys (modified);
 -- The revision at which each key was last deleted (by a commit or its
 -- session's end), so that a watch that starts late reads whether its
 -- prefix changed after a revision: its keys' `modified`, and these.
@@ -39,6 +40,27 @@ LANGUAGE sql AS $fn$
     SELECT p_session IS NULL OR EXISTS (
         SELECT 1 FROM {schema}.sessions h
         WHERE h.id = p_session AND h.expires_at > clock_timestamp())
+$fn$;
+
+-- Refuses a revision counter that is no count of the store's commits: below
+-- 0, or below the revision a key was last written at (set by hand, or a
+-- damaged store; a key created below its elders would lead beside them).
+-- Everything is rolled back; primitive.rs reports it.
+CREATE OR REPLACE FUNCTION {schema}.check_counter(p_last bigint) RETURNS void
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_written bigint;
+BEGIN
+    IF p_last < 0 THEN
+        RAISE EXCEPTION 'the revision counter %.revision holds %, which is no count of grants',
+            '{schema}', p_last USING ERRCODE = 'data_corrupted';
+    END IF;
+    SELECT max(k.modified) INTO v_written FROM {schema}.keys k;
+    IF p_last < v_written THEN
+        RAISE EXCEPTION 'the revision counter %.revision holds %, below revision % that a key was written at: it is no count of grants',
+            '{schema}', p_last, v_written USING ERRCODE = 'data_corrupted';
+    END IF;
+END
 $fn$;
 
 -- Tells the watches of `p_keys` that they changed at `p_revision`: one
@@ -77,12 +99,7 @@ DECLARE
     v_was_live boolean;
 BEGIN
     SELECT r.value INTO v_last FROM {schema}.revision r FOR UPDATE;
-    -- A counter below 0 (set by hand, or a damaged store) is no count of
-    -- grants: refused, everything rolled back; primitive.rs reports it.
-    IF v_last < 0 THEN
-        RAISE EXCEPTION 'the revision counter %.revision holds %, which is no count of grants',
-            '{schema}', v_last USING ERRCODE = 'data_corrupted';
-    END IF;
+    PERFORM {schema}.check_counter(v_last);
     FOR i IN 1 .. coalesce(cardinality(p_check_kind), 0) LOOP
         IF p_check_kind[i] = 'under' THEN
             PERFORM 1 FROM {schema}.keys k
@@ -147,6 +164,7 @@ DECLARE
     v_ended text[];
 BEGIN
     SELECT r.value + 1 INTO v_next FROM {schema}.revision r FOR UPDATE;
+    PERFORM {schema}.check_counter(v_next - 1);
     WITH ended AS (
         DELETE FROM {schema}.keys k
         WHERE k.session = p_session AND {schema}.live(k.session) RETURNING k.key)

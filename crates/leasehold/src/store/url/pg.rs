@@ -20,14 +20,14 @@ pub(super) struct PgUrl<'a> {
 /// A PostgreSQL schema leasehold may create its tables in.
 pub(super) fn check_schema(schema: &str) -> Result<(), String> {
     let valid = !schema.is_empty()
-        && schema.len() <= 63
+        && schema.len() <= 53
         && schema.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
         && schema
             .chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
     if !valid {
         return Err(format!(
-            "schema {} must be 1–63 characters of a-z, 0-9 and _, not starting with a digit",
+            "schema {} must be 1–53 characters of a-z, 0-9 and _, not starting with a digit (its notices go on the channel leasehold_SCHEMA, and PostgreSQL's names end at 63)",
             quoted(schema)
         ));
     }

@@ -40,6 +40,19 @@ pub(super) struct Recent {
     prune_at: usize,
     /// Why changes go unheard, while they do.
     deaf: Option<String>,
+    /// Whether the listener listens (`floor` is known).
+    up: Up,
+}
+
+/// Whether the listener listens, for the reads of new watches that wait
+/// for it.
+#[derive(Debug)]
+struct Up(tokio::sync::watch::Sender<bool>);
+
+impl Default for Up {
+    fn default() -> Self {
+        Up(tokio::sync::watch::Sender::new(false))
+    }
 }
 
 impl Recent {
@@ -68,29 +81,32 @@ impl Recent {
         }
     }
 
-    /// Listening again, from the store's `revision` on: every watch is
-    /// told a change there, since what changed while nobody listened is
-    /// unknown.
+    /// Listening again, from the store's `revision` on: every watch that
+    /// said "unknown" is told a change there, since what changed while
+    /// nobody listened is unknown. (A watch made before the first listen
+    /// reads once it listens: see [`Recent::register`].)
     pub(super) fn listening_after(&mut self, revision: i64) {
         let revision = u64::try_from(revision).unwrap_or(0);
         self.told.retain(|(r, _)| *r > revision);
         self.floor = Some(revision);
         self.deaf = None;
         for tx in self.watches.values().flatten() {
-            tx.send_modify(|heard| {
-                let at = match heard {
-                    Heard::Changed(at) => (*at).max(Revision(revision)),
-                    Heard::Unknown { .. } => Revision(revision),
-                };
-                *heard = Heard::Changed(at);
+            tx.send_if_modified(|heard| match heard {
+                Heard::Unknown { .. } => {
+                    *heard = Heard::Changed(Revision(revision));
+                    true
+                }
+                Heard::Changed(_) => false,
             });
         }
+        self.up.0.send_replace(true);
     }
 
     /// Not listening: changes go unheard, and every watch says so.
     pub(super) fn deaf(&mut self, why: String) {
         self.floor = None;
         self.told.clear();
+        self.up.0.send_replace(false);
         for tx in self.watches.values().flatten() {
             tx.send_replace(Heard::Unknown { error: why.clone() });
         }
@@ -98,13 +114,19 @@ impl Recent {
     }
 
     /// A watch of `prefix` from `from`: its receiver, which already tells
-    /// what changed after `from` as far as what was heard tells; `false`
-    /// if that cannot tell (the caller reads, and tells the watch then).
+    /// what changed after `from` as far as what was heard tells; when that
+    /// cannot tell, what says when the listener listens: the caller reads
+    /// then what changed after `from`, and tells the watch (a change after
+    /// that read is heard).
     pub(super) fn register(
         &mut self,
         prefix: &str,
         from: Revision,
-    ) -> (watch::Sender<Heard>, crate::store::keys::KeyWatch, bool) {
+    ) -> (
+        watch::Sender<Heard>,
+        crate::store::keys::KeyWatch,
+        Option<tokio::sync::watch::Receiver<bool>>,
+    ) {
         let since = self.since(from, prefix);
         let (tx, rx) = watch::channel(Heard::Changed(from));
         // What it tells already, as news to its reader.
@@ -123,7 +145,8 @@ impl Recent {
             .entry(prefix.to_owned())
             .or_default()
             .push(tx.clone());
-        (tx, rx, since.is_some() || self.deaf.is_some())
+        let read = (since.is_none() && self.deaf.is_none()).then(|| self.up.0.subscribe());
+        (tx, rx, read)
     }
 
     /// Drops the watches nobody reads any more, once there are twice as
@@ -246,12 +269,18 @@ mod tests {
         assert_eq!(*other.borrow_and_update(), Heard::Changed(Revision(5)));
         recent.deaf("lost".into());
         assert!(matches!(*other.borrow_and_update(), Heard::Unknown { .. }));
-        let (_, mut late, tells) = recent.register("g:", Revision(5));
-        assert!(tells, "a watch registered while nobody listens says so");
+        let (_, mut late, read) = recent.register("g:", Revision(5));
+        assert!(
+            read.is_none(),
+            "a watch registered while nobody listens says so"
+        );
         assert!(matches!(*late.borrow_and_update(), Heard::Unknown { .. }));
         recent.listening_after(9);
         assert_eq!(*other.borrow_and_update(), Heard::Changed(Revision(9)));
         assert_eq!(*late.borrow_and_update(), Heard::Changed(Revision(9)));
+        // A watch that heard no loss is not told by a listen.
+        recent.listening_after(10);
+        assert!(!other.has_changed().unwrap_or(true));
     }
 
     /// A forged notice that names a revision far ahead (anyone who may
@@ -275,16 +304,22 @@ mod tests {
     #[test]
     fn a_new_watch_tells_what_was_heard_since_its_revision() {
         let mut recent = Recent::default();
-        let (_, _, tells) = recent.register("a:", Revision(3));
-        assert!(!tells, "not listening yet: the caller reads");
+        let (_, early, read) = recent.register("a:", Revision(3));
+        let read = read.expect("not listening yet: the caller reads once it listens");
+        assert!(!*read.borrow());
         recent.listening_after(4);
+        assert!(*read.borrow(), "listening");
+        assert!(
+            !early.has_changed().unwrap_or(true),
+            "the first listen tells a watch that reads nothing"
+        );
         recent.heard(&Arc::from("k 5\na:x"));
-        let (_, mut told, tells) = recent.register("a:", Revision(4));
-        assert!(tells);
+        let (_, mut told, read) = recent.register("a:", Revision(4));
+        assert!(read.is_none());
         assert!(told.has_changed().unwrap_or(false));
         assert_eq!(*told.borrow_and_update(), Heard::Changed(Revision(5)));
-        let (_, quiet, tells) = recent.register("b:", Revision(4));
-        assert!(tells);
+        let (_, quiet, read) = recent.register("b:", Revision(4));
+        assert!(read.is_none());
         assert!(!quiet.has_changed().unwrap_or(true));
     }
 

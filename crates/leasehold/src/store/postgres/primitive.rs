@@ -263,13 +263,17 @@ impl Keys for PgKeys {
     }
 
     async fn watch(&self, prefix: &str, from: Revision) -> Result<KeyWatch> {
-        let (tx, rx, tells) = lock(&self.inner.recent).register(prefix, from);
-        if !tells {
+        let (tx, rx, read) = lock(&self.inner.recent).register(prefix, from);
+        if let Some(mut listening) = read {
             // What changed between the caller's read and the registration
-            // was not heard here: read it (once; the listener tells the
-            // rest).
+            // was not heard here: read it once the listener listens (the
+            // listener tells what comes after).
             let (keys, prefix) = (self.clone(), prefix.to_owned());
             tokio::spawn(async move {
+                tokio::select! {
+                    () = tx.closed() => return,
+                    up = listening.wait_for(|up| *up) => if up.is_err() { return },
+                }
                 match keys.changed_under(&prefix, from).await {
                     Ok((now, true)) => heard::tell(&tx, now),
                     Ok((_, false)) => {}

@@ -148,32 +148,45 @@ async fn a_negative_revision_counter_is_corrupt() {
     .await;
     store.resign(&first).await.expect("resign");
     set_revision(&harness, -5).await;
+    let lease = refused_campaign(&harness, &*store, &election, "no count of grants").await;
+    assert_eq!(store.leader(&election).await.expect("read"), None);
+    // Ending a session writes nothing either (found by a review: it wrote
+    // revision -4).
+    assert!(matches!(
+        store.close_session(lease).await,
+        Err(Error::Corrupt(_))
+    ));
+    assert_eq!(revision(&harness).await, -5, "the counter changed");
+}
+
+/// A campaign on a new session that the store refuses as corrupt, in one
+/// line that says `why` and names the schema's counter; the session.
+async fn refused_campaign(
+    harness: &PgHarness,
+    store: &dyn Store,
+    election: &leasehold::ElectionName,
+    why: &str,
+) -> leasehold::store::SessionId {
     let lease = store
         .open_session(Duration::from_secs(30))
         .await
         .expect("open");
     let refused = tokio::time::timeout(
         Duration::from_secs(15),
-        store.campaign(lease.id, &election, &CandidateId::new("b").expect("id")),
+        store.campaign(lease.id, election, &CandidateId::new("b").expect("id")),
     )
     .await
     .expect("refused in time");
     match refused {
         Err(Error::Corrupt(message)) => {
-            assert!(message.contains("no count of grants"), "{message}");
-            assert!(message.contains(&harness.schema), "{message}");
+            assert!(message.contains(why), "{message}");
+            let counter = format!("{}.revision", harness.schema);
+            assert!(message.contains(&counter), "{message}");
             assert!(!message.contains('\n'), "{message}");
         }
-        other => panic!("a grant from a negative counter must be Corrupt, got {other:?}"),
+        other => panic!("a campaign on a counter that is no count must be Corrupt, got {other:?}"),
     }
-    assert_eq!(store.leader(&election).await.expect("read"), None);
-    // Ending a session writes nothing either (found by a review: it wrote
-    // revision -4).
-    assert!(matches!(
-        store.close_session(lease.id).await,
-        Err(Error::Corrupt(_))
-    ));
-    assert_eq!(revision(&harness).await, -5, "the counter changed");
+    lease.id
 }
 
 /// A revision counter set below the revision a key was written at: a key
@@ -194,23 +207,7 @@ async fn a_revision_counter_below_a_written_key_is_corrupt() {
     .await;
     assert_eq!(held.token.0, 1, "the schema's first commit");
     set_revision(&harness, 0).await;
-    let lease = store
-        .open_session(Duration::from_secs(30))
-        .await
-        .expect("open");
-    let refused = tokio::time::timeout(
-        Duration::from_secs(15),
-        store.campaign(lease.id, &election, &CandidateId::new("b").expect("id")),
-    )
-    .await
-    .expect("refused in time");
-    match refused {
-        Err(Error::Corrupt(message)) => {
-            assert!(message.contains("below revision"), "{message}");
-            assert!(!message.contains('\n'), "{message}");
-        }
-        other => panic!("a campaign below a written key must be Corrupt, got {other:?}"),
-    }
+    refused_campaign(&harness, &*store, &election, "below revision").await;
     assert_eq!(
         store
             .leader(&election)

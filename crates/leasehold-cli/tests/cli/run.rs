@@ -8,8 +8,8 @@ use nix::sys::signal::Signal;
 use serde_json::Value;
 
 use super::harness::{
-    Proc, Scratch, alive, leasehold, read_lines, status_json, status_json_once_created, stderr,
-    wait_until,
+    Proc, Scratch, StoppedReplica, alive, leasehold, read_lines, status_json,
+    status_json_once_created, stderr, wait_until,
 };
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -499,8 +499,8 @@ rmdir running.lock"#;
     );
 }
 
-/// A runner stopped (SIGSTOP) past its TTL loses leadership; on SIGCONT it
-/// kills its command at once (the deadline has passed) and stays in the
+/// A replica stopped (SIGSTOP) past its TTL loses leadership; on SIGCONT its
+/// runner kills its command at once (the deadline has passed) and stays in the
 /// pool as a follower.
 #[test]
 fn a_runner_that_lost_leadership_kills_its_command_and_campaigns_again() {
@@ -511,12 +511,14 @@ fn a_runner_that_lost_leadership_kills_its_command_and_campaigns_again() {
     let b = replica(&scratch, "b", "1s", BILLING);
     let (_, _, a_child) = runs(&scratch)[0].clone();
     let a_grandchild = grandchildren(&scratch)[0];
-    a.signal(Signal::SIGSTOP);
+    // A stop-the-world pause of a (runner, guard and command), never
+    // inside a SQLite write, which would keep b from writing too.
+    let paused = StoppedReplica::stop(a.pid(), a_child, &scratch.store_url());
     assert!(
         wait_until(10 * SECOND, || runs(&scratch).len() == 2),
         "b never took over"
     );
-    a.signal(Signal::SIGCONT);
+    drop(paused);
     assert!(
         wait_until(5 * SECOND, || !alive(a_child) && !alive(a_grandchild)),
         "the ex-leader's command survived the loss of leadership"

@@ -216,7 +216,7 @@ pub fn children_of(pid: i32) -> Vec<i32> {
 }
 
 /// Whether `pid` is stopped (state `T` in `/proc/PID/stat`).
-fn stopped(pid: i32) -> bool {
+pub fn stopped(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|stat| Some(stat.rsplit_once(") ")?.1.starts_with('T')))

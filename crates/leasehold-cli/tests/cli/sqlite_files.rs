@@ -1499,15 +1499,25 @@ fn kill_replica(a: Proc, command: i32, grandchild: i32) {
     drop(a);
 }
 
-/// SIGKILLs `pid` and every process below it.
+/// SIGKILLs `pid` and every process below it, all at one instant as a
+/// machine's crash would: each is stopped first, top down (a stopped
+/// process starts no child), and only then killed. Killed one by one, a
+/// guard that saw its runner die could still release and close the
+/// database, which removes the -wal a crash leaves (CI once saw that).
 fn kill_tree(pid: i32) {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
     let mut tree = vec![pid];
     let mut i = 0;
     while i < tree.len() {
+        let _ = kill(Pid::from_raw(tree[i]), Signal::SIGSTOP);
+        super::harness::wait_until(PATIENCE, || {
+            super::harness::stopped(tree[i]) || !alive(tree[i])
+        });
         tree.extend(super::harness::children_of(tree[i]));
         i += 1;
     }
     for pid in tree {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL);
+        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
     }
 }

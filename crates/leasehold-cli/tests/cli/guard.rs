@@ -457,7 +457,13 @@ fn on_sqlite_a_surviving_tree_keeps_the_session_alive() {
     let scratch = Scratch::new();
     let (a, _b, command, escapee) = a_leads_b_waits(&scratch.store_url(), &scratch, "60s");
     let guard = super::harness::children_of(a.pid())[0];
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(guard), Signal::SIGKILL).expect("kill");
+    // At one instant, as a crash would: stopped first, so that neither
+    // sees the other die and acts on it (a runner that saw its guard go
+    // could still end its command and release before its own SIGKILL).
+    let guard = nix::unistd::Pid::from_raw(guard);
+    a.signal(Signal::SIGSTOP);
+    nix::sys::signal::kill(guard, Signal::SIGSTOP).expect("stop");
+    nix::sys::signal::kill(guard, Signal::SIGKILL).expect("kill");
     a.signal(Signal::SIGKILL);
     std::thread::sleep(2 * SECOND);
     assert_eq!(

@@ -105,7 +105,6 @@ impl CandidateId {
     /// client may make anything), shown as well as it can be: invalid
     /// UTF-8 and control characters replaced, cut to [`MAX_NAME_LEN`]
     /// bytes, `empty` when there is nothing.
-    #[cfg(any(feature = "etcd", feature = "zookeeper"))]
     pub(crate) fn shown(data: &[u8], empty: &'static str) -> Self {
         let text: String = String::from_utf8_lossy(data)
             .chars()

@@ -131,7 +131,7 @@ fn a_key_among_the_candidates_that_leasehold_did_not_write_is_ignored() {
         .output()
         .expect("spawn");
     assert!(first.status.success(), "{}", super::harness::stderr(&first));
-    etcdctl(&cluster, &["put", "/space/e/job/user", "user data e"]);
+    etcdctl(&cluster, &["put", "/space/job:c:user", "user data e"]);
     let status = super::harness::status_json(&store, "job");
     assert!(status["leader"].is_null(), "{status}");
     let mut run = super::harness::Proc::spawn(

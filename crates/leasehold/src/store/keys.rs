@@ -185,6 +185,14 @@ pub trait Keys: Send + Sync + fmt::Debug + 'static {
         std::future::pending::<()>().await;
     }
 
+    /// How long `session` has left on the store's clock, for a store whose
+    /// reads leave [`Entry::expires_in`] out; the default, for one whose
+    /// reads tell it, is `None` without asking.
+    async fn time_left(&self, session: SessionId) -> Result<Option<Duration>> {
+        let _ = session;
+        Ok(None)
+    }
+
     /// Whether its watches tell when a session's end deletes keys, at
     /// the session's expiry too; if not, whoever needs to know reads again
     /// at the [`Entry::expires_in`] of what it read.

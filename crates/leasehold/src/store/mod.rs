@@ -23,7 +23,6 @@ pub(crate) mod note_watch;
 pub mod postgres;
 pub mod security;
 #[cfg(feature = "etcd")]
-pub(crate) mod shared_read;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 mod url;

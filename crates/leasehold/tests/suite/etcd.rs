@@ -455,8 +455,9 @@ async fn a_prefix_holding_other_programs_keys_is_refused_untouched() {
 
 /// Keys another program puts into leasehold's space later are never taken
 /// for a leader (one was reported as leading, `"id":"user data e"`, while
-/// `campaign` waited for it forever) and never overwritten (an election's
-/// key was put empty over a foreign value).
+/// `campaign` waited for it forever), never listed as elections, and never
+/// overwritten: leasehold writes only keys it names after its own leases,
+/// created only if absent, and an election's release record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_leasehold_did_not_write_are_never_taken_for_a_leader_nor_overwritten() {
     let cluster = cluster().await;
@@ -469,10 +470,19 @@ async fn keys_leasehold_did_not_write_are_never_taken_for_a_leader_nor_overwritt
     .expect("connect");
     let job = leasehold::ElectionName::new("job").expect("name");
     let other = leasehold::ElectionName::new("other").expect("name");
-    etcdctl(&cluster, &["put", "/space/e/job/user", "user data e"]);
-    etcdctl(&cluster, &["put", "/space/e/job/0000000000000001", "mimic"]);
-    etcdctl(&cluster, &["put", "/space/k/other", "precious"]);
+    etcdctl(&cluster, &["put", "/space/job:c:user", "user data e"]);
+    etcdctl(&cluster, &["put", "/space/job:c:0000000000000001", "mimic"]);
+    etcdctl(&cluster, &["put", "/space/other:k", "precious"]);
+    etcdctl(&cluster, &["put", "/space/other", "precious"]);
     assert_eq!(store.leader(&job).await.expect("read"), None);
+    let listed = || async {
+        let listed = store.elections().await.expect("list");
+        listed
+            .into_iter()
+            .map(|e| e.election.to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(listed().await, Vec::<String>::new());
     let grant = tokio::time::timeout(
         Duration::from_secs(10),
         leasehold::testing::campaign_on_new_session(&store, &job, "a", Duration::from_secs(30)),
@@ -482,47 +492,27 @@ async fn keys_leasehold_did_not_write_are_never_taken_for_a_leader_nor_overwritt
     let leader = store.leader(&job).await.expect("read").expect("a leads");
     assert_eq!(leader.candidate.as_str(), "a");
     assert_eq!(leader.token, grant.token);
+    assert_eq!(listed().await, ["job"]);
 
-    let lease = store
-        .open_session(Duration::from_secs(30))
-        .await
-        .expect("open");
-    match store
-        .campaign(lease.id, &other, &CandidateId::new("a").expect("id"))
-        .await
-    {
-        Err(leasehold::Error::Corrupt(message)) => {
-            assert!(message.contains("/space/k/other"), "{message}");
-        }
-        other => panic!("a foreign value must not be overwritten, got {other:?}"),
+    // A campaign in `other`, taken and released, writes beside the
+    // foreign keys and leaves them as they were.
+    let taken =
+        leasehold::testing::campaign_on_new_session(&store, &other, "a", Duration::from_secs(30))
+            .await;
+    store.resign(&taken).await.expect("release");
+    for key in ["/space/other:k", "/space/other"] {
+        assert_eq!(
+            etcdctl(&cluster, &["get", key, "--print-value-only"]),
+            "precious\n"
+        );
     }
-    // Nor does the one-request campaign of a free election take it, or
-    // write anything beside the foreign value.
-    let unwaited = store
-        .try_campaign_unwaited(lease.id, &other, &CandidateId::new("a").expect("id"))
-        .await
-        .expect("an answer");
-    assert!(
-        unwaited.is_none(),
-        "taken beside a foreign value: {unwaited:?}"
-    );
     assert_eq!(
-        etcdctl(&cluster, &["get", "/space/k/other", "--print-value-only"]),
-        "precious\n"
+        etcdctl(
+            &cluster,
+            &["get", "/space/job:c:user", "--print-value-only"]
+        ),
+        "user data e\n"
     );
-    assert_eq!(
-        dump(&cluster, "/space/e/other"),
-        "",
-        "a candidate was written"
-    );
-    let listed: Vec<String> = store
-        .elections()
-        .await
-        .expect("list")
-        .into_iter()
-        .map(|e| e.election.to_string())
-        .collect();
-    assert_eq!(listed, ["job"]);
     assert_eq!(
         etcdctl(&cluster, &["get", "/space/leasehold", "--print-value-only"]),
         "leasehold 1\n",
@@ -531,8 +521,8 @@ async fn keys_leasehold_did_not_write_are_never_taken_for_a_leader_nor_overwritt
 }
 
 /// A free election is taken with one request, also the first time the
-/// store sees it (its `k/` key is created in the same transaction), and
-/// the grant is the holder that every reader then sees.
+/// store sees it, and the grant is the holder that every reader then
+/// sees.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_free_election_is_taken_with_one_request_also_when_new() {
     let cluster = cluster().await;
@@ -613,7 +603,7 @@ async fn a_holders_watch_sees_its_grant_gone_before_it_opened() {
             Duration::from_secs(30),
         )
         .await;
-        let key = format!("/gone/e/{election}/{:016x}", grant.session.0);
+        let key = format!("/gone/{election}:c:{:016x}", grant.session.0);
         let removed = etcdctl(&cluster, &["del", &key, "-w", "json"]);
         assert!(removed.contains(r#""deleted":1"#), "{key}: {removed}");
         if compacted {

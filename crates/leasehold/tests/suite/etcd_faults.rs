@@ -623,7 +623,7 @@ async fn waiters_whose_watches_start_below_a_compaction_miss_no_release_nor_expi
     let cluster = cluster().await;
     let endpoints = cluster.endpoints();
     let election = unique_election("compaction");
-    let space = format!("{PREFIX}/e/{election}/");
+    let space = format!("{PREFIX}/{election}:c:");
     let key_of = |session: SessionId| format!("{space}{:016x}", session.0);
 
     let direct = connect(&endpoints, PREFIX).await;

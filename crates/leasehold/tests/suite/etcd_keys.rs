@@ -1,14 +1,12 @@
-//! The store primitive on etcd (`EtcdKeys`), and the elections written
-//! once over it (`KeyedStore`), on a prefix of their own of the run's
-//! shared cluster: the primitive's suite, and a budget of the store's.
+//! The store primitive on etcd (`EtcdKeys`), on a prefix of its own of
+//! the run's shared cluster: the primitive's suite. (The elections over it
+//! are `etcd://` itself: `etcd.rs` runs the store's suite.)
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use leasehold::store::etcd::{EtcdKeys, EtcdStore};
-use leasehold::store::keyed::KeyedStore;
-use leasehold::store::{Access, Store};
-use leasehold::testing::StoreHarness;
+use leasehold::store::Access;
+use leasehold::store::etcd::EtcdKeys;
 use leasehold::testing::keys::KeysHarness;
 use leasehold_testkit::EtcdCluster;
 use leasehold_testkit::shared::{self, Server};
@@ -32,10 +30,9 @@ async fn etcd() -> Etcd {
 
 impl Etcd {
     async fn keys(&self) -> EtcdKeys {
-        let store = EtcdStore::open(&self.url, Access::ReadWrite)
+        EtcdKeys::open(&self.url, Access::ReadWrite)
             .await
-            .expect("open");
-        EtcdKeys::new(store)
+            .expect("open")
     }
 }
 
@@ -49,40 +46,3 @@ impl KeysHarness for Etcd {
 }
 
 leasehold::keys_conformance_tests!(etcd());
-
-/// The elections written once, over etcd's primitive.
-mod keyed {
-    use super::*;
-
-    struct Keyed(Etcd);
-
-    #[async_trait]
-    impl StoreHarness for Keyed {
-        async fn open(&self) -> Arc<dyn Store> {
-            Arc::new(KeyedStore::over(self.0.keys().await))
-        }
-
-        fn durable(&self) -> bool {
-            true
-        }
-
-        fn campaigns_unwaited(&self) -> bool {
-            true
-        }
-    }
-
-    // A budget of the cases on the shared cluster: the election's rules and
-    // the paths only a store across a network shows (a request still on
-    // its way when a campaign is dropped). Every case runs over the
-    // primitive in memory (`memory.rs`).
-    leasehold::conformance_tests!(@cases async { Keyed(etcd().await) };
-        one_winner_among_concurrent_candidates,
-        tokens_strictly_increase,
-        resign_never_removes_a_successor,
-        an_orphaned_grant_is_released_from_another_handle,
-        a_campaign_dropped_at_any_point_never_holds,
-        an_unwaited_campaign_takes_only_a_free_election,
-        notes_watch_sees_puts_deletes_and_expiries,
-        transfer_goes_to_the_named_standby,
-    );
-}

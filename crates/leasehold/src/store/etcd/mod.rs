@@ -1,24 +1,20 @@
 //! `etcd://host:port[,host:port…][/prefix]` — the etcd v3 store, for
-//! elections across hosts.
+//! elections across hosts: the store primitive ([`EtcdKeys`]) on etcd's
+//! own operations, under the elections written once above it
+//! ([`EtcdStore`] is [`KeyedStore`] over it).
 //!
-//! The recipe of etcd's own `concurrency` package, tightened:
 //! - A session is an etcd lease; its keep-alives renew every election the
 //!   process takes part in.
-//! - A candidate is the key `{prefix}/e/{election}/{lease id}`, created in
-//!   one transaction (only if absent) with the lease attached. The lowest
-//!   create revision leads; its create revision is the fencing token (etcd
-//!   revisions only grow, across restarts too).
-//! - A waiter watches only the key just ahead of it, from the revision of
-//!   the read that found it: a handover wakes one waiter, not all (no herd),
-//!   and no deletion between the read and the watch can be missed.
+//! - A key is `{prefix}/{key}`, a candidate's `{prefix}/{election}:c:{lease
+//!   id}` created in one transaction (only if absent) with the lease
+//!   attached. The lowest create revision leads; its create revision is
+//!   the fencing token (etcd revisions only grow, across restarts too).
 //! - Followers learn of releases and expiries from watches (etcd deletes a
 //!   lease's keys when it expires), never from polling; a watch that breaks
 //!   or falls behind a compaction starts over from a fresh read.
 //! - Member outages: the store keeps one connection per endpoint and pins
 //!   the one that last answered; a request that fails or does not answer
-//!   within [`ATTEMPT_TIMEOUT`] is retried on the next endpoint. Every
-//!   retried request is idempotent: the campaign transaction creates the
-//!   candidate key only if absent.
+//!   within [`ATTEMPT_TIMEOUT`] is retried on the next endpoint.
 //! - The gRPC code is generated from `proto/etcd.proto` (the subset of
 //!   etcd's API that leasehold uses) and checked in, so building needs no
 //!   protobuf compiler.
@@ -28,22 +24,21 @@
 //! The first writer creates the marker in a transaction that requires the
 //! prefix to hold no key at all, and no enclosing prefix to hold a store,
 //! so a prefix that holds other programs' keys is refused before anything
-//! is written. Within the
-//! space, leasehold writes only keys it creates: a candidate key is
-//! created only if absent, and an election's `{prefix}/k/{election}` key
-//! only if absent (it is never overwritten). Keys it did not write that
-//! appear later are never taken for candidates: a candidate key is
-//! `{16 hex digits}` naming the lease attached to it, holding a candidate
-//! id; anything else is skipped, with a warning. A store opened read-only
-//! ([`EtcdStore::open`] with [`Access::ReadOnly`]) writes nothing, not even the marker.
+//! is written. Every transaction that puts a key requires the marker, so
+//! nothing is written once leasehold's keys were deleted. Keys it did not
+//! write that appear later among an election's candidates are never taken
+//! for candidates (a candidate key names the lease attached to it). A
+//! store opened read-only ([`EtcdStore::open`] with [`Access::ReadOnly`])
+//! writes nothing, not even the marker.
 //!
 //! `?layout=concurrency` ([`Layout::Concurrency`]) lays elections out as
 //! etcd's own `concurrency.Election` does, so that its clients (Go services,
 //! `etcdctl elect`) and leasehold's contend in one election:
 //! - Election `E` is the key prefix `{prefix}/E/` (`E/` without a prefix,
-//!   `/E/` with the prefix `/`), the name taken as it is. A candidate is `E/{lease id in lower-case
-//!   hex, unpadded}` with the lease attached and the candidate id as its
-//!   value (the recipe's proposal), created only if absent.
+//!   `/E/` with the prefix `/`), the name taken as it is. A candidate is
+//!   `E/{lease id in lower-case hex, unpadded}` with the lease attached and
+//!   the candidate id as its value (the recipe's proposal), created only
+//!   if absent.
 //! - Every key under `E/` is a candidate, whoever wrote it, since the
 //!   recipe counts them all: the lowest create revision leads, and its
 //!   value is shown as the leader's id, its create revision as the token.
@@ -58,37 +53,25 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use tokio::sync::Mutex;
 
 use crate::config::StoreTtl;
 use crate::error::{Error, Result};
-use crate::names::{CandidateId, ElectionName};
-use crate::store::cleanup::OnDrop;
+use crate::store::keyed::KeyedStore;
 use crate::store::layout::Layout;
 use crate::store::security::Security;
-use crate::store::shared_read::SharedReads;
-use crate::store::watch_driver::{self as leader_watch, Event, Source};
 use crate::store::{Access, ClusterUrl};
-use crate::store::{
-    ElectionState, FencingToken, Grant, Leader, LeaderWatch, Note, NoteWatch, SessionId,
-    SessionLease, StatusWatch, Store, session_key,
-};
+use crate::store::{Grant, SessionId, Store};
 
-mod campaign;
-use campaign::{unwaited_granted, unwaited_txn};
 mod client;
 mod connect;
-mod elections;
 mod keys;
-mod notes;
 mod primitive;
 mod space;
 mod watch_hub;
 
 pub use client::ATTEMPT_TIMEOUT;
 use client::{EtcdError, KeepAlive, Members, prefix_end};
-pub use primitive::EtcdKeys;
 use watch_hub::{WatchHub, Woken};
 
 /// The messages and client stubs generated from `proto/etcd.proto`.
@@ -104,8 +87,10 @@ mod pb {
 }
 
 use pb::compare::{CompareResult, CompareTarget, TargetUnion};
-use pb::range_request::{SortOrder, SortTarget};
 use pb::{KeyValue, RangeRequest, RequestOp, TxnRequest, TxnResponse};
+
+/// The store of `etcd://` URLs: elections over the primitive on etcd.
+pub type EtcdStore = KeyedStore<EtcdKeys>;
 
 /// How etcd keeps a TTL: a lease has whole seconds (a request is rounded
 /// up, never down), at most etcd's `MaxLeaseTTL`.
@@ -115,8 +100,6 @@ const TTL: StoreTtl = StoreTtl {
     max: Duration::from_secs(9_000_000_000),
 };
 
-/// Pause before re-establishing a broken watch.
-const WATCH_RETRY: Duration = Duration::from_millis(200);
 /// The layout of leasehold's keys that this build writes and understands,
 /// recorded in the marker key.
 pub const LAYOUT_VERSION: i64 = 1;
@@ -129,9 +112,10 @@ const ATTEMPTS: usize = 5;
 /// One session's keep-alive stream, opened at its first renewal.
 type KeeperSlot = Arc<Mutex<Option<KeepAlive>>>;
 
-/// The etcd store. Cloning shares the connections.
+/// The store primitive on an etcd cluster's connections, under a prefix.
+/// Cloning shares the connections.
 #[derive(Clone)]
-pub struct EtcdStore {
+pub struct EtcdKeys {
     members: Arc<Members>,
     prefix: String,
     /// Each session's keep-alive stream, behind a lock of its own.
@@ -142,13 +126,11 @@ pub struct EtcdStore {
     layout: Layout,
     /// Every watch of this handle, on one stream.
     watches: Arc<WatchHub>,
-    /// Reads of a whole line of standbys, shared by this handle's callers.
-    line_reads: Arc<SharedReads<String, (Vec<crate::store::Note>, i64)>>,
 }
 
-impl std::fmt::Debug for EtcdStore {
+impl std::fmt::Debug for EtcdKeys {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EtcdStore")
+        f.debug_struct("EtcdKeys")
             .field("prefix", &self.prefix)
             .finish_non_exhaustive()
     }
@@ -231,17 +213,6 @@ fn unchanged_since(range: &RangeRequest, revision: i64) -> pb::Compare {
 }
 
 /// `key` exists.
-/// `key` is there with an empty value (fails when it is absent).
-fn empty(key: &str) -> pb::Compare {
-    pb::Compare {
-        result: CompareResult::Equal as i32,
-        target: CompareTarget::Value as i32,
-        key: key.as_bytes().to_vec(),
-        target_union: Some(TargetUnion::Value(Vec::new())),
-        range_end: Vec::new(),
-    }
-}
-
 fn exists(key: impl Into<Vec<u8>>) -> pb::Compare {
     pb::Compare {
         result: CompareResult::Greater as i32,
@@ -255,30 +226,6 @@ fn exists(key: impl Into<Vec<u8>>) -> pb::Compare {
 fn shown(key: &[u8]) -> String {
     format!("{:?}", String::from_utf8_lossy(key))
 }
-
-/// The candidate id in `kv` if it is a candidate key leasehold wrote in the
-/// election whose keys start with `election_prefix`: named by the lease
-/// attached to it (16 hex digits), holding a valid candidate id.
-fn candidate_of(election_prefix: &str, kv: &KeyValue) -> Option<CandidateId> {
-    let name = kv.key.strip_prefix(election_prefix.as_bytes())?;
-    if kv.lease <= 0 || name != format!("{:016x}", kv.lease).as_bytes() {
-        return None;
-    }
-    CandidateId::new(std::str::from_utf8(&kv.value).ok()?).ok()
-}
-
-/// The candidate a key under an election's prefix stands for in etcd's
-/// `concurrency.Election`: every key there is a candidate (the recipe
-/// skips none), and its value is its proposal. A proposal that is no valid
-/// candidate id is shown as well as it can be.
-fn proposal_of(election_prefix: &str, kv: &KeyValue) -> Option<CandidateId> {
-    kv.key.strip_prefix(election_prefix.as_bytes())?;
-    Some(CandidateId::shown(&kv.value, "(empty proposal)"))
-}
-
-/// How long a candidate key without a lease is shown to have left: it
-/// never expires (a year stands for that).
-const NO_LEASE: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// The layout version a marker key records; `Corrupt` if it is not one.
 fn marker_version(kv: &KeyValue) -> Result<i64> {
@@ -309,7 +256,7 @@ struct Survey {
     readable: Vec<String>,
 }
 
-impl EtcdStore {
+impl KeyedStore<EtcdKeys> {
     /// Connects to the cluster at `endpoints` (`host:port`) and checks that
     /// one of them answers; `prefix` is where leasehold keeps its keys.
     /// The first use of a prefix creates the store there (the marker key);
@@ -321,14 +268,9 @@ impl EtcdStore {
     /// [`EtcdStore::open`] with [`Access::ReadWrite`] and leasehold's
     /// layout, for a cluster given by its parts.
     pub async fn connect(endpoints: &[String], prefix: &str, security: &Security) -> Result<Self> {
-        Self::start(
-            endpoints,
-            prefix,
-            security,
-            Access::ReadWrite,
-            Layout::Leasehold,
-        )
-        .await
+        let (access, layout) = (Access::ReadWrite, Layout::Leasehold);
+        let keys = EtcdKeys::start(endpoints, prefix, security, access, layout).await?;
+        Ok(KeyedStore::over(keys))
     }
 
     /// Connects to the cluster `url` names for `access`, with its layout:
@@ -337,6 +279,66 @@ impl EtcdStore {
     /// nothing, not even the marker, and opens no session; a prefix where
     /// no leasehold store was ever created is then [`Error::NotFound`].
     /// [`Access::ReleaseOnly`] opens as [`Access::ReadWrite`] does.
+    pub async fn open(url: &ClusterUrl, access: Access) -> Result<Self> {
+        let keys = EtcdKeys::open(url, access).await?;
+        let layout = keys.layout;
+        Ok(KeyedStore::with_layout(keys, layout))
+    }
+
+    /// Writes `value` at `key` (a key of etcd's, outside the store's
+    /// space) only while `grant` still leads its election: one transaction
+    /// that requires the leader key to carry the grant's create revision
+    /// (its token). Once leadership has moved, the write cannot land:
+    /// [`Error::Stale`] names the successor's token, or
+    /// [`Error::NotHolder`] if nobody holds the election.
+    pub async fn put_fenced(
+        &self,
+        grant: &Grant,
+        key: &str,
+        value: impl Into<Vec<u8>>,
+    ) -> Result<()> {
+        let keys = self.keys();
+        let leader_key = keys.full(&self.candidate_key(&grant.election, grant.session));
+        let token = grant.token.to_i64_saturating();
+        let txn = TxnRequest {
+            compare: vec![created_at(leader_key, token)],
+            success: vec![put(key, value, 0)],
+            failure: Vec::new(),
+        };
+        if keys.txn("fenced put", txn).await?.succeeded {
+            return Ok(());
+        }
+        match self.leader(&grant.election).await? {
+            Some(leader) if leader.token > grant.token => Err(Error::Stale {
+                resource: key.to_owned(),
+                presented: grant.token,
+                highest: leader.token,
+            }),
+            _ => Err(Error::NotHolder {
+                election: grant.election.to_string(),
+                token: grant.token,
+            }),
+        }
+    }
+
+    /// How often this handle's watch stream left a member that its
+    /// requests found silent; for tests and diagnostics.
+    #[doc(hidden)]
+    pub fn watch_streams_moved(&self) -> u64 {
+        self.keys().members.streams_moved()
+    }
+
+    /// How many times this store's connections authenticated to etcd
+    /// (user and password); for tests and diagnostics.
+    #[doc(hidden)]
+    pub fn authentications(&self) -> u64 {
+        self.keys().members.authentications()
+    }
+}
+
+impl EtcdKeys {
+    /// Connects to the cluster `url` names for `access`, with its layout
+    /// (see [`EtcdStore::open`]).
     pub async fn open(url: &ClusterUrl, access: Access) -> Result<Self> {
         let (endpoints, security) = (url.endpoints(), url.security());
         Self::start(endpoints, url.path(), security, access, url.layout()).await
@@ -393,20 +395,25 @@ impl EtcdStore {
         } else {
             prefix.trim_end_matches('/').to_owned()
         };
-        Ok(EtcdStore {
+        Ok(EtcdKeys {
             members: Arc::new(Members::new(endpoints, security, &format!("{prefix}/"))?),
             prefix,
             keepers: Default::default(),
-            line_reads: Default::default(),
             read_only,
             layout,
             watches: Default::default(),
         })
     }
 
-    /// `{prefix}/`: every key of the store starts with it.
+    /// What every key of the store starts with: `{prefix}/`; in etcd's
+    /// recipe layout the prefix as the recipe is given it (nothing without
+    /// a prefix, `/` for the root).
     fn space(&self) -> String {
-        format!("{}/", self.prefix)
+        match self.layout {
+            Layout::Concurrency if self.prefix.is_empty() => String::new(),
+            Layout::Concurrency => format!("{}/", self.prefix.trim_end_matches('/')),
+            _ => format!("{}/", self.prefix),
+        }
     }
 
     fn marker_key(&self) -> String {
@@ -423,15 +430,7 @@ impl EtcdStore {
     }
 }
 
-impl EtcdStore {
-    /// Waits for the first change of `key` from `from_revision` on (its
-    /// deletion, mostly); returns early if the watch cannot be kept. The
-    /// caller reads again either way.
-    async fn wait_deleted(&self, key: &str, from_revision: i64) {
-        self.next_events_in(key.as_bytes().to_vec(), Vec::new(), from_revision)
-            .await;
-    }
-
+impl EtcdKeys {
     /// One keep-alive round trip on the session's stream, (re)opening the
     /// stream on the next endpoint when the last one failed. Each lease
     /// has its own stream and its own lock: the sessions of one handle
@@ -532,61 +531,6 @@ impl EtcdStore {
     }
 }
 
-/// The etcd side of a watch on one election: it wakes on the events of an
-/// etcd watch on the election's keys, opened from the revision of the last
-/// read so that nothing between the two is missed. A watch that breaks
-/// wakes it too (the re-read then tells whether etcd answers). It is
-/// opened with `hasleader`, so a member that loses quorum cancels it.
-struct EtcdWatch {
-    store: EtcdStore,
-    election: ElectionName,
-    /// The revision to watch from: one past the last read's.
-    from: i64,
-}
-
-impl Source for EtcdWatch {
-    const RETRY: Duration = WATCH_RETRY;
-
-    async fn read(&mut self) -> Result<Option<Leader>> {
-        let (leader, revision) = self.store.leader_at(&self.election).await?;
-        self.from = revision + 1;
-        Ok(leader)
-    }
-
-    async fn changed(&mut self) -> Event {
-        let prefix = self.store.election_prefix(&self.election);
-        self.store.next_events_under(&prefix, self.from).await;
-        Event::Changed
-    }
-}
-
-impl EtcdStore {
-    /// Resolves at the first events under `prefix` from revision `from`,
-    /// or when the watch breaks (either way, the caller reads again); after
-    /// a pause if the watch cannot be opened.
-    async fn next_events_under(&self, prefix: &str, from: i64) {
-        self.next_events_in(
-            prefix.as_bytes().to_vec(),
-            prefix_end(prefix.as_bytes()),
-            from,
-        )
-        .await;
-    }
-
-    /// Resolves at the first event on `key` (up to `range_end`; an empty
-    /// end is `key` alone) from revision `from`, or after a pause if the
-    /// watch cannot be opened.
-    async fn next_events_in(&self, key: Vec<u8>, range_end: Vec<u8>, from: i64) {
-        let woken = self
-            .watches
-            .next_change(&self.members, key, range_end, from)
-            .await;
-        if woken == Woken::Broken {
-            tokio::time::sleep(WATCH_RETRY).await;
-        }
-    }
-}
-
 /// Once connected: a password without TLS travels in the clear (allowed,
 /// for a loopback or otherwise private link, and said once).
 fn warn_if_unencrypted(security: &Security) {
@@ -594,117 +538,6 @@ fn warn_if_unencrypted(security: &Security) {
         tracing::warn!(
             "etcd: the password goes to the server unencrypted; add ?cacert=PATH to use TLS"
         );
-    }
-}
-
-/// Logs a key in an election's candidates that leasehold did not write.
-fn warn_foreign(kv: &KeyValue) {
-    tracing::warn!(
-        key = %String::from_utf8_lossy(&kv.key),
-        "etcd: ignoring a key leasehold did not write among an election's candidates"
-    );
-}
-
-/// Deletes the candidate key created at `revision`, of a campaign that was
-/// dropped before it completed, so that a cancelled campaign never comes to
-/// hold the election later. Tried again while etcd is out of reach: the
-/// session (and so the key) may live on with its elector, and a key left
-/// there would come to hold the election for a campaign nobody runs, with
-/// every other candidate waiting behind it.
-async fn withdraw(store: EtcdStore, key: String, revision: i64) {
-    crate::store::cleanup::until_done("withdraw a cancelled campaign", || {
-        let (store, key) = (store.clone(), key.clone());
-        async move {
-            let txn = TxnRequest {
-                compare: vec![created_at(key.clone(), revision)],
-                success: vec![delete(key)],
-                failure: Vec::new(),
-            };
-            store.txn("withdraw", txn).await?;
-            Ok(())
-        }
-    })
-    .await;
-}
-
-impl EtcdStore {
-    /// How often this handle's watch stream left a member that its
-    /// requests found silent; for tests and diagnostics.
-    #[doc(hidden)]
-    pub fn watch_streams_moved(&self) -> u64 {
-        self.members.streams_moved()
-    }
-
-    /// How many times this store's connections authenticated to etcd
-    /// (user and password); for tests and diagnostics.
-    #[doc(hidden)]
-    pub fn authentications(&self) -> u64 {
-        self.members.authentications()
-    }
-
-    /// Writes `value` at `key` only while `grant` still leads its election:
-    /// one transaction that requires the leader key to carry the grant's
-    /// create revision (its token). Once leadership has moved, the write
-    /// cannot land: [`Error::Stale`] names the successor's token, or
-    /// [`Error::NotHolder`] if nobody holds the election.
-    pub async fn put_fenced(
-        &self,
-        grant: &Grant,
-        key: &str,
-        value: impl Into<Vec<u8>>,
-    ) -> Result<()> {
-        let leader_key = self.candidate_key(&grant.election, grant.session);
-        let token = grant.token.to_i64_saturating();
-        let txn = TxnRequest {
-            compare: vec![created_at(leader_key, token)],
-            success: vec![put(key, value, 0)],
-            failure: Vec::new(),
-        };
-        if self.txn("fenced put", txn).await?.succeeded {
-            return Ok(());
-        }
-        match self.first_candidate(&grant.election).await?.0 {
-            Some((kv, _)) if kv.create_revision > token => Err(Error::Stale {
-                resource: key.to_owned(),
-                presented: grant.token,
-                highest: FencingToken::from_stored(kv.create_revision),
-            }),
-            _ => Err(Error::NotHolder {
-                election: grant.election.to_string(),
-                token: grant.token,
-            }),
-        }
-    }
-}
-
-impl EtcdStore {
-    /// A watch of `election`; with `held`, for the holder of that grant
-    /// (see [`leader_watch::start`]).
-    async fn watch_held<V: crate::store::watch_driver::Initial>(
-        &self,
-        election: &ElectionName,
-        held: Option<FencingToken>,
-    ) -> Result<crate::watch::Receiver<V>> {
-        let source = EtcdWatch {
-            store: self.clone(),
-            election: election.clone(),
-            from: 0,
-        };
-        leader_watch::start(source, election, held).await
-    }
-
-    /// The token of a grant of `election` whose key etcd created at
-    /// `revision`: that revision, which etcd numbers from 1 up;
-    /// [`Error::Corrupt`] for any other value, which is no token and must
-    /// not be granted as one.
-    fn granted_token(&self, election: &ElectionName, revision: i64) -> Result<FencingToken> {
-        FencingToken::issued(revision).ok_or_else(|| {
-            Error::not_a_token(
-                &format_args!("etcd prefix {}", self.prefix),
-                election.as_str(),
-                revision,
-            )
-        })
     }
 }
 
@@ -730,7 +563,9 @@ mod tests {
         let other = store.open_session(ttl).await.expect("session");
         store.keep_alive(stuck.id).await.expect("renew");
         // As if the stuck session's round trip were still on its way.
-        let slot = store.keeper(session_key(stuck.id).expect("id"));
+        let slot = store
+            .keys()
+            .keeper(crate::store::session_key(stuck.id).expect("id"));
         let _in_flight = slot.lock().await;
         let renewed = tokio::time::timeout(Duration::from_secs(60), store.keep_alive(other.id))
             .await

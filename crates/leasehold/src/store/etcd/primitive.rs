@@ -1,9 +1,9 @@
 //! The store primitive on etcd ([`Keys`]), natively: a session is a
 //! lease, a key attached to it carries the lease, a creation revision is
 //! etcd's `create_revision`, a commit is one transaction, a watch is one
-//! of the handle's watches on its shared stream. Keys live under the
-//! store's prefix (`{prefix}/{key}`); etcd tells an expiry (its lease's
-//! keys are deleted then).
+//! of the handle's watches on its shared stream. Keys live in the store's
+//! space (`{prefix}/{key}`); etcd tells an expiry (its lease's keys are
+//! deleted then).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,69 +12,39 @@ use async_trait::async_trait;
 
 use super::pb::compare::{CompareResult, CompareTarget, TargetUnion};
 use super::pb::{self, RangeRequest, RequestOp, TxnRequest};
-use super::{EtcdStore, Woken, prefix_end};
+use super::{EtcdKeys, TTL, Woken, created_at, delete, exists, get, prefix_end, put, shown};
 use crate::error::{Error, Result};
 use crate::grant::{SessionId, SessionLease};
 use crate::store::keys::{Check, Entry, Heard, KeyWatch, Keys, Range, Revision, Write};
-use crate::store::{Store, session_key};
+use crate::store::session_key;
 use crate::watch;
 
 /// Pause before a broken watch is opened again.
 const WATCH_RETRY: Duration = Duration::from_millis(200);
 
-/// The primitive on an etcd store's connections (opened with its URL, for
-/// its access). Cloning shares them.
-#[derive(Clone, Debug)]
-pub struct EtcdKeys {
-    store: EtcdStore,
-}
-
 impl EtcdKeys {
-    /// The primitive on `store`'s prefix and connections.
-    pub fn new(store: EtcdStore) -> Self {
-        EtcdKeys { store }
+    /// The etcd key of `key`: under the store's space.
+    pub(super) fn full(&self, key: &str) -> Vec<u8> {
+        format!("{}{key}", self.space()).into_bytes()
     }
 
-    fn full(&self, key: &str) -> Vec<u8> {
-        format!("{}/{key}", self.store.prefix).into_bytes()
-    }
-
-    fn compare(&self, check: &Check) -> Result<pb::Compare> {
-        let (key, range_end, target, union) = match check {
-            Check::Absent(key) => (
-                key,
-                false,
-                CompareTarget::Create,
-                TargetUnion::CreateRevision(0),
-            ),
-            Check::NoneUnder(prefix) => (
-                prefix,
-                true,
-                CompareTarget::Create,
-                TargetUnion::CreateRevision(0),
-            ),
+    fn compare(&self, check: &Check) -> pb::Compare {
+        let (key, range_end, revision) = match check {
+            Check::Absent(key) => (key, false, 0),
+            Check::NoneUnder(prefix) => (prefix, true, 0),
             Check::Created { key, revision, .. } => {
-                let revision = i64::try_from(revision.0).unwrap_or(i64::MAX);
-                (
-                    key,
-                    false,
-                    CompareTarget::Create,
-                    TargetUnion::CreateRevision(revision),
-                )
+                (key, false, i64::try_from(revision.0).unwrap_or(i64::MAX))
             }
         };
         let key = self.full(key);
-        Ok(pb::Compare {
-            result: CompareResult::Equal as i32,
-            target: target as i32,
+        pb::Compare {
             range_end: if range_end {
                 prefix_end(&key)
             } else {
                 Vec::new()
             },
-            key,
-            target_union: Some(union),
-        })
+            ..created_at(key, revision)
+        }
     }
 
     /// The lease a `Created` check also compares.
@@ -93,92 +63,167 @@ impl EtcdKeys {
     }
 
     fn op(&self, write: &Write) -> Result<RequestOp> {
-        let request = match write {
+        Ok(match write {
             Write::Put {
                 key,
                 value,
                 session,
-            } => pb::request_op::Request::RequestPut(pb::PutRequest {
-                key: self.full(key),
-                value: value.clone().into_bytes(),
-                lease: session.map(session_key).transpose()?.unwrap_or(0),
-            }),
-            Write::Delete(key) => {
-                pb::request_op::Request::RequestDeleteRange(pb::DeleteRangeRequest {
-                    key: self.full(key),
-                    ..Default::default()
-                })
+            } => {
+                let lease = session.map(session_key).transpose()?.unwrap_or(0);
+                put(self.full(key), value.as_bytes(), lease)
             }
-        };
-        Ok(RequestOp {
-            request: Some(request),
+            Write::Delete(key) => delete(self.full(key)),
         })
     }
 
+    /// A key read under the space. In leasehold's layout a key or value
+    /// that is not UTF-8 text is corrupt; a recipe's, whose other clients
+    /// may write anything, shows it as well as it can.
     fn entry(&self, kv: &pb::KeyValue) -> Result<Entry> {
         let corrupt = || {
             Error::Corrupt(format!(
-                "etcd: key {:?} under leasehold's prefix is not UTF-8 text",
-                String::from_utf8_lossy(&kv.key)
+                "etcd: key {} under leasehold's prefix is not UTF-8 text",
+                shown(&kv.key)
             ))
         };
-        let key = std::str::from_utf8(&kv.key).map_err(|_| corrupt())?;
-        let key = key
-            .strip_prefix(&format!("{}/", self.store.prefix))
-            .ok_or_else(corrupt)?;
+        let text = |bytes: &[u8]| match std::str::from_utf8(bytes) {
+            Ok(text) => Ok(text.to_owned()),
+            Err(_) if self.layout.is_foreign() => Ok(String::from_utf8_lossy(bytes).into_owned()),
+            Err(_) => Err(corrupt()),
+        };
+        let key = text(&kv.key)?;
+        let key = key.strip_prefix(&self.space()).ok_or_else(corrupt)?;
         Ok(Entry {
             key: key.to_owned(),
-            value: String::from_utf8(kv.value.clone()).map_err(|_| corrupt())?,
+            value: text(&kv.value)?,
             session: (kv.lease != 0).then(|| SessionId::from_stored(kv.lease)),
             created: Revision(u64::try_from(kv.create_revision).unwrap_or(0)),
             modified: Revision(u64::try_from(kv.mod_revision).unwrap_or(0)),
             expires_in: None,
         })
     }
+
+    /// A commit that puts checks that the store's marker is still there
+    /// (in leasehold's layout): once leasehold's keys were deleted under
+    /// it, nothing is written again.
+    fn marked(&self, writes: &[Write]) -> bool {
+        !self.layout.is_foreign() && writes.iter().any(|w| matches!(w, Write::Put { .. }))
+    }
+
+    /// Why a commit checked by [`Self::marked`] failed: the marker is gone
+    /// (an error), or a check failed (`None`).
+    fn unmarked(&self, responses: &[pb::ResponseOp]) -> Result<Option<Revision>> {
+        let marker_there = responses.iter().any(|r| match &r.response {
+            Some(pb::response_op::Response::ResponseRange(range)) => !range.kvs.is_empty(),
+            _ => false,
+        });
+        if marker_there {
+            return Ok(None);
+        }
+        Err(Error::Corrupt(format!(
+            "the marker key {:?} is gone: leasehold's keys under etcd prefix {} were \
+             deleted; nothing was written",
+            self.marker_key(),
+            self.prefix
+        )))
+    }
 }
 
 #[async_trait]
 impl Keys for EtcdKeys {
     async fn open_session(&self, ttl: Duration) -> Result<SessionLease> {
-        self.store.open_session(ttl).await
+        if self.read_only {
+            return Err(Error::invalid(
+                "session",
+                "the store was opened read-only (Access::ReadOnly)",
+            ));
+        }
+        let seconds = TTL.check(ttl)?.units;
+        let lease = self
+            .members
+            .call("lease grant", |link| async move {
+                pb::lease_client::LeaseClient::new(link.channel())
+                    .lease_grant(link.request(pb::LeaseGrantRequest {
+                        ttl: seconds,
+                        id: 0,
+                    }))
+                    .await
+            })
+            .await?;
+        if !lease.error.is_empty() {
+            return Err(Error::Unavailable {
+                reason: format!("etcd lease grant failed: {}", lease.error),
+                source: None,
+            });
+        }
+        Ok(SessionLease {
+            id: SessionId::from_stored(lease.id),
+            ttl: Duration::from_secs(lease.ttl.max(0).unsigned_abs()),
+        })
     }
 
     async fn keep_alive(&self, session: SessionId) -> Result<Duration> {
-        self.store.keep_alive(session).await
+        let id = session_key(session)?;
+        self.keep_alive_once(session, id).await
     }
 
     async fn close_session(&self, session: SessionId) -> Result<()> {
-        self.store.close_session(session).await
+        let id = session_key(session)?;
+        self.forget_keeper(id);
+        let revoked = self
+            .members
+            .call("lease revoke", |link| async move {
+                pb::lease_client::LeaseClient::new(link.channel())
+                    .lease_revoke(link.request(pb::LeaseRevokeRequest { id }))
+                    .await
+            })
+            .await;
+        match revoked {
+            Err(error) if error.is_lease_not_found() => Ok(()),
+            other => other.map(|_| ()).map_err(Error::from),
+        }
     }
 
+    /// One transaction. Every retried request is idempotent where it
+    /// matters: a put of a key created only if absent that lands twice
+    /// fails its check the second time.
     async fn commit(&self, checks: &[Check], writes: &[Write]) -> Result<Option<Revision>> {
-        let mut compare = Vec::with_capacity(checks.len() * 2);
+        let mut compare = Vec::with_capacity(checks.len() * 2 + 1);
         for check in checks {
-            compare.push(self.compare(check)?);
+            compare.push(self.compare(check));
             compare.extend(self.lease_compare(check)?);
+        }
+        let marked = self.marked(writes);
+        if marked {
+            compare.push(exists(self.marker_key()));
         }
         let success = writes.iter().map(|w| self.op(w)).collect::<Result<_>>()?;
         let txn = TxnRequest {
             compare,
             success,
-            failure: Vec::new(),
+            failure: if marked {
+                vec![get(self.marker_key())]
+            } else {
+                Vec::new()
+            },
         };
-        let done = match self.store.txn("commit", txn).await {
+        let done = match self.txn("commit", txn).await {
             Ok(done) => done,
             Err(error) if error.is_lease_not_found() => {
-                let session = writes
-                    .iter()
-                    .filter_map(Write::session)
-                    .next()
-                    .unwrap_or(SessionId(0));
-                return Err(Error::SessionExpired(session));
+                let session = writes.iter().find_map(Write::session);
+                return Err(Error::SessionExpired(session.unwrap_or(SessionId(0))));
             }
             Err(error) => return Err(error.into()),
         };
+        if !done.succeeded {
+            return if marked {
+                self.unmarked(&done.responses)
+            } else {
+                Ok(None)
+            };
+        }
         let revision = done.header.map_or(0, |h| h.revision);
-        Ok(done
-            .succeeded
-            .then(|| Revision(u64::try_from(revision).unwrap_or(0))))
+        Ok(Some(Revision(u64::try_from(revision).unwrap_or(0))))
     }
 
     async fn range(&self, prefix: &str) -> Result<Range> {
@@ -188,7 +233,7 @@ impl Keys for EtcdKeys {
             key,
             ..Default::default()
         };
-        let read = self.store.range("read", request).await?;
+        let read = self.range_of("read", request).await?;
         let entries = read
             .kvs
             .iter()
@@ -207,8 +252,20 @@ impl Keys for EtcdKeys {
         Ok(rx)
     }
 
-    async fn session_ended(&self, session: SessionId) {
-        self.store.session_ended(session).await;
+    /// The lease's time to live, as etcd counts it.
+    async fn time_left(&self, session: SessionId) -> Result<Option<Duration>> {
+        let id = session_key(session)?;
+        let ttl = self
+            .members
+            .call("lease time-to-live", |link| async move {
+                pb::lease_client::LeaseClient::new(link.channel())
+                    .lease_time_to_live(
+                        link.request(pb::LeaseTimeToLiveRequest { id, keys: false }),
+                    )
+                    .await
+            })
+            .await?;
+        Ok(Some(Duration::from_secs(ttl.ttl.max(0).unsigned_abs())))
     }
 
     fn tells_expiries(&self) -> bool {
@@ -220,13 +277,12 @@ impl Keys for EtcdKeys {
 /// reads it; a broken watch is told as unknown, and opened again from the
 /// revision a read then finds.
 async fn follow(keys: EtcdKeys, prefix: String, mut from: Revision, tx: watch::Sender<Heard>) {
-    let members = Arc::clone(&keys.store.members);
+    let members = Arc::clone(&keys.members);
     let key = keys.full(&prefix);
     let range_end = prefix_end(&key);
     loop {
         let start = i64::try_from(from.0).unwrap_or(i64::MAX).saturating_add(1);
         let next = keys
-            .store
             .watches
             .next_change(&members, key.clone(), range_end.clone(), start);
         let woken = tokio::select! {

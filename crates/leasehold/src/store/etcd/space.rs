@@ -3,7 +3,7 @@
 
 use super::*;
 
-impl EtcdStore {
+impl EtcdKeys {
     /// Reads the marker, the prefix's first key and the markers of
     /// enclosing prefixes, in one transaction.
     ///
@@ -28,7 +28,7 @@ impl EtcdStore {
                 key: key.clone().into_bytes(),
                 ..Default::default()
             };
-            match self.range("read the store", read).await {
+            match self.range_of("read the store", read).await {
                 Ok(found) => {
                     if survey.enclosing.is_none()
                         && found

@@ -1,8 +1,8 @@
 //! The election and its notes, as keys, decided from what a read found:
 //! pure functions with exact tests, which the async code only carries out.
 //!
-//! The layout, for an election `E` (an election name holds no `:`, so
-//! `E:` is the prefix of its keys alone):
+//! leasehold's own layout, for an election `E` (an election name holds no
+//! `:`, so `E:` is the prefix of its keys alone):
 //!
 //! - `E:c:{session}` — a candidate that campaigns in the store, its id as
 //!   the value, attached to its session. The live one of lowest creation
@@ -13,6 +13,12 @@
 //!
 //! Sessions are written as 16 hex digits, so that keys sort as they were
 //! numbered.
+//!
+//! etcd's `concurrency.Election` ([`Layout::Concurrency`]): a candidate is
+//! `E/{session in lower-case hex, unpadded}`, its proposal (the candidate
+//! id) as the value; every key under `E/` is a candidate, whoever wrote
+//! it, since that recipe counts them all. Nothing else is written: no
+//! notes, no release record.
 
 use std::time::Duration;
 
@@ -20,16 +26,43 @@ use crate::error::{Error, Result};
 use crate::grant::{FencingToken, Grant, Leader, SessionId};
 use crate::names::{CandidateId, ElectionName};
 use crate::store::keys::{Entry, Range};
+use crate::store::layout::Layout;
 use crate::store::{ElectionState, Note};
 
+/// How long a candidate key without a session is shown to have left: it
+/// never expires (a year stands for that). Only another program writes
+/// one, in a recipe's layout that counts every key.
+const NO_SESSION: Duration = Duration::from_secs(365 * 24 * 3600);
+
 /// The prefix of the candidates' keys.
-pub(crate) fn candidates(election: &ElectionName) -> String {
-    format!("{election}:c:")
+pub(crate) fn candidates(layout: Layout, election: &ElectionName) -> String {
+    match layout {
+        Layout::Concurrency => format!("{election}/"),
+        _ => format!("{election}:c:"),
+    }
 }
 
 /// `session`'s candidate key.
-pub(crate) fn candidate_key(election: &ElectionName, session: SessionId) -> String {
-    format!("{election}:c:{:016x}", session.0)
+pub(crate) fn candidate_key(layout: Layout, election: &ElectionName, session: SessionId) -> String {
+    match layout {
+        Layout::Concurrency => format!("{election}/{:x}", session.0),
+        _ => format!("{election}:c:{:016x}", session.0),
+    }
+}
+
+/// Refuses what needs keys of leasehold's own besides the candidates
+/// (notes, the record of releases, the list of elections) in a recipe's
+/// layout, where nothing but candidates may live under an election.
+pub(crate) fn own_layout(layout: Layout, what: &str) -> Result<()> {
+    if layout.is_foreign() {
+        return Err(Error::Unsupported(format!(
+            "{what} needs leasehold's own layout; with ?layout={layout} the recipe \
+             decides alone (its order of candidates is the only line), so \
+             priorities, lock-delay, transfers, shards, slots and listing elections \
+             are not available"
+        )));
+    }
+    Ok(())
 }
 
 /// The prefix of the notes' keys.
@@ -64,26 +97,38 @@ fn written_by_leasehold(entry: &Entry) -> bool {
         .is_some_and(|s| entry.key.ends_with(&format!(":c:{:016x}", s.0)))
 }
 
-/// A candidate key as the leader it names.
-fn leader(entry: &Entry) -> Result<Leader> {
-    let candidate = CandidateId::new(entry.value.as_str()).map_err(|_| corrupt(entry))?;
+/// Whether `entry`, among an election's candidates, is one: in leasehold's
+/// layout only what it wrote; in a recipe's, every key.
+fn counts(layout: Layout, entry: &Entry) -> bool {
+    layout.is_foreign() || written_by_leasehold(entry)
+}
+
+/// A candidate key as the leader it names. A recipe's proposal that is no
+/// valid candidate id is shown as well as it can be.
+fn leader(layout: Layout, entry: &Entry) -> Result<Leader> {
+    let candidate = if layout.is_foreign() {
+        CandidateId::shown(entry.value.as_bytes(), "(empty proposal)")
+    } else {
+        CandidateId::new(entry.value.as_str()).map_err(|_| corrupt(entry))?
+    };
+    let never = entry.session.is_none().then_some(NO_SESSION);
     Ok(Leader {
         candidate,
         token: FencingToken(entry.created.0),
-        expires_in: entry.expires_in.unwrap_or_default(),
+        expires_in: entry.expires_in.or(never).unwrap_or_default(),
         session: entry.session,
     })
 }
 
 /// The holder of an election, from a read of its candidates: the live
 /// key of lowest creation revision.
-pub(crate) fn holder(range: &Range) -> Result<Option<Leader>> {
+pub(crate) fn holder(layout: Layout, range: &Range) -> Result<Option<Leader>> {
     range
         .entries
         .iter()
-        .filter(|e| written_by_leasehold(e))
+        .filter(|e| counts(layout, e))
         .min_by_key(|e| e.created)
-        .map(leader)
+        .map(|e| leader(layout, e))
         .transpose()
 }
 
@@ -107,22 +152,28 @@ pub(crate) enum Standing {
 
 /// Where the campaign of `session` on `election` stands.
 pub(crate) fn standing(
+    layout: Layout,
     range: &Range,
     election: &ElectionName,
     session: SessionId,
 ) -> Result<Standing> {
-    let own = candidate_key(election, session);
+    let own = candidate_key(layout, election, session);
     let Some(mine) = range.entries.iter().find(|e| e.key == own) else {
         return Ok(Standing::Gone);
     };
+    if mine.session != Some(session) {
+        return Err(Error::Corrupt(format!(
+            "key {own:?} was not written by this session; leasehold does not overwrite it"
+        )));
+    }
     let ahead = range
         .entries
         .iter()
-        .filter(|e| written_by_leasehold(e) && e.created < mine.created)
+        .filter(|e| counts(layout, e) && e.created < mine.created)
         .max_by_key(|e| e.created);
     match ahead {
         None => {
-            let leader = leader(mine)?;
+            let leader = leader(layout, mine)?;
             Ok(Standing::Granted(Grant {
                 election: election.clone(),
                 candidate: leader.candidate,
@@ -178,9 +229,12 @@ pub(crate) fn last_release(range: &Range, election: &ElectionName) -> Result<Opt
 }
 
 /// The name of the election a key belongs to, if it is one of this
-/// layout's.
+/// layout's: a candidate's, a note's or the release record.
 pub(crate) fn election_of(key: &str) -> Option<ElectionName> {
-    let (name, _) = key.split_once(':')?;
+    let (name, rest) = key.split_once(':')?;
+    if !(rest == "r" || rest.starts_with("c:") || rest.starts_with("n:")) {
+        return None;
+    }
     ElectionName::new(name).ok()
 }
 
@@ -193,8 +247,11 @@ pub(crate) fn list(range: &Range) -> Result<Vec<ElectionState>> {
         let Some(name) = election_of(&entry.key) else {
             continue;
         };
-        let candidate = (entry.key.starts_with(&candidates(&name)) && written_by_leasehold(entry))
-            .then_some(entry);
+        let among_candidates = entry.key.starts_with(&candidates(Layout::Leasehold, &name));
+        if among_candidates && !written_by_leasehold(entry) {
+            continue;
+        }
+        let candidate = among_candidates.then_some(entry);
         match listed.last_mut() {
             Some((last, first)) if *last == name => {
                 if candidate.is_some_and(|c| first.is_none_or(|f| c.created < f.created)) {
@@ -209,7 +266,7 @@ pub(crate) fn list(range: &Range) -> Result<Vec<ElectionState>> {
         .map(|(election, first)| {
             Ok(ElectionState {
                 election,
-                leader: first.map(leader).transpose()?,
+                leader: first.map(|e| leader(Layout::Leasehold, e)).transpose()?,
             })
         })
         .collect()
@@ -220,13 +277,15 @@ mod tests {
     use super::*;
     use crate::store::keys::Revision;
 
+    const OWN: Layout = Layout::Leasehold;
+
     fn election() -> ElectionName {
         ElectionName::new("jobs/e").expect("valid")
     }
 
     fn key(session: u64, created: u64, expires_in: Option<u64>) -> Entry {
         Entry {
-            key: candidate_key(&election(), SessionId(session)),
+            key: candidate_key(OWN, &election(), SessionId(session)),
             value: format!("c{session}"),
             session: Some(SessionId(session)),
             created: Revision(created),
@@ -246,26 +305,26 @@ mod tests {
     fn the_key_created_first_holds_and_its_revision_is_the_token() {
         // Sorted by key (session), not by creation: session 9 came first.
         let read = range(vec![key(2, 40, Some(5)), key(9, 12, Some(7))]);
-        let first = holder(&read).expect("valid").expect("a holder");
+        let first = holder(OWN, &read).expect("valid").expect("a holder");
         assert_eq!(first.candidate.as_str(), "c9");
         assert_eq!(first.token, FencingToken(12));
         assert_eq!(first.expires_in, Duration::from_millis(7));
         assert_eq!(first.session, Some(SessionId(9)));
-        assert_eq!(holder(&range(vec![])).expect("valid"), None);
+        assert_eq!(holder(OWN, &range(vec![])).expect("valid"), None);
     }
 
     #[test]
     fn a_campaign_is_granted_only_at_the_front() {
         let read = range(vec![key(2, 40, Some(5)), key(9, 12, Some(7))]);
         assert_eq!(
-            standing(&read, &election(), SessionId(2)).expect("valid"),
+            standing(OWN, &read, &election(), SessionId(2)).expect("valid"),
             Standing::Waits {
-                ahead: candidate_key(&election(), SessionId(9)),
+                ahead: candidate_key(OWN, &election(), SessionId(9)),
                 recheck: Some(Duration::from_millis(7))
             }
         );
         assert_eq!(
-            standing(&read, &election(), SessionId(9)).expect("valid"),
+            standing(OWN, &read, &election(), SessionId(9)).expect("valid"),
             Standing::Granted(Grant {
                 election: election(),
                 candidate: CandidateId::new("c9").expect("valid"),
@@ -274,15 +333,15 @@ mod tests {
             })
         );
         assert_eq!(
-            standing(&read, &election(), SessionId(3)).expect("valid"),
+            standing(OWN, &read, &election(), SessionId(3)).expect("valid"),
             Standing::Gone
         );
         // Where the store tells an expiry, nothing to recheck.
         let told = range(vec![key(2, 40, None), key(9, 12, None)]);
         assert_eq!(
-            standing(&told, &election(), SessionId(2)).expect("valid"),
+            standing(OWN, &told, &election(), SessionId(2)).expect("valid"),
             Standing::Waits {
-                ahead: candidate_key(&election(), SessionId(9)),
+                ahead: candidate_key(OWN, &election(), SessionId(9)),
                 recheck: None
             }
         );
@@ -297,28 +356,28 @@ mod tests {
             key(7, 55, Some(8)),
             key(9, 12, Some(7)),
         ]);
-        let waits = |session| match standing(&read, &election(), SessionId(session)) {
+        let waits = |session| match standing(OWN, &read, &election(), SessionId(session)) {
             Ok(Standing::Waits { ahead, recheck }) => (ahead, recheck),
             other => panic!("{other:?}"),
         };
         assert_eq!(
             waits(4),
             (
-                candidate_key(&election(), SessionId(9)),
+                candidate_key(OWN, &election(), SessionId(9)),
                 Some(Duration::from_millis(7))
             )
         );
         assert_eq!(
             waits(2),
             (
-                candidate_key(&election(), SessionId(4)),
+                candidate_key(OWN, &election(), SessionId(4)),
                 Some(Duration::from_millis(3))
             )
         );
         assert_eq!(
             waits(7),
             (
-                candidate_key(&election(), SessionId(2)),
+                candidate_key(OWN, &election(), SessionId(2)),
                 Some(Duration::from_millis(5))
             )
         );
@@ -336,11 +395,11 @@ mod tests {
         misnamed.session = Some(SessionId(4));
         let read = range(vec![foreign, misnamed, key(9, 12, None)]);
         assert_eq!(
-            holder(&read).expect("valid").map(|l| l.token),
+            holder(OWN, &read).expect("valid").map(|l| l.token),
             Some(FencingToken(12))
         );
         assert!(matches!(
-            standing(&read, &election(), SessionId(9)),
+            standing(OWN, &read, &election(), SessionId(9)),
             Ok(Standing::Granted(_))
         ));
         let listed = list(&read).expect("valid");
@@ -354,7 +413,10 @@ mod tests {
     fn a_value_that_is_no_candidate_id_is_corrupt() {
         let mut bad = key(1, 1, None);
         bad.value = String::new();
-        assert!(matches!(holder(&range(vec![bad])), Err(Error::Corrupt(_))));
+        assert!(matches!(
+            holder(OWN, &range(vec![bad])),
+            Err(Error::Corrupt(_))
+        ));
     }
 
     #[test]
@@ -404,13 +466,15 @@ mod tests {
             expires_in: None,
         };
         let read = range(vec![
-            entry(candidate_key(&ab, SessionId(1)), "x", 5),
-            entry(candidate_key(&a, SessionId(1)), "late", 9),
-            entry(candidate_key(&a, SessionId(2)), "early", 3),
+            entry(candidate_key(OWN, &ab, SessionId(1)), "x", 5),
+            entry(candidate_key(OWN, &a, SessionId(1)), "late", 9),
+            entry(candidate_key(OWN, &a, SessionId(2)), "early", 3),
             entry(note_key(&a, "cand", SessionId(3)), "1 - y", 1),
             entry(release_key(&a), "2", 2),
             entry(release_key(&election()), "7", 4),
             entry("no election".into(), "", 6),
+            entry("b:c:user".into(), "", 7),
+            entry("b:x".into(), "", 8),
         ]);
         let listed: Vec<(String, Option<(String, u64)>)> = list(&read)
             .expect("valid")
@@ -434,14 +498,14 @@ mod tests {
     fn keys_name_their_election_alone() {
         let e = election();
         // An election named like another's keys cannot be: names hold no ':'.
-        assert!(ElectionName::new(format!("{}x", candidates(&e))).is_err());
+        assert!(ElectionName::new(format!("{}x", candidates(OWN, &e))).is_err());
         assert_eq!(
-            election_of(&candidate_key(&e, SessionId(1))),
+            election_of(&candidate_key(OWN, &e, SessionId(1))),
             Some(e.clone())
         );
         assert_eq!(election_of(&release_key(&e)), Some(e.clone()));
         assert_eq!(
-            candidate_key(&e, SessionId(0xab)),
+            candidate_key(OWN, &e, SessionId(0xab)),
             "jobs/e:c:00000000000000ab"
         );
         let released = Range {

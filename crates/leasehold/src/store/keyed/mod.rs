@@ -11,6 +11,7 @@ use crate::error::{Error, Result};
 use crate::grant::{FencingToken, Grant, Leader, SessionId, SessionLease};
 use crate::names::{CandidateId, ElectionName};
 use crate::store::keys::{Check, KeyWatch, Keys, Revision, Write};
+use crate::store::layout::Layout;
 use crate::store::{
     ElectionState, LeaderWatch, Note, NoteWatch, StatusWatch, Store, check_note, note_watch,
     watch_driver,
@@ -29,6 +30,7 @@ use sources::{CandidatesSource, NotesSource};
 #[derive(Debug)]
 pub struct KeyedStore<K: Keys> {
     keys: Arc<K>,
+    layout: Layout,
     withdrawing: Arc<Withdrawing>,
 }
 
@@ -36,6 +38,7 @@ impl<K: Keys> Clone for KeyedStore<K> {
     fn clone(&self) -> Self {
         KeyedStore {
             keys: Arc::clone(&self.keys),
+            layout: self.layout,
             withdrawing: Arc::clone(&self.withdrawing),
         }
     }
@@ -46,12 +49,33 @@ impl<K: Keys> Clone for KeyedStore<K> {
 const WITHDRAWN_SOON: Duration = Duration::from_millis(10);
 
 impl<K: Keys> KeyedStore<K> {
-    /// Elections on `keys`.
+    /// Elections on `keys`, in leasehold's own layout.
     pub fn over(keys: K) -> Self {
+        Self::with_layout(keys, Layout::Leasehold)
+    }
+
+    /// Elections on `keys`, laid out as `layout` says (another recipe's
+    /// layout writes candidates alone, and refuses what needs more).
+    pub fn with_layout(keys: K, layout: Layout) -> Self {
         KeyedStore {
             keys: Arc::new(keys),
+            layout,
             withdrawing: Arc::default(),
         }
+    }
+
+    /// The layout of its elections.
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    /// The key of `session`'s candidate in `election`, in its layout.
+    pub(crate) fn candidate_key(&self, election: &ElectionName, session: SessionId) -> String {
+        election::candidate_key(self.layout, election, session)
+    }
+
+    fn own_layout(&self, what: &str) -> Result<()> {
+        election::own_layout(self.layout, what)
     }
 
     /// The primitive underneath.
@@ -64,11 +88,12 @@ impl<K: Keys> KeyedStore<K> {
     /// the next in line alone), opened anew only when that key is another,
     /// and a read of the candidates at each change it tells.
     async fn wait_for_front(&self, session: SessionId, election: &ElectionName) -> Result<Grant> {
-        let prefix = election::candidates(election);
+        let prefix = election::candidates(self.layout, election);
         let mut range = self.keys.range(&prefix).await?;
         let mut watched: Option<(String, KeyWatch)> = None;
         loop {
-            let (ahead, recheck) = match election::standing(&range, election, session)? {
+            let (ahead, recheck) = match election::standing(self.layout, &range, election, session)?
+            {
                 Standing::Granted(grant) => return Ok(grant),
                 Standing::Gone => return Err(Error::SessionExpired(session)),
                 Standing::Waits { ahead, recheck } => (ahead, recheck),
@@ -100,21 +125,22 @@ impl<K: Keys> KeyedStore<K> {
     }
 
     /// Deletes the grant's key and records its release, if it still holds.
+    /// (In a recipe's layout, which keeps no record, it deletes the key.)
     async fn release(&self, grant: &Grant) -> Result<()> {
-        let key = election::candidate_key(&grant.election, grant.session);
+        let key = election::candidate_key(self.layout, &grant.election, grant.session);
         let checks = [Check::Created {
             key: key.clone(),
             revision: Revision(grant.token.0),
             session: Some(grant.session),
         }];
-        let writes = [
-            Write::Delete(key),
-            Write::Put {
+        let mut writes = vec![Write::Delete(key)];
+        if !self.layout.is_foreign() {
+            writes.push(Write::Put {
                 key: election::release_key(&grant.election),
                 value: grant.token.to_string(),
                 session: None,
-            },
-        ];
+            });
+        }
         match self.keys.commit(&checks, &writes).await? {
             Some(_) => Ok(()),
             None => Err(Error::NotHolder {
@@ -151,7 +177,7 @@ impl<K: Keys> Store for KeyedStore<K> {
         candidate_id: &CandidateId,
     ) -> Result<Grant> {
         let candidate = CandidateKey {
-            key: election::candidate_key(election, session),
+            key: election::candidate_key(self.layout, election, session),
             session,
         };
         loop {
@@ -193,11 +219,16 @@ impl<K: Keys> Store for KeyedStore<K> {
         candidate_id: &CandidateId,
     ) -> Result<Option<Grant>> {
         let candidate = CandidateKey {
-            key: election::candidate_key(election, session),
+            key: election::candidate_key(self.layout, election, session),
             session,
         };
+        // In a recipe's layout a campaign takes the line the elector
+        // checks first (it refuses what the recipe cannot honour).
+        if self.layout.is_foreign() {
+            return Ok(None);
+        }
         let checks = vec![
-            Check::NoneUnder(election::candidates(election)),
+            Check::NoneUnder(election::candidates(self.layout, election)),
             Check::NoneUnder(election::notes(election)),
         ];
         let value = candidate_value(candidate_id);
@@ -217,17 +248,21 @@ impl<K: Keys> Store for KeyedStore<K> {
     }
 
     async fn leader(&self, election: &ElectionName) -> Result<Option<Leader>> {
-        let range = self.keys.range(&election::candidates(election)).await?;
-        election::holder(&range)
+        let range = self
+            .keys
+            .range(&election::candidates(self.layout, election))
+            .await?;
+        let holder = election::holder(self.layout, &range)?;
+        sources::with_time_left(&*self.keys, holder).await
     }
 
     async fn watch(&self, election: &ElectionName) -> Result<LeaderWatch> {
-        let source = CandidatesSource::new(Arc::clone(&self.keys), election).await?;
+        let source = CandidatesSource::new(Arc::clone(&self.keys), self.layout, election).await?;
         watch_driver::start(source, election, None).await
     }
 
     async fn watch_status(&self, election: &ElectionName) -> Result<StatusWatch> {
-        let source = CandidatesSource::new(Arc::clone(&self.keys), election).await?;
+        let source = CandidatesSource::new(Arc::clone(&self.keys), self.layout, election).await?;
         watch_driver::start(source, election, None).await
     }
 
@@ -235,11 +270,17 @@ impl<K: Keys> Store for KeyedStore<K> {
     /// revision that is its token, and any change since is told.
     async fn watch_grant(&self, grant: &Grant) -> Result<LeaderWatch> {
         let granted = Revision(grant.token.0);
-        let source = CandidatesSource::since(Arc::clone(&self.keys), &grant.election, granted);
+        let source = CandidatesSource::since(
+            Arc::clone(&self.keys),
+            self.layout,
+            &grant.election,
+            granted,
+        );
         Ok(watch_driver::start_held(source.await?, grant))
     }
 
     async fn elections(&self) -> Result<Vec<ElectionState>> {
+        self.own_layout("listing elections")?;
         election::list(&self.keys.range("").await?)
     }
 
@@ -254,6 +295,7 @@ impl<K: Keys> Store for KeyedStore<K> {
         name: &str,
         text: &str,
     ) -> Result<()> {
+        self.own_layout("a note")?;
         check_note(name, text)?;
         let put = Write::Put {
             key: election::note_key(election, name, session),
@@ -269,6 +311,7 @@ impl<K: Keys> Store for KeyedStore<K> {
         election: &ElectionName,
         name: &str,
     ) -> Result<()> {
+        self.own_layout("a note")?;
         let key = election::note_key(election, name, session);
         self.keys.commit(&[], &[Write::Delete(key)]).await.map(drop)
     }
@@ -280,6 +323,7 @@ impl<K: Keys> Store for KeyedStore<K> {
         name: &str,
         text: &str,
     ) -> Result<bool> {
+        self.own_layout("a note")?;
         check_note(name, text)?;
         let key = election::note_key(election, name, session);
         let range = self.keys.range(&key).await?;
@@ -300,6 +344,7 @@ impl<K: Keys> Store for KeyedStore<K> {
     }
 
     async fn notes(&self, election: &ElectionName) -> Result<Vec<Note>> {
+        self.own_layout("the line of standbys")?;
         let range = self.keys.range(&election::notes(election)).await?;
         Ok(election::read_notes(election, &range)?.0)
     }
@@ -310,6 +355,7 @@ impl<K: Keys> Store for KeyedStore<K> {
         election: &ElectionName,
         name: &str,
     ) -> Result<NoteWatch> {
+        self.own_layout("a note")?;
         check_note(name, "")?;
         let key = election::note_key(election, name, session);
         let source = NotesSource::new(Arc::clone(&self.keys), election, key).await?;
@@ -317,6 +363,7 @@ impl<K: Keys> Store for KeyedStore<K> {
     }
 
     async fn watch_notes(&self, election: &ElectionName) -> Result<NoteWatch> {
+        self.own_layout("the line of standbys")?;
         let prefix = election::notes(election);
         let source = NotesSource::new(Arc::clone(&self.keys), election, prefix).await?;
         note_watch::start(source, election).await
@@ -325,12 +372,14 @@ impl<K: Keys> Store for KeyedStore<K> {
     /// Started unread: the commit that made the grant checked that the
     /// election had no note at its revision.
     async fn watch_notes_since_unwaited(&self, grant: &Grant) -> Result<NoteWatch> {
+        self.own_layout("the line of standbys")?;
         let from = Revision(grant.token.0);
         let source = NotesSource::since(Arc::clone(&self.keys), &grant.election, from).await?;
         Ok(note_watch::start_known(source, &grant.election, Vec::new()))
     }
 
     async fn last_release(&self, election: &ElectionName) -> Result<Option<FencingToken>> {
+        self.own_layout("the record of releases")?;
         let key = election::release_key(election);
         let range = self.keys.range(&key).await?;
         election::last_release(&range, election)
@@ -450,7 +499,8 @@ mod tests {
                 let _ = tx.send(store.campaign(session, &election, &id(n)).await);
             });
         }
-        let prefix = super::election::candidates(&election);
+        let prefix =
+            super::election::candidates(crate::store::layout::Layout::Leasehold, &election);
         while store
             .keys()
             .keys

@@ -12,6 +12,7 @@ use crate::grant::Leader;
 use crate::names::ElectionName;
 use crate::store::Note;
 use crate::store::keys::{Heard, KeyWatch, Keys, Range, Revision};
+use crate::store::layout::Layout;
 use crate::store::note_watch::NoteSource;
 use crate::store::watch_driver::{Event, Source};
 
@@ -78,25 +79,51 @@ impl<K: Keys> Following<K> {
     }
 }
 
+/// `holder` with the time its session has left, where the store's reads
+/// did not tell it.
+pub(super) async fn with_time_left<K: Keys>(
+    keys: &K,
+    holder: Option<Leader>,
+) -> Result<Option<Leader>> {
+    let Some(mut leader) = holder else {
+        return Ok(None);
+    };
+    if let Some(session) = leader.session
+        && let Some(left) = keys.time_left(session).await?
+    {
+        leader.expires_in = left;
+    }
+    Ok(Some(leader))
+}
+
 /// The candidates of an election, for a watch of its holder.
-pub(super) struct CandidatesSource<K: Keys>(Following<K>);
+pub(super) struct CandidatesSource<K: Keys> {
+    following: Following<K>,
+    layout: Layout,
+}
 
 impl<K: Keys> CandidatesSource<K> {
-    pub(super) async fn new(keys: Arc<K>, election: &ElectionName) -> Result<Self> {
-        Ok(Self(
-            Following::new(keys, election::candidates(election)).await?,
-        ))
+    pub(super) async fn new(keys: Arc<K>, layout: Layout, election: &ElectionName) -> Result<Self> {
+        let prefix = election::candidates(layout, election);
+        Ok(CandidatesSource {
+            following: Following::new(keys, prefix).await?,
+            layout,
+        })
     }
 
     /// For the holder of a grant made at revision `granted`: the
     /// candidates are known from there without a read.
     pub(super) async fn since(
         keys: Arc<K>,
+        layout: Layout,
         election: &ElectionName,
         granted: Revision,
     ) -> Result<Self> {
-        let prefix = election::candidates(election);
-        Ok(Self(Following::since(keys, prefix, granted).await?))
+        let prefix = election::candidates(layout, election);
+        Ok(CandidatesSource {
+            following: Following::since(keys, prefix, granted).await?,
+            layout,
+        })
     }
 }
 
@@ -104,19 +131,20 @@ impl<K: Keys> Source for CandidatesSource<K> {
     const RETRY: Duration = RETRY;
 
     async fn read(&mut self) -> Result<Option<Leader>> {
-        election::holder(&self.0.read().await?)
+        let holder = election::holder(self.layout, &self.following.read().await?)?;
+        with_time_left(&*self.following.keys, holder).await
     }
 
     fn changed(&mut self) -> impl Future<Output = Event> + Send {
-        self.0.changed()
+        self.following.changed()
     }
 
     fn tells_expiry(&self) -> bool {
-        self.0.keys.tells_expiries()
+        self.following.keys.tells_expiries()
     }
 
     fn sleep(&self, duration: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> {
-        self.0.sleep(duration)
+        self.following.sleep(duration)
     }
 }
 

@@ -409,6 +409,67 @@ mod tests {
         );
     }
 
+    /// A key with the name of a campaign's own, attached to another
+    /// session (put there by another program), is not taken for its own:
+    /// the campaign is refused (before, it was granted on that key).
+    #[test]
+    fn a_campaigns_key_name_held_by_another_session_is_corrupt() {
+        let mut squatted = key(2, 5, None);
+        squatted.session = Some(SessionId(7));
+        let read = range(vec![squatted, key(9, 12, None)]);
+        assert!(matches!(
+            standing(OWN, &read, &election(), SessionId(2)),
+            Err(Error::Corrupt(_))
+        ));
+    }
+
+    /// etcd's concurrency recipe: candidates are `E/{session in hex}`,
+    /// every key under `E/` counts whoever wrote it, a key without a
+    /// session never expires, and a proposal that is no candidate id is
+    /// shown rather than refused.
+    #[test]
+    fn the_concurrency_layout_counts_every_key_under_its_election() {
+        const RECIPE: Layout = Layout::Concurrency;
+        let e = election();
+        assert_eq!(candidates(RECIPE, &e), "jobs/e/");
+        assert_eq!(candidate_key(RECIPE, &e, SessionId(0xab)), "jobs/e/ab");
+        let foreign = Entry {
+            key: format!("{}someone", candidates(RECIPE, &e)),
+            value: String::new(),
+            session: None,
+            created: Revision(3),
+            modified: Revision(3),
+            expires_in: None,
+        };
+        let mine = Entry {
+            key: candidate_key(RECIPE, &e, SessionId(0xab)),
+            value: "me".into(),
+            session: Some(SessionId(0xab)),
+            created: Revision(8),
+            modified: Revision(8),
+            expires_in: None,
+        };
+        let read = range(vec![foreign.clone(), mine]);
+        let first = holder(RECIPE, &read).expect("valid").expect("a holder");
+        assert_eq!(first.token, FencingToken(3));
+        assert_eq!(first.candidate.as_str(), "(empty proposal)");
+        assert_eq!(first.expires_in, NO_SESSION);
+        assert_eq!(
+            standing(RECIPE, &read, &e, SessionId(0xab)).expect("valid"),
+            Standing::Waits {
+                ahead: foreign.key.clone(),
+                recheck: None
+            }
+        );
+        // leasehold's own layout would skip that key.
+        assert_eq!(holder(OWN, &range(vec![foreign])).expect("valid"), None);
+        assert!(matches!(
+            own_layout(RECIPE, "a note"),
+            Err(Error::Unsupported(_))
+        ));
+        assert!(own_layout(OWN, "a note").is_ok());
+    }
+
     #[test]
     fn a_value_that_is_no_candidate_id_is_corrupt() {
         let mut bad = key(1, 1, None);

@@ -364,7 +364,6 @@ impl Inner {
     }
 
     fn table(&self, name: &str) -> String {
-        // The schema name is checked to be [a-z0-9_] by `check_schema_name`.
-        format!("{}.{name}", self.schema)
+        format!("{}.{name}", schema::quoted(&self.schema))
     }
 }

@@ -228,6 +228,34 @@ async fn sql(url: &str) -> tokio_postgres::Client {
     client
 }
 
+/// A schema named by a reserved word of SQL (`select`, `user`) is a schema
+/// like any other: statements quote its name (a review found `?schema=user`
+/// failing with a syntax error).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_named_by_a_reserved_word_works() {
+    let server = server().await;
+    for schema in ["select", "user"] {
+        let store = PostgresStore::connect(&server.url(), schema)
+            .await
+            .unwrap_or_else(|e| panic!("{schema}: {e}"));
+        let election = leasehold::testing::unique_election("reserved");
+        let grant = leasehold::testing::campaign_on_new_session(
+            &store,
+            &election,
+            "a",
+            Duration::from_secs(30),
+        )
+        .await;
+        let leader = store.leader(&election).await.expect("read").expect("held");
+        assert_eq!(leader.token, grant.token, "{schema}");
+        store.resign(&grant).await.expect("release");
+        let read = PostgresStore::open(&server.url(), schema, Access::ReadOnly)
+            .await
+            .expect("read-only");
+        assert_eq!(read.leader(&election).await.expect("read"), None);
+    }
+}
+
 /// First use creates the schema with a version table; a store written by a
 /// newer leasehold is refused, and nothing is written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -510,7 +538,7 @@ async fn a_handover_wakes_only_the_first_in_line() {
     let acquisitions = || {
         server
             .log()
-            .matches("FROM herd.revision r LEFT JOIN")
+            .matches("FROM \"herd\".revision r LEFT JOIN")
             .count()
     };
     let mut grant = holder;
@@ -636,7 +664,7 @@ async fn a_status_watch_reports_a_lost_listener_though_reads_succeed() {
     // opens; one may still be on its way).
     // A listener's last statement: its LISTEN, then its read of the
     // revision it listens from.
-    let listener = "query IN ('LISTEN leasehold_deaf', 'SELECT value FROM deaf.revision')";
+    let listener = "query IN ('LISTEN leasehold_deaf', 'SELECT value FROM \"deaf\".revision')";
     let listening = format!("SELECT count(*) FROM pg_stat_activity WHERE {listener}");
     let started = tokio::time::Instant::now();
     while admin

@@ -76,7 +76,7 @@ async fn a_late_watch_tells_its_own_prefix_alone() {
     let late = postgres.keys().await;
     let admin = sql(&postgres).await;
     let listening = format!(
-        "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT value FROM {}.revision'",
+        "SELECT count(*) FROM pg_stat_activity WHERE query = 'SELECT value FROM \"{}\".revision'",
         postgres.schema
     );
     let started = tokio::time::Instant::now();

@@ -97,7 +97,10 @@ impl Inner {
         let row = timed(
             "read the schema version",
             client.query_one(
-                &format!("SELECT count(*), max(version) FROM {s}.schema_version"),
+                &format!(
+                    "SELECT count(*), max(version) FROM {}.schema_version",
+                    quoted(s)
+                ),
                 &[],
             ),
         )
@@ -165,9 +168,22 @@ pub(super) struct FoundSchema {
 }
 
 /// `sql` with `{schema}` replaced by the schema's name `schema` (checked to
-/// be `[a-z0-9_]` by `check_schema_name`, so it needs no quoting) and
-/// `{version}` by [`SCHEMA_VERSION`].
+/// be `[a-z0-9_]` by `check_schema_name`): quoted where it names the schema
+/// (`{schema}.` and `CREATE SCHEMA {schema}`), since a plain name may still
+/// be a reserved word (`select`, `user`), and as it is inside a text (a
+/// message, the channel `leasehold_{schema}`); `{version}` by
+/// [`SCHEMA_VERSION`].
 pub(super) fn fill_schema_placeholders(sql: &str, schema: &str) -> String {
-    sql.replace("{schema}", schema)
+    let quoted = quoted(schema);
+    sql.replace("{schema}.", &format!("{quoted}."))
+        .replace("CREATE SCHEMA {schema}", &format!("CREATE SCHEMA {quoted}"))
+        .replace("{schema}", schema)
         .replace("{version}", &SCHEMA_VERSION.to_string())
+}
+
+/// The schema's name as an identifier in a statement: quoted, so that a
+/// reserved word names a schema too (the name is `[a-z0-9_]`, so quoting
+/// changes nothing else).
+pub(super) fn quoted(schema: &str) -> String {
+    format!("\"{schema}\"")
 }

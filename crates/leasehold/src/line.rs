@@ -351,6 +351,75 @@ pub(crate) async fn successor(
     }
 }
 
+/// What a leader that handed over its grant does with its mark on the
+/// chosen standby's note ([`Unmarking::step`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum UnmarkStep {
+    /// The mark stays: the chosen standby may still need it.
+    Keep,
+    /// The mark goes ([`unmark_chosen`]).
+    Unmark,
+}
+
+/// The mark a leader that handed over the grant `token` left on the
+/// standby it chose, and when it withdraws it: pure, events in with the
+/// instant; the async code only carries out [`UnmarkStep::Unmark`].
+///
+/// The mark goes once the successor holds *and* no longer waits in line
+/// with the mark on its note, or after the leader's patience runs out
+/// (the chosen standby died, say). Not as soon as the successor holds:
+/// its campaign may not have seen the grant yet, and a standby that reads
+/// neither a mark on itself nor itself first in line, its grant with it, so that the first in line
+/// takes over instead of the chosen one (CI saw
+/// "b leads now (token 26); a (token 13) led before, not c").
+#[derive(Clone, Debug)]
+pub(crate) struct Unmarking {
+    token: FencingToken,
+    successor: Option<CandidateId>,
+    until: tokio::time::Instant,
+}
+
+impl Unmarking {
+    /// After the release of the grant `token` at `now`; the mark goes at
+    /// `now + patience` whatever happens.
+    pub(crate) fn new(token: FencingToken, now: tokio::time::Instant, patience: Duration) -> Self {
+        Unmarking {
+            token,
+            successor: None,
+            until: now + patience,
+        }
+    }
+
+    /// When the mark goes whatever happens.
+    pub(crate) fn until(&self) -> tokio::time::Instant {
+        self.until
+    }
+
+    /// A successor holds: the grant that ended the handover
+    /// ([`successor`]).
+    pub(crate) fn succeeded(&mut self, successor: &Leader) {
+        self.successor = Some(successor.candidate.clone());
+    }
+
+    /// What to do, given the notes as read at `now`.
+    pub(crate) fn step(&self, notes: &[Note], now: tokio::time::Instant) -> UnmarkStep {
+        if now >= self.until {
+            return UnmarkStep::Unmark;
+        }
+        let Some(successor) = &self.successor else {
+            return UnmarkStep::Keep;
+        };
+        let still_waits = standbys(notes)
+            .iter()
+            .any(|w| w.chosen_by == Some(self.token) && w.candidate == *successor);
+        if still_waits {
+            UnmarkStep::Keep
+        } else {
+            UnmarkStep::Unmark
+        }
+    }
+}
+
 /// Marks `standby`'s note as the choice of the leader holding `token`;
 /// `false` if it left the line meanwhile.
 pub(crate) async fn mark_chosen(
@@ -464,6 +533,60 @@ mod tests {
 
     /// A grant is given back only when a leader chose another standby;
     /// the first in line is no choice.
+    /// The transfer race, at the level of the line's rules: a leader (token
+    /// 13) chose c, second in line behind b, and released; the store
+    /// granted c, whose campaign has not yet read its grant. Were the mark
+    /// withdrawn now (the old rule: as soon as a successor holds), c would
+    /// read neither a mark on itself nor itself first and leave the
+    /// store's line, its grant with it, and b, first in line, would ask
+    /// and lead. The mark stays until
+    /// c left the line, or the leader's patience ran out.
+    #[test]
+    fn a_mark_stays_until_the_chosen_successor_left_the_line() {
+        let start = tokio::time::Instant::now();
+        let patience = Duration::from_secs(2);
+        let marked = vec![
+            note(1, CANDIDATE, 1, "0 - b"),
+            note(2, CANDIDATE, 2, "0 13 c"),
+        ];
+        let unmarked = vec![
+            note(1, CANDIDATE, 1, "0 - b"),
+            note(2, CANDIDATE, 2, "0 - c"),
+        ];
+        let mut unmarking = Unmarking::new(FencingToken(13), start, patience);
+        // Nobody holds yet: the mark stays.
+        assert_eq!(unmarking.step(&marked, start), UnmarkStep::Keep);
+        // c holds (token 26) but still waits in line, marked.
+        let mut c = leader(26);
+        c.candidate = CandidateId::new("c").expect("valid");
+        c.session = Some(SessionId(2));
+        unmarking.succeeded(&c);
+        assert_eq!(unmarking.step(&marked, start), UnmarkStep::Keep);
+        // Why: with the mark, c keeps its grant and b waits...
+        assert!(!gives_back(&marked, SessionId(2)));
+        assert_eq!(
+            front_step(&marked, SessionId(1), None, None),
+            FrontStep::Wait
+        );
+        // ...without it, c leaves the store's line (withdrawing its key,
+        // and the grant with it) and b asks.
+        assert_eq!(
+            front_step(&unmarked, SessionId(2), None, None),
+            FrontStep::Leave
+        );
+        assert_eq!(
+            front_step(&unmarked, SessionId(1), None, None),
+            FrontStep::Campaign
+        );
+        // c left the line (it took its grant up): the mark goes.
+        let left = vec![note(1, CANDIDATE, 1, "0 - b")];
+        assert_eq!(unmarking.step(&left, start), UnmarkStep::Unmark);
+        // Or the patience ran out, whoever holds.
+        let fresh = Unmarking::new(FencingToken(13), start, patience);
+        assert_eq!(fresh.step(&marked, start + patience), UnmarkStep::Unmark);
+        assert_eq!(fresh.until(), start + patience);
+    }
+
     #[test]
     fn a_grant_is_given_back_only_to_a_leaders_other_choice() {
         let (a, b) = (SessionId(1), SessionId(2));

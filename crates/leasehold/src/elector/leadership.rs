@@ -261,6 +261,9 @@ impl Leadership {
         );
         tokio::spawn(async move {
             let patience = session.granted_ttl().saturating_mul(2);
+            let mut unmarking = line::Unmarking::new(grant.token, session.now(), patience);
+            let until = unmarking.until();
+            // Carries out `Unmarking`: the mark goes when it says so.
             let succeeded = async {
                 let mut leaders = store.watch(&grant.election).await?;
                 let mut notes = store.watch_notes(&grant.election).await?;
@@ -273,25 +276,17 @@ impl Leadership {
                     None,
                 )
                 .await?;
-                // The chosen standby holds, but its campaign may not have
-                // seen the grant yet: withdrawing the mark now would make
-                // it withdraw from the store. Wait until it left the line.
-                loop {
-                    let still_waits = line::standbys(&notes.borrow_and_update()).iter().any(|w| {
-                        w.chosen_by == Some(grant.token) && w.candidate == successor.candidate
-                    });
-                    if !still_waits {
-                        return Ok::<_, Error>(successor);
-                    }
-                    notes.changed().await.map_err(|_| Error::Unavailable {
-                        reason: "the store's watch ended".into(),
-                        source: None,
-                    })?;
+                unmarking.succeeded(&successor);
+                while unmarking.step(&notes.borrow_and_update(), session.now())
+                    == line::UnmarkStep::Keep
+                {
+                    notes.changed().await.map_err(|_| line::watch_ended())?;
                 }
+                Ok::<_, Error>(())
             };
             let _ = tokio::select! {
-                outcome = succeeded => outcome.map(drop),
-                () = session.sleep(patience) => Ok(()),
+                outcome = succeeded => outcome,
+                () = session.sleep_until(until) => Ok(()),
             };
             if let Err(error) = line::unmark_chosen(&*store, &grant.election, grant.token).await {
                 tracing::debug!(election = %grant.election, %error, "withdrawing the choice of a standby failed; it ends with that standby's wait");

@@ -133,7 +133,7 @@ async fn serve_http(
     store: Arc<dyn leasehold::Store>,
     metrics: &Arc<RunnerMetrics>,
 ) -> anyhow::Result<Vec<std::net::SocketAddr>> {
-    let leaders = elector.observe(election).await.ok();
+    let leaders = elector.observe_last_known(election).await.ok();
     let now = {
         let metrics = Arc::clone(metrics);
         Arc::new(move || metrics.leadership_now())
@@ -225,7 +225,7 @@ impl Runner {
     /// leads meanwhile.
     async fn campaign(&mut self) -> anyhow::Result<Option<(Leadership, Option<u32>)>> {
         let observed = match self.slots {
-            None => self.elector.observe(&self.election).await.map(Some),
+            None => self.elector.observe_last_known(&self.election).await.map(Some),
             Some(_) => Ok(None),
         };
         let follower_log = match observed {

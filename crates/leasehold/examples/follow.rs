@@ -8,8 +8,10 @@
 //!
 //! Followers often need to know who leads — to forward requests to it, or
 //! to show it — without campaigning themselves. `Elector::observe` gives a
-//! watch that always holds the latest known leader (a slow reader may skip
-//! intermediate states, never the last one); the store pushes changes
+//! watch that always holds the latest status (a slow reader may skip
+//! intermediate states, never the last one): the leader, or that the store
+//! cannot be read, when the last leader may have stepped down meanwhile.
+//! The store pushes changes
 //! (inotify for SQLite, watches for etcd and ZooKeeper, `NOTIFY` for
 //! PostgreSQL), nothing polls.
 //!
@@ -23,27 +25,30 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use leasehold::store::Store;
-use leasehold::{CandidateId, ElectionName, Elector, Leader, LeaseConfig, StoreUrl};
+use leasehold::{CandidateId, ElectionName, Elector, LeaderStatus, LeaseConfig, StoreUrl};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-fn describe(leader: Option<&Leader>) -> String {
-    match leader {
-        Some(l) => format!(
+fn describe(status: &LeaderStatus) -> String {
+    match status {
+        LeaderStatus::Known(Some(l)) => format!(
             "leader: {} with token {} (lease expires in {} ms)",
             l.candidate,
             l.token,
             l.expires_in.as_millis()
         ),
-        None => "no leader".to_owned(),
+        LeaderStatus::Known(None) => "no leader".to_owned(),
+        LeaderStatus::Unknown { error } => format!("leader unknown: {error}"),
     }
 }
 
-/// Whether `a` and `b` are different holders (renewals do not count).
-fn changed(a: Option<&Leader>, b: Option<&Leader>) -> bool {
+/// Whether `a` and `b` differ: another holder (renewals do not count), or
+/// known against unknown.
+fn changed(a: &LeaderStatus, b: &LeaderStatus) -> bool {
     match (a, b) {
-        (Some(a), Some(b)) => !a.same_grant(b),
-        (None, None) => false,
+        (LeaderStatus::Known(Some(a)), LeaderStatus::Known(Some(b))) => !a.same_grant(b),
+        (LeaderStatus::Known(None), LeaderStatus::Known(None)) => false,
+        (LeaderStatus::Unknown { .. }, LeaderStatus::Unknown { .. }) => false,
         _ => true,
     }
 }
@@ -94,7 +99,7 @@ async fn main() -> Result<(), BoxError> {
 
     println!("following {election} on {url}");
     let mut shown = watch.borrow_and_update().clone();
-    println!("{}", describe(shown.as_ref()));
+    println!("{}", describe(&shown));
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
     loop {
@@ -102,8 +107,8 @@ async fn main() -> Result<(), BoxError> {
             update = watch.changed() => {
                 update?;
                 let now = watch.borrow_and_update().clone();
-                if changed(shown.as_ref(), now.as_ref()) {
-                    println!("{}", describe(now.as_ref()));
+                if changed(&shown, &now) {
+                    println!("{}", describe(&now));
                 }
                 shown = now;
             }
@@ -115,7 +120,7 @@ async fn main() -> Result<(), BoxError> {
         }
         // The demo is over once its last candidate has resigned and the
         // watch shows that.
-        if demo.is_some() && demo_done && shown.is_none() {
+        if demo.is_some() && demo_done && shown == LeaderStatus::Known(None) {
             break;
         }
     }

@@ -50,7 +50,7 @@ pub async fn run(args: SidecarArgs) -> anyhow::Result<ExitCode> {
         .with_renewal_observer(metrics.renewal_observer()),
     );
     let (admin_tx, admin_rx) = mpsc::channel(4);
-    let leaders = elector.observe(&election).await.ok();
+    let leaders = elector.observe_last_known(&election).await.ok();
     let shared = Shared {
         election: election.clone(),
         me: candidate,

@@ -271,18 +271,20 @@ impl Elector {
         self.store.leader(election).await
     }
 
-    /// Watches `election`'s leader: the receiver always holds the latest known
-    /// leader (or `None`), so the final state is never missed.
-    pub async fn observe(&self, election: &ElectionName) -> Result<LeaderWatch> {
-        self.store.watch(election).await
+    /// Watches `election`'s leader: the receiver always holds the latest
+    /// status (a slow reader may skip states, never the last), and says
+    /// when the store cannot be read ([`crate::LeaderStatus::Unknown`]),
+    /// then the leader once it can, so that a follower never acts on a
+    /// leader who may have stepped down meanwhile.
+    pub async fn observe(&self, election: &ElectionName) -> Result<StatusWatch> {
+        self.store.watch_status(election).await
     }
 
-    /// Watches `election`'s leader as [`Elector::observe`] does, and also
-    /// tells when the store cannot be read ([`crate::LeaderStatus::Unknown`]),
-    /// then the leader once it can: for followers that must not act on a
-    /// leader who may have stepped down meanwhile.
-    pub async fn observe_status(&self, election: &ElectionName) -> Result<StatusWatch> {
-        self.store.watch_status(election).await
+    /// Watches `election`'s leader as [`Elector::observe`] does, but keeps
+    /// the last leader it read while the store cannot be read: for showing
+    /// who led last (a dashboard, a log), never for deciding who leads now.
+    pub async fn observe_last_known(&self, election: &ElectionName) -> Result<LeaderWatch> {
+        self.store.watch(election).await
     }
 
     /// Closes the session, releasing every election this elector holds.

@@ -225,7 +225,11 @@ impl Runner {
     /// leads meanwhile.
     async fn campaign(&mut self) -> anyhow::Result<Option<(Leadership, Option<u32>)>> {
         let observed = match self.slots {
-            None => self.elector.observe_last_known(&self.election).await.map(Some),
+            None => self
+                .elector
+                .observe_last_known(&self.election)
+                .await
+                .map(Some),
             Some(_) => Ok(None),
         };
         let follower_log = match observed {

@@ -213,7 +213,11 @@ async fn resign_signals_then_releases() {
     let election = unique_election("resign");
     let leadership = s.elector.campaign(&election).await.expect("campaign");
     let mut signal = {
-        let mut watch = s.elector.observe_last_known(&election).await.expect("observe");
+        let mut watch = s
+            .elector
+            .observe_last_known(&election)
+            .await
+            .expect("observe");
         watch.borrow_and_update();
         watch
     };

@@ -126,7 +126,7 @@ impl Error {
         }
     }
 
-    #[cfg(any(feature = "sqlite", feature = "postgres", feature = "etcd"))]
+    #[cfg(any(feature = "sqlite", feature = "postgres"))]
     pub(crate) fn unavailable(
         reason: impl Into<String>,
         source: impl std::error::Error + Send + Sync + 'static,
@@ -163,7 +163,7 @@ impl Error {
     /// The [`Error::Corrupt`] of a grant of `election` for which `store`
     /// returned `value`, which is no fencing token (see
     /// [`FencingToken::issued`]).
-    #[cfg(any(feature = "etcd", feature = "zookeeper"))]
+    #[cfg(feature = "zookeeper")]
     pub(crate) fn not_a_token(store: &dyn std::fmt::Display, election: &str, value: i64) -> Self {
         Error::Corrupt(format!(
             "{store}: the grant of election {election} came with {value} as its fencing token, \

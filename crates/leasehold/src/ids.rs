@@ -62,7 +62,7 @@ impl FencingToken {
     /// ZooKeeper czxid); `None` for a value that is no token — zero or
     /// negative — which only a damaged store or a server breaking its
     /// protocol returns, and which must never be granted as one.
-    #[cfg(any(feature = "etcd", feature = "zookeeper"))]
+    #[cfg(feature = "zookeeper")]
     pub(crate) fn issued(value: i64) -> Option<Self> {
         u64::try_from(value)
             .ok()

@@ -37,7 +37,7 @@ impl<T: Send + 'static> OnDrop<T> {
     }
 
     /// The guarded value.
-    #[cfg(any(feature = "sqlite", feature = "etcd"))]
+    #[cfg(feature = "sqlite")]
     pub(crate) fn get_mut(&mut self) -> &mut T {
         match &mut self.armed {
             Some((value, _)) => value,

@@ -22,7 +22,6 @@ pub(crate) mod note_watch;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod security;
-#[cfg(feature = "etcd")]
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 mod url;

@@ -25,7 +25,7 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 use crate::grant::{FencingToken, Grant, Leader, SessionId};
 use crate::names::{CandidateId, ElectionName};
-use crate::store::keys::{Entry, Range};
+use crate::store::keys::{Entry, Range, Revision};
 use crate::store::layout::Layout;
 use crate::store::{ElectionState, Note};
 
@@ -103,6 +103,21 @@ fn counts(layout: Layout, entry: &Entry) -> bool {
     layout.is_foreign() || written_by_leasehold(entry)
 }
 
+/// The token of a grant whose key the store created at `revision`: that
+/// revision, which stores number from 1 up; [`Error::Corrupt`] for 0, which
+/// only a damaged store or a server breaking its protocol gives, and which
+/// must never be granted as a token.
+pub(crate) fn token(revision: Revision) -> Result<FencingToken> {
+    if revision.0 == 0 {
+        return Err(Error::Corrupt(
+            "the store gave a candidate the creation revision 0, which is no fencing token; \
+             nothing was granted"
+                .into(),
+        ));
+    }
+    Ok(FencingToken(revision.0))
+}
+
 /// A candidate key as the leader it names. A recipe's proposal that is no
 /// valid candidate id is shown as well as it can be.
 fn leader(layout: Layout, entry: &Entry) -> Result<Leader> {
@@ -114,7 +129,7 @@ fn leader(layout: Layout, entry: &Entry) -> Result<Leader> {
     let never = entry.session.is_none().then_some(NO_SESSION);
     Ok(Leader {
         candidate,
-        token: FencingToken(entry.created.0),
+        token: token(entry.created)?,
         expires_in: entry.expires_in.or(never).unwrap_or_default(),
         session: entry.session,
     })
@@ -275,7 +290,6 @@ pub(crate) fn list(range: &Range) -> Result<Vec<ElectionState>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::keys::Revision;
 
     const OWN: Layout = Layout::Leasehold;
 
@@ -468,6 +482,19 @@ mod tests {
             Err(Error::Unsupported(_))
         ));
         assert!(own_layout(OWN, "a note").is_ok());
+    }
+
+    /// A creation revision of 0 (a store breaking its protocol) is never
+    /// granted as a token.
+    #[test]
+    fn a_creation_revision_of_zero_is_no_token() {
+        let read = range(vec![key(1, 0, None)]);
+        assert!(matches!(holder(OWN, &read), Err(Error::Corrupt(_))));
+        assert!(matches!(
+            standing(OWN, &read, &election(), SessionId(1)),
+            Err(Error::Corrupt(_))
+        ));
+        assert_eq!(token(Revision(7)).expect("valid"), FencingToken(7));
     }
 
     #[test]

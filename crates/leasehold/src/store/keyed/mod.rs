@@ -70,6 +70,7 @@ impl<K: Keys> KeyedStore<K> {
     }
 
     /// The key of `session`'s candidate in `election`, in its layout.
+    #[cfg(feature = "etcd")]
     pub(crate) fn candidate_key(&self, election: &ElectionName, session: SessionId) -> String {
         election::candidate_key(self.layout, election, session)
     }
@@ -235,11 +236,14 @@ impl<K: Keys> Store for KeyedStore<K> {
         let created = candidate
             .create(&self.keys, &self.withdrawing, checks, value)
             .await?;
-        Ok(created.map(|revision| Grant {
+        let Some(revision) = created else {
+            return Ok(None);
+        };
+        Ok(Some(Grant {
             election: election.clone(),
             candidate: candidate_id.clone(),
             session,
-            token: FencingToken(revision.0),
+            token: election::token(revision)?,
         }))
     }
 

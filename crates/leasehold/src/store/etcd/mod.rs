@@ -72,7 +72,7 @@ mod watch_hub;
 
 pub use client::ATTEMPT_TIMEOUT;
 use client::{EtcdError, KeepAlive, Members, prefix_end};
-use watch_hub::{WatchHub, Woken};
+use watch_hub::WatchHub;
 
 /// The messages and client stubs generated from `proto/etcd.proto`.
 #[allow(

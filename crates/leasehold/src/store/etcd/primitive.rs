@@ -5,22 +5,17 @@
 //! space (`{prefix}/{key}`); etcd tells an expiry (its lease's keys are
 //! deleted then).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 
 use super::pb::compare::{CompareResult, CompareTarget, TargetUnion};
 use super::pb::{self, RangeRequest, RequestOp, TxnRequest};
-use super::{EtcdKeys, TTL, Woken, created_at, delete, exists, get, prefix_end, put, shown};
+use super::{EtcdKeys, TTL, created_at, delete, exists, get, prefix_end, put, shown};
 use crate::error::{Error, Result};
 use crate::grant::{SessionId, SessionLease};
-use crate::store::keys::{Check, Entry, Heard, KeyWatch, Keys, Range, Revision, Write};
+use crate::store::keys::{Check, Entry, KeyWatch, Keys, Range, Revision, Write};
 use crate::store::session_key;
-use crate::watch;
-
-/// Pause before a broken watch is opened again.
-const WATCH_RETRY: Duration = Duration::from_millis(200);
 
 impl EtcdKeys {
     /// The etcd key of `key`: under the store's space.
@@ -247,9 +242,10 @@ impl Keys for EtcdKeys {
     }
 
     async fn watch(&self, prefix: &str, from: Revision) -> Result<KeyWatch> {
-        let (tx, rx) = watch::channel(Heard::Changed(from));
-        tokio::spawn(follow(self.clone(), prefix.to_owned(), from, tx));
-        Ok(rx)
+        let key = self.full(prefix);
+        let range_end = prefix_end(&key);
+        let from = i64::try_from(from.0).unwrap_or(i64::MAX);
+        Ok(self.watches.follow(&self.members, key, range_end, from))
     }
 
     /// The lease's time to live, as etcd counts it.
@@ -270,46 +266,5 @@ impl Keys for EtcdKeys {
 
     fn tells_expiries(&self) -> bool {
         true
-    }
-}
-
-/// Tells `tx` of every change under `prefix` after `from`, until nobody
-/// reads it; a broken watch is told as unknown, and opened again from the
-/// revision a read then finds.
-async fn follow(keys: EtcdKeys, prefix: String, mut from: Revision, tx: watch::Sender<Heard>) {
-    let members = Arc::clone(&keys.members);
-    let key = keys.full(&prefix);
-    let range_end = prefix_end(&key);
-    loop {
-        let start = i64::try_from(from.0).unwrap_or(i64::MAX).saturating_add(1);
-        let next = keys
-            .watches
-            .next_change(&members, key.clone(), range_end.clone(), start);
-        let woken = tokio::select! {
-            () = tx.closed() => return,
-            woken = next => woken,
-        };
-        match woken {
-            Woken::Changed(at) => {
-                from = Revision(u64::try_from(at).unwrap_or(0)).max(from);
-                tx.send_replace(Heard::Changed(from));
-            }
-            Woken::Broken => {
-                tx.send_if_modified(|heard| {
-                    let news = !matches!(heard, Heard::Unknown { .. });
-                    *heard = Heard::Unknown {
-                        error: "etcd: the watch broke".into(),
-                    };
-                    news
-                });
-                tokio::time::sleep(WATCH_RETRY).await;
-                // What changed meanwhile is told by the read of whoever
-                // hears the store answer again.
-                if let Ok(read) = keys.range(&prefix).await {
-                    from = read.revision;
-                    tx.send_replace(Heard::Changed(from));
-                }
-            }
-        }
     }
 }

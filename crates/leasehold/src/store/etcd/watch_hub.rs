@@ -2,173 +2,247 @@
 //!
 //! etcd serves any number of watches on one `Watch` stream, each under the
 //! id etcd gives it, and answers create requests in the order they were
-//! sent. A handle that holds thousands of elections keeps two waits open
-//! per election (its monitor's and its steward's); one stream each cost
-//! tens of KiB per election here and a stream opened per wait. The hub
-//! keeps one stream per handle and sends the creations and cancellations
-//! over it.
+//! sent. A handle that holds thousands of elections keeps two watches open
+//! per election (of its holder and of its line); a stream, or a task, each
+//! cost tens of KiB or most of a KiB per election. The hub keeps one task
+//! and one stream per handle, and each watch is an entry in its tables
+//! that holds the sending end of the watch's channel.
 //!
-//! A wait is "the first change from revision R on a key or range": the
-//! hub resolves it at the first reply that carries events for its watch
-//! and cancels that watch in etcd. When the stream breaks (a member lost,
-//! a partition, a refused token) every wait resolves as broken, so its
-//! caller reads again, and the next wait opens a new stream. A member
-//! that another request found silent is left the same way at once,
-//! rather than after the connection's pings go unanswered (7 s).
+//! A watch follows a key or a range from a revision on: every reply with
+//! events tells its channel the last revision they carry. When the stream
+//! breaks (a member lost, a partition, a refused token) every watch is told
+//! that the store does not answer, and once a new stream answers its
+//! creation, that something may have changed (its reader reads again); a
+//! watch is created again from the last revision it told, and one whose
+//! revision was compacted away from the oldest etcd keeps. A member that
+//! another request found silent is left the same way at once, rather than
+//! after the connection's pings go unanswered (7 s). A watch nobody reads
+//! any more is cancelled at its next event, or when the watches double.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use super::client::{Link, Members};
 use super::pb;
+use crate::store::keys::{Heard, KeyWatch, Revision};
+use crate::watch;
 
-/// How a wait ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Woken {
-    /// A change in the range, at this revision (the last of the events
-    /// that told it).
-    Changed(i64),
-    /// The watch could not be kept (the stream broke or could not be
-    /// opened, the revision was compacted away, etcd cancelled it).
-    Broken,
+/// Pause before a broken stream is opened again.
+const RETRY: Duration = Duration::from_millis(200);
+/// The fewest watches at which the hub looks for those nobody reads.
+const PRUNE_AT: usize = 64;
+
+/// A watch the hub keeps.
+struct Follower {
+    key: Vec<u8>,
+    range_end: Vec<u8>,
+    /// The last revision told: changes after it are watched.
+    seen: i64,
+    tx: watch::Sender<Heard>,
 }
 
-/// What the hub's task is asked.
-enum Ask {
-    Create {
-        ticket: u64,
-        create: pb::WatchCreateRequest,
-        woken: oneshot::Sender<Woken>,
-    },
-    /// The wait was dropped before it resolved.
-    Forget { ticket: u64 },
-}
+impl Follower {
+    fn tell(&mut self, at: i64) {
+        self.seen = self.seen.max(at);
+        self.tx.send_replace(Heard::Changed(Revision(
+            u64::try_from(self.seen).unwrap_or(0),
+        )));
+    }
 
-/// The handle's watches: one task and one stream, started on the first
-/// wait and again after the stream ended.
-#[derive(Default)]
-pub(super) struct WatchHub {
-    task: Mutex<Option<mpsc::UnboundedSender<Ask>>>,
-    next_ticket: std::sync::atomic::AtomicU64,
-}
+    fn unknown(&self, why: &str) {
+        self.tx.send_if_modified(|heard| {
+            let news = !matches!(heard, Heard::Unknown { .. });
+            *heard = Heard::Unknown {
+                error: format!("etcd: {why}"),
+            };
+            news
+        });
+    }
 
-/// Tells the hub to forget a wait dropped before it resolved.
-struct Forget {
-    asks: mpsc::UnboundedSender<Ask>,
-    ticket: u64,
-    armed: bool,
-}
+    /// The stream answers its creation: a reader that heard "unknown"
+    /// reads again.
+    fn answered(&self) {
+        let seen = Revision(u64::try_from(self.seen).unwrap_or(0));
+        self.tx.send_if_modified(|heard| {
+            let was_unknown = matches!(heard, Heard::Unknown { .. });
+            if was_unknown {
+                *heard = Heard::Changed(seen);
+            }
+            was_unknown
+        });
+    }
 
-impl Drop for Forget {
-    fn drop(&mut self) {
-        if self.armed {
-            let _ = self.asks.send(Ask::Forget {
-                ticket: self.ticket,
-            });
+    fn create(&self) -> pb::WatchRequest {
+        pb::WatchRequest {
+            request_union: Some(pb::watch_request::RequestUnion::CreateRequest(
+                pb::WatchCreateRequest {
+                    key: self.key.clone(),
+                    range_end: self.range_end.clone(),
+                    start_revision: self.seen.saturating_add(1),
+                    progress_notify: false,
+                },
+            )),
         }
     }
 }
 
+/// The handle's watches: one task, started on the first watch, and one
+/// stream at a time.
+#[derive(Default)]
+pub(super) struct WatchHub {
+    task: Mutex<Option<mpsc::UnboundedSender<Follower>>>,
+}
+
 impl WatchHub {
-    /// Resolves at the first change of `[key, range_end)` (`key` alone
-    /// without an end) from revision `from` on, or when the watch cannot
-    /// be kept.
-    pub(super) async fn next_change(
+    /// Watches `[key, range_end)` (`key` alone without an end) for the
+    /// changes after revision `seen`.
+    pub(super) fn follow(
         &self,
         members: &Arc<Members>,
         key: Vec<u8>,
         range_end: Vec<u8>,
-        from: i64,
-    ) -> Woken {
-        let ticket = self
-            .next_ticket
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let (woken, wait) = oneshot::channel();
-        let ask = Ask::Create {
-            ticket,
-            create: pb::WatchCreateRequest {
-                key,
-                range_end,
-                start_revision: from,
-                progress_notify: false,
-            },
-            woken,
+        seen: i64,
+    ) -> KeyWatch {
+        let start = Revision(u64::try_from(seen).unwrap_or(0));
+        let (tx, rx) = watch::channel(Heard::Changed(start));
+        let mut follower = Follower {
+            key,
+            range_end,
+            seen,
+            tx,
         };
-        let asks = self.send(members, ask);
-        let mut forget = Forget {
-            asks,
-            ticket,
-            armed: true,
-        };
-        let outcome = wait.await.unwrap_or(Woken::Broken);
-        forget.armed = false;
-        outcome
-    }
-
-    /// Sends `ask` to the running task, starting one if none runs (or the
-    /// last one ended with its stream).
-    fn send(&self, members: &Arc<Members>, mut ask: Ask) -> mpsc::UnboundedSender<Ask> {
         let mut task = self.task.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(asks) = task.as_ref() {
-            match asks.send(ask) {
-                Ok(()) => return asks.clone(),
-                Err(mpsc::error::SendError(back)) => ask = back,
+            match asks.send(follower) {
+                Ok(()) => return rx,
+                Err(mpsc::error::SendError(back)) => follower = back,
             }
         }
         let (asks, received) = mpsc::unbounded_channel();
         // The receiver is alive: it was just made.
-        let _ = asks.send(ask);
+        let _ = asks.send(follower);
         tokio::spawn(run(Arc::clone(members), received));
-        *task = Some(asks.clone());
-        asks
+        *task = Some(asks);
+        rx
     }
 }
 
-/// The waits the task keeps.
+/// The watches the task keeps, by ticket, and on the current stream.
 #[derive(Default)]
-struct Waits {
-    /// Creations sent and not yet answered, in the order sent.
-    unanswered: VecDeque<u64>,
-    /// Waits by ticket, with their watch id once etcd gave one.
-    by_ticket: HashMap<u64, (Option<i64>, oneshot::Sender<Woken>)>,
-    /// Tickets by watch id.
+struct Followers {
+    next: u64,
+    by_ticket: HashMap<u64, (Option<i64>, Follower)>,
+    /// Tickets by watch id, on the current stream.
     by_id: HashMap<i64, u64>,
+    /// Creations sent on the current stream and not yet answered.
+    unanswered: VecDeque<u64>,
+    prune_at: usize,
 }
 
-impl Waits {
-    fn wake(&mut self, ticket: u64, woken: Woken) {
-        if let Some((id, sender)) = self.by_ticket.remove(&ticket) {
-            if let Some(id) = id {
-                self.by_id.remove(&id);
-            }
-            let _ = sender.send(woken);
+impl Followers {
+    fn add(&mut self, follower: Follower) -> u64 {
+        let ticket = self.next;
+        self.next += 1;
+        self.by_ticket.insert(ticket, (None, follower));
+        ticket
+    }
+
+    /// Sends the creation of `ticket`'s watch on `outgoing`.
+    fn create(&mut self, outgoing: &mpsc::UnboundedSender<pb::WatchRequest>, ticket: u64) {
+        if let Some((_, follower)) = self.by_ticket.get(&ticket) {
+            // The stream's receiving end lives as long as the task.
+            let _ = outgoing.send(follower.create());
+            self.unanswered.push_back(ticket);
         }
     }
 
-    fn wake_all(&mut self, woken: Woken) {
-        for (_, (_, sender)) in self.by_ticket.drain() {
-            let _ = sender.send(woken);
+    /// Forgets the watches nobody reads, once they doubled since the
+    /// last look, cancelling them in etcd.
+    fn prune(&mut self, outgoing: &mpsc::UnboundedSender<pb::WatchRequest>) {
+        if self.by_ticket.len() < self.prune_at.max(PRUNE_AT) {
+            return;
         }
+        let by_id = &mut self.by_id;
+        self.by_ticket.retain(|_, (id, follower)| {
+            let read = !follower.tx.is_closed();
+            if let (false, Some(id)) = (read, *id) {
+                by_id.remove(&id);
+                cancel(outgoing, id);
+            }
+            read
+        });
+        self.prune_at = self.by_ticket.len() * 2;
+    }
+
+    /// The stream ended: every watch hears that the store does not answer
+    /// (those nobody reads are forgotten).
+    fn stream_ended(&mut self, why: &str) {
         self.by_id.clear();
         self.unanswered.clear();
+        self.by_ticket.retain(|_, (id, follower)| {
+            *id = None;
+            follower.unknown(why);
+            !follower.tx.is_closed()
+        });
     }
 }
 
-/// The task: opens the stream, then passes asks out and replies in until
-/// the stream ends or the hub is gone.
-async fn run(members: Arc<Members>, mut asks: mpsc::UnboundedReceiver<Ask>) {
-    let mut waits = Waits::default();
+/// The task: while anyone follows, opens a stream, creates every watch on
+/// it and passes replies in, again after a pause when it ends; ends with
+/// the hub.
+async fn run(members: Arc<Members>, mut asks: mpsc::UnboundedReceiver<Follower>) {
+    let mut followers = Followers::default();
+    loop {
+        while followers.by_ticket.is_empty() {
+            match asks.recv().await {
+                Some(follower) => {
+                    followers.add(follower);
+                }
+                None => return,
+            }
+        }
+        let why = match stream(&members, &mut asks, &mut followers).await {
+            Some(why) => why,
+            None => return,
+        };
+        tracing::debug!(%why, "etcd: the watch stream ended; watches are made again on the next");
+        followers.stream_ended(&why);
+        // The pause, taking new watches meanwhile: they too hear that the
+        // store does not answer.
+        let pause = tokio::time::sleep(RETRY);
+        tokio::pin!(pause);
+        loop {
+            tokio::select! {
+                () = &mut pause => break,
+                follower = asks.recv() => match follower {
+                    Some(follower) => {
+                        follower.unknown(&why);
+                        followers.add(follower);
+                    }
+                    None => return,
+                },
+            }
+        }
+    }
+}
+
+/// One stream: opened on the member requests last found answering, every
+/// watch created on it; returns why it ended (`None`: the hub is gone).
+async fn stream(
+    members: &Arc<Members>,
+    asks: &mut mpsc::UnboundedReceiver<Follower>,
+    followers: &mut Followers,
+) -> Option<String> {
     let (outgoing, requests) = mpsc::unbounded_channel::<pb::WatchRequest>();
     // etcd answers the call only once it has a request to answer: the
-    // first creation goes out with the opening.
-    while waits.unanswered.is_empty() {
-        match asks.recv().await {
-            Some(ask) => take(&mut waits, &outgoing, ask),
-            None => return,
-        }
+    // creations go out with the opening.
+    let tickets: Vec<u64> = followers.by_ticket.keys().copied().collect();
+    for ticket in tickets {
+        followers.create(&outgoing, ticket);
     }
     // A member that requests find silent is left by them at once; the
     // stream follows rather than wait for its pings to go unanswered.
@@ -181,74 +255,32 @@ async fn run(members: Arc<Members>, mut asks: mpsc::UnboundedReceiver<Ask>) {
     };
     let (link, mut events) = match opened {
         Ok(opened) => opened,
-        Err(error) => {
-            tracing::debug!(%error, "etcd: cannot open the watch stream; waits read again");
-            finish(waits, asks).await;
-            return;
-        }
+        Err(error) => return Some(format!("cannot open the watch stream: {error}")),
     };
     loop {
         tokio::select! {
-            ask = asks.recv() => match ask {
-                Some(ask) => take(&mut waits, &outgoing, ask),
-                None => break,
-            },
+            follower = asks.recv() => {
+                let ticket = followers.add(follower?);
+                followers.create(&outgoing, ticket);
+                followers.prune(&outgoing);
+            }
             reply = events.message() => match reply {
                 Ok(Some(reply)) => {
-                    if !answer(&mut waits, &outgoing, reply) {
+                    if !answer(followers, &outgoing, reply) {
                         members.token_refused(&link);
-                        break;
+                        return Some("etcd refused a watch".into());
                     }
                 }
-                Ok(None) | Err(_) => break,
+                Ok(None) | Err(_) => return Some("the watch stream broke".into()),
             },
             Ok(()) = silenced.changed() => {
                 // Only to another member: with one endpoint, or while
                 // no other has answered yet, the stream stays.
                 if members.silences(member) > silences && members.active() != member {
-                    tracing::debug!("etcd: the watch stream's member is silent; waits read again on the next");
                     members.stream_moved();
-                    break;
+                    return Some("the watch stream's member is silent".into());
                 }
             }
-        }
-    }
-    finish(waits, asks).await;
-}
-
-/// Passes `ask` on to etcd.
-fn take(waits: &mut Waits, outgoing: &mpsc::UnboundedSender<pb::WatchRequest>, ask: Ask) {
-    match ask {
-        Ask::Create {
-            ticket,
-            create,
-            woken,
-        } => {
-            let request = pb::WatchRequest {
-                request_union: Some(pb::watch_request::RequestUnion::CreateRequest(create)),
-            };
-            // The stream's receiving end lives as long as this task.
-            let _ = outgoing.send(request);
-            waits.unanswered.push_back(ticket);
-            waits.by_ticket.insert(ticket, (None, woken));
-        }
-        Ask::Forget { ticket } => {
-            if let Some((Some(id), _)) = waits.by_ticket.remove(&ticket) {
-                waits.by_id.remove(&id);
-                cancel(outgoing, id);
-            }
-        }
-    }
-}
-
-/// The stream is gone: every wait reads again, and the next one opens a
-/// new stream (this task's asks are refused from now on).
-async fn finish(mut waits: Waits, mut asks: mpsc::UnboundedReceiver<Ask>) {
-    asks.close();
-    waits.wake_all(Woken::Broken);
-    while let Some(ask) = asks.recv().await {
-        if let Ask::Create { woken, .. } = ask {
-            let _ = woken.send(Woken::Broken);
         }
     }
 }
@@ -274,54 +306,69 @@ fn cancel(outgoing: &mpsc::UnboundedSender<pb::WatchRequest>, id: i64) {
 }
 
 /// Handles one reply; `false` when the stream must be given up (etcd
-/// refused a creation other than for compaction: a token it no longer
-/// knows, a permission).
+/// refused or cancelled a watch other than for compaction: a token it no
+/// longer knows, a permission).
 fn answer(
-    waits: &mut Waits,
+    followers: &mut Followers,
     outgoing: &mpsc::UnboundedSender<pb::WatchRequest>,
     reply: pb::WatchResponse,
 ) -> bool {
     let id = reply.watch_id;
-    if reply.created {
-        let Some(ticket) = waits.unanswered.pop_front() else {
+    let ticket = if reply.created {
+        let Some(ticket) = followers.unanswered.pop_front() else {
             // A creation nobody sent: not this stream's.
             return false;
         };
-        if reply.canceled {
-            waits.wake(ticket, Woken::Broken);
-            return reply.compact_revision > 0;
-        }
-        match waits.by_ticket.get_mut(&ticket) {
-            Some(wait) => {
-                wait.0 = Some(id);
-                waits.by_id.insert(id, ticket);
+        if !reply.canceled {
+            match followers.by_ticket.get_mut(&ticket) {
+                Some((slot, follower)) => {
+                    *slot = Some(id);
+                    followers.by_id.insert(id, ticket);
+                    follower.answered();
+                }
+                None => cancel(outgoing, id),
             }
-            // Forgotten while its creation was on the way.
-            None => cancel(outgoing, id),
         }
-        if reply.events.is_empty() {
-            return true;
+        ticket
+    } else {
+        match followers.by_id.get(&id) {
+            Some(&ticket) => ticket,
+            // A watch forgotten; its cancellation is on the way.
+            None => return true,
         }
-    }
-    let Some(&ticket) = waits.by_id.get(&id) else {
-        // A watch already resolved or forgotten; its cancellation is on
-        // the way.
-        return true;
     };
-    if reply.canceled || reply.compact_revision > 0 {
-        waits.wake(ticket, Woken::Broken);
-    } else if !reply.events.is_empty() {
-        let at = reply
-            .events
-            .iter()
-            .filter_map(|e| e.kv.as_ref())
-            .map(|kv| kv.mod_revision)
-            .max();
-        let at = at
-            .or(reply.header.as_ref().map(|h| h.revision))
-            .unwrap_or(0);
-        waits.wake(ticket, Woken::Changed(at));
-        cancel(outgoing, id);
+    if reply.canceled {
+        followers.by_id.remove(&id);
+        if reply.compact_revision <= 0 {
+            return false;
+        }
+        // Its start was compacted away: its reader reads again, and it
+        // follows from the oldest revision etcd keeps.
+        if let Some((slot, follower)) = followers.by_ticket.get_mut(&ticket) {
+            *slot = None;
+            follower.tell(reply.compact_revision);
+            followers.create(outgoing, ticket);
+        }
+        return true;
+    }
+    if reply.events.is_empty() {
+        return true;
+    }
+    let at = reply
+        .events
+        .iter()
+        .filter_map(|e| e.kv.as_ref())
+        .map(|kv| kv.mod_revision)
+        .max()
+        .or(reply.header.as_ref().map(|h| h.revision))
+        .unwrap_or(0);
+    match followers.by_ticket.get_mut(&ticket) {
+        Some((_, follower)) if !follower.tx.is_closed() => follower.tell(at),
+        _ => {
+            followers.by_ticket.remove(&ticket);
+            followers.by_id.remove(&id);
+            cancel(outgoing, id);
+        }
     }
     true
 }

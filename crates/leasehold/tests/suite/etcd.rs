@@ -547,14 +547,13 @@ async fn a_free_election_is_taken_with_one_request_also_when_new() {
             (leader.token, leader.candidate),
             (grant.token, candidate.clone())
         );
-        let listed: Vec<String> = store
-            .elections()
-            .await
-            .expect("list")
-            .into_iter()
-            .map(|e| e.election.to_string())
-            .collect();
+        let states = store.elections().await.expect("list");
+        let listed: Vec<String> = states.iter().map(|e| e.election.to_string()).collect();
         assert_eq!(listed, [election.to_string()], "{round}");
+        // The holder's time left, as `status` shows it (a review found
+        // `list` showing 0 on etcd).
+        let left = states[0].leader.as_ref().expect("held").expires_in;
+        assert!(left > Duration::from_secs(20), "{round}: {left:?} left");
         store.resign(&grant).await.expect("release");
     }
 }

@@ -211,15 +211,15 @@ pub(crate) fn read_notes(
 ) -> Result<(Vec<Note>, Option<Duration>)> {
     let prefix = notes(election);
     let mut read = Vec::with_capacity(range.entries.len());
+    let mut first_expiry: Option<Duration> = None;
     for entry in &range.entries {
-        let (name, session) = entry
-            .key
-            .strip_prefix(&prefix)
-            .and_then(|rest| rest.rsplit_once(':'))
-            .ok_or_else(|| corrupt(entry))?;
-        let session = u64::from_str_radix(session, 16)
-            .map(SessionId)
-            .map_err(|_| corrupt(entry))?;
+        let Some((name, session)) = note_of(&prefix, entry) else {
+            tracing::warn!(key = %entry.key, "ignoring a key leasehold did not write among the notes");
+            continue;
+        };
+        if let Some(left) = entry.expires_in {
+            first_expiry = Some(first_expiry.map_or(left, |first| first.min(left)));
+        }
         read.push(Note {
             session,
             name: name.to_owned(),
@@ -228,8 +228,21 @@ pub(crate) fn read_notes(
         });
     }
     read.sort_by_key(|note| note.order);
-    let first_expiry = range.entries.iter().filter_map(|e| e.expires_in).min();
     Ok((read, first_expiry))
+}
+
+/// The name and session of a note leasehold wrote under `prefix`: attached
+/// to the session its name carries. Any other key there (written by hand
+/// or by another program, without a session or with another) is no note:
+/// a stray "waiting" entry would otherwise stand in the line for good, with
+/// nobody behind it ever chosen (found by a review).
+fn note_of<'a>(prefix: &str, entry: &'a Entry) -> Option<(&'a str, SessionId)> {
+    let (name, session) = entry.key.strip_prefix(prefix)?.rsplit_once(':')?;
+    let session = (session.len() == 16)
+        .then(|| u64::from_str_radix(session, 16).ok())
+        .flatten()
+        .map(SessionId)?;
+    (entry.session == Some(session)).then_some((name, session))
 }
 
 /// The token of the last release, from a read of the release record.
@@ -527,12 +540,31 @@ mod tests {
         assert_eq!(shown, [("transfer", 1, 20), ("cand", 2, 30)]);
         assert_eq!(read_back[1].text, "cand of 2");
         assert_eq!(first, Some(Duration::from_millis(300)));
-        let mut stray = note("cand", 2, 30, 900);
-        stray.key = format!("{}cand", notes(&e));
-        assert!(matches!(
-            read_notes(&e, &range(vec![stray])),
-            Err(Error::Corrupt(_))
-        ));
+        // Keys leasehold did not write among the notes are skipped, not
+        // refused (a restarted replica could not rejoin) nor taken for
+        // standbys (one without a session would stand in line for good):
+        // no name, no session, another session than the name's, a name
+        // that is no session.
+        let mut nameless = note("cand", 2, 30, 900);
+        nameless.key = format!("{}cand", notes(&e));
+        let mut sessionless = note("cand", 9, 31, 900);
+        sessionless.session = None;
+        sessionless.expires_in = None;
+        let mut misnamed = note("cand", 8, 32, 100);
+        misnamed.session = Some(SessionId(7));
+        let mut not_hex = note("cand", 6, 33, 900);
+        not_hex.key = format!("{}cand:nothex", notes(&e));
+        let read = range(vec![
+            note("cand", 2, 30, 900),
+            nameless,
+            sessionless,
+            misnamed,
+            not_hex,
+        ]);
+        let (read_back, first) = read_notes(&e, &read).expect("skipped, not refused");
+        assert_eq!(read_back.len(), 1, "{read_back:?}");
+        assert_eq!(read_back[0].session, SessionId(2));
+        assert_eq!(first, Some(Duration::from_millis(900)));
     }
 
     #[test]

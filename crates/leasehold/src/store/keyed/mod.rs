@@ -285,7 +285,11 @@ impl<K: Keys> Store for KeyedStore<K> {
 
     async fn elections(&self) -> Result<Vec<ElectionState>> {
         self.own_layout("listing elections")?;
-        election::list(&self.keys.range("").await?)
+        let mut listed = election::list(&self.keys.range("").await?)?;
+        for state in &mut listed {
+            state.leader = sources::with_time_left(&*self.keys, state.leader.take()).await?;
+        }
+        Ok(listed)
     }
 
     async fn session_ended(&self, session: SessionId) {

@@ -90,6 +90,46 @@ async fn leader_under_member_fault(
     cluster.wait_ready(Duration::from_secs(30));
 }
 
+/// A URL that lists members of two clusters is refused at the first
+/// answer of the other one: its grants would come from another history,
+/// and a failover would take tokens back (a review saw token 5 after token
+/// 648). Here the store's first member answers, then pauses, and the
+/// request that fails over to the other cluster's member is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoints_of_two_clusters_are_refused() {
+    let (first, other) =
+        tokio::task::spawn_blocking(|| (EtcdCluster::start(1), EtcdCluster::start(1)))
+            .await
+            .expect("clusters start");
+    let none = leasehold::store::Security::none();
+    // A store at the same prefix on the other cluster, so that its marker
+    // is found there too.
+    EtcdStore::connect(&other.endpoints(), "/split", &none)
+        .await
+        .expect("the other cluster's store");
+    let both = [first.endpoints()[0].clone(), other.endpoints()[0].clone()];
+    let store = EtcdStore::connect(&both, "/split", &none)
+        .await
+        .expect("the first member answers");
+    let election = unique_election("split");
+    let grant = leasehold::testing::campaign_on_new_session(
+        &store,
+        &election,
+        "a",
+        Duration::from_secs(30),
+    )
+    .await;
+    first.signal(0, Signal::SIGSTOP);
+    let read = store.leader(&election).await;
+    first.signal(0, Signal::SIGCONT);
+    match read {
+        Err(leasehold::Error::InvalidInput { reason, .. }) => {
+            assert!(reason.contains("another etcd cluster"), "{reason}");
+        }
+        other => panic!("another cluster's answer was taken: {other:?} (held {grant:?})"),
+    }
+}
+
 /// SIGKILL of a member (and its restart) while a candidate leads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_killed_while_a_candidate_leads() {

@@ -128,7 +128,33 @@ pub(super) struct Members {
     scope: String,
     /// With a user name and password: the token etcd gave for them.
     auth: Option<Auth>,
+    /// The id of the cluster whose members answered (0: none yet).
+    cluster: AtomicU64,
 }
+
+/// A reply of etcd's, which names the cluster that made it.
+pub(super) trait Reply {
+    /// The cluster's id (0 where the reply has no header).
+    fn cluster_id(&self) -> u64;
+}
+
+macro_rules! replies {
+    ($($reply:ty),* $(,)?) => {
+        $(impl Reply for $reply {
+            fn cluster_id(&self) -> u64 {
+                self.header.as_ref().map_or(0, |h| h.cluster_id)
+            }
+        })*
+    };
+}
+
+replies!(
+    pb::RangeResponse,
+    pb::TxnResponse,
+    pb::LeaseGrantResponse,
+    pb::LeaseRevokeResponse,
+    pb::LeaseTimeToLiveResponse,
+);
 
 /// etcd's password authentication: `Auth/Authenticate` gives a token that
 /// every request then carries (metadata `token`). etcd forgets a token it
@@ -269,6 +295,7 @@ impl Members {
             security,
             scope: scope.to_owned(),
             auth,
+            cluster: AtomicU64::new(0),
         })
     }
 
@@ -561,12 +588,37 @@ impl Members {
         ))
     }
 
+    /// Refuses a reply of member `i` made by another cluster than the
+    /// members that answered before: endpoints of two clusters in one URL
+    /// would grant from two histories, and a failover would take tokens
+    /// back (found by a review: token 5 after token 648).
+    pub(super) fn one_cluster(&self, i: usize, id: u64) -> Result<(), EtcdError> {
+        if id == 0 {
+            return Ok(());
+        }
+        match self
+            .cluster
+            .compare_exchange(0, id, Ordering::SeqCst, Ordering::SeqCst)
+        {
+            Ok(_) => Ok(()),
+            Err(known) if known == id => Ok(()),
+            Err(known) => Err(EtcdError::Invalid {
+                what: "store URL",
+                reason: format!(
+                    "endpoint {} belongs to another etcd cluster (id {id:x}) than the endpoints \
+                     that answered before (id {known:x}); list the members of one cluster",
+                    self.endpoints[i]
+                ),
+            }),
+        }
+    }
+
     /// Runs `op` on the pinned member, failing over to the next ones on
     /// transient errors and timeouts, within [`REQUEST_TIMEOUT`]. A token
     /// etcd refuses is replaced (authenticating again) and the request
     /// sent again. A TLS handshake that fails on every member ends the
     /// request at once, as does a refusal by etcd itself.
-    pub(super) async fn call<T, F, Fut>(&self, what: &str, op: F) -> Result<T, EtcdError>
+    pub(super) async fn call<T: Reply, F, Fut>(&self, what: &str, op: F) -> Result<T, EtcdError>
     where
         F: Fn(Link) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, Status>>,
@@ -601,9 +653,11 @@ impl Members {
                 .await;
             let verdict = match outcome {
                 Ok(Ok((Ok(reply), _))) => {
+                    let reply = reply.into_inner();
+                    self.one_cluster(i, reply.cluster_id())?;
                     self.answered(i);
                     self.pin(i);
-                    return Ok(reply.into_inner());
+                    return Ok(reply);
                 }
                 Ok(Ok((Err(status), link))) => match self.judge(&status, i) {
                     Verdict::Reauthenticate if reauthentications < 2 => {

@@ -266,6 +266,10 @@ async fn stream(
             }
             reply = events.message() => match reply {
                 Ok(Some(reply)) => {
+                    let cluster = reply.header.as_ref().map_or(0, |h| h.cluster_id);
+                    if members.one_cluster(member, cluster).is_err() {
+                        return Some("the watch stream's member is of another cluster".into());
+                    }
                     if !answer(followers, &outgoing, reply) {
                         members.token_refused(&link);
                         return Some("etcd refused a watch".into());

@@ -236,3 +236,49 @@ async fn a_candidate_key_another_program_rewrote_is_not_deleted() {
     assert_eq!(left[0].1, "someone else's");
     store.close_session(lease.id).await.expect("close");
 }
+
+/// etcd's recipe layout at a prefix that is a leasehold store, or lies
+/// inside one, is refused before anything is written (a review found it
+/// reporting the store's own leader of `e/x` as leader of `e`, and writing
+/// keys into the store at `/lh7` from `/lh7/sub`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recipe_layout_inside_a_leasehold_store_is_refused() {
+    let cluster = cluster().await;
+    let own = leasehold::store::etcd::EtcdStore::connect(
+        &cluster.endpoints(),
+        "/lhstore",
+        &leasehold::store::Security::none(),
+    )
+    .await
+    .expect("a leasehold store");
+    let election = ElectionName::new("e/x").expect("name");
+    leasehold::testing::campaign_on_new_session(&own, &election, "own", Duration::from_secs(30))
+        .await;
+    let keys = || {
+        let out = std::process::Command::new("etcdctl")
+            .args(["--endpoints", &cluster.endpoints().join(",")])
+            .args(["get", "--prefix", "--keys-only", ""])
+            .output()
+            .expect("etcdctl");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let before = keys();
+    for prefix in ["/lhstore", "/lhstore/sub"] {
+        let url = format!("{}?layout=concurrency", cluster.url(prefix));
+        let opened = leasehold::store::open(
+            &url.parse().expect("url"),
+            leasehold::store::Access::ReadWrite,
+        )
+        .await;
+        match opened {
+            Err(leasehold::Error::Corrupt(message)) => {
+                assert!(
+                    message.contains("a prefix of its own"),
+                    "{prefix}: {message}"
+                );
+            }
+            other => panic!("{prefix}: a recipe layout in a store was opened: {other:?}"),
+        }
+    }
+    assert_eq!(keys(), before, "something was written");
+}

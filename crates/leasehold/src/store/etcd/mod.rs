@@ -355,6 +355,8 @@ impl EtcdKeys {
         let store = Self::reach(endpoints, prefix, security, read_only, layout).await?;
         if layout == Layout::Leasehold {
             store.open_space().await?;
+        } else {
+            store.refuse_a_store_prefix().await?;
         }
         warn_if_unencrypted(security);
         Ok(store)

@@ -143,6 +143,42 @@ impl EtcdKeys {
         })
     }
 
+    /// Refuses etcd's recipe layout at a prefix that is, or lies inside, a
+    /// leasehold store: its candidates would stand among that store's keys,
+    /// and that store's candidates among its own (found by a review). A
+    /// marker this client may not read is taken as absent, as in
+    /// [`Self::survey`].
+    pub(super) async fn refuse_a_store_prefix(&self) -> Result<()> {
+        if self.prefix.is_empty() {
+            return Ok(());
+        }
+        let survey = match self.survey().await {
+            Err(Error::Denied(_)) => return Ok(()),
+            other => other?,
+        };
+        if let Some(outer) = &survey.enclosing {
+            return Err(Error::Corrupt(format!(
+                "etcd prefix {} is inside the leasehold store at prefix {outer}; \
+                 ?layout={} needs a prefix of its own",
+                self.prefix, self.layout
+            )));
+        }
+        if survey
+            .marker
+            .as_ref()
+            .is_some_and(|kv| marker_version(kv).is_ok())
+        {
+            return Err(Error::Corrupt(format!(
+                "etcd prefix {} is a leasehold store (it has the marker {}); \
+                 ?layout={} needs a prefix of its own",
+                self.prefix,
+                self.marker_key(),
+                self.layout
+            )));
+        }
+        Ok(())
+    }
+
     /// Whether the surveyed prefix is a leasehold store this build can use
     /// (marked); refuses one inside another store or of a newer layout.
     pub(super) fn is_usable_store(&self, survey: &Survey) -> Result<bool> {

@@ -254,44 +254,11 @@ impl Leadership {
                 Err(error) => return Err(error),
             }
         }
-        let (store, grant, session) = (
+        tokio::spawn(unmark_when_done(
             Arc::clone(&self.store),
             self.grant.clone(),
             Arc::clone(&self.session),
-        );
-        tokio::spawn(async move {
-            let patience = session.granted_ttl().saturating_mul(2);
-            let mut unmarking = line::Unmarking::new(grant.token, session.now(), patience);
-            let until = unmarking.until();
-            // Carries out `Unmarking`: the mark goes when it says so.
-            let succeeded = async {
-                let mut leaders = store.watch(&grant.election).await?;
-                let mut notes = store.watch_notes(&grant.election).await?;
-                let successor = line::successor(
-                    &*store,
-                    &grant.election,
-                    &mut leaders,
-                    &mut notes,
-                    grant.token,
-                    None,
-                )
-                .await?;
-                unmarking.succeeded(&successor);
-                while unmarking.step(&notes.borrow_and_update(), session.now())
-                    == line::UnmarkStep::Keep
-                {
-                    notes.changed().await.map_err(|_| line::watch_ended())?;
-                }
-                Ok::<_, Error>(())
-            };
-            let _ = tokio::select! {
-                outcome = succeeded => outcome,
-                () = session.sleep_until(until) => Ok(()),
-            };
-            if let Err(error) = line::unmark_chosen(&*store, &grant.election, grant.token).await {
-                tracing::debug!(election = %grant.election, %error, "withdrawing the choice of a standby failed; it ends with that standby's wait");
-            }
-        });
+        ));
         Ok(())
     }
 
@@ -387,5 +354,38 @@ impl Monitor {
                 },
             }
         }
+    }
+}
+
+/// Withdraws the mark a leader that handed over `grant` left on the
+/// standby it chose, when [`line::Unmarking`] says so: carries it out.
+async fn unmark_when_done(store: Arc<dyn Store>, grant: Grant, session: Arc<Session>) {
+    let patience = session.granted_ttl().saturating_mul(2);
+    let mut unmarking = line::Unmarking::new(grant.token, session.now(), patience);
+    let until = unmarking.until();
+    let succeeded = async {
+        let mut leaders = store.watch(&grant.election).await?;
+        let mut notes = store.watch_notes(&grant.election).await?;
+        let successor = line::successor(
+            &*store,
+            &grant.election,
+            &mut leaders,
+            &mut notes,
+            grant.token,
+            None,
+        )
+        .await?;
+        unmarking.succeeded(&successor);
+        while unmarking.step(&notes.borrow_and_update(), session.now()) == line::UnmarkStep::Keep {
+            notes.changed().await.map_err(|_| line::watch_ended())?;
+        }
+        Ok::<_, Error>(())
+    };
+    let _ = tokio::select! {
+        outcome = succeeded => outcome,
+        () = session.sleep_until(until) => Ok(()),
+    };
+    if let Err(error) = line::unmark_chosen(&*store, &grant.election, grant.token).await {
+        tracing::debug!(election = %grant.election, %error, "withdrawing the choice of a standby failed; it ends with that standby's wait");
     }
 }

@@ -22,6 +22,7 @@ pub(crate) mod note_watch;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 pub mod security;
+pub(crate) mod shared_read;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 mod url;

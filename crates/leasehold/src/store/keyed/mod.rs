@@ -12,6 +12,7 @@ use crate::grant::{FencingToken, Grant, Leader, SessionId, SessionLease};
 use crate::names::{CandidateId, ElectionName};
 use crate::store::keys::{Check, KeyWatch, Keys, Revision, Write};
 use crate::store::layout::Layout;
+use crate::store::shared_read::SharedRanges;
 use crate::store::{
     ElectionState, LeaderWatch, Note, NoteWatch, StatusWatch, Store, check_note, note_watch,
     watch_driver,
@@ -29,7 +30,9 @@ use sources::{CandidatesSource, NotesSource};
 /// record as keys. Cloning gives another handle onto the same keys.
 #[derive(Debug)]
 pub struct KeyedStore<K: Keys> {
-    keys: Arc<K>,
+    /// The primitive, its reads of a prefix shared by this handle's
+    /// callers.
+    keys: Arc<SharedRanges<K>>,
     layout: Layout,
     withdrawing: Arc<Withdrawing>,
 }
@@ -58,7 +61,7 @@ impl<K: Keys> KeyedStore<K> {
     /// layout writes candidates alone, and refuses what needs more).
     pub fn with_layout(keys: K, layout: Layout) -> Self {
         KeyedStore {
-            keys: Arc::new(keys),
+            keys: Arc::new(SharedRanges::new(keys)),
             layout,
             withdrawing: Arc::default(),
         }
@@ -81,7 +84,7 @@ impl<K: Keys> KeyedStore<K> {
 
     /// The primitive underneath.
     pub fn keys(&self) -> &K {
-        &self.keys
+        &self.keys.keys
     }
 
     /// Waits until the campaign key of `session` leads, or is gone: a

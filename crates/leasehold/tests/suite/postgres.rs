@@ -228,6 +228,44 @@ async fn sql(url: &str) -> tokio_postgres::Client {
     client
 }
 
+/// A leader's key deleted, changed or added by hand is refused: a hand-made
+/// `DELETE` sends no notice, so the successor led at once while the holder
+/// went on until its next renewal (a review saw both commands run, 4 times
+/// in 4). leasehold's own writes go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_keys_are_written_by_leasehold_alone() {
+    let server = server().await;
+    let store = PostgresStore::connect(&server.url(), "byhand")
+        .await
+        .expect("first use");
+    let election = leasehold::testing::unique_election("byhand");
+    let grant = leasehold::testing::campaign_on_new_session(
+        &store,
+        &election,
+        "a",
+        Duration::from_secs(30),
+    )
+    .await;
+    let admin = sql(&server.url()).await;
+    for statement in [
+        "DELETE FROM byhand.keys",
+        "UPDATE byhand.keys SET value = 'b'",
+        "INSERT INTO byhand.keys VALUES ('x:c:0000000000000001', 'x', NULL, 1, 1)",
+        "TRUNCATE byhand.keys",
+    ] {
+        let refused = admin.batch_execute(statement).await.expect_err(statement);
+        assert!(
+            refused.to_string().contains("written by leasehold alone")
+                || format!("{refused:?}").contains("written by leasehold alone"),
+            "{statement}: {refused:?}"
+        );
+    }
+    let leader = store.leader(&election).await.expect("read").expect("held");
+    assert_eq!(leader.token, grant.token, "the grant stays");
+    store.resign(&grant).await.expect("leasehold's own write");
+    assert_eq!(store.leader(&election).await.expect("read"), None);
+}
+
 /// A schema named by a reserved word of SQL (`select`, `user`) is a schema
 /// like any other: statements quote its name (a review found `?schema=user`
 /// failing with a syntax error).

@@ -1,9 +1,9 @@
 -- leasehold's PostgreSQL schema: its tables, its functions and its
 -- version marker. postgres.rs loads it with include_str! and runs it in one
--- transaction after `fill_schema_placeholders` has replaced "schema" in
--- braces by the schema's name (checked to be [a-z0-9_]) and "version" in
--- braces by SCHEMA_VERSION. What each function does is described in
--- postgres.rs at `SCHEMA_SQL`.
+-- transaction (schema.rs) after `fill_schema_placeholders` has replaced
+-- "schema" in braces by the schema's name (checked to be [a-z0-9_], and
+-- quoted where it names the schema) and "version" in braces by
+-- SCHEMA_VERSION. Each function says what it does above it.
 CREATE SCHEMA {schema};
 CREATE TABLE {schema}.schema_version (version bigint NOT NULL);
 CREATE TABLE {schema}.sessions (
@@ -34,6 +34,26 @@ CREATE INDEX ON {schema}.keys (modified);
 CREATE TABLE {schema}.deletions (
     key text COLLATE "C" PRIMARY KEY,
     revision bigint NOT NULL);
+
+-- Refuses a write to the keys that does not come from the functions below
+-- (commit_keys, end_session, forget_old_sessions, which say so for their
+-- transaction): a leader's key deleted by hand would let its successor
+-- lead at once while it, told nothing, leads on until its next renewal.
+-- A guard against mistakes, not against a role that means to write: that
+-- one can say so too.
+CREATE OR REPLACE FUNCTION {schema}.keys_by_leasehold_alone() RETURNS trigger
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    IF current_setting('leasehold.writing', true) IS DISTINCT FROM 'on' THEN
+        RAISE EXCEPTION 'the table %.keys is written by leasehold alone: a key changed by hand could let two replicas lead at once; stop the leader, or move leadership with leasehold transfer',
+            '{schema}' USING ERRCODE = 'insufficient_privilege';
+    END IF;
+    RETURN NULL;
+END
+$fn$;
+CREATE TRIGGER keys_by_leasehold_alone
+    BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON {schema}.keys
+    FOR EACH STATEMENT EXECUTE FUNCTION {schema}.keys_by_leasehold_alone();
 
 CREATE OR REPLACE FUNCTION {schema}.live(p_session bigint) RETURNS boolean
 LANGUAGE sql AS $fn$
@@ -98,6 +118,7 @@ DECLARE
     v_changed text[] := '{}';
     v_was_live boolean;
 BEGIN
+    PERFORM set_config('leasehold.writing', 'on', true);
     SELECT r.value INTO v_last FROM {schema}.revision r FOR UPDATE;
     PERFORM {schema}.check_counter(v_last);
     FOR i IN 1 .. coalesce(cardinality(p_check_kind), 0) LOOP
@@ -163,6 +184,7 @@ DECLARE
     v_next bigint;
     v_ended text[];
 BEGIN
+    PERFORM set_config('leasehold.writing', 'on', true);
     SELECT r.value + 1 INTO v_next FROM {schema}.revision r FOR UPDATE;
     PERFORM {schema}.check_counter(v_next - 1);
     WITH ended AS (
@@ -189,6 +211,7 @@ DECLARE
     v_before bigint;
     v_forgot bigint;
 BEGIN
+    PERFORM set_config('leasehold.writing', 'on', true);
     WITH old AS (
         DELETE FROM {schema}.sessions h
         WHERE h.expires_at < clock_timestamp() - interval '1 hour' RETURNING h.id)

@@ -160,6 +160,29 @@ impl Followers {
         }
     }
 
+    /// etcd answered the oldest creation on the stream, as watch `id`
+    /// (`kept`: not cancelled); its ticket, `None` if none was sent.
+    fn created(
+        &mut self,
+        outgoing: &mpsc::UnboundedSender<pb::WatchRequest>,
+        id: i64,
+        kept: bool,
+    ) -> Option<u64> {
+        let ticket = self.unanswered.pop_front()?;
+        if kept {
+            match self.by_ticket.get_mut(&ticket) {
+                Some((slot, follower)) => {
+                    *slot = Some(id);
+                    self.by_id.insert(id, ticket);
+                    follower.answered();
+                }
+                // Forgotten while its creation was on the way.
+                None => cancel(outgoing, id),
+            }
+        }
+        Some(ticket)
+    }
+
     /// Forgets the watches nobody reads, once they doubled since the
     /// last look, cancelling them in etcd.
     fn prune(&mut self, outgoing: &mpsc::UnboundedSender<pb::WatchRequest>) {
@@ -319,20 +342,10 @@ fn answer(
 ) -> bool {
     let id = reply.watch_id;
     let ticket = if reply.created {
-        let Some(ticket) = followers.unanswered.pop_front() else {
+        let Some(ticket) = followers.created(outgoing, id, !reply.canceled) else {
             // A creation nobody sent: not this stream's.
             return false;
         };
-        if !reply.canceled {
-            match followers.by_ticket.get_mut(&ticket) {
-                Some((slot, follower)) => {
-                    *slot = Some(id);
-                    followers.by_id.insert(id, ticket);
-                    follower.answered();
-                }
-                None => cancel(outgoing, id),
-            }
-        }
         ticket
     } else {
         match followers.by_id.get(&id) {

@@ -107,6 +107,10 @@ async fn endpoints_of_two_clusters_are_refused() {
     EtcdStore::connect(&other.endpoints(), "/split", &none)
         .await
         .expect("the other cluster's store");
+    // The other cluster paused while the store opens and campaigns, so
+    // that the first one answers first (on a loaded machine, a slow first
+    // member could be passed over for the other: CI once saw that).
+    other.signal(0, Signal::SIGSTOP);
     let both = [first.endpoints()[0].clone(), other.endpoints()[0].clone()];
     let store = EtcdStore::connect(&both, "/split", &none)
         .await
@@ -119,6 +123,7 @@ async fn endpoints_of_two_clusters_are_refused() {
         Duration::from_secs(30),
     )
     .await;
+    other.signal(0, Signal::SIGCONT);
     first.signal(0, Signal::SIGSTOP);
     let read = store.leader(&election).await;
     first.signal(0, Signal::SIGCONT);

@@ -65,13 +65,15 @@ use crate::store::{Grant, SessionId, Store};
 
 mod client;
 mod connect;
+mod keep_alive;
 mod keys;
 mod primitive;
 mod space;
 mod watch_hub;
 
 pub use client::ATTEMPT_TIMEOUT;
-use client::{EtcdError, KeepAlive, Members, prefix_end};
+use client::{EtcdError, Members, prefix_end};
+use keep_alive::KeepAlive;
 use watch_hub::WatchHub;
 
 /// The messages and client stubs generated from `proto/etcd.proto`.

@@ -122,6 +122,13 @@ pub enum Write {
 }
 
 impl Write {
+    /// The key it writes or deletes.
+    pub fn key(&self) -> &str {
+        match self {
+            Write::Put { key, .. } | Write::Delete(key) => key,
+        }
+    }
+
     /// The session a put attaches its key to.
     pub fn session(&self) -> Option<SessionId> {
         match self {

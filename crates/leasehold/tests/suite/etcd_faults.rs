@@ -2,7 +2,8 @@
 //! real 3-member cluster (Debian's etcd-server) started per test:
 //! compaction and defragmentation under waiters' watches, a member killed
 //! and restarted with its data, a member replaced by an empty one (member
-//! remove, wipe, member add).
+//! remove, wipe, member add); and, on the run's shared cluster, answers
+//! lost on their way to the client.
 //!
 //! The store reads before it opens every watch (from one past the read's
 //! revision), and reads again whenever a watch breaks or is refused as
@@ -106,14 +107,20 @@ struct ProxyState {
     next_connection: u64,
 }
 
+/// Whether etcd's answers are held back (kept in order, passed on once
+/// let go), as an answer lost on its way is to the client.
+type RepliesHeld = tokio::sync::watch::Sender<bool>;
+
 /// A TCP proxy in front of one etcd member that can hold the creation of
 /// one watch (the HTTP/2 frames of its stream; every other stream, and the
-/// connection's pings, pass) and cut its connections.
+/// connection's pings, pass), hold back every answer, and cut its
+/// connections.
 #[derive(Debug)]
 struct Proxy {
     addr: SocketAddr,
     state: Arc<Mutex<ProxyState>>,
     released: tokio::sync::watch::Sender<u64>,
+    replies_held: RepliesHeld,
     accept: AbortHandle,
 }
 
@@ -137,8 +144,10 @@ impl Proxy {
         let addr = listener.local_addr().expect("the proxy's address");
         let state = Arc::new(Mutex::new(ProxyState::default()));
         let (released, release_seen) = tokio::sync::watch::channel(0);
+        let replies_held = RepliesHeld::new(false);
         let accept = {
             let state = Arc::clone(&state);
+            let held = replies_held.subscribe();
             tokio::spawn(async move {
                 while let Ok((client, _)) = listener.accept().await {
                     let mut s = lock(&state);
@@ -147,7 +156,7 @@ impl Proxy {
                         client,
                         upstream,
                         Arc::clone(&state),
-                        release_seen.clone(),
+                        (release_seen.clone(), held.clone()),
                         s.next_connection,
                     );
                     s.connections.push(tokio::spawn(relay).abort_handle());
@@ -159,8 +168,14 @@ impl Proxy {
             addr,
             state,
             released,
+            replies_held,
             accept,
         }
+    }
+
+    /// Holds back etcd's answers (`true`), or lets them go on (`false`).
+    fn hold_replies(&self, hold: bool) {
+        self.replies_held.send_replace(hold);
     }
 
     /// The `host:port` to give the client.
@@ -235,7 +250,10 @@ async fn relay(
     client: TcpStream,
     upstream: SocketAddr,
     state: Arc<Mutex<ProxyState>>,
-    released: tokio::sync::watch::Receiver<u64>,
+    (released, replies_held): (
+        tokio::sync::watch::Receiver<u64>,
+        tokio::sync::watch::Receiver<bool>,
+    ),
     connection: u64,
 ) {
     let Ok(server) = TcpStream::connect(upstream).await else {
@@ -250,7 +268,7 @@ async fn relay(
     tokio::select! {
         _ = requests_in(client_read, frames_tx, &state, &watches, connection) => {}
         _ = requests_out(frames_rx, server_write, &state, released, connection) => {}
-        _ = replies(server_read, client_write, &state, &watches, connection) => {}
+        _ = replies(server_read, client_write, &state, (&watches, replies_held), connection) => {}
     }
 }
 
@@ -404,12 +422,15 @@ async fn replies(
     mut server: OwnedReadHalf,
     mut client: OwnedWriteHalf,
     state: &Mutex<ProxyState>,
-    watches: &Mutex<HashSet<u32>>,
+    (watches, mut held): (&Mutex<HashSet<u32>>, tokio::sync::watch::Receiver<bool>),
     connection: u64,
 ) -> std::io::Result<()> {
     let mut partial: HashMap<u32, Vec<u8>> = HashMap::new();
     loop {
         let (bytes, kind, flags, stream) = read_frame(&mut server).await?;
+        if held.wait_for(|held| !*held).await.is_err() {
+            return Ok(());
+        }
         if kind == DATA && lock(watches).contains(&stream) {
             let buffer = partial.entry(stream).or_default();
             for message in messages(buffer, data_of(&bytes, flags)) {
@@ -1201,4 +1222,52 @@ async fn a_campaign_dropped_while_etcd_is_stopped_withdraws_its_key_once_it_answ
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// A commit etcd carried out but whose answer was lost, sent again to
+/// another member by the client, is the commit it was: a release finds
+/// the key it deleted and the token it recorded, and answers released
+/// (it answered "not the holder" before, as a loaded CI machine showed),
+/// a campaign finds its own key and is granted; a stale release, sent
+/// once, is still refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_whose_answer_was_lost_is_not_refused_when_sent_again() {
+    let cluster = block_in_place(leasehold_testkit::shared::etcd);
+    let members: Vec<String> = match &cluster {
+        leasehold_testkit::shared::Server::Shared(members) => {
+            members.split(',').map(str::to_owned).collect()
+        }
+        leasehold_testkit::shared::Server::Own(cluster) => cluster.endpoints(),
+    };
+    let first: SocketAddr = members[0].parse().expect("an address");
+    let proxy = Proxy::start(first).await;
+    let mut endpoints = vec![proxy.endpoint()];
+    endpoints.extend(members[1..].iter().cloned());
+    let prefix = format!("/{}", leasehold_testkit::shared::unique("lost-answer"));
+    // Two handles, each with its own connections, both on the proxy.
+    let (a, b) = (
+        connect(&endpoints, &prefix).await,
+        connect(&endpoints, &prefix).await,
+    );
+    let (held, free) = (unique_election("lost-held"), unique_election("lost-free"));
+    let ttl = Duration::from_secs(60);
+    let (sa, sb) = (
+        a.open_session(ttl).await.expect("a session").id,
+        b.open_session(ttl).await.expect("a session").id,
+    );
+    let grant = a.campaign(sa, &held, &id("a")).await.expect("granted");
+    let candidate = id("b");
+    proxy.hold_replies(true);
+    let (released, granted) = tokio::join!(a.resign(&grant), b.campaign(sb, &free, &candidate));
+    proxy.hold_replies(false);
+    released.expect("the release its first attempt carried out");
+    let granted = granted.expect("the campaign its first attempt carried out");
+    assert_eq!(a.leader(&held).await.expect("a read"), None);
+    let leader = a.leader(&free).await.expect("a read");
+    assert_eq!(leader.map(|l| l.token), Some(granted.token));
+    assert!(matches!(
+        a.resign(&grant).await,
+        Err(leasehold::Error::NotHolder { .. })
+    ));
+    b.resign(&granted).await.expect("released");
 }

@@ -105,23 +105,57 @@ impl EtcdKeys {
         !self.layout.is_foreign() && writes.iter().any(|w| matches!(w, Write::Put { .. }))
     }
 
-    /// Why a commit checked by [`Self::marked`] failed: the marker is gone
-    /// (an error), or a check failed (`None`).
-    fn unmarked(&self, responses: &[pb::ResponseOp]) -> Result<Option<Revision>> {
-        let marker_there = responses.iter().any(|r| match &r.response {
-            Some(pb::response_op::Response::ResponseRange(range)) => !range.kvs.is_empty(),
-            _ => false,
-        });
-        if marker_there {
-            return Ok(None);
-        }
-        Err(Error::Corrupt(format!(
+    /// Why a commit checked by [`Self::marked`] failed when its marker
+    /// is gone.
+    fn unmarked(&self) -> Error {
+        Error::Corrupt(format!(
             "the marker key {:?} is gone: leasehold's keys under etcd prefix {} were \
              deleted; nothing was written",
             self.marker_key(),
             self.prefix
-        )))
+        ))
     }
+
+    /// Whether each of `writes` is in place in `reads` (a read of each
+    /// written key, in order): a put's key holds its value on its
+    /// session, a deleted key is absent. If so, the revision the commit
+    /// was carried out at: its puts' (they share it), else `now`.
+    fn in_place(
+        &self,
+        writes: &[Write],
+        reads: &[pb::ResponseOp],
+        now: Revision,
+    ) -> Option<Revision> {
+        if writes.len() != reads.len() {
+            return None;
+        }
+        let mut at = None;
+        for (write, read) in writes.iter().zip(reads) {
+            let kvs = match &read.response {
+                Some(pb::response_op::Response::ResponseRange(range)) => &range.kvs,
+                _ => return None,
+            };
+            match (write, kvs.as_slice()) {
+                (Write::Delete(_), []) => {}
+                (Write::Put { value, session, .. }, [kv])
+                    if kv.value == value.as_bytes()
+                        && kv.lease == session.map_or(Ok(0), session_key).ok()? =>
+                {
+                    at = Some(Revision(u64::try_from(kv.mod_revision).ok()?));
+                }
+                _ => return None,
+            }
+        }
+        Some(at.unwrap_or(now))
+    }
+}
+
+/// Whether a read among a transaction's answers found a key.
+fn range_found(responses: &[pb::ResponseOp]) -> bool {
+    responses.iter().any(|r| match &r.response {
+        Some(pb::response_op::Response::ResponseRange(range)) => !range.kvs.is_empty(),
+        _ => false,
+    })
 }
 
 #[async_trait]
@@ -193,16 +227,19 @@ impl Keys for EtcdKeys {
             compare.push(exists(self.marker_key()));
         }
         let success = writes.iter().map(|w| self.op(w)).collect::<Result<_>>()?;
+        // On failure: the marker (if checked), then each written key, to
+        // tell a check that failed from a commit already carried out.
+        let failure = marked
+            .then(|| get(self.marker_key()))
+            .into_iter()
+            .chain(writes.iter().map(|w| get(self.full(w.key()))))
+            .collect();
         let txn = TxnRequest {
             compare,
             success,
-            failure: if marked {
-                vec![get(self.marker_key())]
-            } else {
-                Vec::new()
-            },
+            failure,
         };
-        let done = match self.txn("commit", txn).await {
+        let (done, resent) = match self.txn_counted("commit", txn).await {
             Ok(done) => done,
             Err(error) if error.is_lease_not_found() => {
                 let session = writes.iter().find_map(Write::session);
@@ -210,15 +247,24 @@ impl Keys for EtcdKeys {
             }
             Err(error) => return Err(error.into()),
         };
-        if !done.succeeded {
-            return if marked {
-                self.unmarked(&done.responses)
-            } else {
-                Ok(None)
-            };
-        }
         let revision = done.header.map_or(0, |h| h.revision);
-        Ok(Some(Revision(u64::try_from(revision).unwrap_or(0))))
+        let revision = Revision(u64::try_from(revision).unwrap_or(0));
+        if done.succeeded {
+            return Ok(Some(revision));
+        }
+        let (marker, kept) = done
+            .responses
+            .split_at(usize::from(marked).min(done.responses.len()));
+        if marked && !range_found(marker) {
+            return Err(self.unmarked());
+        }
+        // Sent again after an attempt whose answer was lost: if every
+        // write is in place, that attempt carried the commit out (a
+        // campaign finds its own key, a release the key gone and its
+        // token recorded) and its checks fail now only because of it.
+        Ok(resent
+            .then(|| self.in_place(writes, kept, revision))
+            .flatten())
     }
 
     async fn range(&self, prefix: &str) -> Result<Range> {

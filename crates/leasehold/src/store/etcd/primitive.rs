@@ -213,9 +213,10 @@ impl Keys for EtcdKeys {
         }
     }
 
-    /// One transaction. Every retried request is idempotent where it
-    /// matters: a put of a key created only if absent that lands twice
-    /// fails its check the second time.
+    /// One transaction. One sent again after an attempt that went
+    /// unanswered may find its checks failing because that attempt was
+    /// carried out: it then reads its writes back, and answers as that
+    /// attempt did if they are all in place.
     async fn commit(&self, checks: &[Check], writes: &[Write]) -> Result<Option<Revision>> {
         let mut compare = Vec::with_capacity(checks.len() * 2 + 1);
         for check in checks {

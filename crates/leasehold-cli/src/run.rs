@@ -407,7 +407,7 @@ impl Runner {
                     .to
                     .as_ref()
                     .map_or_else(|| "the first to campaign".to_owned(), ToString::to_string);
-                match leadership.hand_over().await {
+                match leadership.resign().await {
                     Ok(()) => {
                         tracing::info!(%election, %id, token = token.0, %to, status = code, "handed over; waiting in line again");
                     }

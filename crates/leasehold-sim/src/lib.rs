@@ -567,7 +567,7 @@ async fn candidate(c: Candidate) {
             // The work stopped when the term ended above; back in line at
             // once, as `leasehold run` does.
             Release::HandOver => {
-                let _ = leadership.hand_over().await;
+                let _ = leadership.resign().await;
             }
             Release::No => {}
         }

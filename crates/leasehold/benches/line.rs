@@ -97,7 +97,7 @@ async fn measure(store: &'static str, url: &str, waiters: usize, rounds: usize) 
                     continue;
                 };
                 leadership.handover_requested().await;
-                let _ = leadership.hand_over().await;
+                let _ = leadership.resign().await;
             }
         }));
         handles.push(handle);

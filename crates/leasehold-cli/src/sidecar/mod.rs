@@ -296,13 +296,13 @@ impl Sidecar {
             TermEnd::HandOver => {
                 self.metrics
                     .stepped_down(StepDown::HandedOver, "handed over");
-                let done = leadership.hand_over().await;
+                let done = leadership.resign().await;
                 log_release(&self.election, token.0, "handed over", done.as_ref().err());
                 ("handed over".to_owned(), true)
             }
             TermEnd::Resign(reply) => {
                 self.metrics.stepped_down(StepDown::HandedOver, "resigned");
-                let done = leadership.hand_over().await;
+                let done = leadership.resign().await;
                 log_release(&self.election, token.0, "resigned", done.as_ref().err());
                 let _ = reply.send(
                     done.map(|()| "resigned; waiting in line again".to_owned())

@@ -172,8 +172,8 @@ impl Leadership {
     /// addressed to its grant, or a waiting candidate of higher priority
     /// that waited out the settling period. The chosen standby is already
     /// told (the next grant goes to it); the holder should stop its work
-    /// gracefully, then call [`Leadership::hand_over`]. Never resolves on
-    /// a store that keeps no notes.
+    /// gracefully, then call [`Leadership::resign`], which hands over to
+    /// it. Never resolves on a store that keeps no notes.
     pub async fn handover_requested(&self) -> Handover {
         let mut requested = self.handover.clone();
         loop {
@@ -188,7 +188,8 @@ impl Leadership {
 
     /// Hands leadership over to the standby `to`, or without `to` to the
     /// first in line: tells the line that it is the chosen one, then
-    /// releases as [`Leadership::hand_over`] does. Fails with
+    /// releases to it as [`Leadership::resign`] does after a handover
+    /// request. Fails with
     /// [`Error::InvalidInput`], still leading, when `to` does not wait for
     /// the election, or when nobody waits.
     pub async fn transfer(self, to: Option<&CandidateId>) -> Result<()> {
@@ -227,12 +228,9 @@ impl Leadership {
         self.hand_over().await
     }
 
-    /// Releases the grant to hand it over (after
-    /// [`Leadership::handover_requested`], once the work stopped): as
-    /// [`Leadership::resign`], with [`LostReason::HandedOver`]. The mark on
-    /// the chosen standby's note is withdrawn if it still waits once a
-    /// successor holds (or after two TTLs).
-    pub async fn hand_over(mut self) -> Result<()> {
+    /// Releases the grant to the standby a handover chose (see
+    /// [`Leadership::resign`]).
+    async fn hand_over(mut self) -> Result<()> {
         self.let_go = true;
         if !self.session.hand_over(&self.grant) {
             return Ok(());
@@ -262,10 +260,22 @@ impl Leadership {
         Ok(())
     }
 
-    /// Ends leadership locally (the lost signal fires first), then releases
-    /// the grant in the store, guarded by the token: it can never remove a
-    /// successor's grant.
+    /// Lets go: ends leadership locally (the lost signal fires first),
+    /// then releases the grant in the store, guarded by the token: it can
+    /// never remove a successor's grant.
+    ///
+    /// After a handover was requested ([`Leadership::handover_requested`]
+    /// resolved; call this once the work stopped) the release goes to the
+    /// standby the request chose: leadership ends with
+    /// [`LostReason::HandedOver`], a release that fails for a moment is
+    /// tried again (that standby waits for it), and the mark on its note
+    /// is withdrawn once a successor holds (or after two TTLs). Otherwise
+    /// it ends with [`LostReason::Resigned`] and the next in line is
+    /// granted.
     pub async fn resign(mut self) -> Result<()> {
+        if self.handover.borrow().is_some() {
+            return self.hand_over().await;
+        }
         self.let_go = true;
         if self.session.let_go(&self.grant) {
             self.store.resign(&self.grant).await

@@ -72,14 +72,14 @@ async fn join(
     task
 }
 
-/// The leader hands over when a transfer asks it to; `hand_over` ends its
+/// The leader hands over when a transfer asks it to; `resign` then ends its
 /// leadership with [`LostReason::HandedOver`].
 async fn honour_requests(leadership: Leadership) -> LostReason {
     let handover = within("the handover request", leadership.handover_requested()).await;
     assert_eq!(handover.cause, HandoverCause::Transfer);
     let session = Arc::clone(leadership.session());
     let grant = leadership.grant().clone();
-    leadership.hand_over().await.expect("hand over");
+    leadership.resign().await.expect("hand over");
     session
         .lost_reason_of(&grant)
         .expect("leadership ended by the handover")
@@ -268,7 +268,7 @@ pub async fn priority_preempts_after_the_settling_period(harness: &dyn StoreHarn
     assert_eq!(handover.cause, HandoverCause::Preemption { priority: 5 });
     assert_eq!(handover.to, Some(id("high")));
     let token = leadership.token();
-    leadership.hand_over().await.expect("hand over");
+    leadership.resign().await.expect("hand over");
     let high = within("high takes over", high).await.expect("task");
     assert!(high.token() > token);
     high.resign().await.expect("resign");

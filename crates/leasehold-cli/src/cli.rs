@@ -276,14 +276,14 @@ pub struct RunArgs {
     /// owned shard, with LEASEHOLD_SHARD (0 to N-1) and LEASEHOLD_SHARDS in
     /// its environment, and LEASEHOLD_TOKEN the shard's token. [default: the
     /// whole election, no shards]
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(leasehold::group::MAX_SHARDS)), conflicts_with = "slots")]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(leasehold::admin::MAX_SHARDS)), conflicts_with = "slots")]
     pub shards: Option<u32>,
     /// Hold one of K slots instead of the whole election: at most K
     /// replicas with the same --election and K run CMD at once, each with
     /// LEASEHOLD_SLOT (0 to K-1) and the slot's own token; a freed slot goes
     /// to the replica waiting longest. [default: the whole election, no
     /// slots]
-    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..=i64::from(leasehold::group::MAX_SHARDS)))]
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..=i64::from(leasehold::admin::MAX_SHARDS)))]
     pub slots: Option<u32>,
     /// With --shards only: how long a shard whose command exited stays
     /// released before this replica campaigns for it again (`run` keeps
@@ -446,10 +446,10 @@ impl RunArgs {
             }
         }
         let group = if let Some(n) = self.shards {
-            leasehold::group::GroupKind::Shards(n).check(&self.election.election)?;
+            leasehold::admin::GroupKind::Shards(n).check(&self.election.election)?;
             "--shards"
         } else if let Some(k) = self.slots {
-            leasehold::group::GroupKind::Slots(k).check(&self.election.election)?;
+            leasehold::admin::GroupKind::Slots(k).check(&self.election.election)?;
             "--slots"
         } else if self.restart_delay.is_some() {
             return Err(leasehold::Error::InvalidInput {

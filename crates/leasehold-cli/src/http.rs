@@ -184,7 +184,7 @@ async fn status(State(shared): State<Shared>) -> Response {
     let view = shared.metrics.group();
     let mine = view.as_ref().map(|v| v.mine.clone());
     let group = view.and_then(|view| {
-        let kind = leasehold::group::GroupKind::Shards(u32::try_from(view.holders.len()).ok()?);
+        let kind = leasehold::admin::GroupKind::Shards(u32::try_from(view.holders.len()).ok()?);
         let holders = view
             .holders
             .into_iter()

@@ -42,7 +42,7 @@ pub struct CandidateJson {
 }
 
 impl CandidateJson {
-    pub fn line(standbys: &[leasehold::line::Standby]) -> Vec<Self> {
+    pub fn line(standbys: &[leasehold::admin::Standby]) -> Vec<Self> {
         standbys
             .iter()
             .map(|w| CandidateJson {
@@ -59,8 +59,8 @@ pub async fn read_line(
     store: &dyn leasehold::Store,
     election: &ElectionName,
     leader: Option<&leasehold::Leader>,
-) -> anyhow::Result<Option<Vec<leasehold::line::Standby>>> {
-    match leasehold::line::line(store, election).await {
+) -> anyhow::Result<Option<Vec<leasehold::admin::Standby>>> {
+    match leasehold::admin::line(store, election).await {
         Ok(mut line) => {
             line.retain(|w| leader.is_none_or(|l| !w.is_of(l)));
             Ok(Some(line))
@@ -175,8 +175,8 @@ pub struct OwnerJson {
 impl GroupJson {
     /// The group from its members and each election's holder.
     pub fn new(
-        kind: leasehold::group::GroupKind,
-        members: &[leasehold::group::Member],
+        kind: leasehold::admin::GroupKind,
+        members: &[leasehold::admin::Member],
         holders: Vec<(ElectionName, Option<Leader>)>,
     ) -> Self {
         let members = members
@@ -200,8 +200,8 @@ impl GroupJson {
             .collect();
         GroupJson {
             kind: match kind {
-                leasehold::group::GroupKind::Shards(_) => "shards",
-                leasehold::group::GroupKind::Slots(_) => "slots",
+                leasehold::admin::GroupKind::Shards(_) => "shards",
+                leasehold::admin::GroupKind::Slots(_) => "slots",
             },
             count: kind.count(),
             members,
@@ -254,7 +254,7 @@ pub async fn read_group(
         Err(leasehold::Error::Unsupported(_)) => return Ok(None),
         Err(error) => return Err(error.into()),
     };
-    let members = leasehold::group::members(&notes);
+    let members = leasehold::admin::members(&notes);
     let Some(kind) = members.first().map(|m| m.kind) else {
         return Ok(None);
     };
@@ -397,7 +397,7 @@ struct GroupWatch {
     /// groups and no line.
     notes: Option<leasehold::NoteWatch>,
     /// The kind the watched elections are for, and their watches.
-    owners: Option<(leasehold::group::GroupKind, Vec<leasehold::StatusWatch>)>,
+    owners: Option<(leasehold::admin::GroupKind, Vec<leasehold::StatusWatch>)>,
     /// Woken by the tasks that wait on the elections' watches.
     wake: std::sync::Arc<tokio::sync::Notify>,
     forwarders: tokio::task::JoinSet<()>,
@@ -405,8 +405,8 @@ struct GroupWatch {
 
 /// The group as `observe` last saw it.
 struct GroupSeen {
-    kind: leasehold::group::GroupKind,
-    members: Vec<leasehold::group::Member>,
+    kind: leasehold::admin::GroupKind,
+    members: Vec<leasehold::admin::Member>,
     owners: Vec<(ElectionName, LeaderStatus)>,
 }
 
@@ -475,7 +475,7 @@ impl GroupWatch {
         let Some(notes) = self.notes.as_mut() else {
             return Ok(None);
         };
-        let members = leasehold::group::members(&notes.borrow_and_update());
+        let members = leasehold::admin::members(&notes.borrow_and_update());
         let Some(kind) = members.first().map(|m| m.kind) else {
             return Ok(None);
         };
@@ -515,7 +515,7 @@ impl GroupWatch {
     /// that keeps no notes.
     fn candidates(&self, leader: Option<&Leader>) -> Option<Vec<CandidateJson>> {
         let notes = self.notes.as_ref()?;
-        let mut line = leasehold::line::standbys(&notes.borrow());
+        let mut line = leasehold::admin::standbys(&notes.borrow());
         line.retain(|w| leader.is_none_or(|l| !w.is_of(l)));
         Some(CandidateJson::line(&line))
     }

@@ -106,7 +106,7 @@ pub struct RunnerMetrics {
     shards_gained: Counter,
     shards_released: Family<ReasonLabel, Counter>,
     group_members: Gauge,
-    group: Mutex<Option<leasehold::watch::Receiver<leasehold::group::GroupView>>>,
+    group: Mutex<Option<leasehold::watch::Receiver<leasehold::admin::GroupView>>>,
     /// Where `/watch` hears of this runner's leadership.
     changes: broadcast::Sender<Change>,
     /// This runner's candidate id.
@@ -315,7 +315,7 @@ impl RunnerMetrics {
     }
 
     /// Reports the group this runner is a member of (`/status`).
-    pub fn follow_group(&self, view: leasehold::watch::Receiver<leasehold::group::GroupView>) {
+    pub fn follow_group(&self, view: leasehold::watch::Receiver<leasehold::admin::GroupView>) {
         *self.group.lock().unwrap_or_else(PoisonError::into_inner) = Some(view);
     }
 
@@ -325,7 +325,7 @@ impl RunnerMetrics {
     }
 
     /// The group as this runner sees it, if it is a member of one.
-    pub fn group(&self) -> Option<leasehold::group::GroupView> {
+    pub fn group(&self) -> Option<leasehold::admin::GroupView> {
         let group = self.group.lock().unwrap_or_else(PoisonError::into_inner);
         group.as_ref().map(|view| view.borrow().clone())
     }

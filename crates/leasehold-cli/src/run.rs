@@ -514,9 +514,9 @@ pub(crate) async fn refuse_a_group(
             .notes(name)
             .await
             .ok()
-            .and_then(|notes| leasehold::group::kind_of(&notes))
+            .and_then(|notes| leasehold::admin::kind_of(&notes))
     };
-    if let Some(parent) = leasehold::group::group_of(election)
+    if let Some(parent) = leasehold::admin::group_of(election)
         && let Some(kind) = kind_of(&parent).await
     {
         return Err(leasehold::Error::Conflict(format!(
@@ -526,8 +526,8 @@ pub(crate) async fn refuse_a_group(
     }
     if plain && let Some(kind) = kind_of(election).await {
         let flag = match kind {
-            leasehold::group::GroupKind::Shards(n) => format!("--shards {n}"),
-            leasehold::group::GroupKind::Slots(n) => format!("--slots {n}"),
+            leasehold::admin::GroupKind::Shards(n) => format!("--shards {n}"),
+            leasehold::admin::GroupKind::Slots(n) => format!("--slots {n}"),
         };
         return Err(leasehold::Error::Conflict(format!(
             "{election} is a group of {kind}: run with {flag} to join it"
@@ -610,7 +610,7 @@ pub(crate) async fn count_waiting(
         }
     };
     loop {
-        let waiting = leasehold::line::standbys(&notes.borrow_and_update()).len();
+        let waiting = leasehold::admin::standbys(&notes.borrow_and_update()).len();
         metrics.set_waiting(waiting);
         if notes.changed().await.is_err() {
             return;

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use leasehold::transfer::request_transfer;
+use leasehold::admin::request_transfer;
 use leasehold::{ElectionName, Leader};
 
 use crate::cli::TransferArgs;
@@ -53,7 +53,7 @@ pub async fn run(args: TransferArgs) -> anyhow::Result<ExitCode> {
 async fn done_says(
     store: &dyn leasehold::store::Store,
     election: &leasehold::ElectionName,
-    done: &leasehold::transfer::Transferred,
+    done: &leasehold::admin::Transferred,
 ) -> anyhow::Result<ExitCode> {
     let now_leads = format!(
         "{election}: {} leads now (token {}); {} (token {}) led before",
@@ -64,7 +64,7 @@ async fn done_says(
     );
     match &done.asked_for {
         Some(asked) if asked != &done.to.candidate => {
-            let still_waits = leasehold::line::line(store, election)
+            let still_waits = leasehold::admin::line(store, election)
                 .await
                 .is_ok_and(|line| line.iter().any(|w| &w.candidate == asked));
             let why = if still_waits {

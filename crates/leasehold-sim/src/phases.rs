@@ -141,7 +141,7 @@ pub(super) async fn fault_phase(
                 );
                 lock(&world.history).transfers_requested += 1;
                 tokio::spawn(async move {
-                    let _ = leasehold::transfer::request_transfer(
+                    let _ = leasehold::admin::request_transfer(
                         &store,
                         &election,
                         to.as_ref(),
@@ -219,7 +219,7 @@ pub(super) async fn crash_chosen_standby(
     );
     tokio::spawn(async move {
         let _ =
-            leasehold::transfer::request_transfer(&store, &election, Some(&to), ttl, ttl * 2).await;
+            leasehold::admin::request_transfer(&store, &election, Some(&to), ttl, ttl * 2).await;
     });
     // Long enough for the request to reach the leader, not for the
     // handover to finish.

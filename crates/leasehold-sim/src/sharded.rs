@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use leasehold::admin::GroupKind;
 use leasehold::clock::Instant;
-use leasehold::group::GroupKind;
 use leasehold::store::Store;
 use leasehold::{CandidateId, ElectionName, Elector, Error, LeaseConfig, Shard, Shards};
 use leasehold_testkit::Rng;

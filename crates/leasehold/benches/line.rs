@@ -21,10 +21,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use leasehold::line;
+use leasehold::admin;
+use leasehold::admin::request_transfer;
 use leasehold::store::{Store, StoreUrl};
 use leasehold::testing::{CountingStore, Counts};
-use leasehold::transfer::request_transfer;
 use leasehold::{CandidateId, ElectionName, Elector, LeaseConfig};
 use leasehold_testkit::{EtcdCluster, PostgresServer, ZooKeeperServer};
 
@@ -104,7 +104,7 @@ async fn measure(store: &'static str, url: &str, waiters: usize, rounds: usize) 
         // Join in order, so the line is known.
         let joined = tokio::time::timeout(PATIENCE, async {
             loop {
-                let line = line::line(&*requester, &election).await.expect("line");
+                let line = admin::line(&*requester, &election).await.expect("line");
                 let leader = requester.leader(&election).await.expect("leader");
                 if leader.is_some() && line.len() == i {
                     return;
@@ -120,7 +120,7 @@ async fn measure(store: &'static str, url: &str, waiters: usize, rounds: usize) 
     let mut touched = Vec::new();
     for _ in 0..rounds {
         let before = at_rest(&handles).await;
-        let line = line::line(&*requester, &election).await.expect("line");
+        let line = admin::line(&*requester, &election).await.expect("line");
         let last = line.last().expect("a standby").candidate.clone();
         let started = Instant::now();
         let moved = request_transfer(&requester, &election, Some(&last), TTL, PATIENCE)

@@ -111,7 +111,7 @@ pub enum Error {
     Unsupported(String),
 
     /// The store records another setup under this name than the one asked
-    /// for: a group of another kind or count ([`crate::group`]). Nothing
+    /// for: a group of another kind or count ([`crate::admin`]). Nothing
     /// is left written; retrying will not help until every member asks
     /// for the same.
     #[error("{0}")]

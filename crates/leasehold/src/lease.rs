@@ -110,9 +110,6 @@ pub enum LeaseEvent {
     /// A timer the core asked for ([`LeaseAction::WakeAt`]) went off, or
     /// the shell simply wants the core to look at the time.
     Tick,
-    /// The renewal the core asked for ([`LeaseAction::Renew`]) went out at
-    /// `now` (the core assumes it went out when it asked for it).
-    RenewalSent,
     /// The store confirmed the renewal sent at `sent`, with the TTL it
     /// granted.
     RenewalConfirmed {
@@ -255,6 +252,7 @@ pub struct NoValidity;
 impl LeaseState {
     /// The state of a session whose opening request was sent at `sent` and
     /// granted `granted_ttl`. Fails if the granted TTL leaves no validity.
+    #[cfg(test)]
     pub fn open(
         config: LeaseConfig,
         sent: Instant,
@@ -309,6 +307,7 @@ impl LeaseState {
     }
 
     /// Why the last renewal failed, while renewals fail.
+    #[cfg(test)]
     pub fn last_error(&self) -> Option<&str> {
         self.last_error.as_deref()
     }
@@ -355,11 +354,6 @@ impl LeaseState {
         let mut actions = Vec::new();
         match event {
             LeaseEvent::Tick => {}
-            LeaseEvent::RenewalSent => {
-                if self.in_flight.is_some() {
-                    self.in_flight = Some(now);
-                }
-            }
             LeaseEvent::RenewalConfirmed { sent, granted_ttl } => {
                 self.confirmed(now, sent, granted_ttl, &mut actions);
             }
@@ -475,7 +469,7 @@ impl LeaseState {
             return;
         }
         if self.in_flight.is_none() && now >= self.next_renewal {
-            // Sent now, unless the shell says otherwise (RenewalSent).
+            // Sent now: the shell sends it as it carries the action out.
             self.in_flight = Some(now);
             actions.push(LeaseAction::Renew);
         }

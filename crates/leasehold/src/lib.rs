@@ -29,23 +29,24 @@
 //! `examples/follow.rs` (watch the leader) are complete programs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+pub mod admin;
 pub mod clock;
 mod config;
 mod elector;
 mod error;
 pub mod fence;
 mod grant;
-pub mod group;
+mod group;
 mod ids;
-pub mod lease;
-pub mod line;
+mod lease;
+mod line;
 mod mutex;
 mod names;
 mod session;
 pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
-pub mod transfer;
+mod transfer;
 pub mod tune;
 pub mod watch;
 

@@ -1,37 +1,6 @@
-//! The line of standbys and planned handovers (transfers, priorities,
-//! lock-delay), kept as notes in the store ([`Store::put_note`]), so that
-//! replicas never need a connection to each other.
-//!
-//! Two notes, on the election they concern:
-//!
-//! - `cand` = `{priority} - {candidate id}`: kept by every candidate that
-//!   waits for the election, from the start of its campaign until it is
-//!   granted (or gives up). The line is these notes, highest priority
-//!   first, then earliest first ([`standbys`]). A leader that hands over
-//!   marks the standby it chose by amending that standby's note to
-//!   `{priority} {token} {candidate id}` ([`Store::amend_note`]), `token`
-//!   being its own grant's. The id comes last: it may hold spaces.
-//! - `transfer` = `{token} {session}` or `{token} *`: a request, kept by the
-//!   session of whoever asked ([`request_transfer`](crate::transfer::request_transfer)), that the leader
-//!   holding `token` hand over to that standby, or to the first in line.
-//!   A leader holding a newer grant answers it, once its elector has taken
-//!   that grant up, by amending it to `{token} {to} {taken}`, `taken`
-//!   being its own grant's token (`answers`): the request succeeds only
-//!   then. The store alone does not tell: on etcd and ZooKeeper the next
-//!   key in line holds as soon as the leader's goes, whether or not its
-//!   process is there to act (stopped, or killed before its session
-//!   expired).
-//!
-//! Only the *chosen* standby campaigns in the store (`chosen`): the one a
-//! leader marked while it waits, or else the first in line. So the store's
-//! own compare-and-swap still decides who holds (every safety rule is the
-//! store's, as before), and the notes decide only who asks.
-//!
-//! No herd: only the first in line and the chosen one watch the whole
-//! line. Every other standby watches two notes, its own (a leader marks
-//! it there) and the one of the standby just ahead of it (it can be first
-//! only once that one has left), so a handover or a change elsewhere in
-//! the line wakes a fixed number of candidates, however long the line.
+//! The line of standbys and planned handovers, kept as notes in the store:
+//! the decisions, pure, and the reads and writes of notes (described in
+//! [`crate::admin`]).
 
 use std::time::Duration;
 

@@ -483,7 +483,7 @@ async fn release(url: &StoreUrl, grant: &Grant) {
     }
     let attempt = async {
         let started = std::time::Instant::now();
-        let released = leasehold::group::release_orphaned(url, grant).await;
+        let released = leasehold::admin::release_orphaned(url, grant).await;
         tracing::debug!(took = ?started.elapsed(), "the guard's release answered");
         released
     };

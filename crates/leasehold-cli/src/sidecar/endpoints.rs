@@ -227,7 +227,7 @@ async fn transfer(State((shared, _)): AppState, RawQuery(query): RawQuery) -> Re
         }
     };
     let ttl = Duration::from_secs(30);
-    let asked = leasehold::transfer::request_transfer(
+    let asked = leasehold::admin::request_transfer(
         &shared.store,
         &shared.election,
         to.as_ref(),

@@ -58,7 +58,7 @@ impl Shared {
         // By id: the elector may open a new session while it campaigns
         // (after an outage), which this replica learns of only later.
         let in_line = match &self.line {
-            Some(notes) => leasehold::line::standbys(&notes.borrow())
+            Some(notes) => leasehold::admin::standbys(&notes.borrow())
                 .iter()
                 .any(|w| w.candidate == self.me),
             None => true,

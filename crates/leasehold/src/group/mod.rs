@@ -1,22 +1,7 @@
-//! Many responsibilities on one name: a group of `n` **shards**, each
-//! owned by exactly one member and spread evenly over the members
-//! ([`Shards`]), or `k` **slots**, at most `k` holders at once
-//! ([`Elector::campaign_slot`](crate::Elector::campaign_slot)).
-//!
-//! Each shard and each slot is an election of its own, named below the
-//! group's (`jobs/shard/7`, `jobs/slot/2`), with its own grant, deadline
-//! and strictly increasing fencing token: every safety rule of one
-//! election holds for each of them, decided by the same compare-and-swap.
-//! All of a process's grants hang on its one session, so a process renews
-//! every shard it owns with one request.
-//!
-//! The members of a group are the live sessions that keep a `member` note
-//! on the group's own name (`shards 12 <id>` or `slots 3 <id>`): the store
-//! removes a member with its session, so a dead member leaves the group by
-//! itself. The first member to join fixes the group's kind and count; a
-//! member that asks for another is refused ([`crate::Error::Conflict`]).
+//! Groups of shards and slots over elections (described in
+//! [`crate::admin`]).
 
-pub mod assign;
+mod assign;
 mod many;
 mod shards;
 mod slots;

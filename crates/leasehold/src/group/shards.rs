@@ -48,7 +48,7 @@ impl GroupView {
 
 /// This process's membership of a group of shards
 /// ([`Shards::join`]). It campaigns for the shards the assignment
-/// ([`assign()`]) gives it and hands each one out as a [`Shard`] once
+/// (balanced, and moving only the shards it must) gives it and hands each one out as a [`Shard`] once
 /// granted ([`Shards::next`]); a shard that the assignment moves away is
 /// revoked ([`Shard::revoked`]) and campaigned for by its new owner
 /// once released. Dropping it stops campaigning; the shards handed out

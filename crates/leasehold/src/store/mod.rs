@@ -222,7 +222,7 @@ pub trait Store: Send + Sync + fmt::Debug {
     ) -> Result<Grant>;
 
     /// One acquisition attempt that never waits, for a campaign that may
-    /// skip the line of standbys ([`crate::line`]) because nobody is in
+    /// skip the line of standbys ([`crate::admin`]) because nobody is in
     /// it: grants `election` to `session` only if nobody holds it (this
     /// session neither) and no live session keeps a note on it, both
     /// checked atomically with the grant; otherwise `None`, having
@@ -338,7 +338,7 @@ pub trait Store: Send + Sync + fmt::Debug {
 
     /// Replaces the text of `session`'s note `name` on `election` if it is
     /// there — whoever asks: a leader marks the standby it chose this way
-    /// ([`crate::line`]) — keeping its order and its session; `false`,
+    /// ([`crate::admin`]) — keeping its order and its session; `false`,
     /// writing nothing, if there is no such live note. Never creates one,
     /// so it cannot bring back a note that its session just deleted.
     async fn amend_note(

@@ -121,7 +121,7 @@ async fn candidate(url: &str, id: &str, ttl: Duration) -> Elector {
 
 /// The waiters' indices in the order the line shows them (`w07` → 7).
 async fn line_of(store: &dyn Store, election: &ElectionName) -> Vec<usize> {
-    leasehold::line::line(store, election)
+    leasehold::admin::line(store, election)
         .await
         .expect("read the line")
         .iter()

@@ -194,11 +194,14 @@ fn a_deleted_store_stops_its_leader_before_another_replica_runs() {
     let status = a.wait_for_exit(PATIENCE).expect("a exits");
     assert_eq!(status.code(), Some(1));
     let a_err = std::fs::read_to_string(scratch.path("a.err")).unwrap_or_default();
-    // Whichever sees it first: its store handle (leadership lost), or its
-    // watch of the path.
+    // Whichever sees it first: its store handle (leadership lost), its
+    // watch of the path, or its guard's.
     assert!(
         a_err.contains("leadership lost")
-            || a_err.contains("no longer at its path; killing the command"),
+            || a_err.contains("no longer at its path; killing the command")
+            || a_err.contains(
+                "the guard killed the command: the store's database file is no longer at its path"
+            ),
         "{a_err}"
     );
     // "(it was deleted or moved away)", or "(another file is there now)"

@@ -3,6 +3,7 @@
 
 mod assign;
 mod many;
+mod ownership;
 mod shards;
 mod slots;
 

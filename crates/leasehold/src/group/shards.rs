@@ -6,17 +6,14 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-use super::{GroupKind, LeaderWatches, Member, assign, join, members};
-use crate::clock::Instant;
+use super::ownership::{Action, Back, Campaigned, Ownership, Phase, RETRY};
+use super::{GroupKind, LeaderWatches, Member, join, members};
 use crate::elector::{Elector, Leadership};
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
 use crate::session::Session;
 use crate::store::{FencingToken, Grant, Leader, NoteWatch};
 use crate::watch;
-
-/// Pause before a shard's campaign is tried again after it failed.
-const RETRY: Duration = Duration::from_secs(1);
 
 /// What a member of a group sees of it ([`Shards::view`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -219,13 +216,14 @@ impl Shards {
             session,
             notes,
             holders,
-            states: (0..count).map(|_| State::Idle).collect(),
+            ownership: Ownership::new(elector.candidate().clone(), count as usize),
+            campaigns: vec![None; count as usize],
+            revokes: vec![None; count as usize],
             gained: gained_tx,
             returned_tx,
             returned: returned_rx,
             reports_tx,
             reports: reports_rx,
-            released: vec![None; count as usize],
             view: view_tx,
             stop: stop.clone(),
         };
@@ -301,35 +299,6 @@ impl Shards {
     }
 }
 
-/// Where this member is with one shard. At most one campaign, one
-/// [`Leadership`] and one release of a shard are under way at any time, so
-/// that no campaign on this member's session can return a grant that a
-/// release in flight is about to end.
-#[derive(Debug)]
-enum State {
-    /// Neither held nor asked for, nothing in flight.
-    Idle,
-    /// A campaign runs; cancelling it withdraws it.
-    Campaigning(CancellationToken),
-    /// A campaign was withdrawn: waiting for its task's last word (it may
-    /// have been granted meanwhile, and then is released).
-    Withdrawing,
-    /// Handed out; the sender revokes it.
-    Held {
-        token: FencingToken,
-        revoke: watch::Sender<bool>,
-    },
-    /// A grant of this member's session is being released: a shard given
-    /// back, or a grant nothing acts on (a campaign whose reply was lost,
-    /// a release that failed). Then rests until `then`, if given.
-    Releasing {
-        token: FencingToken,
-        then: Option<Instant>,
-    },
-    /// Given back with a rest: not asked for again before then.
-    Resting(Instant),
-}
-
 /// What a campaign task or a release task reports.
 #[derive(Debug)]
 enum Report {
@@ -389,16 +358,17 @@ struct Coordinator {
     session: Arc<Session>,
     notes: NoteWatch,
     holders: LeaderWatches,
-    states: Vec<State>,
+    /// The decisions ([`Ownership`]); what follows carries them out.
+    ownership: Ownership,
+    /// Per shard, its campaign's cancellation while one runs.
+    campaigns: Vec<Option<CancellationToken>>,
+    /// Per shard handed out, its revoke signal.
+    revokes: Vec<Option<watch::Sender<bool>>>,
     gained: mpsc::UnboundedSender<Result<Shard>>,
     returned_tx: mpsc::UnboundedSender<Returned>,
     returned: mpsc::UnboundedReceiver<Returned>,
     reports_tx: mpsc::UnboundedSender<Report>,
     reports: mpsc::UnboundedReceiver<Report>,
-    /// Per shard, the token of the last grant of this member's that a
-    /// release ended: a watch that still shows it is behind, not a grant
-    /// nothing acts on.
-    released: Vec<Option<FencingToken>>,
     view: watch::Sender<GroupView>,
     stop: CancellationToken,
 }
@@ -413,14 +383,7 @@ impl Coordinator {
                 let _ = self.gained.send(Err(error));
                 break;
             }
-            let wake = self
-                .states
-                .iter()
-                .filter_map(|s| match s {
-                    State::Resting(until) => Some(*until),
-                    _ => None,
-                })
-                .min();
+            let wake = self.ownership.wake();
             let session = Arc::clone(&self.session);
             tokio::select! {
                 biased;
@@ -439,10 +402,8 @@ impl Coordinator {
                 }
             }
         }
-        for state in &self.states {
-            if let State::Campaigning(cancel) = state {
-                cancel.cancel();
-            }
+        for cancel in self.campaigns.iter().flatten() {
+            cancel.cancel();
         }
         self.session
     }
@@ -486,8 +447,7 @@ impl Coordinator {
         }
     }
 
-    /// Recomputes the assignment and acts on it: campaigns for this
-    /// member's shards, withdraws from others, revokes what moved away.
+    /// Recomputes the assignment and acts on it (see [`Ownership::assigned`]).
     fn step(&mut self) -> Result<()> {
         let notes = self.notes.borrow_and_update().clone();
         let all = members(&notes);
@@ -498,107 +458,18 @@ impl Coordinator {
         }
         let members: Vec<Member> = all.into_iter().filter(|m| m.kind == self.kind).collect();
         let ids: Vec<CandidateId> = members.iter().map(|m| m.candidate.clone()).collect();
-        let holders: Vec<Option<CandidateId>> = self
-            .holders
-            .holders()
-            .iter()
-            .zip(&self.states)
-            .map(|(holder, state)| match state {
-                State::Held { .. } => Some(self.me.clone()),
-                // Being let go: not this member's any more.
-                State::Releasing { .. } => None,
-                _ => holder.as_ref().map(|h| h.candidate.clone()),
-            })
-            .collect();
-        let target = assign(self.states.len(), &ids, &holders);
-        let me = ids.iter().position(|c| *c == self.me);
         let now = self.elector.clock().now();
-        let session = self.session.id();
         // Campaigns only on the session the membership is on: once it has
         // ended, none until the member joined again on a new one.
         let live = self.session.over_now().is_none();
-        for (index, assigned) in target.iter().enumerate() {
-            let shard = u32::try_from(index).unwrap_or(u32::MAX);
-            let mine = me.is_some() && *assigned == me;
-            let state = &mut self.states[index];
-            if let State::Resting(until) = state
-                && *until <= now
-            {
-                *state = State::Idle;
-            }
-            // A grant of this member's that nothing here acts on: released
-            // (a fresh campaign follows, with a new token).
-            let orphan = self.holders.holders()[index]
-                .as_ref()
-                .filter(|h| h.candidate == self.me && Some(h.token) != self.released[index])
-                .map(|h| h.token);
-            if let Some(token) = orphan
-                && let State::Idle | State::Resting(_) = state
-            {
-                let then = match state {
-                    State::Resting(until) => Some(*until),
-                    _ => None,
-                };
-                tracing::debug!(group = %self.group, shard = index, token = token.0,
-                    "releasing a grant of this member that nothing acts on");
-                let grant = Grant {
-                    election: self.elections[index].clone(),
-                    candidate: self.me.clone(),
-                    session,
-                    token,
-                };
-                *state = State::Releasing { token, then };
-                tokio::spawn(release(
-                    Arc::clone(self.elector.store()),
-                    shard,
-                    ToRelease::Grant(grant),
-                    self.reports_tx.clone(),
-                    self.stop.clone(),
-                ));
-                continue;
-            }
-            match state {
-                State::Idle if mine && live => {
-                    let elector = Arc::clone(&self.elector);
-                    let election = self.elections[index].clone();
-                    let reports = self.reports_tx.clone();
-                    // Withdrawn one by one, and all at once when the member
-                    // stops (without waiting for this task to see it).
-                    let cancel = self.stop.child_token();
-                    let cancelled = cancel.clone();
-                    let on = Arc::clone(&self.session);
-                    tokio::spawn(async move {
-                        let outcome = tokio::select! {
-                            biased;
-                            () = cancelled.cancelled() => None,
-                            outcome = elector.campaign_on(on, &election) => Some(outcome),
-                        };
-                        let _ = reports.send(Report::Campaign(shard, outcome));
-                    });
-                    *state = State::Campaigning(cancel);
-                }
-                State::Campaigning(cancel) if !mine => {
-                    cancel.cancel();
-                    *state = State::Withdrawing;
-                }
-                State::Held { revoke, .. } if !mine && !*revoke.borrow() => {
-                    tracing::info!(group = %self.group, shard = index, id = %self.me, "shard moves to another member; revoking it");
-                    revoke.send_replace(true);
-                }
-                _ => {}
-            }
-        }
-        let mine = self
-            .states
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| matches!(s, State::Held { .. }))
-            .filter_map(|(k, _)| u32::try_from(k).ok())
-            .collect();
+        let actions = self
+            .ownership
+            .assigned(now, live, &ids, self.holders.holders());
+        self.carry_out(actions, None, None);
         let view = GroupView {
             members,
             holders: self.holders.holders().to_vec(),
-            mine,
+            mine: self.ownership.mine(),
         };
         self.view.send_if_modified(|old| {
             if *old == view {
@@ -611,136 +482,152 @@ impl Coordinator {
         Ok(())
     }
 
-    /// Lets `what` go in a release task; the shard rests until `then`
-    /// once the release is done.
-    fn let_go(&mut self, index: u32, token: FencingToken, what: ToRelease, then: Option<Instant>) {
-        if let Some(state) = self.states.get_mut(index as usize) {
-            *state = State::Releasing { token, then };
-            tokio::spawn(release(
-                Arc::clone(self.elector.store()),
-                index,
-                what,
-                self.reports_tx.clone(),
-                self.stop.clone(),
-            ));
-        }
-    }
-
-    fn report(&mut self, report: Report) {
-        match report {
-            Report::Campaign(index, outcome) => self.campaigned(index, outcome),
-            Report::Released(index, token, gone) => {
-                let Some(state) = self.states.get_mut(index as usize) else {
-                    return;
-                };
-                let State::Releasing {
-                    token: releasing,
-                    then,
-                } = state
-                else {
-                    return;
-                };
-                if *releasing != token {
-                    return;
+    /// Carries `actions` out: `leadership` is the one a campaign returned
+    /// or a shard brought back, `error` the one a campaign failed with.
+    fn carry_out(
+        &mut self,
+        actions: Vec<Action>,
+        mut leadership: Option<Leadership>,
+        mut error: Option<Error>,
+    ) {
+        for action in actions {
+            match action {
+                Action::Campaign(index) => self.campaign(index),
+                Action::Withdraw(index) => {
+                    if let Some(cancel) = self.campaigns[index as usize].take() {
+                        cancel.cancel();
+                    }
                 }
-                if gone {
-                    self.released[index as usize] = Some(token);
-                    *state = then.map_or(State::Idle, State::Resting);
-                } else {
-                    // Tried again after a pause: the shard rests meanwhile.
-                    let retry_at = self.elector.clock().now() + RETRY;
-                    let then = Some(then.map_or(retry_at, |t| t.max(retry_at)));
+                Action::Revoke(index) => {
+                    tracing::info!(group = %self.group, shard = index, id = %self.me, "shard moves to another member; revoking it");
+                    if let Some(revoke) = &self.revokes[index as usize] {
+                        revoke.send_replace(true);
+                    }
+                }
+                Action::HandOut(index) => {
+                    if let Some(leadership) = leadership.take() {
+                        self.hand_out(index, leadership);
+                    }
+                }
+                Action::ReleaseLeadership(index) => {
+                    if let Some(leadership) = leadership.take() {
+                        self.release(index, ToRelease::Leadership(leadership));
+                    }
+                }
+                Action::ReleaseGrant(index, token) => {
+                    tracing::debug!(group = %self.group, shard = index, token = token.0, "releasing a grant of this member's");
                     let grant = Grant {
                         election: self.elections[index as usize].clone(),
                         candidate: self.me.clone(),
                         session: self.session.id(),
                         token,
                     };
-                    self.let_go(index, token, ToRelease::Grant(grant), then);
+                    self.release(index, ToRelease::Grant(grant));
+                }
+                Action::Fail(_) => {
+                    if let Some(error) = error.take() {
+                        let _ = self.gained.send(Err(error));
+                    }
                 }
             }
         }
     }
 
-    fn campaigned(&mut self, index: u32, outcome: Option<Result<Leadership>>) {
-        let Some(state) = self.states.get_mut(index as usize) else {
-            return;
-        };
-        let wanted = matches!(state, State::Campaigning(_));
-        match outcome {
-            Some(Ok(leadership)) if wanted && leadership.is_leader() => {
-                let (revoke, revoked) = watch::channel(false);
-                *state = State::Held {
-                    token: leadership.token(),
-                    revoke,
+    /// Starts shard `index`'s campaign on the membership's session;
+    /// withdrawn on its own, and all at once when the member stops
+    /// (without waiting for the task to see it).
+    fn campaign(&mut self, index: u32) {
+        let elector = Arc::clone(&self.elector);
+        let election = self.elections[index as usize].clone();
+        let reports = self.reports_tx.clone();
+        let cancel = self.stop.child_token();
+        let cancelled = cancel.clone();
+        let on = Arc::clone(&self.session);
+        tokio::spawn(async move {
+            let outcome = tokio::select! {
+                biased;
+                () = cancelled.cancelled() => None,
+                outcome = elector.campaign_on(on, &election) => Some(outcome),
+            };
+            let _ = reports.send(Report::Campaign(index, outcome));
+        });
+        self.campaigns[index as usize] = Some(cancel);
+    }
+
+    /// Hands shard `index` out, granted: a member that stopped listening
+    /// drops it, and it comes back here to be released.
+    fn hand_out(&mut self, index: u32, leadership: Leadership) {
+        let (revoke, revoked) = watch::channel(false);
+        self.revokes[index as usize] = Some(revoke);
+        let _ = self.gained.send(Ok(Shard {
+            index,
+            count: self.kind.count(),
+            leadership: Some(leadership),
+            revoked,
+            returned: self.returned_tx.clone(),
+            rest: Duration::ZERO,
+        }));
+    }
+
+    /// Lets `what` go in a release task, which reports its end.
+    fn release(&self, index: u32, what: ToRelease) {
+        tokio::spawn(release(
+            Arc::clone(self.elector.store()),
+            index,
+            what,
+            self.reports_tx.clone(),
+            self.stop.clone(),
+        ));
+    }
+
+    fn report(&mut self, report: Report) {
+        let now = self.elector.clock().now();
+        match report {
+            Report::Campaign(index, outcome) => {
+                self.campaigns[index as usize] = None;
+                let (campaigned, leadership, error) = match outcome {
+                    Some(Ok(leadership)) => (
+                        Campaigned::Granted {
+                            token: leadership.token(),
+                            leading: leadership.is_leader(),
+                        },
+                        Some(leadership),
+                        None,
+                    ),
+                    Some(Err(Error::SessionExpired(_))) => (Campaigned::SessionEnded, None, None),
+                    Some(Err(error)) => {
+                        tracing::warn!(group = %self.group, shard = index, %error, "campaign for a shard failed; retrying");
+                        let transient = error.is_transient();
+                        (Campaigned::Failed { transient }, None, Some(error))
+                    }
+                    None => (Campaigned::Withdrawn, None, None),
                 };
-                let shard = Shard {
-                    index,
-                    count: self.kind.count(),
-                    leadership: Some(leadership),
-                    revoked,
-                    returned: self.returned_tx.clone(),
-                    rest: Duration::ZERO,
-                };
-                // A member that stopped listening drops the shard, which
-                // comes back here to be released.
-                let _ = self.gained.send(Ok(shard));
+                let actions = self.ownership.campaigned(index, campaigned, now);
+                self.carry_out(actions, leadership, error);
             }
-            // Withdrawn meanwhile, or lost already: let go.
-            Some(Ok(leadership)) => {
-                let token = leadership.token();
-                self.let_go(index, token, ToRelease::Leadership(leadership), None);
+            Report::Released(index, token, gone) => {
+                let actions = self.ownership.release_ended(index, token, gone, now);
+                self.carry_out(actions, None, None);
             }
-            // The membership's session ended: campaigned for again once
-            // the member joined on a new one.
-            Some(Err(Error::SessionExpired(_))) => *state = State::Idle,
-            Some(Err(error)) => {
-                tracing::warn!(group = %self.group, shard = index, %error, "campaign for a shard failed; retrying");
-                *state = State::Resting(self.elector.clock().now() + RETRY);
-                if wanted && !error.is_transient() {
-                    let _ = self.gained.send(Err(error));
-                }
-            }
-            None => *state = State::Idle,
         }
     }
 
     fn returned(&mut self, returned: Returned) {
-        let Some(state) = self.states.get_mut(returned.index as usize) else {
-            return;
-        };
-        if !matches!(state, State::Held { token, .. } if *token == returned.token) {
-            return;
-        }
         let now = self.elector.clock().now();
-        let then = (!returned.rest.is_zero()).then(|| now + returned.rest);
-        match returned.how {
-            Given::Released => {
-                self.released[returned.index as usize] = Some(returned.token);
-                *state = then.map_or(State::Idle, State::Resting);
-            }
-            Given::NotReleased => {
-                let grant = Grant {
-                    election: self.elections[returned.index as usize].clone(),
-                    candidate: self.me.clone(),
-                    session: self.session.id(),
-                    token: returned.token,
-                };
-                self.let_go(
-                    returned.index,
-                    returned.token,
-                    ToRelease::Grant(grant),
-                    then,
-                );
-            }
-            Given::Dropped(leadership) => {
-                self.let_go(
-                    returned.index,
-                    returned.token,
-                    ToRelease::Leadership(leadership),
-                    then,
-                );
-            }
+        let (how, leadership) = match returned.how {
+            Given::Released => (Back::Released, None),
+            Given::NotReleased => (Back::NotReleased, None),
+            Given::Dropped(leadership) => (Back::Dropped, Some(leadership)),
+        };
+        let actions =
+            self.ownership
+                .given_back(returned.index, returned.token, returned.rest, how, now);
+        let index = returned.index as usize;
+        if !matches!(self.ownership.phases().get(index), Some(Phase::Held { .. }))
+            && let Some(revoke) = self.revokes.get_mut(index)
+        {
+            *revoke = None;
         }
+        self.carry_out(actions, leadership, None);
     }
 }

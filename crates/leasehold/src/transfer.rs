@@ -87,34 +87,7 @@ pub async fn request_transfer(
         ));
     };
     let line = line(&**store, election).await?;
-    let target = match to {
-        Some(to) => {
-            if to == &from.candidate {
-                return Err(Error::invalid(
-                    "transfer",
-                    format!("{} already leads {election}", crate::quoted(to.as_str())),
-                ));
-            }
-            let Some(standby) = line.iter().find(|w| &w.candidate == to) else {
-                return Err(Error::invalid(
-                    "transfer",
-                    format!(
-                        "{} is not waiting for {election}{}",
-                        crate::quoted(to.as_str()),
-                        waiting_list(&line, &from)
-                    ),
-                ));
-            };
-            standby.session.0.to_string()
-        }
-        None if line.iter().all(|w| w.is_of(&from)) => {
-            return Err(Error::invalid(
-                "transfer",
-                format!("nobody is waiting to take over {election}"),
-            ));
-        }
-        None => "*".to_owned(),
-    };
+    let target = target_of(&line, &from, to, election)?;
     let target_session = target.parse::<u64>().ok().map(SessionId);
     let mut notes = store.watch_notes(election).await?;
     let session = store.open_session(ttl).await?;
@@ -151,6 +124,36 @@ pub async fn request_transfer(
         to: outcome?,
         asked_for: to.cloned(),
     })
+}
+
+/// Whom a request names in its note: the session of the standby `to`,
+/// or `*` for the first in line; refused when `to` leads already or does
+/// not wait, or when nobody but the leader waits.
+fn target_of(
+    line: &[Standby],
+    from: &Leader,
+    to: Option<&CandidateId>,
+    election: &ElectionName,
+) -> Result<String> {
+    let refused = |reason: String| Err(Error::invalid("transfer", reason));
+    match to {
+        Some(to) if to == &from.candidate => refused(format!(
+            "{} already leads {election}",
+            crate::quoted(to.as_str())
+        )),
+        Some(to) => match line.iter().find(|w| &w.candidate == to) {
+            Some(standby) => Ok(standby.session.0.to_string()),
+            None => refused(format!(
+                "{} is not waiting for {election}{}",
+                crate::quoted(to.as_str()),
+                waiting_list(line, from)
+            )),
+        },
+        None if line.iter().all(|w| w.is_of(from)) => {
+            refused(format!("nobody is waiting to take over {election}"))
+        }
+        None => Ok("*".to_owned()),
+    }
 }
 
 /// The handover a transfer request waits for.

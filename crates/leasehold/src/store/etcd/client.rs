@@ -643,39 +643,14 @@ impl Members {
             if left.is_zero() {
                 break;
             }
-            let outcome = self
-                .patiently(i, left, async {
-                    let link = self.link_to(i).await?;
-                    Ok((op(link.clone()).await, link))
-                })
-                .await;
-            let verdict = match outcome {
-                Ok(Ok((Ok(reply), _))) => {
-                    let reply = reply.into_inner();
-                    self.one_cluster(i, reply.cluster_id())?;
-                    self.answered(i);
-                    self.pin(i);
-                    return Ok(reply);
-                }
-                Ok(Ok((Err(status), link))) => match self.judge(&status, i) {
-                    Verdict::Reauthenticate if reauthentications < 2 => {
-                        tracing::debug!(what, "etcd refused the token; authenticating again");
-                        self.token_refused(&link);
-                        reauthentications += 1;
-                        // The same endpoint again.
-                        continue;
-                    }
-                    verdict => verdict,
-                },
-                Ok(Err(verdict)) => verdict,
-                Err(waited) => {
-                    self.silent(i);
-                    Verdict::Transient(format!(
-                        "{}: no answer within {}",
-                        self.endpoints[i],
-                        humanize(waited)
-                    ))
-                }
+            let verdict = match self
+                .attempt(what, i, left, &op, &mut reauthentications)
+                .await?
+            {
+                Attempt::Answered(reply) => return Ok(reply),
+                // The same endpoint again, with a new token.
+                Attempt::Again => continue,
+                Attempt::Failed(verdict) => verdict,
             };
             match verdict {
                 Verdict::Transient(line) => {
@@ -699,6 +674,63 @@ impl Members {
             last,
         })
     }
+
+    /// One attempt of `op` on member `i`, for up to `left`; a token etcd
+    /// refuses is replaced, at most twice a request.
+    async fn attempt<T: Reply, F, Fut>(
+        &self,
+        what: &str,
+        i: usize,
+        left: Duration,
+        op: &F,
+        reauthentications: &mut u32,
+    ) -> Result<Attempt<T>, EtcdError>
+    where
+        F: Fn(Link) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        let outcome = self
+            .patiently(i, left, async {
+                let link = self.link_to(i).await?;
+                Ok((op(link.clone()).await, link))
+            })
+            .await;
+        Ok(Attempt::Failed(match outcome {
+            Ok(Ok((Ok(reply), _))) => {
+                let reply = reply.into_inner();
+                self.one_cluster(i, reply.cluster_id())?;
+                self.answered(i);
+                self.pin(i);
+                return Ok(Attempt::Answered(reply));
+            }
+            Ok(Ok((Err(status), link))) => match self.judge(&status, i) {
+                Verdict::Reauthenticate if *reauthentications < 2 => {
+                    tracing::debug!(what, "etcd refused the token; authenticating again");
+                    self.token_refused(&link);
+                    *reauthentications += 1;
+                    return Ok(Attempt::Again);
+                }
+                verdict => verdict,
+            },
+            Ok(Err(verdict)) => verdict,
+            Err(waited) => {
+                self.silent(i);
+                Verdict::Transient(format!(
+                    "{}: no answer within {}",
+                    self.endpoints[i],
+                    humanize(waited)
+                ))
+            }
+        }))
+    }
+}
+
+/// How one attempt of a request ended.
+enum Attempt<T> {
+    Answered(T),
+    /// A refused token was replaced: the same endpoint again.
+    Again,
+    Failed(Verdict),
 }
 
 impl Verdict {

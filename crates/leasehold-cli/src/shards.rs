@@ -100,33 +100,13 @@ impl ShardRunner {
             command,
             grace,
             restart_delay,
-            signals:
-                Handled {
-                    stop: mut signals,
-                    mut passed,
-                    mut ignored,
-                },
+            signals: mut handled,
             store,
             metrics,
         } = self;
         let id = elector.candidate().clone();
-        let mut shards = loop {
-            tokio::select! {
-                joined = Shards::join(Arc::clone(&elector), group.clone(), count) => match joined {
-                    Ok(shards) => break shards,
-                    Err(error) if error.is_transient() => {
-                        tracing::warn!(%group, %error, retry_in = ?RETRY_JOIN, "cannot join the group yet; retrying");
-                        tokio::time::sleep(RETRY_JOIN).await;
-                    }
-                    Err(error) => {
-                        return Err(anyhow::Error::new(error).context(format!("cannot join group {group}")));
-                    }
-                },
-                signal = signals.recv() => {
-                    tracing::info!(%signal, "stopping before joining the group");
-                    return Ok(ExitCode::SUCCESS);
-                }
-            }
+        let Some(mut shards) = join_group(&elector, &group, count, &mut handled).await? else {
+            return Ok(ExitCode::SUCCESS);
         };
         metrics.follow_group(shards.view());
         tracing::info!(%group, %id, shards = count, "joined the group; campaigning for this member's share");
@@ -141,64 +121,12 @@ impl ShardRunner {
             metrics,
             backoff: std::sync::Mutex::new(HashMap::new()),
         });
-        let mut terms = JoinSet::new();
-        // Every running term's control, with its shard. A shard's next term
-        // may start while its last one still ends (its release): both are
-        // kept, and a term's entry goes once its receiver is gone.
-        let mut controls: Vec<(u32, mpsc::UnboundedSender<Control>)> = Vec::new();
-        let outcome = loop {
-            tokio::select! {
-                shard = shards.next() => match shard {
-                    Ok(shard) => {
-                        let (tx, rx) = mpsc::unbounded_channel();
-                        controls.push((shard.index(), tx));
-                        terms.spawn(run_term(Arc::clone(&settings), shard, rx));
-                    }
-                    Err(error) if error.is_transient() => {
-                        tracing::warn!(%error, "a shard's campaign failed; retrying");
-                    }
-                    Err(error) => break Err(anyhow::Error::new(error).context(format!("group {}", settings.group))),
-                },
-                Some(done) = terms.join_next() => {
-                    controls.retain(|(_, control)| !control.is_closed());
-                    if let Ok((_, true)) = done {
-                        break Ok(None);
-                    }
-                }
-                signal = signals.recv() => break Ok(Some(signal)),
-                signal = passed.recv() => {
-                    if controls.is_empty() {
-                        tracing::info!(%signal, "no command is running; signal ignored");
-                    }
-                    for (_, control) in &controls {
-                        let _ = control.send(Control::Pass(signal));
-                    }
-                }
-                signal = ignored.recv() => tracing::info!(%signal, "signal ignored"),
-            }
-        };
+        let mut terms = Terms::default();
+        let outcome = terms.serve(&settings, &mut shards, &mut handled).await;
         // No more campaigns; then every command stops and its shard is
         // released.
         shards.leave().await;
-        let signal = match &outcome {
-            Ok(Some(signal)) => *signal,
-            Ok(None) | Err(_) => Signal::SIGTERM,
-        };
-        if !controls.is_empty() {
-            match &outcome {
-                Ok(Some(_)) => {
-                    tracing::info!(%signal, commands = controls.len(), grace = ?settings.grace, "stopping every shard's command");
-                }
-                _ => {
-                    tracing::info!(commands = controls.len(), grace = ?settings.grace,
-                        "stopping every other shard's command with SIGTERM");
-                }
-            }
-        }
-        for (_, control) in &controls {
-            let _ = control.send(Control::Stop(signal));
-        }
-        while terms.join_next().await.is_some() {}
+        terms.stop(&settings, &outcome).await;
         settings.metrics.follow_group_end();
         outcome.map(|signal| match signal {
             Some(signal) => {
@@ -207,6 +135,111 @@ impl ShardRunner {
             }
             None => ExitCode::from(crate::term::EXIT_CANNOT_START),
         })
+    }
+}
+
+/// Joins `group`, again while the store does not answer; `None` if told
+/// to stop first.
+async fn join_group(
+    elector: &Arc<Elector>,
+    group: &ElectionName,
+    count: u32,
+    handled: &mut Handled,
+) -> anyhow::Result<Option<Shards>> {
+    loop {
+        tokio::select! {
+            joined = Shards::join(Arc::clone(elector), group.clone(), count) => match joined {
+                Ok(shards) => return Ok(Some(shards)),
+                Err(error) if error.is_transient() => {
+                    tracing::warn!(%group, %error, retry_in = ?RETRY_JOIN, "cannot join the group yet; retrying");
+                    tokio::time::sleep(RETRY_JOIN).await;
+                }
+                Err(error) => {
+                    return Err(anyhow::Error::new(error).context(format!("cannot join group {group}")));
+                }
+            },
+            signal = handled.stop.recv() => {
+                tracing::info!(%signal, "stopping before joining the group");
+                return Ok(None);
+            }
+        }
+    }
+}
+
+/// The shards' terms: their tasks, and every running term's control with
+/// its shard. A shard's next term may start while its last one still
+/// ends (its release): both are kept, and a term's entry goes once its
+/// receiver is gone.
+#[derive(Default)]
+struct Terms {
+    tasks: JoinSet<(u32, bool)>,
+    controls: Vec<(u32, mpsc::UnboundedSender<Control>)>,
+}
+
+impl Terms {
+    /// Runs a term for each shard granted until told to stop (the
+    /// signal), a command cannot start (`None`), or the group fails.
+    async fn serve(
+        &mut self,
+        settings: &Arc<Settings>,
+        shards: &mut Shards,
+        handled: &mut Handled,
+    ) -> anyhow::Result<Option<Signal>> {
+        loop {
+            tokio::select! {
+                shard = shards.next() => match shard {
+                    Ok(shard) => {
+                        let (tx, rx) = mpsc::unbounded_channel();
+                        self.controls.push((shard.index(), tx));
+                        self.tasks.spawn(run_term(Arc::clone(settings), shard, rx));
+                    }
+                    Err(error) if error.is_transient() => {
+                        tracing::warn!(%error, "a shard's campaign failed; retrying");
+                    }
+                    Err(error) => return Err(anyhow::Error::new(error).context(format!("group {}", settings.group))),
+                },
+                Some(done) = self.tasks.join_next() => {
+                    self.controls.retain(|(_, control)| !control.is_closed());
+                    if let Ok((_, true)) = done {
+                        return Ok(None);
+                    }
+                }
+                signal = handled.stop.recv() => return Ok(Some(signal)),
+                signal = handled.passed.recv() => {
+                    if self.controls.is_empty() {
+                        tracing::info!(%signal, "no command is running; signal ignored");
+                    }
+                    for (_, control) in &self.controls {
+                        let _ = control.send(Control::Pass(signal));
+                    }
+                }
+                signal = handled.ignored.recv() => tracing::info!(%signal, "signal ignored"),
+            }
+        }
+    }
+
+    /// Stops every command (with the signal `run` was told to stop by, or
+    /// SIGTERM) and waits for every term to end.
+    async fn stop(&mut self, settings: &Settings, outcome: &anyhow::Result<Option<Signal>>) {
+        let signal = match outcome {
+            Ok(Some(signal)) => *signal,
+            Ok(None) | Err(_) => Signal::SIGTERM,
+        };
+        if !self.controls.is_empty() {
+            match outcome {
+                Ok(Some(_)) => {
+                    tracing::info!(%signal, commands = self.controls.len(), grace = ?settings.grace, "stopping every shard's command");
+                }
+                _ => {
+                    tracing::info!(commands = self.controls.len(), grace = ?settings.grace,
+                        "stopping every other shard's command with SIGTERM");
+                }
+            }
+        }
+        for (_, control) in &self.controls {
+            let _ = control.send(Control::Stop(signal));
+        }
+        while self.tasks.join_next().await.is_some() {}
     }
 }
 
@@ -262,20 +295,7 @@ async fn run_term(
     let mut child = match Supervised::start(launch).await {
         Ok(child) => child,
         Err(error) => {
-            let program = settings
-                .command
-                .first()
-                .map(|p| p.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            crate::say(&format!(
-                "cannot run {}: {error:#}",
-                leasehold::shortened(&program)
-            ));
-            if let Err(error) = shard.resign().await
-                && !crate::term::already_gone(&error)
-            {
-                tracing::warn!(shard = index, %error, "could not release the shard");
-            }
+            cannot_start(&settings, shard, &format!("{error:#}")).await;
             return (index, true);
         }
     };
@@ -297,9 +317,52 @@ async fn run_term(
             .await
     };
     let code = child::exit_code(status);
-    let (step_down, released) = match why {
+    let (step_down, released) = end_term(&settings, shard, why, code, started.elapsed()).await;
+    if let Err(error) = released
+        && !crate::term::already_gone(&error)
+    {
+        tracing::warn!(shard = index, %error, "could not release the shard (the store expires it after the TTL)");
+    }
+    settings.metrics.shard_released(step_down);
+    child.finish().await;
+    (index, false)
+}
+
+/// The shard's command could not be started: says so, and releases the
+/// shard.
+async fn cannot_start(settings: &Settings, shard: Shard, error: &str) {
+    let program = settings
+        .command
+        .first()
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    crate::say(&format!(
+        "cannot run {}: {error}",
+        leasehold::shortened(&program)
+    ));
+    let index = shard.index();
+    if let Err(error) = shard.resign().await
+        && !crate::term::already_gone(&error)
+    {
+        tracing::warn!(shard = index, %error, "could not release the shard");
+    }
+}
+
+/// Lets the shard go as its term ended (`why`, the command's exit `code`,
+/// after running `ran`): released, to be asked for again after the
+/// restart delay or at once, or dropped when lost. How it stepped down,
+/// and how the release went.
+async fn end_term(
+    settings: &Settings,
+    shard: Shard,
+    why: TermEnd,
+    code: u8,
+    ran: Duration,
+) -> (StepDown, leasehold::Result<()>) {
+    let (index, token) = (shard.index(), shard.token());
+    match why {
         TermEnd::Exited => {
-            let delay = settings.restart_delay(index, started.elapsed());
+            let delay = settings.restart_delay(index, ran);
             tracing::info!(shard = index, token = token.0, status = code, restart_in = ?delay,
                 "command exited; shard released, campaigning for it again after the restart delay");
             (StepDown::CommandExited, shard.release_for(delay).await)
@@ -334,13 +397,5 @@ async fn run_term(
             (StepDown::Stopped, shard.resign().await)
         }
         TermEnd::HandedOver(_) => (StepDown::HandedOver, shard.resign().await),
-    };
-    if let Err(error) = released
-        && !crate::term::already_gone(&error)
-    {
-        tracing::warn!(shard = index, %error, "could not release the shard (the store expires it after the TTL)");
     }
-    settings.metrics.shard_released(step_down);
-    child.finish().await;
-    (index, false)
 }

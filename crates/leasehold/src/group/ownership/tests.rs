@@ -327,29 +327,44 @@ proptest! {
                 },
             };
             for action in actions {
-                match action {
-                    Action::Campaign(_) => {
-                        prop_assert!(!on.campaign && on.release.is_none() && on.held.is_none(),
-                            "a campaign beside another thing: {on:?}");
-                        on.campaign = true;
-                    }
-                    Action::HandOut(_) => {
-                        prop_assert!(on.held.is_none() && on.release.is_none(), "{on:?}");
-                        on.held = granted_token;
-                    }
-                    Action::ReleaseGrant(_, token) => {
-                        prop_assert!(on.release.is_none() && !on.campaign, "{on:?}");
-                        on.release = Some(token);
-                    }
-                    Action::ReleaseLeadership(_) => {
-                        prop_assert!(on.release.is_none() && !on.campaign, "{on:?}");
-                        on.release = granted_token;
-                    }
-                    Action::Withdraw(_) => prop_assert!(on.campaign),
-                    Action::Revoke(_) => prop_assert!(on.held.is_some()),
-                    Action::Fail(_) => {}
-                }
+                on.follow(action, granted_token)?;
             }
         }
+    }
+}
+
+impl UnderWay {
+    /// Takes up what `action` starts, failing if it starts a second thing
+    /// for the shard.
+    fn follow(
+        &mut self,
+        action: Action,
+        granted: Option<FencingToken>,
+    ) -> Result<(), TestCaseError> {
+        match action {
+            Action::Campaign(_) => {
+                prop_assert!(
+                    !self.campaign && self.release.is_none() && self.held.is_none(),
+                    "a campaign beside another thing: {self:?}"
+                );
+                self.campaign = true;
+            }
+            Action::HandOut(_) => {
+                prop_assert!(self.held.is_none() && self.release.is_none(), "{self:?}");
+                self.held = granted;
+            }
+            Action::ReleaseGrant(_, token) => {
+                prop_assert!(self.release.is_none() && !self.campaign, "{self:?}");
+                self.release = Some(token);
+            }
+            Action::ReleaseLeadership(_) => {
+                prop_assert!(self.release.is_none() && !self.campaign, "{self:?}");
+                self.release = granted;
+            }
+            Action::Withdraw(_) => prop_assert!(self.campaign),
+            Action::Revoke(_) => prop_assert!(self.held.is_some()),
+            Action::Fail(_) => {}
+        }
+        Ok(())
     }
 }

@@ -26,6 +26,7 @@ mod shards;
 mod sidecar;
 mod signals;
 mod stdio;
+mod stopping;
 mod term;
 mod transfer;
 mod tune;

@@ -11,6 +11,7 @@ use tokio::time::{Instant, sleep_until};
 
 use crate::guard::{Ended, GUARD_WAKE, GuardKill, Supervised};
 use crate::signals::{AnySignal, forwarded_as};
+use crate::stopping::{Cause, Deliver, Stopping};
 
 /// Exit status when the command could not be started.
 pub const EXIT_CANNOT_START: u8 = 127;
@@ -26,6 +27,7 @@ pub(crate) fn already_gone(error: &leasehold::Error) -> bool {
 }
 
 /// Why a term of leadership ended.
+#[derive(Debug)]
 pub enum TermEnd {
     /// The command exited by itself.
     Exited,
@@ -49,15 +51,18 @@ pub enum TermEnd {
 /// command's end already: it may have ended it while `run` was stopped,
 /// and a timer that fired meanwhile must not act as if it ran.
 macro_rules! ended_already {
-    ($term:expr, $child:expr, $why:expr, $leadership:expr) => {
+    ($term:expr, $child:expr, $stopping:expr, $leadership:expr) => {
         if let Some(ended) = $child.ended_already().await {
-            return (ended.status, $term.term_end($why, ended, $leadership));
+            return (
+                ended.status,
+                $term.term_end($stopping.into_why(), ended, $leadership),
+            );
         }
     };
 }
 
 /// Why `run` kills a command whose SQLite store's file is gone from its path.
-const STORE_GONE: &str = "the store's database file is no longer at its path";
+pub(crate) const STORE_GONE: &str = "the store's database file is no longer at its path";
 
 /// Why a command is stopped before the lease deadline when renewals fail.
 pub const RENEWALS_FAILING: &str = "renewals failing; stopped before the lease deadline";
@@ -106,89 +111,97 @@ impl Term<'_> {
     ) -> (ExitStatus, TermEnd) {
         let (election, id) = (self.election, self.id);
         let token = leadership.token().0;
-        // When no renewal has been confirmed this long before the deadline,
-        // the command is asked to stop so that it can exit cleanly before
-        // the deadline's SIGKILL.
-        let lead = self.grace.min(self.renew_every);
-        let mut why = TermEnd::Exited;
-        let mut kill_at: Option<Instant> = None;
-        let mut lost = false;
+        let mut stopping = Stopping::new(self.grace, self.renew_every);
         let mut wake_guard = tokio::time::interval(GUARD_WAKE);
         let mut store_gone = child.store_gone();
         loop {
             let deadline = leadership.deadline();
-            let at_risk = deadline.checked_sub(lead).unwrap_or(deadline);
-            let stopping = !matches!(why, TermEnd::Exited);
-            tokio::select! {
+            let at_risk = stopping.at_risk_at(deadline);
+            let (lost, kill_at) = (stopping.lost(), stopping.kill_at());
+            let sends = tokio::select! {
                 ended = child.wait() => {
-                    return (ended.status, self.term_end(why, ended, leadership));
+                    return (ended.status, self.term_end(stopping.into_why(), ended, leadership));
                 }
                 moved = leadership.deadline_after(deadline), if !lost => {
                     child.extend(moved).await;
+                    continue;
                 }
                 () = &mut store_gone, if !lost => {
-                    ended_already!(self, child, why, leadership);
-                    lost = true;
+                    ended_already!(self, child, stopping, leadership);
                     tracing::warn!(%election, %id, token, "{}; killing the command", STORE_GONE);
-                    child.signal_group(Signal::SIGKILL).await;
-                    why = TermEnd::AtRisk(STORE_GONE);
+                    stopping.store_gone()
                 }
                 reason = leadership.lost(), if !lost => {
-                    ended_already!(self, child, why, leadership);
-                    lost = true;
+                    ended_already!(self, child, stopping, leadership);
                     tracing::warn!(%election, %id, token, %reason, "leadership lost; killing the command");
-                    child.signal_group(Signal::SIGTERM).await;
-                    child.signal_group(Signal::SIGKILL).await;
-                    why = TermEnd::Lost(reason);
+                    stopping.leadership_lost(reason)
                 }
-                () = sleep_until(at_risk), if !stopping => {
-                    ended_already!(self, child, why, leadership);
-                    if leadership.deadline() <= deadline {
+                () = sleep_until(at_risk), if !stopping.stopping() => {
+                    ended_already!(self, child, stopping, leadership);
+                    let sends = stopping.at_risk(deadline, leadership.deadline());
+                    if !sends.is_empty() {
                         tracing::warn!(%election, %id, token,
                             "no renewal confirmed; asking the command to stop before the lease deadline");
-                        child.signal_group(Signal::SIGTERM).await;
-                        kill_at = Some(deadline);
-                        why = TermEnd::AtRisk(RENEWALS_FAILING);
                     }
+                    sends
                 }
                 () = sleep_until(kill_at.unwrap_or(deadline)), if kill_at.is_some() => {
-                    ended_already!(self, child, why, leadership);
+                    ended_already!(self, child, stopping, leadership);
                     tracing::warn!(pgid = child.pgid, "the command did not exit in time; SIGKILL");
-                    child.signal_group(Signal::SIGKILL).await;
-                    kill_at = None;
+                    stopping.kill_due()
                 }
-                request = requests.next(leadership, stopping) => match request {
-                    Request::Stop(signal) => {
-                        // SIGHUP and SIGPWR reach the command as SIGTERM.
-                        let sent = forwarded_as(signal);
-                        tracing::info!(%signal, forwarded = %sent, grace = ?self.grace, "forwarding to the command");
-                        child.signal_group(sent).await;
-                        kill_at = Some((Instant::now() + self.grace).min(leadership.deadline()));
-                        why = TermEnd::Stopped(signal);
-                    }
-                    Request::HandOver(handover) => {
-                        let to = handover.to.as_ref().map_or_else(|| "the first to campaign".to_owned(), ToString::to_string);
-                        tracing::info!(%election, %id, token, cause = %handover.cause, %to, grace = ?self.grace,
-                            "handing over on request; stopping the command");
-                        child.signal_group(Signal::SIGTERM).await;
-                        kill_at = Some((Instant::now() + self.grace).min(leadership.deadline()));
-                        why = TermEnd::HandedOver(handover);
-                    }
-                    Request::Moved => {
-                        tracing::info!(%election, %id, token, grace = ?self.grace,
-                            "the shard moves to another member; stopping the command");
-                        child.signal_group(Signal::SIGTERM).await;
-                        kill_at = Some((Instant::now() + self.grace).min(leadership.deadline()));
-                        why = TermEnd::Moved;
-                    }
-                    Request::Pass(signal) => {
-                        tracing::info!(%signal, pgid = child.pgid, "passing to the command");
-                        child.pass(signal).await;
-                    }
-                },
-                _ = wake_guard.tick() => child.wake_guard(),
+                request = requests.next(leadership, stopping.stopping()) => {
+                    self.requested(&mut stopping, request, leadership, child.pgid)
+                }
+                _ = wake_guard.tick() => {
+                    child.wake_guard();
+                    continue;
+                }
+            };
+            for send in sends {
+                match send {
+                    Deliver::Group(signal) => child.signal_group(signal).await,
+                    Deliver::Pass(signal) => child.pass(signal).await,
+                }
             }
         }
+    }
+
+    /// What `request` asks of the command, said in the log.
+    fn requested(
+        &self,
+        stopping: &mut Stopping,
+        request: Request,
+        leadership: &Leadership,
+        pgid: i32,
+    ) -> Vec<Deliver> {
+        let (election, id, token) = (self.election, self.id, leadership.token().0);
+        let cause = match request {
+            Request::Pass(signal) => {
+                tracing::info!(%signal, %pgid, "passing to the command");
+                return vec![Deliver::Pass(signal)];
+            }
+            Request::Stop(signal) => {
+                let sent = forwarded_as(signal);
+                tracing::info!(%signal, forwarded = %sent, grace = ?self.grace, "forwarding to the command");
+                Cause::Stop(signal)
+            }
+            Request::HandOver(handover) => {
+                let to = handover
+                    .to
+                    .as_ref()
+                    .map_or_else(|| "the first to campaign".to_owned(), ToString::to_string);
+                tracing::info!(%election, %id, token, cause = %handover.cause, %to, grace = ?self.grace,
+                    "handing over on request; stopping the command");
+                Cause::HandOver(handover)
+            }
+            Request::Moved => {
+                tracing::info!(%election, %id, token, grace = ?self.grace,
+                    "the shard moves to another member; stopping the command");
+                Cause::Moved
+            }
+        };
+        stopping.stop(cause, Instant::now(), leadership.deadline())
     }
 
     /// Why the term ended, now that the command has: a command that exits

@@ -1,0 +1,169 @@
+//! When and how a term's command is stopped, decided by a pure machine in
+//! the style of the library's lease core: what happens to the term (the
+//! lease deadline at risk, leadership lost, the store's file gone, a
+//! request to stop, hand over or move, a kill deadline reached) comes in
+//! with the instant, and the signals to send go out. [`crate::term`]
+//! carries them out and waits for the command's whole tree to be gone.
+//!
+//! The rules:
+//! - Leadership lost, or the store's file gone: the command is killed at
+//!   once (SIGTERM then SIGKILL; SIGKILL alone for the file), and nothing
+//!   else acts any more.
+//! - No renewal confirmed `lead` before the deadline (the grace period,
+//!   at most a renewal period): the command is asked to stop (SIGTERM) and
+//!   killed at the deadline, so that it can exit cleanly before the
+//!   guard's SIGKILL there.
+//! - A stop, a handover or a move: the command is asked to stop and killed
+//!   after the grace period, never later than the lease deadline.
+//! - Once stopping, later stop requests and the deadline's warning change
+//!   nothing; a loss still kills at once.
+
+use std::time::Duration;
+
+use leasehold::{Handover, LostReason};
+use nix::sys::signal::Signal;
+use tokio::time::Instant;
+
+use crate::signals::{AnySignal, forwarded_as};
+use crate::term::{RENEWALS_FAILING, STORE_GONE, TermEnd};
+
+/// What the supervisor sends the command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Deliver {
+    /// This signal to the command's process group.
+    Group(Signal),
+    /// A signal passed through to the command as `run` received it.
+    Pass(AnySignal),
+}
+
+/// What may stop a term's command.
+#[derive(Clone, Debug)]
+pub(crate) enum Cause {
+    /// `run` was told to stop by this signal.
+    Stop(Signal),
+    /// Asked to hand over.
+    HandOver(Handover),
+    /// The shard moved to another member.
+    Moved,
+}
+
+/// A term's stopping (see the [module](self)).
+#[derive(Debug)]
+pub(crate) struct Stopping {
+    grace: Duration,
+    lead: Duration,
+    why: TermEnd,
+    kill_at: Option<Instant>,
+    lost: bool,
+}
+
+impl Stopping {
+    /// A term whose command may take `grace` to exit once asked to stop,
+    /// renewed every `renew_every`.
+    pub(crate) fn new(grace: Duration, renew_every: Duration) -> Self {
+        Stopping {
+            grace,
+            lead: grace.min(renew_every),
+            why: TermEnd::Exited,
+            kill_at: None,
+            lost: false,
+        }
+    }
+
+    /// Whether the command was asked to stop (or killed).
+    pub(crate) fn stopping(&self) -> bool {
+        !matches!(self.why, TermEnd::Exited)
+    }
+
+    /// Whether leadership is lost (or the store's file gone): nothing but
+    /// the command's end matters any more.
+    pub(crate) fn lost(&self) -> bool {
+        self.lost
+    }
+
+    /// When the command is killed if it has not exited.
+    pub(crate) fn kill_at(&self) -> Option<Instant> {
+        self.kill_at
+    }
+
+    /// When the lease ending at `deadline` is at risk, if no renewal
+    /// moved it by then.
+    pub(crate) fn at_risk_at(&self, deadline: Instant) -> Instant {
+        deadline.checked_sub(self.lead).unwrap_or(deadline)
+    }
+
+    /// Why the term ends, as far as this machine knows.
+    pub(crate) fn into_why(self) -> TermEnd {
+        self.why
+    }
+
+    /// Why the term ends, as far as this machine knows, without ending it.
+    #[cfg(test)]
+    pub(crate) fn why(&self) -> &TermEnd {
+        &self.why
+    }
+
+    /// Leadership was lost for `reason`.
+    pub(crate) fn leadership_lost(&mut self, reason: LostReason) -> Vec<Deliver> {
+        if self.lost {
+            return Vec::new();
+        }
+        self.lost = true;
+        self.why = TermEnd::Lost(reason);
+        vec![
+            Deliver::Group(Signal::SIGTERM),
+            Deliver::Group(Signal::SIGKILL),
+        ]
+    }
+
+    /// The store's database file is no longer at its path.
+    pub(crate) fn store_gone(&mut self) -> Vec<Deliver> {
+        if self.lost {
+            return Vec::new();
+        }
+        self.lost = true;
+        self.why = TermEnd::AtRisk(STORE_GONE);
+        vec![Deliver::Group(Signal::SIGKILL)]
+    }
+
+    /// The at-risk instant of the deadline `seen` passed; the lease's
+    /// deadline is `now_deadline` now. Unless a renewal moved it, the
+    /// command is asked to stop and killed at that deadline.
+    pub(crate) fn at_risk(&mut self, seen: Instant, now_deadline: Instant) -> Vec<Deliver> {
+        if self.stopping() || now_deadline > seen {
+            return Vec::new();
+        }
+        self.kill_at = Some(seen);
+        self.why = TermEnd::AtRisk(RENEWALS_FAILING);
+        vec![Deliver::Group(Signal::SIGTERM)]
+    }
+
+    /// The kill instant passed with the command still there.
+    pub(crate) fn kill_due(&mut self) -> Vec<Deliver> {
+        match self.kill_at.take() {
+            Some(_) => vec![Deliver::Group(Signal::SIGKILL)],
+            None => Vec::new(),
+        }
+    }
+
+    /// Asked at `now` to stop for `cause`, the lease's deadline being
+    /// `deadline`: the command is asked to stop, and killed after the
+    /// grace period or at the deadline, whichever comes first.
+    pub(crate) fn stop(&mut self, cause: Cause, now: Instant, deadline: Instant) -> Vec<Deliver> {
+        if self.stopping() {
+            return Vec::new();
+        }
+        let (signal, why) = match cause {
+            // SIGHUP and SIGPWR reach the command as SIGTERM.
+            Cause::Stop(signal) => (forwarded_as(signal), TermEnd::Stopped(signal)),
+            Cause::HandOver(handover) => (Signal::SIGTERM, TermEnd::HandedOver(handover)),
+            Cause::Moved => (Signal::SIGTERM, TermEnd::Moved),
+        };
+        self.kill_at = Some((now + self.grace).min(deadline));
+        self.why = why;
+        vec![Deliver::Group(signal)]
+    }
+}
+
+#[cfg(test)]
+mod tests;

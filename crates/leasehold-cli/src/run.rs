@@ -506,7 +506,7 @@ pub(crate) async fn refuse_a_group(
     store: &dyn leasehold::Store,
     election: &ElectionName,
     plain: bool,
-) -> anyhow::Result<()> {
+) -> leasehold::Result<()> {
     // A store that keeps no notes has no groups; one that cannot be read
     // now is retried by the campaign.
     let kind_of = async |name: &ElectionName| {
@@ -521,8 +521,7 @@ pub(crate) async fn refuse_a_group(
     {
         return Err(leasehold::Error::Conflict(format!(
             "{election} belongs to the group {parent} of {kind}: only its members take it"
-        ))
-        .into());
+        )));
     }
     if plain && let Some(kind) = kind_of(election).await {
         let flag = match kind {
@@ -531,10 +530,27 @@ pub(crate) async fn refuse_a_group(
         };
         return Err(leasehold::Error::Conflict(format!(
             "{election} is a group of {kind}: run with {flag} to join it"
-        ))
-        .into());
+        )));
     }
     Ok(())
+}
+
+/// Campaigns for the single election `election`; once granted, gives it
+/// back and refuses if a group took its name meanwhile. (Checked before
+/// the campaign too; a group that joins checks again once it has, so
+/// that of two that start at once at least one sees the other.)
+pub(crate) async fn campaign_plain(
+    elector: &Elector,
+    election: &ElectionName,
+) -> leasehold::Result<Leadership> {
+    let leadership = elector.campaign(election).await?;
+    if let Err(refused) = refuse_a_group(&**elector.store(), election, true).await {
+        if let Err(error) = leadership.resign().await {
+            tracing::debug!(%election, %error, "could not give back a group's name");
+        }
+        return Err(refused);
+    }
+    Ok(leadership)
 }
 
 /// One campaign: for the election, or with `slots` for one of its slots
@@ -545,7 +561,7 @@ async fn campaign_once(
     slots: Option<u32>,
 ) -> leasehold::Result<(Leadership, Option<u32>)> {
     match slots {
-        None => elector.campaign(election).await.map(|l| (l, None)),
+        None => campaign_plain(elector, election).await.map(|l| (l, None)),
         Some(k) => {
             let slot = elector.campaign_slot(election, k).await?;
             tracing::info!(%election, slot = slot.index, slots = k, "holding a slot");

@@ -255,6 +255,36 @@ echo "stop $K $LEASEHOLD_TOKEN $LEASEHOLD_ID" >> moves.log"#;
 
 /// Bad input: one line, exit 2, nothing written; a count that differs
 /// from the group's: one line naming the count in use, exit 1.
+/// A single election's `run` and a group's member started at the same
+/// moment on one name: one of them is refused, never both run (before,
+/// both checked for the other before either wrote, and in half the rounds
+/// or more a plain command ran beside the group's).
+#[test]
+fn a_plain_run_and_a_group_started_at_once_never_both_run() {
+    for round in 0..6 {
+        let scratch = Scratch::new();
+        let store = scratch.store_url();
+        let _group = member(&store, &scratch, "x", &["--shards", "2"]);
+        let _plain = member(&store, &scratch, "w", &[]);
+        let started = |id: &str| {
+            read_lines(&scratch.path("moves.log"))
+                .iter()
+                .any(|line| line.starts_with("start ") && line.split(' ').nth(3) == Some(id))
+        };
+        assert!(
+            wait_until(10 * SECOND, || started("x") || started("w")),
+            "round {round}: nothing ran"
+        );
+        // Time for the other to start too, were it not refused.
+        std::thread::sleep(SECOND);
+        assert!(
+            !(started("x") && started("w")),
+            "round {round}: a plain run and a group ran under one name: {:?}",
+            read_lines(&scratch.path("moves.log"))
+        );
+    }
+}
+
 #[test]
 fn group_flags_are_checked() {
     let scratch = Scratch::new();

@@ -215,33 +215,51 @@ pub(crate) async fn join(
     if let Some(first) = members(&notes).first().filter(|m| m.kind != kind) {
         return Err(conflict(group, first, kind));
     }
-    // The name is a single election's, led or waited for: its command
-    // would run beside the group's, under the same name. (A single
-    // election refuses a group's name likewise.)
-    let waiting = crate::line::standbys(&notes);
-    if let Some(leader) = store.leader(group).await? {
-        return Err(Error::Conflict(format!(
-            "{group} is a single election, led by {} (token {}): a group of {kind} cannot use its name",
-            leader.candidate, leader.token.0
-        )));
-    }
-    if let Some(standby) = waiting.first() {
-        return Err(Error::Conflict(format!(
-            "{group} is a single election, which {} waits for: a group of {kind} cannot use its name",
-            standby.candidate
-        )));
+    // A single election refuses a group's name likewise.
+    if let Some(refusal) = single_election(store, group, kind, &notes).await? {
+        return Err(refusal);
     }
     store
         .put_note(session, group, MEMBER, &kind.text(candidate))
         .await?;
     // Two members of different kinds that joined at once: the first to
-    // have joined fixes the group, the other withdraws.
+    // have joined fixes the group, the other withdraws. Likewise a single
+    // election's candidate that came meanwhile (it checked before this
+    // note was there, and checks again once granted): this member
+    // withdraws, so that the two never both go on.
     let notes = store.notes(group).await?;
-    if let Some(first) = members(&notes).first().filter(|m| m.kind != kind) {
+    let refusal = match members(&notes).first().filter(|m| m.kind != kind) {
+        Some(first) => Some(conflict(group, first, kind)),
+        None => single_election(store, group, kind, &notes).await?,
+    };
+    if let Some(refusal) = refusal {
         store.delete_note(session, group, MEMBER).await?;
-        return Err(conflict(group, first, kind));
+        return Err(refusal);
     }
     Ok(())
+}
+
+/// The refusal of a group of `kind` on `group` when that name is a single
+/// election's, led or waited for (`notes` being its notes): its command
+/// would run beside the group's, under the same name.
+async fn single_election(
+    store: &dyn Store,
+    group: &ElectionName,
+    kind: GroupKind,
+    notes: &[Note],
+) -> Result<Option<Error>> {
+    if let Some(leader) = store.leader(group).await? {
+        return Ok(Some(Error::Conflict(format!(
+            "{group} is a single election, led by {} (token {}): a group of {kind} cannot use its name",
+            leader.candidate, leader.token.0
+        ))));
+    }
+    Ok(crate::line::standbys(notes).first().map(|standby| {
+        Error::Conflict(format!(
+            "{group} is a single election, which {} waits for: a group of {kind} cannot use its name",
+            standby.candidate
+        ))
+    }))
 }
 
 #[cfg(test)]
@@ -287,5 +305,60 @@ mod tests {
                 .as_str(),
             "jobs/shard/2"
         );
+    }
+
+    /// The memory store, with a single election's candidate granted the
+    /// group's name just before the member's note is written: after the
+    /// member's first look, before its note.
+    #[derive(Debug)]
+    struct PlainArrives {
+        store: crate::store::memory::MemoryStore,
+        plain: SessionId,
+    }
+
+    impl crate::store::Wrapper for PlainArrives {
+        fn inner(&self) -> &dyn Store {
+            &self.store
+        }
+
+        fn around<'a, T: Send + 'a>(
+            &'a self,
+            call: crate::store::Call,
+            request: crate::store::Request<'a, T>,
+        ) -> crate::store::Request<'a, T> {
+            if call != crate::store::Call::PutNote {
+                return request;
+            }
+            Box::pin(async move {
+                let group = ElectionName::new("jobs").expect("valid");
+                let plain = CandidateId::new("plain").expect("valid");
+                self.store.campaign(self.plain, &group, &plain).await?;
+                request.await
+            })
+        }
+    }
+
+    /// A single election's candidate granted the name while a member
+    /// joins (both looked before either wrote): the member withdraws its
+    /// note and is refused, so that the two never both go on (before, it
+    /// joined, and a plain `run` and a group ran under one name).
+    #[tokio::test]
+    async fn a_member_withdraws_when_a_single_election_took_the_name_meanwhile() {
+        let store = crate::store::memory::MemoryStore::new();
+        let ttl = std::time::Duration::from_secs(30);
+        let plain = store.open_session(ttl).await.expect("open").id;
+        let member = store.open_session(ttl).await.expect("open").id;
+        let racing = PlainArrives {
+            store: store.clone(),
+            plain,
+        };
+        let group = ElectionName::new("jobs").expect("valid");
+        let me = CandidateId::new("member").expect("valid");
+        let joined = join(&racing, member, &group, GroupKind::Shards(2), &me).await;
+        assert!(
+            matches!(&joined, Err(Error::Conflict(why)) if why.contains("is a single election, led by plain")),
+            "{joined:?}"
+        );
+        assert_eq!(members(&store.notes(&group).await.expect("read")), []);
     }
 }

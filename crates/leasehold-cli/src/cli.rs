@@ -257,7 +257,7 @@ pub struct RunArgs {
     pub election: ElectionArgs,
     /// How long the command may take to exit after a forwarded SIGTERM,
     /// SIGINT or SIGQUIT (SIGHUP and SIGPWR are forwarded as SIGTERM) before it gets
-    /// SIGKILL; never past the lease deadline.
+    /// SIGKILL; never past the lease deadline, which renewals move on meanwhile.
     #[arg(long, env = "LEASEHOLD_GRACE", hide_env_values = true, default_value = "5s", value_parser = parse_duration, allow_hyphen_values = true)]
     pub grace: Duration,
     /// Serve a page for people on /, /watch (Server-Sent Events), /status

@@ -14,7 +14,9 @@
 //!   killed at the deadline, so that it can exit cleanly before the
 //!   guard's SIGKILL there.
 //! - A stop, a handover or a move: the command is asked to stop and killed
-//!   after the grace period, never later than the lease deadline.
+//!   after the grace period, never later than the lease deadline (which
+//!   renewals move on meanwhile: a grace longer than the TTL is honoured
+//!   while they succeed).
 //! - Once stopping, later stop requests and the deadline's warning change
 //!   nothing; a loss still kills at once.
 
@@ -54,6 +56,8 @@ pub(crate) struct Stopping {
     lead: Duration,
     why: TermEnd,
     kill_at: Option<Instant>,
+    /// The end of the grace period a stop gave the command.
+    grace_until: Option<Instant>,
     lost: bool,
 }
 
@@ -66,6 +70,7 @@ impl Stopping {
             lead: grace.min(renew_every),
             why: TermEnd::Exited,
             kill_at: None,
+            grace_until: None,
             lost: false,
         }
     }
@@ -159,9 +164,20 @@ impl Stopping {
             Cause::HandOver(handover) => (Signal::SIGTERM, TermEnd::HandedOver(handover)),
             Cause::Moved => (Signal::SIGTERM, TermEnd::Moved),
         };
-        self.kill_at = Some((now + self.grace).min(deadline));
+        let grace_until = now + self.grace;
+        self.grace_until = Some(grace_until);
+        self.kill_at = Some(grace_until.min(deadline));
         self.why = why;
         vec![Deliver::Group(signal)]
+    }
+
+    /// A renewal moved the lease deadline to `deadline`: a stopped
+    /// command's kill, held back by the old deadline, moves with it up to
+    /// the end of its grace period.
+    pub(crate) fn deadline_moved(&mut self, deadline: Instant) {
+        if let (Some(kill_at), Some(until)) = (&mut self.kill_at, self.grace_until) {
+            *kill_at = (*kill_at).max(until.min(deadline));
+        }
     }
 }
 

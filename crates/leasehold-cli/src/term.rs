@@ -124,6 +124,7 @@ impl Term<'_> {
                 }
                 moved = leadership.deadline_after(deadline), if !lost => {
                     child.extend(moved).await;
+                    stopping.deadline_moved(moved);
                     continue;
                 }
                 () = &mut store_gone, if !lost => {

@@ -110,3 +110,30 @@ fn once_stopping_later_requests_and_the_risk_change_nothing_but_a_loss_kills() {
     assert_eq!(s.leadership_lost(LostReason::Resigned), vec![TERM, KILL]);
     assert!(matches!(s.into_why(), TermEnd::Lost(_)));
 }
+
+#[test]
+fn a_stop_s_kill_follows_the_deadline_renewals_move_up_to_the_grace_period() {
+    let mut s = term();
+    s.stop(Cause::Stop(Signal::SIGTERM), t(0), t(3_000));
+    assert_eq!(s.kill_at(), Some(t(3_000)));
+    s.deadline_moved(t(4_000));
+    assert_eq!(s.kill_at(), Some(t(4_000)));
+    s.deadline_moved(t(9_000));
+    assert_eq!(
+        s.kill_at(),
+        Some(t(5_000)),
+        "no later than the grace period"
+    );
+    // Once killed, a later renewal arms nothing.
+    assert_eq!(s.kill_due(), vec![KILL]);
+    s.deadline_moved(t(12_000));
+    assert_eq!(s.kill_at(), None);
+}
+
+#[test]
+fn at_risk_the_kill_stays_at_the_deadline_that_was_at_risk() {
+    let mut s = term();
+    s.at_risk(t(10_000), t(10_000));
+    s.deadline_moved(t(14_000));
+    assert_eq!(s.kill_at(), Some(t(10_000)));
+}

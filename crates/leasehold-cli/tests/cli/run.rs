@@ -750,6 +750,41 @@ fn a_command_ignoring_sigterm_is_killed_after_the_grace_period() {
     assert!(status_json(&scratch.store_url(), "stubborn")["leader"].is_null());
 }
 
+/// A grace period longer than the TTL is honoured while renewals go on:
+/// the kill waits for it, not for the lease deadline the stop found
+/// (found by a review: `--ttl 3s --grace 8s` killed after 2.9 s).
+#[test]
+fn a_grace_period_longer_than_the_ttl_is_honoured_while_renewals_go_on() {
+    let scratch = Scratch::new();
+    let mut runner = Proc::spawn(
+        leasehold()
+            .args(["run", "--election", "patient", "--ttl", "2s"])
+            .args(["--grace", "4s", "--store", &scratch.store_url(), "--"])
+            .args([
+                "sh",
+                "-c",
+                "trap '' TERM; echo ready > ready; while :; do sleep 0.05; done",
+            ])
+            .current_dir(scratch.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    assert!(wait_until(10 * SECOND, || scratch.path("ready").exists()));
+    let sent = Instant::now();
+    runner.signal(Signal::SIGTERM);
+    assert!(
+        runner.wait_for_exit(3 * SECOND).is_none(),
+        "killed at the lease deadline the stop found, before the grace period"
+    );
+    let status = runner.wait_for_exit(10 * SECOND).expect("run exits");
+    assert!(
+        sent.elapsed() >= 4 * SECOND,
+        "killed before the grace period"
+    );
+    assert_eq!(status.code(), Some(128 + 9), "ended by SIGKILL");
+    assert!(status_json(&scratch.store_url(), "patient")["leader"].is_null());
+}
+
 /// A waiting replica says who leads, and says so again when it changes.
 #[test]
 fn a_follower_logs_who_leads() {

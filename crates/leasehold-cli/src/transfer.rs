@@ -70,7 +70,10 @@ async fn done_says(
             let why = if still_waits {
                 format!("another move (a transfer or a preemption) won; {asked} still waits")
             } else {
-                format!("{asked} left the line during the transfer")
+                format!(
+                    "{asked} left the line during the transfer (it stopped waiting, or its \
+                     session ended: a replica stopped or gone)"
+                )
             };
             crate::say(&format!("{now_leads}, not {asked}: {why}"));
             Ok(ExitCode::FAILURE)

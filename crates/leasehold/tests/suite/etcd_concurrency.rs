@@ -271,11 +271,8 @@ async fn a_recipe_layout_inside_a_leasehold_store_is_refused() {
         )
         .await;
         match opened {
-            Err(leasehold::Error::Corrupt(message)) => {
-                assert!(
-                    message.contains("a prefix of its own"),
-                    "{prefix}: {message}"
-                );
+            Err(leasehold::Error::InvalidInput { reason, .. }) => {
+                assert!(reason.contains("a prefix of its own"), "{prefix}: {reason}");
             }
             other => panic!("{prefix}: a recipe layout in a store was opened: {other:?}"),
         }

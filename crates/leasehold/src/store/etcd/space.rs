@@ -157,24 +157,30 @@ impl EtcdKeys {
             other => other?,
         };
         if let Some(outer) = &survey.enclosing {
-            return Err(Error::Corrupt(format!(
-                "etcd prefix {} is inside the leasehold store at prefix {outer}; \
-                 ?layout={} needs a prefix of its own",
-                self.prefix, self.layout
-            )));
+            return Err(Error::invalid(
+                "store URL",
+                format!(
+                    "etcd prefix {} is inside the leasehold store at prefix {outer}; \
+                     ?layout={} needs a prefix of its own",
+                    self.prefix, self.layout
+                ),
+            ));
         }
         if survey
             .marker
             .as_ref()
             .is_some_and(|kv| marker_version(kv).is_ok())
         {
-            return Err(Error::Corrupt(format!(
-                "etcd prefix {} is a leasehold store (it has the marker {}); \
-                 ?layout={} needs a prefix of its own",
-                self.prefix,
-                self.marker_key(),
-                self.layout
-            )));
+            return Err(Error::invalid(
+                "store URL",
+                format!(
+                    "etcd prefix {} is a leasehold store (it has the marker {}); \
+                     ?layout={} needs a prefix of its own",
+                    self.prefix,
+                    self.marker_key(),
+                    self.layout
+                ),
+            ));
         }
         Ok(())
     }

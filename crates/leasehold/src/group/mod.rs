@@ -236,6 +236,13 @@ pub(crate) async fn join(
         store.delete_note(session, group, MEMBER).await?;
         return Err(refusal);
     }
+    if members(&notes)
+        .iter()
+        .any(|m| &m.candidate == candidate && m.session != session)
+    {
+        tracing::warn!(%group, id = %candidate,
+            "another replica with this candidate id is a member of the group (ids must be unique: give each replica its own); this one waits while the other lives");
+    }
     Ok(())
 }
 

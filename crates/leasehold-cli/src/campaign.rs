@@ -31,7 +31,7 @@ pub async fn run(args: CampaignArgs) -> anyhow::Result<ExitCode> {
     for _ in 0..args.rounds {
         emit(&say.event("campaigning", None, None))?;
         let leadership = tokio::select! {
-            outcome = crate::run::campaign_plain(&elector, election) => match outcome {
+            outcome = elector.campaign(election) => match outcome {
                 Ok(leadership) => leadership,
                 Err(error) => {
                     // Out of the line and the session closed now, not at

@@ -535,24 +535,6 @@ pub(crate) async fn refuse_a_group(
     Ok(())
 }
 
-/// Campaigns for the single election `election`; once granted, gives it
-/// back and refuses if a group took its name meanwhile. (Checked before
-/// the campaign too; a group that joins checks again once it has, so
-/// that of two that start at once at least one sees the other.)
-pub(crate) async fn campaign_plain(
-    elector: &Elector,
-    election: &ElectionName,
-) -> leasehold::Result<Leadership> {
-    let leadership = elector.campaign(election).await?;
-    if let Err(refused) = refuse_a_group(&**elector.store(), election, true).await {
-        if let Err(error) = leadership.resign().await {
-            tracing::debug!(%election, %error, "could not give back a group's name");
-        }
-        return Err(refused);
-    }
-    Ok(leadership)
-}
-
 /// One campaign: for the election, or with `slots` for one of its slots
 /// (which one, with the grant).
 async fn campaign_once(
@@ -561,7 +543,7 @@ async fn campaign_once(
     slots: Option<u32>,
 ) -> leasehold::Result<(Leadership, Option<u32>)> {
     match slots {
-        None => campaign_plain(elector, election).await.map(|l| (l, None)),
+        None => elector.campaign(election).await.map(|l| (l, None)),
         Some(k) => {
             let slot = elector.campaign_slot(election, k).await?;
             tracing::info!(%election, slot = slot.index, slots = k, "holding a slot");

@@ -252,7 +252,7 @@ impl Sidecar {
             }
             self.local().waiting = true;
             let outcome = tokio::select! {
-                outcome = crate::run::campaign_plain(&self.elector, &self.election) => outcome,
+                outcome = self.elector.campaign(&self.election) => outcome,
                 signal = self.inputs.stop_requested(&self.election) => {
                     tracing::info!(%signal, "stopping while waiting to lead");
                     self.local().waiting = false;

@@ -83,6 +83,7 @@ impl Elector {
         let mut missing = false;
         loop {
             let notes = self.store.notes(election).await?;
+            group_refuses(election, &notes)?;
             let mut marked = false;
             let line = line::standbys(&notes);
             let Some(ahead) = line::place(&line, sid) else {
@@ -374,6 +375,20 @@ enum Asked {
     Withdrew,
 }
 
+/// A single election's campaign finds, once its note is in the line,
+/// that a group uses the name: it withdraws (its note goes with the
+/// campaign). A group's member that joins after that note was written sees
+/// it and withdraws instead, so that of the two at least one sees the
+/// other; an unwaited grant is made only while no note is kept at all.
+fn group_refuses(election: &ElectionName, notes: &[Note]) -> Result<()> {
+    match crate::group::kind_of(notes) {
+        Some(kind) => Err(Error::Conflict(format!(
+            "{election} is a group of {kind}: a single election cannot use its name"
+        ))),
+        None => Ok(()),
+    }
+}
+
 fn watch_ended() -> Error {
     Error::Unavailable {
         reason: "the store's watch ended".into(),
@@ -517,5 +532,47 @@ mod tests {
             matches!(waited, Ok(Ok(false))),
             "b still waits behind a, which waits behind b: {waited:?}"
         );
+    }
+
+    /// A single election's campaign that finds a group's member on the
+    /// name once its own note is in the line is refused, and leaves the
+    /// line (before, it was granted, and its command ran beside the
+    /// group's: the member had looked before this note was there).
+    #[tokio::test]
+    async fn a_campaign_on_a_group_s_name_is_refused_once_in_line() {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        let group = ElectionName::new("jobs").expect("valid name");
+        let member = store.open_session(TTL).await.expect("a session").id;
+        crate::group::join(
+            &*store,
+            member,
+            &group,
+            crate::group::GroupKind::Shards(2),
+            &CandidateId::new("member").expect("valid id"),
+        )
+        .await
+        .expect("joined");
+        let elector = Elector::new(
+            Arc::clone(&store),
+            CandidateId::new("plain").expect("valid id"),
+            LeaseConfig::new(TTL),
+        )
+        .expect("config");
+        let campaign = tokio::time::timeout(Duration::from_secs(10), elector.campaign(&group))
+            .await
+            .expect("answered");
+        assert!(
+            matches!(&campaign, Err(Error::Conflict(why)) if why.contains("is a group of 2 shards")),
+            "{:?}",
+            campaign.map(|l| l.token())
+        );
+        assert_eq!(store.leader(&group).await.expect("read"), None);
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while !line::line(&*store, &group).await.expect("read").is_empty() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the campaign's note left the line");
     }
 }

@@ -332,9 +332,15 @@ impl PlannedArgs {
     /// notes, which another recipe's layout and a group do not keep.
     pub fn first_set(&self) -> Option<&'static str> {
         [
-            (self.priority != 0, "--priority"),
-            (self.preempt_after.is_some(), "--preempt-after"),
-            (!self.lock_delay.is_zero(), "--lock-delay"),
+            (self.priority != 0, "--priority (or LEASEHOLD_PRIORITY)"),
+            (
+                self.preempt_after.is_some(),
+                "--preempt-after (or LEASEHOLD_PREEMPT_AFTER)",
+            ),
+            (
+                !self.lock_delay.is_zero(),
+                "--lock-delay (or LEASEHOLD_LOCK_DELAY)",
+            ),
         ]
         .into_iter()
         .find_map(|(set, flag)| set.then_some(flag))
@@ -460,8 +466,8 @@ impl RunArgs {
         } else {
             return Ok(());
         };
-        let restart_delay =
-            (self.slots.is_some() && self.restart_delay.is_some()).then_some("--restart-delay");
+        let restart_delay = (self.slots.is_some() && self.restart_delay.is_some())
+            .then_some("--restart-delay (or LEASEHOLD_RESTART_DELAY)");
         match restart_delay.or(self.planned.first_set()) {
             Some(flag) => Err(leasehold::Error::InvalidInput {
                 what: "options",

@@ -104,6 +104,12 @@ fn round(tool: &Tool, signal: Signal, name: &str, i: usize, outcome: &mut Outcom
     a.signal(signal);
     let next = b.line_with("start", Duration::from_secs(20));
     outcome.rounds += 1;
+    // What the successor's command started, killed with the rest below:
+    // `etcdctl lock` leaves its command running when it exits.
+    let started = next
+        .as_ref()
+        .map(|(_, line)| pids(line))
+        .unwrap_or_default();
     if let Some((t1, _)) = next {
         outcome.samples.push(t1 - t0);
         // SIGKILL: anything of the old command left; SIGSTOP: the old
@@ -119,7 +125,7 @@ fn round(tool: &Tool, signal: Signal, name: &str, i: usize, outcome: &mut Outcom
     }
     a.stop();
     b.stop();
-    for p in held {
+    for p in held.into_iter().chain(started) {
         let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
     }
 }

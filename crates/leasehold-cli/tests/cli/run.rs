@@ -708,21 +708,19 @@ fn an_observe_line_has_the_keys_of_status_json() {
     );
 }
 
-/// A command that ignores SIGTERM gets SIGKILL after --grace; the election
-/// is released and `run` reports the kill.
-#[test]
-fn a_command_ignoring_sigterm_is_killed_after_the_grace_period() {
-    let scratch = Scratch::new();
-    let mut runner = Proc::spawn(
+/// A runner of `election` whose command ignores SIGTERM, once that
+/// command runs; with the time SIGTERM was sent to the runner.
+fn ignoring_sigterm(scratch: &Scratch, election: &str, ttl: &str, grace: &str) -> (Proc, Instant) {
+    let runner = Proc::spawn(
         leasehold()
             .args([
                 "run",
                 "--election",
-                "stubborn",
+                election,
                 "--ttl",
-                "30s",
+                ttl,
                 "--grace",
-                "300ms",
+                grace,
             ])
             .args(["--store", &scratch.store_url(), "--"])
             .args([
@@ -737,6 +735,15 @@ fn a_command_ignoring_sigterm_is_killed_after_the_grace_period() {
     assert!(wait_until(10 * SECOND, || scratch.path("ready").exists()));
     let sent = Instant::now();
     runner.signal(Signal::SIGTERM);
+    (runner, sent)
+}
+
+/// A command that ignores SIGTERM gets SIGKILL after --grace; the election
+/// is released and `run` reports the kill.
+#[test]
+fn a_command_ignoring_sigterm_is_killed_after_the_grace_period() {
+    let scratch = Scratch::new();
+    let (mut runner, sent) = ignoring_sigterm(&scratch, "stubborn", "30s", "300ms");
     let status = runner.wait_for_exit(10 * SECOND).expect("run exits");
     assert!(
         sent.elapsed() >= Duration::from_millis(300),
@@ -756,22 +763,7 @@ fn a_command_ignoring_sigterm_is_killed_after_the_grace_period() {
 #[test]
 fn a_grace_period_longer_than_the_ttl_is_honoured_while_renewals_go_on() {
     let scratch = Scratch::new();
-    let mut runner = Proc::spawn(
-        leasehold()
-            .args(["run", "--election", "patient", "--ttl", "2s"])
-            .args(["--grace", "4s", "--store", &scratch.store_url(), "--"])
-            .args([
-                "sh",
-                "-c",
-                "trap '' TERM; echo ready > ready; while :; do sleep 0.05; done",
-            ])
-            .current_dir(scratch.dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null()),
-    );
-    assert!(wait_until(10 * SECOND, || scratch.path("ready").exists()));
-    let sent = Instant::now();
-    runner.signal(Signal::SIGTERM);
+    let (mut runner, sent) = ignoring_sigterm(&scratch, "patient", "2s", "4s");
     assert!(
         runner.wait_for_exit(3 * SECOND).is_none(),
         "killed at the lease deadline the stop found, before the grace period"

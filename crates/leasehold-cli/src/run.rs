@@ -508,7 +508,12 @@ pub(crate) async fn refuse_a_group(
     plain: bool,
 ) -> leasehold::Result<()> {
     // A store that keeps no notes has no groups; one that cannot be read
-    // now is retried by the campaign.
+    // now is retried by the campaign (which checks again).
+    if let Err(refused @ leasehold::Error::Conflict(_)) =
+        leasehold::admin::refuse_inside_group(store, election).await
+    {
+        return Err(refused);
+    }
     let kind_of = async |name: &ElectionName| {
         store
             .notes(name)
@@ -516,13 +521,6 @@ pub(crate) async fn refuse_a_group(
             .ok()
             .and_then(|notes| leasehold::admin::kind_of(&notes))
     };
-    if let Some(parent) = leasehold::admin::group_of(election)
-        && let Some(kind) = kind_of(&parent).await
-    {
-        return Err(leasehold::Error::Conflict(format!(
-            "{election} belongs to the group {parent} of {kind}: only its members take it"
-        )));
-    }
     if plain && let Some(kind) = kind_of(election).await {
         let flag = match kind {
             leasehold::admin::GroupKind::Shards(n) => format!("--shards {n}"),

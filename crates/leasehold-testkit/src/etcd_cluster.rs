@@ -41,7 +41,31 @@ pub struct EtcdCluster {
     members: Vec<Member>,
     token: String,
     secured: Option<Secured>,
+    timing: Timing,
 }
+
+/// The members' raft heartbeat and election timeout, in milliseconds.
+#[derive(Clone, Copy, Debug)]
+struct Timing {
+    heartbeat_ms: u64,
+    election_ms: u64,
+}
+
+/// A tenth of etcd's defaults: a killed or cut-off leader is replaced
+/// within about half a second, which fault tests wait for. Under a loaded
+/// machine such a cluster can also lose its leader with no fault at all.
+const FAST: Timing = Timing {
+    heartbeat_ms: 50,
+    election_ms: 500,
+};
+
+/// etcd's own defaults, for a cluster that many tests share and none
+/// faults: a member starved of CPU for a few hundred milliseconds (the
+/// whole suite runs beside it) does not start an election.
+const STEADY: Timing = Timing {
+    heartbeat_ms: 100,
+    election_ms: 1000,
+};
 
 /// How many times a cluster is started on fresh ports before giving up:
 /// a port found free can still be taken by a concurrent test's server
@@ -52,17 +76,24 @@ impl EtcdCluster {
     /// Starts `size` members and waits until the cluster serves requests.
     /// Panics with a clear message if `etcd` is not installed or does not
     /// come up (this is test support).
+    /// Its members elect a new raft leader quickly (for fault tests).
     pub fn start(size: usize) -> Self {
-        Self::start_on_fresh_ports(size, None)
+        Self::start_on_fresh_ports(size, None, FAST)
+    }
+
+    /// Starts `size` members with etcd's default raft timings: for a
+    /// cluster shared by many tests, which no test faults.
+    pub fn start_steady(size: usize) -> Self {
+        Self::start_on_fresh_ports(size, None, STEADY)
     }
 
     /// Starts the members on fresh ports and folders, again after a
     /// member that did not come up (its port taken), up to
     /// [`START_ATTEMPTS`] times.
-    fn start_on_fresh_ports(size: usize, secured: Option<&Secured>) -> Self {
+    fn start_on_fresh_ports(size: usize, secured: Option<&Secured>, timing: Timing) -> Self {
         let mut attempt = 1;
         loop {
-            let mut cluster = Self::unstarted(size, secured.cloned());
+            let mut cluster = Self::unstarted(size, secured.cloned(), timing);
             for i in 0..size {
                 cluster.spawn(i, "new");
             }
@@ -77,7 +108,7 @@ impl EtcdCluster {
         }
     }
 
-    fn unstarted(size: usize, secured: Option<Secured>) -> Self {
+    fn unstarted(size: usize, secured: Option<Secured>, timing: Timing) -> Self {
         let dir = std::env::temp_dir().join(format!(
             "leasehold-etcd-{}-{}",
             std::process::id(),
@@ -98,6 +129,7 @@ impl EtcdCluster {
             dir,
             members,
             secured,
+            timing,
         }
     }
 
@@ -116,7 +148,7 @@ impl EtcdCluster {
             admin: ca.issue("etcd-root", "root", Usage::Client, false),
             token_ttl,
         };
-        let cluster = Self::start_on_fresh_ports(1, Some(&secured));
+        let cluster = Self::start_on_fresh_ports(1, Some(&secured), FAST);
         let password = format!("root-{}", crate::monotonic_ns());
         cluster.etcdctl(&[
             "user",
@@ -245,7 +277,8 @@ impl EtcdCluster {
             .arg(format!("--initial-cluster={}", initial.join(",")))
             .arg(format!("--initial-cluster-state={state}"))
             .arg(format!("--initial-cluster-token={}", self.token))
-            .args(["--heartbeat-interval=50", "--election-timeout=500"])
+            .arg(format!("--heartbeat-interval={}", self.timing.heartbeat_ms))
+            .arg(format!("--election-timeout={}", self.timing.election_ms))
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log file"))
             .stderr(log)

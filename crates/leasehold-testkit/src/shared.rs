@@ -38,7 +38,7 @@ fn shared(var: &str) -> Option<String> {
 
 /// The run's etcd cluster, or a 3-member cluster of the test's own.
 pub fn etcd() -> Server<EtcdCluster> {
-    shared(ETCD).map_or_else(|| Server::Own(EtcdCluster::start(3)), Server::Shared)
+    shared(ETCD).map_or_else(|| Server::Own(EtcdCluster::start_steady(3)), Server::Shared)
 }
 
 /// The run's ZooKeeper server, or one of the test's own.

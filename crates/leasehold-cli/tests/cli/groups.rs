@@ -285,6 +285,40 @@ fn a_plain_run_and_a_group_started_at_once_never_both_run() {
     }
 }
 
+/// A plain `run` that leads one of a group's shard names before the group
+/// has members refuses the group, in one line naming it (before, the group
+/// counted it as that shard's owner when their ids matched, and waited
+/// for the shard as long as it ran).
+#[test]
+fn a_group_is_refused_while_a_plain_run_leads_one_of_its_shards() {
+    let scratch = Scratch::new();
+    let store = scratch.store_url();
+    let _plain = Proc::spawn(
+        leasehold()
+            .args(["run", "-e", "jobs/shard/1", "--id", "a", "--store", &store])
+            .args(["--", "sh", "-c", "echo started >> plain.log; exec sleep 60"])
+            .current_dir(scratch.dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    assert!(wait_until(10 * SECOND, || !read_lines(
+        &scratch.path("plain.log")
+    )
+    .is_empty()));
+    let out = leasehold()
+        .args(["run", "--election", GROUP, "--store", &store, "--id", "a"])
+        .args(["--shards", "2", "--", "true"])
+        .output()
+        .expect("spawn");
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let last = stderr(&out).lines().last().unwrap_or_default().to_owned();
+    assert!(
+        last.contains("jobs/shard/1 is a single election, led by a"),
+        "{}",
+        stderr(&out)
+    );
+}
+
 #[test]
 fn group_flags_are_checked() {
     let scratch = Scratch::new();

@@ -31,7 +31,7 @@ fn main() {
         eprintln!("shared-servers: its parent exited before the servers started");
         std::process::exit(1);
     }
-    let etcd = std::thread::spawn(|| EtcdCluster::start(3));
+    let etcd = std::thread::spawn(|| EtcdCluster::start_steady(3));
     let zookeeper = std::thread::spawn(ZooKeeperServer::start);
     let postgres = PostgresServer::start();
     let ca_dir = std::env::temp_dir().join(format!("leasehold-shared-ca-{}", std::process::id()));

@@ -237,7 +237,7 @@ impl Elector {
                 biased;
                 outcome = async {
                     if in_line {
-                        self.campaign_in_line(&session, election).await
+                        self.campaign_single(&session, election).await
                     } else {
                         self.store.campaign(session.id(), election, &self.candidate).await.map(|g| (g, Taken::WithoutLine))
                     }

@@ -26,6 +26,30 @@ pub(super) enum Taken {
 }
 
 impl Elector {
+    /// A single election's campaign ([`Elector::campaign_in_line`]),
+    /// refused on the name of a shard or slot of a group that has members,
+    /// before it starts and again once granted, resigning the grant: of a
+    /// group joined meanwhile and this campaign, at least one sees the
+    /// other (the group's members check for a single election's holder
+    /// after they joined). No store request for any other name.
+    pub(super) async fn campaign_single(
+        &self,
+        session: &Arc<Session>,
+        election: &ElectionName,
+    ) -> Result<(Grant, Taken)> {
+        crate::group::refuse_inside_group(&*self.store, election).await?;
+        let (grant, taken) = self.campaign_in_line(session, election).await?;
+        if let Err(refused @ Error::Conflict(_)) =
+            crate::group::refuse_inside_group(&*self.store, election).await
+        {
+            if let Err(error) = self.store.resign(&grant).await {
+                tracing::debug!(%election, %error, "could not resign a grant inside a group; it ends with its session");
+            }
+            return Err(refused);
+        }
+        Ok((grant, taken))
+    }
+
     /// Campaigns on `session` as one of the line of standbys; with the
     /// grant, how it was taken. On a store that keeps no notes, campaigns
     /// directly (priorities and lock-delay then cannot be honoured, and

@@ -211,12 +211,17 @@ pub(crate) async fn join(
     candidate: &CandidateId,
 ) -> Result<()> {
     kind.check(group)?;
+    refuse_inside_group(store, group).await?;
     let notes = store.notes(group).await?;
     if let Some(first) = members(&notes).first().filter(|m| m.kind != kind) {
         return Err(conflict(group, first, kind));
     }
-    // A single election refuses a group's name likewise.
+    // A single election refuses a group's name likewise, and one that
+    // holds a name of its shards or slots.
     if let Some(refusal) = single_election(store, group, kind, &notes).await? {
+        return Err(refusal);
+    }
+    if let Some(refusal) = outsider_inside(store, group, kind, &notes).await? {
         return Err(refusal);
     }
     store
@@ -230,7 +235,10 @@ pub(crate) async fn join(
     let notes = store.notes(group).await?;
     let refusal = match members(&notes).first().filter(|m| m.kind != kind) {
         Some(first) => Some(conflict(group, first, kind)),
-        None => single_election(store, group, kind, &notes).await?,
+        None => match single_election(store, group, kind, &notes).await? {
+            Some(refusal) => Some(refusal),
+            None => outsider_inside(store, group, kind, &notes).await?,
+        },
     };
     if let Some(refusal) = refusal {
         store.delete_note(session, group, MEMBER).await?;
@@ -267,6 +275,49 @@ async fn single_election(
             standby.candidate
         ))
     }))
+}
+
+/// The refusal of a group of `kind` on `group` when a single election
+/// holds one of the names its members take (a shard's or a slot's): a
+/// holder on no member's session (`notes` being the group's notes). Its
+/// command runs on, and the group would wait for that name for as long.
+async fn outsider_inside(
+    store: &dyn Store,
+    group: &ElectionName,
+    kind: GroupKind,
+    notes: &[Note],
+) -> Result<Option<Error>> {
+    let sessions: Vec<SessionId> = members(notes).iter().map(|m| m.session).collect();
+    let elections = store.elections().await?;
+    Ok(elections.into_iter().find_map(|state| {
+        let leader = state.leader?;
+        let outsider = leader.session.is_none_or(|s| !sessions.contains(&s));
+        (outsider && group_of(&state.election).as_ref() == Some(group)).then(|| {
+            Error::Conflict(format!(
+                "{} is a single election, led by {} (token {}): a group of {kind} on {group} cannot use its name",
+                state.election, leader.candidate, leader.token.0
+            ))
+        })
+    }))
+}
+
+/// Refuses a single election, or a group, on `election` when it is the
+/// name of a shard or slot of a group that has members: only they take
+/// it. A store that keeps no notes has no groups.
+pub async fn refuse_inside_group(store: &dyn Store, election: &ElectionName) -> Result<()> {
+    let Some(parent) = group_of(election) else {
+        return Ok(());
+    };
+    let notes = match store.notes(&parent).await {
+        Err(Error::Unsupported(_)) => return Ok(()),
+        notes => notes?,
+    };
+    match kind_of(&notes) {
+        Some(kind) => Err(Error::Conflict(format!(
+            "{election} belongs to the group {parent} of {kind}: only its members take it"
+        ))),
+        None => Ok(()),
+    }
 }
 
 #[cfg(test)]
@@ -314,13 +365,15 @@ mod tests {
         );
     }
 
-    /// The memory store, with a single election's candidate granted the
-    /// group's name just before the member's note is written: after the
-    /// member's first look, before its note.
+    /// The memory store, with a single election's candidate granted
+    /// `name` (the group's, or one of its shards') just before the
+    /// member's note is written: after the member's first look, before its
+    /// note.
     #[derive(Debug)]
     struct PlainArrives {
         store: crate::store::memory::MemoryStore,
         plain: SessionId,
+        name: &'static str,
     }
 
     impl crate::store::Wrapper for PlainArrives {
@@ -337,9 +390,9 @@ mod tests {
                 return request;
             }
             Box::pin(async move {
-                let group = ElectionName::new("jobs").expect("valid");
+                let name = ElectionName::new(self.name).expect("valid");
                 let plain = CandidateId::new("plain").expect("valid");
-                self.store.campaign(self.plain, &group, &plain).await?;
+                self.store.campaign(self.plain, &name, &plain).await?;
                 request.await
             })
         }
@@ -349,23 +402,131 @@ mod tests {
     /// joins (both looked before either wrote): the member withdraws its
     /// note and is refused, so that the two never both go on (before, it
     /// joined, and a plain `run` and a group ran under one name).
+    /// Likewise when the name taken meanwhile is one of its shards'.
     #[tokio::test]
     async fn a_member_withdraws_when_a_single_election_took_the_name_meanwhile() {
+        for (name, refused) in [
+            ("jobs", "jobs is a single election, led by plain"),
+            (
+                "jobs/shard/1",
+                "jobs/shard/1 is a single election, led by plain",
+            ),
+        ] {
+            let store = crate::store::memory::MemoryStore::new();
+            let ttl = std::time::Duration::from_secs(30);
+            let plain = store.open_session(ttl).await.expect("open").id;
+            let member = store.open_session(ttl).await.expect("open").id;
+            let racing = PlainArrives {
+                store: store.clone(),
+                plain,
+                name,
+            };
+            let group = ElectionName::new("jobs").expect("valid");
+            let me = CandidateId::new("member").expect("valid");
+            let joined = join(&racing, member, &group, GroupKind::Shards(2), &me).await;
+            assert!(
+                matches!(&joined, Err(Error::Conflict(why)) if why.contains(refused)),
+                "{name}: {joined:?}"
+            );
+            assert_eq!(members(&store.notes(&group).await.expect("read")), []);
+        }
+    }
+
+    /// A single election that holds a shard's name before its group has
+    /// members refuses the group (its command would run on, and the group
+    /// wait for that shard as long), whatever the holder's id; a shard
+    /// held by a member does not.
+    #[tokio::test]
+    async fn a_group_is_refused_while_a_single_election_holds_one_of_its_shards() {
         let store = crate::store::memory::MemoryStore::new();
         let ttl = std::time::Duration::from_secs(30);
-        let plain = store.open_session(ttl).await.expect("open").id;
-        let member = store.open_session(ttl).await.expect("open").id;
-        let racing = PlainArrives {
-            store: store.clone(),
-            plain,
-        };
         let group = ElectionName::new("jobs").expect("valid");
-        let me = CandidateId::new("member").expect("valid");
-        let joined = join(&racing, member, &group, GroupKind::Shards(2), &me).await;
+        let shard = ElectionName::new("jobs/shard/2").expect("valid");
+        let a = CandidateId::new("a").expect("valid");
+        let plain = store.open_session(ttl).await.expect("open").id;
+        // The plain holder has the id of the member that joins next.
+        let held = store.campaign(plain, &shard, &a).await.expect("granted");
+        let member = store.open_session(ttl).await.expect("open").id;
+        let joined = join(&store, member, &group, GroupKind::Shards(3), &a).await;
         assert!(
-            matches!(&joined, Err(Error::Conflict(why)) if why.contains("is a single election, led by plain")),
+            matches!(&joined, Err(Error::Conflict(why))
+                if why.contains("jobs/shard/2 is a single election, led by a (token")),
             "{joined:?}"
         );
         assert_eq!(members(&store.notes(&group).await.expect("read")), []);
+
+        // Once it let go, members join, and one's own shard refuses none.
+        store.resign(&held).await.expect("resign");
+        join(&store, member, &group, GroupKind::Shards(3), &a)
+            .await
+            .expect("joins");
+        store.campaign(member, &shard, &a).await.expect("granted");
+        let b = CandidateId::new("b").expect("valid");
+        let other = store.open_session(ttl).await.expect("open").id;
+        join(&store, other, &group, GroupKind::Shards(3), &b)
+            .await
+            .expect("a member's shard is no single election");
+    }
+
+    /// The memory store, with a member joining group `jobs` just before
+    /// a single election's candidate is granted `jobs/shard/0`: after the
+    /// candidate's first look.
+    #[derive(Debug)]
+    struct MemberArrives {
+        store: crate::store::memory::MemoryStore,
+        member: SessionId,
+    }
+
+    impl crate::store::Wrapper for MemberArrives {
+        fn inner(&self) -> &dyn Store {
+            &self.store
+        }
+
+        fn around<'a, T: Send + 'a>(
+            &'a self,
+            call: crate::store::Call,
+            request: crate::store::Request<'a, T>,
+        ) -> crate::store::Request<'a, T> {
+            if call != crate::store::Call::TryCampaignUnwaited {
+                return request;
+            }
+            Box::pin(async move {
+                let group = ElectionName::new("jobs").expect("valid");
+                let id = CandidateId::new("member").expect("valid");
+                join(&self.store, self.member, &group, GroupKind::Shards(2), &id).await?;
+                request.await
+            })
+        }
+    }
+
+    /// A single election on a shard's name is refused while the group
+    /// has members, and, granted just as a member joined, resigns and is
+    /// refused (before, it held the shard and ran beside the group).
+    #[tokio::test]
+    async fn a_single_election_on_a_shard_of_a_group_with_members_is_refused() {
+        use crate::{Elector, LeaseConfig};
+        use std::sync::Arc;
+        let store = crate::store::memory::MemoryStore::new();
+        let ttl = std::time::Duration::from_secs(30);
+        let member = store.open_session(ttl).await.expect("open").id;
+        let racing: Arc<dyn Store> = Arc::new(MemberArrives {
+            store: store.clone(),
+            member,
+        });
+        let shard = ElectionName::new("jobs/shard/0").expect("valid");
+        let plain = CandidateId::new("plain").expect("valid");
+        let elector = Elector::new(racing, plain.clone(), LeaseConfig::new(ttl)).expect("config");
+        let refused = |outcome: &Result<crate::Leadership>| {
+            matches!(outcome, Err(Error::Conflict(why))
+                if why.contains("jobs/shard/0 belongs to the group jobs of 2 shards"))
+        };
+        let raced = elector.campaign(&shard).await;
+        assert!(refused(&raced), "{:?}", raced.err());
+        assert_eq!(store.leader(&shard).await.expect("read"), None, "kept");
+        let plain_store: Arc<dyn Store> = Arc::new(store.clone());
+        let elector = Elector::new(plain_store, plain, LeaseConfig::new(ttl)).expect("config");
+        let later = elector.campaign(&shard).await;
+        assert!(refused(&later), "{:?}", later.err());
+        assert_eq!(store.leader(&shard).await.expect("read"), None, "taken");
     }
 }

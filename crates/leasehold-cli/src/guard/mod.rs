@@ -215,14 +215,7 @@ impl Supervised {
         for order in &orders {
             supervised.tell(order).await?;
         }
-        // The command may stop its guard before the guard reports it
-        // started: continue it meanwhile, as `run` does while it leads.
-        let report = loop {
-            match tokio::time::timeout(GUARD_WAKE, supervised.report()).await {
-                Ok(report) => break report?,
-                Err(_) => supervised.wake_guard(),
-            }
-        };
+        let report = supervised.started_report().await?;
         match report {
             Some(Report::Started(pid)) => {
                 supervised.pgid = pid;
@@ -234,6 +227,41 @@ impl Supervised {
             }
             other => anyhow::bail!("the guard process answered {other:?} instead of starting"),
         }
+    }
+
+    /// The guard's first report. The command may stop its guard before
+    /// the guard reports it started: `run` continues it meanwhile, as it
+    /// does while it leads, and at once if the store's file leaves its
+    /// path, so that the guard kills the command (which may already run)
+    /// rather than only once the report is in; `run` then kills it too as
+    /// soon as it knows its process group.
+    async fn started_report(&mut self) -> anyhow::Result<Option<Report>> {
+        let mut wake =
+            tokio::time::interval_at(tokio::time::Instant::now() + GUARD_WAKE, GUARD_WAKE);
+        let (mut gone, mut seen_gone) = (self.store_gone.take(), false);
+        let report = loop {
+            let watch = async {
+                match gone.as_mut() {
+                    Some(gone) => gone.await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                report = self.report() => break report,
+                () = watch, if !seen_gone => {
+                    seen_gone = true;
+                    self.wake_guard();
+                }
+                _ = wake.tick() => self.wake_guard(),
+            }
+        };
+        // Seen gone: the term kills the command as soon as it begins.
+        self.store_gone = match seen_gone {
+            true => Some(StoreGone(Box::pin(std::future::ready(())))),
+            false => gone,
+        };
+        report
     }
 
     async fn tell(&mut self, order: &Order) -> anyhow::Result<()> {

@@ -378,12 +378,16 @@ fn under_a_stopped(
         "b never ran: {}",
         std::fs::read_to_string(scratch.path("b.err")).unwrap_or_default()
     );
-    assert_eq!(
-        overlaps(scratch),
-        Vec::<String>::new(),
-        "two leaders at once"
-    );
+    let overlapped = overlaps(scratch);
     let status = a.wait_for_exit(PATIENCE).expect("a exits");
+    let err = |id: &str| std::fs::read_to_string(scratch.path(&format!("{id}.err")));
+    assert_eq!(
+        overlapped,
+        Vec::<String>::new(),
+        "two leaders at once; a's stderr: {:?}; b's: {:?}",
+        err("a"),
+        err("b")
+    );
     let a_err = std::fs::read_to_string(scratch.path("a.err")).unwrap_or_default();
     assert_eq!(status.code(), Some(1), "{a_err}");
     // The guard killed the command; `run`, continued, does not claim to.

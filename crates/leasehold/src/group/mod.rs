@@ -365,18 +365,27 @@ mod tests {
         );
     }
 
-    /// The memory store, with a single election's candidate granted
-    /// `name` (the group's, or one of its shards') just before the
-    /// member's note is written: after the member's first look, before its
-    /// note.
+    /// Who arrives in the middle of a call ([`Arrives`]).
     #[derive(Debug)]
-    struct PlainArrives {
-        store: crate::store::memory::MemoryStore,
-        plain: SessionId,
-        name: &'static str,
+    enum Arrival {
+        /// A single election's candidate, on this session, is granted this
+        /// name (the group's, or one of its shards') just before a member's
+        /// note is written: after the member's first look, before its note.
+        Plain(SessionId, &'static str),
+        /// A member, on this session, joins group `jobs` just before a
+        /// single election's candidate is granted without a note: after the
+        /// candidate's first look.
+        Member(SessionId),
     }
 
-    impl crate::store::Wrapper for PlainArrives {
+    /// The memory store, with someone arriving in the middle of a call.
+    #[derive(Debug)]
+    struct Arrives {
+        store: crate::store::memory::MemoryStore,
+        who: Arrival,
+    }
+
+    impl crate::store::Wrapper for Arrives {
         fn inner(&self) -> &dyn Store {
             &self.store
         }
@@ -386,15 +395,24 @@ mod tests {
             call: crate::store::Call,
             request: crate::store::Request<'a, T>,
         ) -> crate::store::Request<'a, T> {
-            if call != crate::store::Call::PutNote {
-                return request;
+            use crate::store::Call;
+            let group = ElectionName::new("jobs").expect("valid");
+            match self.who {
+                Arrival::Plain(plain, name) if call == Call::PutNote => Box::pin(async move {
+                    let name = ElectionName::new(name).expect("valid");
+                    let id = CandidateId::new("plain").expect("valid");
+                    self.store.campaign(plain, &name, &id).await?;
+                    request.await
+                }),
+                Arrival::Member(member) if call == Call::TryCampaignUnwaited => {
+                    Box::pin(async move {
+                        let id = CandidateId::new("member").expect("valid");
+                        join(&self.store, member, &group, GroupKind::Shards(2), &id).await?;
+                        request.await
+                    })
+                }
+                _ => request,
             }
-            Box::pin(async move {
-                let name = ElectionName::new(self.name).expect("valid");
-                let plain = CandidateId::new("plain").expect("valid");
-                self.store.campaign(self.plain, &name, &plain).await?;
-                request.await
-            })
         }
     }
 
@@ -416,10 +434,9 @@ mod tests {
             let ttl = std::time::Duration::from_secs(30);
             let plain = store.open_session(ttl).await.expect("open").id;
             let member = store.open_session(ttl).await.expect("open").id;
-            let racing = PlainArrives {
+            let racing = Arrives {
                 store: store.clone(),
-                plain,
-                name,
+                who: Arrival::Plain(plain, name),
             };
             let group = ElectionName::new("jobs").expect("valid");
             let me = CandidateId::new("member").expect("valid");
@@ -468,37 +485,6 @@ mod tests {
             .expect("a member's shard is no single election");
     }
 
-    /// The memory store, with a member joining group `jobs` just before
-    /// a single election's candidate is granted `jobs/shard/0`: after the
-    /// candidate's first look.
-    #[derive(Debug)]
-    struct MemberArrives {
-        store: crate::store::memory::MemoryStore,
-        member: SessionId,
-    }
-
-    impl crate::store::Wrapper for MemberArrives {
-        fn inner(&self) -> &dyn Store {
-            &self.store
-        }
-
-        fn around<'a, T: Send + 'a>(
-            &'a self,
-            call: crate::store::Call,
-            request: crate::store::Request<'a, T>,
-        ) -> crate::store::Request<'a, T> {
-            if call != crate::store::Call::TryCampaignUnwaited {
-                return request;
-            }
-            Box::pin(async move {
-                let group = ElectionName::new("jobs").expect("valid");
-                let id = CandidateId::new("member").expect("valid");
-                join(&self.store, self.member, &group, GroupKind::Shards(2), &id).await?;
-                request.await
-            })
-        }
-    }
-
     /// A single election on a shard's name is refused while the group
     /// has members, and, granted just as a member joined, resigns and is
     /// refused (before, it held the shard and ran beside the group).
@@ -509,9 +495,9 @@ mod tests {
         let store = crate::store::memory::MemoryStore::new();
         let ttl = std::time::Duration::from_secs(30);
         let member = store.open_session(ttl).await.expect("open").id;
-        let racing: Arc<dyn Store> = Arc::new(MemberArrives {
+        let racing: Arc<dyn Store> = Arc::new(Arrives {
             store: store.clone(),
-            member,
+            who: Arrival::Member(member),
         });
         let shard = ElectionName::new("jobs/shard/0").expect("valid");
         let plain = CandidateId::new("plain").expect("valid");

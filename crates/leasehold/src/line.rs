@@ -437,6 +437,9 @@ pub(crate) fn watch_ended() -> Error {
 }
 
 #[cfg(test)]
+mod model;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -185,7 +185,7 @@ impl GroupJson {
                 id: m.candidate.to_string(),
                 owns: holders
                     .iter()
-                    .filter(|(_, h)| h.as_ref().is_some_and(|h| h.candidate == m.candidate))
+                    .filter(|(_, h)| h.as_ref().is_some_and(|h| m.holds(h)))
                     .count(),
             })
             .collect();

@@ -285,12 +285,13 @@ fn a_plain_run_and_a_group_started_at_once_never_both_run() {
     }
 }
 
-/// A plain `run` that leads one of a group's shard names before the group
-/// has members refuses the group, in one line naming it (before, the group
-/// counted it as that shard's owner when their ids matched, and waited
-/// for the shard as long as it ran).
+/// A plain `run` that leads one of a group's shard names, started before
+/// the group had members, is no member's, though its id is a member's:
+/// the member owns and runs only the other shard, and `status` counts it so
+/// (before, it counted the plain run's shard as the member's). Meanwhile
+/// another plain `run` on a shard's name is refused.
 #[test]
-fn a_group_is_refused_while_a_plain_run_leads_one_of_its_shards() {
+fn a_plain_run_that_took_a_shard_s_name_first_is_no_member_s() {
     let scratch = Scratch::new();
     let store = scratch.store_url();
     let _plain = Proc::spawn(
@@ -305,18 +306,32 @@ fn a_group_is_refused_while_a_plain_run_leads_one_of_its_shards() {
         &scratch.path("plain.log")
     )
     .is_empty()));
+    let _a = member(&store, &scratch, "a", &["--shards", "2"]);
+    let started = || {
+        read_lines(&scratch.path("moves.log"))
+            .iter()
+            .filter(|l| l.starts_with("start "))
+            .map(|l| l.split(' ').nth(1).unwrap_or_default().to_owned())
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        wait_until(10 * SECOND, || started() == ["0"]),
+        "{:?}",
+        started()
+    );
+    assert!(wait_until(10 * SECOND, || loads(&store, &["a"]) == (vec![1], 2)));
     let out = leasehold()
-        .args(["run", "--election", GROUP, "--store", &store, "--id", "a"])
-        .args(["--shards", "2", "--", "true"])
+        .args(["run", "-e", "jobs/shard/0", "--store", &store, "--id", "b"])
+        .args(["--", "true"])
         .output()
         .expect("spawn");
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
-    let last = stderr(&out).lines().last().unwrap_or_default().to_owned();
     assert!(
-        last.contains("jobs/shard/1 is a single election, led by a"),
+        stderr(&out).contains("belongs to the group jobs"),
         "{}",
         stderr(&out)
     );
+    assert_eq!(started(), ["0"], "the member took the plain run's shard");
 }
 
 #[test]

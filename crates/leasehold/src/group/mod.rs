@@ -11,7 +11,7 @@ use std::fmt;
 
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
-use crate::store::{Grant, Note, SessionId, Store, StoreUrl};
+use crate::store::{Grant, Leader, Note, SessionId, Store, StoreUrl};
 
 pub use assign::assign;
 pub(crate) use many::LeaderWatches;
@@ -155,6 +155,19 @@ pub struct Member {
     pub kind: GroupKind,
 }
 
+impl Member {
+    /// Whether `holder` is this member's grant: on its session, where the
+    /// store tells the holder's, else under its candidate id. A single
+    /// election's leader of a shard's name (taken before the group had
+    /// members) is no member's, whatever its id.
+    pub fn holds(&self, holder: &Leader) -> bool {
+        match holder.session {
+            Some(session) => session == self.session,
+            None => holder.candidate == self.candidate,
+        }
+    }
+}
+
 fn parse_member(note: &Note) -> Option<Member> {
     if note.name != MEMBER {
         return None;
@@ -216,12 +229,8 @@ pub(crate) async fn join(
     if let Some(first) = members(&notes).first().filter(|m| m.kind != kind) {
         return Err(conflict(group, first, kind));
     }
-    // A single election refuses a group's name likewise, and one that
-    // holds a name of its shards or slots.
+    // A single election refuses a group's name likewise.
     if let Some(refusal) = single_election(store, group, kind, &notes).await? {
-        return Err(refusal);
-    }
-    if let Some(refusal) = outsider_inside(store, group, kind, &notes).await? {
         return Err(refusal);
     }
     store
@@ -235,10 +244,7 @@ pub(crate) async fn join(
     let notes = store.notes(group).await?;
     let refusal = match members(&notes).first().filter(|m| m.kind != kind) {
         Some(first) => Some(conflict(group, first, kind)),
-        None => match single_election(store, group, kind, &notes).await? {
-            Some(refusal) => Some(refusal),
-            None => outsider_inside(store, group, kind, &notes).await?,
-        },
+        None => single_election(store, group, kind, &notes).await?,
     };
     if let Some(refusal) = refusal {
         store.delete_note(session, group, MEMBER).await?;
@@ -274,30 +280,6 @@ async fn single_election(
             "{group} is a single election, which {} waits for: a group of {kind} cannot use its name",
             standby.candidate
         ))
-    }))
-}
-
-/// The refusal of a group of `kind` on `group` when a single election
-/// holds one of the names its members take (a shard's or a slot's): a
-/// holder on no member's session (`notes` being the group's notes). Its
-/// command runs on, and the group would wait for that name for as long.
-async fn outsider_inside(
-    store: &dyn Store,
-    group: &ElectionName,
-    kind: GroupKind,
-    notes: &[Note],
-) -> Result<Option<Error>> {
-    let sessions: Vec<SessionId> = members(notes).iter().map(|m| m.session).collect();
-    let elections = store.elections().await?;
-    Ok(elections.into_iter().find_map(|state| {
-        let leader = state.leader?;
-        let outsider = leader.session.is_none_or(|s| !sessions.contains(&s));
-        (outsider && group_of(&state.election).as_ref() == Some(group)).then(|| {
-            Error::Conflict(format!(
-                "{} is a single election, led by {} (token {}): a group of {kind} on {group} cannot use its name",
-                state.election, leader.candidate, leader.token.0
-            ))
-        })
     }))
 }
 
@@ -368,10 +350,10 @@ mod tests {
     /// Who arrives in the middle of a call ([`Arrives`]).
     #[derive(Debug)]
     enum Arrival {
-        /// A single election's candidate, on this session, is granted this
-        /// name (the group's, or one of its shards') just before a member's
-        /// note is written: after the member's first look, before its note.
-        Plain(SessionId, &'static str),
+        /// A single election's candidate, on this session, is granted the
+        /// group's name `jobs` just before a member's note is written: after
+        /// the member's first look, before its note.
+        Plain(SessionId),
         /// A member, on this session, joins group `jobs` just before a
         /// single election's candidate is granted without a note: after the
         /// candidate's first look.
@@ -398,10 +380,9 @@ mod tests {
             use crate::store::Call;
             let group = ElectionName::new("jobs").expect("valid");
             match self.who {
-                Arrival::Plain(plain, name) if call == Call::PutNote => Box::pin(async move {
-                    let name = ElectionName::new(name).expect("valid");
+                Arrival::Plain(plain) if call == Call::PutNote => Box::pin(async move {
                     let id = CandidateId::new("plain").expect("valid");
-                    self.store.campaign(plain, &name, &id).await?;
+                    self.store.campaign(plain, &group, &id).await?;
                     request.await
                 }),
                 Arrival::Member(member) if call == Call::TryCampaignUnwaited => {
@@ -420,69 +401,72 @@ mod tests {
     /// joins (both looked before either wrote): the member withdraws its
     /// note and is refused, so that the two never both go on (before, it
     /// joined, and a plain `run` and a group ran under one name).
-    /// Likewise when the name taken meanwhile is one of its shards'.
     #[tokio::test]
     async fn a_member_withdraws_when_a_single_election_took_the_name_meanwhile() {
-        for (name, refused) in [
-            ("jobs", "jobs is a single election, led by plain"),
-            (
-                "jobs/shard/1",
-                "jobs/shard/1 is a single election, led by plain",
-            ),
-        ] {
-            let store = crate::store::memory::MemoryStore::new();
-            let ttl = std::time::Duration::from_secs(30);
-            let plain = store.open_session(ttl).await.expect("open").id;
-            let member = store.open_session(ttl).await.expect("open").id;
-            let racing = Arrives {
-                store: store.clone(),
-                who: Arrival::Plain(plain, name),
-            };
-            let group = ElectionName::new("jobs").expect("valid");
-            let me = CandidateId::new("member").expect("valid");
-            let joined = join(&racing, member, &group, GroupKind::Shards(2), &me).await;
-            assert!(
-                matches!(&joined, Err(Error::Conflict(why)) if why.contains(refused)),
-                "{name}: {joined:?}"
-            );
-            assert_eq!(members(&store.notes(&group).await.expect("read")), []);
-        }
-    }
-
-    /// A single election that holds a shard's name before its group has
-    /// members refuses the group (its command would run on, and the group
-    /// wait for that shard as long), whatever the holder's id; a shard
-    /// held by a member does not.
-    #[tokio::test]
-    async fn a_group_is_refused_while_a_single_election_holds_one_of_its_shards() {
         let store = crate::store::memory::MemoryStore::new();
         let ttl = std::time::Duration::from_secs(30);
-        let group = ElectionName::new("jobs").expect("valid");
-        let shard = ElectionName::new("jobs/shard/2").expect("valid");
-        let a = CandidateId::new("a").expect("valid");
         let plain = store.open_session(ttl).await.expect("open").id;
-        // The plain holder has the id of the member that joins next.
-        let held = store.campaign(plain, &shard, &a).await.expect("granted");
         let member = store.open_session(ttl).await.expect("open").id;
-        let joined = join(&store, member, &group, GroupKind::Shards(3), &a).await;
+        let racing = Arrives {
+            store: store.clone(),
+            who: Arrival::Plain(plain),
+        };
+        let group = ElectionName::new("jobs").expect("valid");
+        let me = CandidateId::new("member").expect("valid");
+        let joined = join(&racing, member, &group, GroupKind::Shards(2), &me).await;
         assert!(
-            matches!(&joined, Err(Error::Conflict(why))
-                if why.contains("jobs/shard/2 is a single election, led by a (token")),
+            matches!(&joined, Err(Error::Conflict(why)) if why.contains("jobs is a single election, led by plain")),
             "{joined:?}"
         );
         assert_eq!(members(&store.notes(&group).await.expect("read")), []);
+    }
 
-        // Once it let go, members join, and one's own shard refuses none.
-        store.resign(&held).await.expect("resign");
-        join(&store, member, &group, GroupKind::Shards(3), &a)
+    /// A single election that leads a shard's name, taken before its group
+    /// had members, is no member's, though its id is a member's: the
+    /// member neither counts that shard as its own nor lets it go as a
+    /// grant of its own (before, its load counted it). A later single
+    /// election on another shard's name is refused.
+    #[tokio::test]
+    async fn a_single_elections_leader_of_a_shard_is_no_members() {
+        use crate::{Elector, LeaseConfig};
+        use std::sync::Arc;
+        let store: Arc<dyn Store> = Arc::new(crate::store::memory::MemoryStore::new());
+        let ttl = std::time::Duration::from_secs(30);
+        let a = CandidateId::new("a").expect("valid");
+        let config = LeaseConfig::new(ttl);
+        let plain = Elector::new(Arc::clone(&store), a.clone(), config).expect("config");
+        let shard = ElectionName::new("jobs/shard/1").expect("valid");
+        let held = plain.campaign(&shard).await.expect("granted");
+        let member = Arc::new(Elector::new(Arc::clone(&store), a, config).expect("config"));
+        let group = ElectionName::new("jobs").expect("valid");
+        let shards = Shards::join(Arc::clone(&member), group, 2)
             .await
             .expect("joins");
-        store.campaign(member, &shard, &a).await.expect("granted");
-        let b = CandidateId::new("b").expect("valid");
-        let other = store.open_session(ttl).await.expect("open").id;
-        join(&store, other, &group, GroupKind::Shards(3), &b)
-            .await
-            .expect("a member's shard is no single election");
+        let mut view = shards.view();
+        let settled = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+            loop {
+                let now = view.borrow_and_update().clone();
+                if now.mine == [0] && now.holders.iter().all(Option::is_some) {
+                    return now;
+                }
+                view.changed().await.expect("view");
+            }
+        })
+        .await
+        .expect("shard 0 handed out");
+        assert_eq!(settled.loads(), [1], "{settled:?}");
+        // Still the single election's: nobody let it go.
+        let holder = store.leader(&shard).await.expect("read");
+        assert_eq!(holder.map(|l| l.token), Some(held.token()));
+        let other = ElectionName::new("jobs/shard/0").expect("valid");
+        let refused = plain.campaign(&other).await;
+        assert!(
+            matches!(&refused, Err(Error::Conflict(why)) if why.contains("belongs to the group jobs")),
+            "{:?}",
+            refused.err()
+        );
+        drop(held);
+        shards.leave().await;
     }
 
     /// A single election on a shard's name is refused while the group

@@ -32,13 +32,7 @@ impl GroupView {
     pub fn loads(&self) -> Vec<usize> {
         self.members
             .iter()
-            .map(|m| {
-                self.holders
-                    .iter()
-                    .flatten()
-                    .filter(|h| h.candidate == m.candidate)
-                    .count()
-            })
+            .map(|m| self.holders.iter().flatten().filter(|h| m.holds(h)).count())
             .collect()
     }
 }
@@ -462,9 +456,15 @@ impl Coordinator {
         // Campaigns only on the session the membership is on: once it has
         // ended, none until the member joined again on a new one.
         let live = self.session.over_now().is_none();
-        let actions = self
-            .ownership
-            .assigned(now, live, &ids, self.holders.holders());
+        // A holder on no member's session (a single election's, or a
+        // member's that left and has yet to let go) is nobody's here.
+        let held: Vec<Option<Leader>> = self
+            .holders
+            .holders()
+            .iter()
+            .map(|h| h.clone().filter(|h| members.iter().any(|m| m.holds(h))))
+            .collect();
+        let actions = self.ownership.assigned(now, live, &ids, &held);
         self.carry_out(actions, None, None);
         let view = GroupView {
             members,

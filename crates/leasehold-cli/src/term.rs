@@ -99,6 +99,16 @@ pub struct Term<'a> {
     pub renew_every: Duration,
 }
 
+/// Sends the command what the stopping machine decided.
+async fn deliver(child: &mut Supervised, sends: Vec<Deliver>) {
+    for send in sends {
+        match send {
+            Deliver::Group(signal) => child.signal_group(signal).await,
+            Deliver::Pass(signal) => child.pass(signal).await,
+        }
+    }
+}
+
 impl Term<'_> {
     /// Waits until the command's whole tree is gone, stopping it when
     /// leadership is lost or at risk, or when a request says so, and
@@ -159,12 +169,7 @@ impl Term<'_> {
                     continue;
                 }
             };
-            for send in sends {
-                match send {
-                    Deliver::Group(signal) => child.signal_group(signal).await,
-                    Deliver::Pass(signal) => child.pass(signal).await,
-                }
-            }
+            deliver(child, sends).await;
         }
     }
 

@@ -227,6 +227,13 @@ impl Guard {
                 }
             }
         }
+        self.run_is_gone().await;
+    }
+
+    /// `run` closed the socket (it exited, however it exited): kills the
+    /// command's tree and, unless `run` ended the term itself, releases
+    /// the grant once the whole tree is confirmed gone.
+    async fn run_is_gone(&mut self) {
         let eof = std::time::Instant::now();
         let gone = self.kill_tree().await;
         if self.done {

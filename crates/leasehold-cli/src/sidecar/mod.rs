@@ -41,14 +41,7 @@ pub async fn run(args: SidecarArgs) -> anyhow::Result<ExitCode> {
     crate::run::refuse_a_group(&*store, &election, true).await?;
     let candidate = args.election.candidate();
     let metrics = RunnerMetrics::new(election.as_str(), candidate.as_str());
-    let elector = args.planned.apply(
-        Elector::new(
-            Arc::clone(&store),
-            candidate.clone(),
-            args.election.lease_config(),
-        )?
-        .with_renewal_observer(metrics.renewal_observer()),
-    );
+    let elector = elector(&args, &store, &metrics)?;
     let (admin_tx, admin_rx) = mpsc::channel(4);
     let leaders = elector.observe_last_known(&election).await.ok();
     let shared = Shared {
@@ -94,6 +87,22 @@ pub async fn run(args: SidecarArgs) -> anyhow::Result<ExitCode> {
     line_gauge.abort();
     sidecar.hooks.finish().await;
     code
+}
+
+/// The sidecar's elector, with its planned-move flags and its renewals
+/// counted.
+fn elector(
+    args: &SidecarArgs,
+    store: &Arc<dyn leasehold::Store>,
+    metrics: &Arc<RunnerMetrics>,
+) -> anyhow::Result<Elector> {
+    let elector = Elector::new(
+        Arc::clone(store),
+        args.election.candidate(),
+        args.election.lease_config(),
+    )?
+    .with_renewal_observer(metrics.renewal_observer());
+    Ok(args.planned.apply(elector))
 }
 
 /// Refuses options that cannot work together; the admin token, if a file

@@ -54,18 +54,7 @@ pub fn assign(
                 .and_then(|h| members.iter().position(|c| c == h))
         })
         .collect();
-    let mut loads = vec![0usize; m];
-    for member in held_by.iter().flatten() {
-        loads[*member] += 1;
-    }
-    // Rule 1: who may own one more.
-    let (share, extra) = (count / m, count % m);
-    let mut by_load: Vec<usize> = (0..m).collect();
-    by_load.sort_by_key(|&i| (std::cmp::Reverse(loads[i]), i));
-    let mut room = vec![share; m];
-    for &i in by_load.iter().take(extra) {
-        room[i] += 1;
-    }
+    let mut room = shares(count, m, &held_by);
     let seeds: Vec<u64> = members.iter().map(|c| seed(c.as_str())).collect();
     let rank = |shard: usize, member: usize| mix(seeds[member] ^ mix(shard as u64));
     // Rule 2: keep what one holds, up to one's share, best ranked first.
@@ -97,6 +86,24 @@ pub fn assign(
         }
     }
     target
+}
+
+/// Rule 1: how many shards each of `m` members may own: ⌊count/m⌋, and
+/// one more for the `count mod m` that hold the most now (`held_by`: each
+/// shard's holder), earlier joiners first among equals.
+fn shares(count: usize, m: usize, held_by: &[Option<usize>]) -> Vec<usize> {
+    let mut loads = vec![0usize; m];
+    for member in held_by.iter().flatten() {
+        loads[*member] += 1;
+    }
+    let (share, extra) = (count / m, count % m);
+    let mut by_load: Vec<usize> = (0..m).collect();
+    by_load.sort_by_key(|&i| (std::cmp::Reverse(loads[i]), i));
+    let mut room = vec![share; m];
+    for &i in by_load.iter().take(extra) {
+        room[i] += 1;
+    }
+    room
 }
 
 /// FNV-1a of `id`: stable across processes, platforms and versions (the

@@ -482,6 +482,17 @@ impl Members {
             }
             Ok(Err(status)) => status,
         };
+        self.authentication_refused(auth, status, i)
+    }
+
+    /// What etcd's refusal of an authentication comes to: none needed
+    /// (authentication is off), or the verdict.
+    fn authentication_refused(
+        &self,
+        auth: &Auth,
+        status: Status,
+        i: usize,
+    ) -> Result<Option<AsciiMetadataValue>, Verdict> {
         if status.code() == Code::FailedPrecondition
             && status.message().contains("authentication is not enabled")
         {
@@ -510,40 +521,8 @@ impl Members {
 
     /// What `status`, an answer of member `i`, says about what to do.
     fn judge(&self, status: &Status, i: usize) -> Verdict {
-        let host = self.endpoints[i]
-            .rsplit_once(':')
-            .map_or(self.endpoints[i].as_str(), |(host, _)| host);
-        let mut cause: Option<&(dyn std::error::Error + 'static)> =
-            std::error::Error::source(status);
-        while let Some(error) = cause {
-            if let Some(failure) = error.downcast_ref::<ConnectFailure>() {
-                match failure {
-                    ConnectFailure::Files { what, reason } => {
-                        return Verdict::Invalid(what, reason.clone());
-                    }
-                    ConnectFailure::Tls(line) => return Verdict::TlsDenied(line.clone()),
-                    ConnectFailure::Io(_) => {}
-                }
-            }
-            let tls = error
-                .downcast_ref::<std::io::Error>()
-                .and_then(rustls_error_in)
-                .or_else(|| error.downcast_ref::<rustls::Error>());
-            if let Some(tls) = tls {
-                return Verdict::TlsDenied(explain(tls, &self.security, host));
-            }
-            // After a TLS 1.3 handshake, the server's refusal of this
-            // client's certificate arrives with the first read, and HTTP/2
-            // keeps only the text of the I/O error.
-            let text = error.to_string();
-            if let Some((_, alert)) = text.split_once("received fatal alert: ") {
-                let alert = alert
-                    .split(|c: char| !c.is_alphanumeric())
-                    .next()
-                    .unwrap_or("");
-                return Verdict::TlsDenied(refused_alert(alert, &self.security, host));
-            }
-            cause = error.source();
+        if let Some(verdict) = self.connection_refused(status, i) {
+            return verdict;
         }
         let message = status.message();
         match status.code() {
@@ -573,6 +552,52 @@ impl Members {
         } else {
             Verdict::Refused(status.clone())
         }
+    }
+
+    /// The verdict on a failure to connect to member `i` at all, from the
+    /// causes under `status`: files that cannot be used, or TLS refused
+    /// (either side).
+    fn connection_refused(&self, status: &Status, i: usize) -> Option<Verdict> {
+        let host = self.endpoints[i]
+            .rsplit_once(':')
+            .map_or(self.endpoints[i].as_str(), |(host, _)| host);
+        let mut cause: Option<&(dyn std::error::Error + 'static)> =
+            std::error::Error::source(status);
+        while let Some(error) = cause {
+            if let Some(failure) = error.downcast_ref::<ConnectFailure>() {
+                match failure {
+                    ConnectFailure::Files { what, reason } => {
+                        return Some(Verdict::Invalid(what, reason.clone()));
+                    }
+                    ConnectFailure::Tls(line) => return Some(Verdict::TlsDenied(line.clone())),
+                    ConnectFailure::Io(_) => {}
+                }
+            }
+            let tls = error
+                .downcast_ref::<std::io::Error>()
+                .and_then(rustls_error_in)
+                .or_else(|| error.downcast_ref::<rustls::Error>());
+            if let Some(tls) = tls {
+                return Some(Verdict::TlsDenied(explain(tls, &self.security, host)));
+            }
+            // After a TLS 1.3 handshake, the server's refusal of this
+            // client's certificate arrives with the first read, and HTTP/2
+            // keeps only the text of the I/O error.
+            let text = error.to_string();
+            if let Some((_, alert)) = text.split_once("received fatal alert: ") {
+                let alert = alert
+                    .split(|c: char| !c.is_alphanumeric())
+                    .next()
+                    .unwrap_or("");
+                return Some(Verdict::TlsDenied(refused_alert(
+                    alert,
+                    &self.security,
+                    host,
+                )));
+            }
+            cause = error.source();
+        }
+        None
     }
 
     /// etcd wants a (new) token: authenticate again if there is a

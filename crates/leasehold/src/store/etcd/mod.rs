@@ -467,6 +467,32 @@ impl EtcdKeys {
             .remove(&id);
     }
 
+    /// Opens lease `id`'s keep-alive stream on the member for `attempt`.
+    async fn open_keeper(&self, attempt: usize, id: i64) -> Opened {
+        let member = self.members.member(attempt);
+        let opened = tokio::time::timeout(ATTEMPT_TIMEOUT, async {
+            let link = self.members.link_of(member).await?;
+            let opened = KeepAlive::open(link.clone(), id, member).await;
+            Ok::<_, EtcdError>((opened, link))
+        })
+        .await;
+        match opened {
+            Ok(Ok((Ok(keeper), _))) => Opened::Stream(Box::new(keeper)),
+            Ok(Ok((Err(status), _))) if client::lease_not_found(&status) => Opened::LeaseGone,
+            Ok(Ok((Err(status), link))) => {
+                if status.code() == tonic::Code::Unauthenticated {
+                    // The next opening authenticates again.
+                    self.members.token_refused(&link);
+                }
+                Opened::Failed
+            }
+            Ok(Err(error @ (EtcdError::Denied(_) | EtcdError::Invalid { .. }))) => {
+                Opened::Denied(error)
+            }
+            Ok(Err(_)) | Err(_) => Opened::Failed,
+        }
+    }
+
     async fn keep_alive_on(
         &self,
         slot: &mut Option<KeepAlive>,
@@ -477,33 +503,15 @@ impl EtcdKeys {
         for attempt in 0..self.members.len() {
             let keeper = match slot {
                 Some(keeper) => keeper,
-                None => {
-                    let member = self.members.member(attempt);
-                    let opened = tokio::time::timeout(ATTEMPT_TIMEOUT, async {
-                        let link = self.members.link_of(member).await?;
-                        let opened = KeepAlive::open(link.clone(), id, member).await;
-                        Ok::<_, EtcdError>((opened, link))
-                    })
-                    .await;
-                    match opened {
-                        Ok(Ok((Ok(keeper), _))) => slot.insert(keeper),
-                        Ok(Ok((Err(status), _))) if client::lease_not_found(&status) => {
-                            return Err(Error::SessionExpired(session));
-                        }
-                        Ok(Ok((Err(status), link))) => {
-                            if status.code() == tonic::Code::Unauthenticated {
-                                // The next opening authenticates again.
-                                self.members.token_refused(&link);
-                            }
-                            continue;
-                        }
-                        Ok(Err(error @ (EtcdError::Denied(_) | EtcdError::Invalid { .. }))) => {
-                            denied = Some(error);
-                            continue;
-                        }
-                        Ok(Err(_)) | Err(_) => continue,
+                None => match self.open_keeper(attempt, id).await {
+                    Opened::Stream(keeper) => slot.insert(*keeper),
+                    Opened::LeaseGone => return Err(Error::SessionExpired(session)),
+                    Opened::Denied(error) => {
+                        denied = Some(error);
+                        continue;
                     }
-                }
+                    Opened::Failed => continue,
+                },
             };
             let member = keeper.member();
             // Not waited for longer on a busy member, as other requests
@@ -533,6 +541,19 @@ impl EtcdKeys {
             source: None,
         })
     }
+}
+
+/// What opening a keep-alive stream on a member came to
+/// ([`EtcdKeys::open_keeper`]).
+enum Opened {
+    Stream(Box<KeepAlive>),
+    /// The lease is gone: the session has expired.
+    LeaseGone,
+    /// The member refused this client (its permissions, its
+    /// credentials).
+    Denied(EtcdError),
+    /// No answer, or another error: the next member is tried.
+    Failed,
 }
 
 /// Once connected: a password without TLS travels in the clear (allowed,

@@ -289,8 +289,21 @@ pub(super) fn claim(file: &File, path: &Path, read_only: bool) -> Result<Option<
             return Ok(None);
         }
     }
+    judge_files(file, path, &mut claim, read_only)?;
+    if read_only {
+        share(file, &claim, path)?;
+    }
+    Ok(Some(claim))
+}
+
+/// Refuses, for `claim` of the database `file` at `path`, what would pair
+/// it with files that are not its own: a `-wal` and `-shm` of another
+/// file, another name in use, a leftover `-wal` that is not this file's;
+/// and records what it learnt (whether the file records this name, and
+/// whether a `-wal` was left over).
+fn judge_files(file: &File, path: &Path, claim: &mut Claim, read_only: bool) -> Result<()> {
     // With other handles of this name open, the -shm is theirs too.
-    if alone && siblings_of_another_file(file, path) {
+    if claim.alone && siblings_of_another_file(file, path) {
         return Err(Error::Conflict(format!(
             "the -wal and -shm at {} are in use by processes that have another database file open \
              at this path (another file was mounted or moved onto it, in another mount namespace \
@@ -298,33 +311,30 @@ pub(super) fn claim(file: &File, path: &Path, read_only: bool) -> Result<Option<
             path.display()
         )));
     }
-    let other = other_name(file, byte).unwrap_or_else(|error| {
+    let other = other_name(file, claim.byte).unwrap_or_else(|error| {
         tracing::debug!(path = %path.display(), %error, "cannot test the database file's locks; its names are not checked");
         None
     });
     if let Some(other) = other {
         return Err(Error::Conflict(refusal(file, path, other)));
     }
-    claim.recorded = check_record(file, path, &claim)?;
+    claim.recorded = check_record(file, path, claim)?;
     // With other handles of this name open, the -wal is theirs.
-    claim.leftover = alone && leftover_wal(file, path);
+    claim.leftover = claim.alone && leftover_wal(file, path);
     // Reading through the -wal creates a -shm: a reader (of another user,
     // maybe) never does; it reads the file alone.
     if claim.leftover && !claim.recorded && !read_only {
-        claim.recorded = recorded_only_in_the_wal(file, path, &claim);
+        claim.recorded = recorded_only_in_the_wal(file, path, claim);
     }
     // A SQLite file without tables has its -wal judged once SQLite has
     // told whose it is (another program's is refused as such).
     if matches!(on_disk(file), Ok(OnDisk::Leasehold | OnDisk::Empty)) {
-        refuse_a_leftover(&claim, path)?;
+        refuse_a_leftover(claim, path)?;
     }
     if claim.leftover && claim.recorded && !read_only && !wal_fits(path) {
         return Err(Error::Conflict(misfit(path)));
     }
-    if read_only {
-        share(file, &claim, path)?;
-    }
-    Ok(Some(claim))
+    Ok(())
 }
 
 /// Whether a leasehold file that records no name has, in the `-wal` that

@@ -3,6 +3,11 @@
 
 use super::*;
 
+/// A note's row, as read with its session: session, name, order, text,
+/// nanoseconds its session has left, and its session's lock (device and
+/// inode), if it has one.
+type NoteRow = (i64, String, i64, String, i64, Option<(i64, i64)>);
+
 impl Db {
     pub(super) fn put_note(
         &self,
@@ -149,8 +154,15 @@ impl Db {
                 },
             )
             .map_err(self.err())?
-            .collect::<rusqlite::Result<Vec<_>>>()
+            .collect::<rusqlite::Result<Vec<NoteRow>>>()
             .map_err(self.err())?;
+        Ok(self.live_notes(rows))
+    }
+
+    /// The notes of `rows` whose sessions' processes are not known gone,
+    /// the time until the first of them expires, and the sessions whose
+    /// processes were found alive.
+    fn live_notes(&self, rows: Vec<NoteRow>) -> (Vec<Note>, Option<Duration>, Vec<i64>) {
         let mut tested: std::collections::BTreeMap<i64, Process> = Default::default();
         let mut alive = Vec::new();
         let mut notes = Vec::with_capacity(rows.len());
@@ -175,7 +187,7 @@ impl Db {
                 text,
             });
         }
-        Ok((notes, first_expiry.map(duration_ns), alive))
+        (notes, first_expiry.map(duration_ns), alive)
     }
 
     pub(super) fn last_release(&self, election: &ElectionName) -> Result<Option<FencingToken>> {

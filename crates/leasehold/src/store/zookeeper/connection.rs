@@ -431,19 +431,32 @@ impl Inner {
         if token_of(&stat) != grant.token {
             return Err(not_holder(grant));
         }
-        // The path names this grant's node alone (sequence numbers are
-        // never reused under a parent), so deleting it cannot touch a
-        // successor's node. The release's token is recorded in the same
-        // multi-op; its node is made on the first release.
+        self.delete_with_release(client, grant, &path, stat.version)
+            .await
+    }
+
+    /// Deletes the grant's candidate node at `path`, if still at `version`,
+    /// and records its token as the election's last release, in one
+    /// multi-op. The path names this grant's node alone (sequence numbers
+    /// are never reused under a parent), so deleting it cannot touch a
+    /// successor's node. The release's node is made on the first release.
+    async fn delete_with_release(
+        &self,
+        client: &Client,
+        grant: &Grant,
+        path: &str,
+        version: i32,
+    ) -> Result<()> {
         const WHAT: &str = "delete the candidate node";
+        let dir = self.election_dir(&grant.election);
         let release = self.release_node(&grant.election);
         let token = grant.token.0.to_string();
         for _ in 0..2 {
             let mut multi = client.new_multi_writer();
             multi
-                .add_delete(&path, Some(stat.version))
+                .add_delete(path, Some(version))
                 .and_then(|()| multi.add_set_data(&release, token.as_bytes(), None))
-                .map_err(|error| self.failed(WHAT, &path, error))?;
+                .map_err(|error| self.failed(WHAT, path, error))?;
             match request(WHAT, multi.commit()).await? {
                 Ok(_) => return Ok(()),
                 Err(zookeeper_client::MultiWriteError::OperationFailed {

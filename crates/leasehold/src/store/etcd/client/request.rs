@@ -54,20 +54,7 @@ impl Members {
                 Attempt::Again => continue,
                 Attempt::Failed(verdict) => verdict,
             };
-            match verdict {
-                Verdict::Transient(line) => {
-                    denied[i] = None;
-                    last = line;
-                }
-                Verdict::TlsDenied(line) => {
-                    denied[i] = Some(line.clone());
-                    if denied.iter().all(Option::is_some) {
-                        return Err(EtcdError::Denied(line));
-                    }
-                    last = line;
-                }
-                other => return Err(other.into_error(what)),
-            }
+            last = next_member(verdict, &mut denied[..], i, what)?;
             tracing::debug!(what, endpoint = %self.endpoints[i], %last, "etcd request failed; trying the next endpoint");
             attempt += 1;
         }
@@ -133,4 +120,30 @@ enum Attempt<T> {
     /// A refused token was replaced: the same endpoint again.
     Again,
     Failed(Verdict),
+}
+
+/// Whether a request that failed on member `i` with `verdict` goes on to
+/// the next member (with the line to report if none answers), or fails:
+/// a refusal that is not about this member, or TLS refused by every
+/// member (`denied` keeps, per member, its last TLS refusal).
+fn next_member(
+    verdict: Verdict,
+    denied: &mut [Option<String>],
+    i: usize,
+    what: &str,
+) -> Result<String, EtcdError> {
+    match verdict {
+        Verdict::Transient(line) => {
+            denied[i] = None;
+            Ok(line)
+        }
+        Verdict::TlsDenied(line) => {
+            denied[i] = Some(line.clone());
+            if denied.iter().all(Option::is_some) {
+                return Err(EtcdError::Denied(line));
+            }
+            Ok(line)
+        }
+        other => Err(other.into_error(what)),
+    }
 }

@@ -320,17 +320,46 @@ impl World {
             t0: self.t0,
         };
         let seed = rng.next_u64() ^ incarnation;
-        let (task, stop) = match self.scenario.shards {
+        let (task, stop) = self.start_task(i, seed, writer, &clock, &open, &workers);
+        Slot {
+            index: i,
+            link,
+            clock,
+            task,
+            open,
+            writes,
+            workers,
+            stop,
+            crashed: false,
+        }
+    }
+
+    /// Starts candidate `i`'s task, with its writer and clock: a single
+    /// election's candidate, or a group's member (with the sender that
+    /// stops it gracefully).
+    fn start_task(
+        &self,
+        i: usize,
+        seed: u64,
+        writer: Writer,
+        clock: &Arc<DriftingClock>,
+        open: &OpenTerms,
+        workers: &InFlight,
+    ) -> (
+        tokio::task::JoinHandle<()>,
+        Option<tokio::sync::mpsc::UnboundedSender<()>>,
+    ) {
+        match self.scenario.shards {
             None => {
                 let task = tokio::spawn(candidate(Candidate {
                     seed,
                     writer,
-                    clock: Arc::clone(&clock),
+                    clock: Arc::clone(clock),
                     ttl: self.scenario.ttl,
                     unsafe_deadline: self.scenario.unsafe_deadline,
                     write_every: self.scenario.write_every,
                     election: self.election.clone(),
-                    open: Arc::clone(&open),
+                    open: Arc::clone(open),
                     handovers: Arc::clone(&self.handovers),
                     // Candidates of three priorities: preemptions happen too.
                     priority: i64::try_from(i % 3).unwrap_or(0),
@@ -343,30 +372,19 @@ impl World {
                 let task = tokio::spawn(sharded::member(sharded::Member {
                     seed,
                     writer,
-                    clock: Arc::clone(&clock),
+                    clock: Arc::clone(clock),
                     ttl: self.scenario.ttl,
                     unsafe_deadline: self.scenario.unsafe_deadline,
                     write_every: self.scenario.write_every,
                     group: self.election.clone(),
                     count,
-                    open: Arc::clone(&open),
-                    workers: Arc::clone(&workers),
+                    open: Arc::clone(open),
+                    workers: Arc::clone(workers),
                     rests: Arc::clone(&self.handovers),
                     stop: stopped,
                 }));
                 (task, Some(stop))
             }
-        };
-        Slot {
-            index: i,
-            link,
-            clock,
-            task,
-            open,
-            writes,
-            workers,
-            stop,
-            crashed: false,
         }
     }
 
@@ -502,17 +520,7 @@ struct Candidate {
 async fn candidate(c: Candidate) {
     let mut rng = Rng::new(c.seed);
     let (index, t0) = (c.writer.index, c.writer.t0);
-    let mut elector = Elector::new(
-        Arc::clone(&c.writer.link) as Arc<dyn Store>,
-        c.id.clone(),
-        LeaseConfig::new(c.ttl),
-    )
-    .expect("valid config")
-    .with_clock(Arc::clone(&c.clock) as Arc<dyn leasehold::clock::Clock>)
-    .with_priority(c.priority);
-    if c.unsafe_deadline {
-        elector = elector.with_unsafe_deadline_from_reply();
-    }
+    let elector = c.elector();
     let since = |t0: Instant| Instant::now() - t0;
     loop {
         let leadership = match elector.campaign(&c.election).await {
@@ -533,22 +541,7 @@ async fn candidate(c: Candidate) {
                 grant: leadership.grant().clone(),
             },
         );
-        let resign = loop {
-            tokio::select! {
-                biased;
-                _ = leadership.lost() => break Release::No,
-                _ = leadership.handover_requested() => break Release::HandOver,
-                () = tokio::time::sleep(c.write_every) => {
-                    if !leadership.is_leader() {
-                        continue;
-                    }
-                    c.writer.write(0, "object", token);
-                    if c.handovers.load(std::sync::atomic::Ordering::Relaxed) && rng.chance(0.01) {
-                        break Release::Resign;
-                    }
-                }
-            }
-        };
+        let resign = c.lead(&leadership, token, &mut rng).await;
         let deadline = c.clock.to_real(leadership.deadline()) - t0;
         let end = since(t0).min(deadline).max(start);
         lock(&c.open).remove(&0);
@@ -570,6 +563,47 @@ async fn candidate(c: Candidate) {
                 let _ = leadership.resign().await;
             }
             Release::No => {}
+        }
+    }
+}
+
+impl Candidate {
+    /// Its elector, on its link, with its clock and priority.
+    fn elector(&self) -> Elector {
+        let elector = Elector::new(
+            Arc::clone(&self.writer.link) as Arc<dyn Store>,
+            self.id.clone(),
+            LeaseConfig::new(self.ttl),
+        )
+        .expect("valid config")
+        .with_clock(Arc::clone(&self.clock) as Arc<dyn leasehold::clock::Clock>)
+        .with_priority(self.priority);
+        if self.unsafe_deadline {
+            elector.with_unsafe_deadline_from_reply()
+        } else {
+            elector
+        }
+    }
+
+    /// While it leads: writes to the fenced resource every `write_every`,
+    /// until leadership is lost, a handover is asked for, or (rarely) it
+    /// resigns of its own.
+    async fn lead(&self, leadership: &leasehold::Leadership, token: u64, rng: &mut Rng) -> Release {
+        loop {
+            tokio::select! {
+                biased;
+                _ = leadership.lost() => return Release::No,
+                _ = leadership.handover_requested() => return Release::HandOver,
+                () = tokio::time::sleep(self.write_every) => {
+                    if !leadership.is_leader() {
+                        continue;
+                    }
+                    self.writer.write(0, "object", token);
+                    if self.handovers.load(std::sync::atomic::Ordering::Relaxed) && rng.chance(0.01) {
+                        return Release::Resign;
+                    }
+                }
+            }
         }
     }
 }

@@ -11,6 +11,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use leasehold_sim::history::History;
 use leasehold_sim::{Scenario, run};
 
 /// Runs seeds of the deterministic fault simulation of the leasehold
@@ -66,9 +67,22 @@ struct Args {
     keep_going: bool,
 }
 
-fn main() -> ExitCode {
-    // Bad usage exits 2 with clap's message; --help and --version exit 0.
-    let args = Args::parse();
+/// A failed run's terms, writes, grants and windows, on stderr.
+fn print_history(history: &History) {
+    for t in &history.terms {
+        eprintln!("term {t:?}");
+    }
+    for w in &history.writes {
+        eprintln!("write {w:?}");
+    }
+    eprintln!("grants {:?}", history.grants);
+    for w in &history.windows {
+        eprintln!("window {w:?}");
+    }
+}
+
+/// The scenario the flags ask for.
+fn scenario_of(args: &Args) -> Scenario {
     let mut scenario = Scenario {
         unsafe_deadline: args.unsafe_deadline,
         unfenced_resource: args.unfenced,
@@ -80,6 +94,13 @@ fn main() -> ExitCode {
     if let Some(ms) = args.store_clock_step_ms {
         scenario.store_clock_step = Duration::from_millis(ms);
     }
+    scenario
+}
+
+fn main() -> ExitCode {
+    // Bad usage exits 2 with clap's message; --help and --version exit 0.
+    let args = Args::parse();
+    let scenario = scenario_of(&args);
     let (start, count) = match args.seed {
         Some(seed) => (seed, 1),
         None => (args.start, args.seeds),
@@ -94,21 +115,10 @@ fn main() -> ExitCode {
     let keep_going = args.keep_going;
     let mut failed = 0u64;
     let began = Instant::now();
-    let mut faults = 0;
-    let mut terms = 0;
-    let mut writes = 0;
-    let mut released = 0;
-    let (mut stops, mut rests) = (0, 0);
+    let mut totals = Totals::default();
     for seed in start..end {
         match run(seed, &scenario) {
-            Ok(history) => {
-                faults += history.faults;
-                terms += history.terms.len();
-                writes += history.writes.len();
-                released += history.witness_releases;
-                stops += history.graceful_stops;
-                rests += history.rests;
-            }
+            Ok(history) => totals.add(&history),
             Err(failure) if keep_going => {
                 if failed == 0 {
                     eprintln!("{failure}");
@@ -117,16 +127,7 @@ fn main() -> ExitCode {
             }
             Err(failure) => {
                 if args.history {
-                    for t in &failure.history.terms {
-                        eprintln!("term {t:?}");
-                    }
-                    for w in &failure.history.writes {
-                        eprintln!("write {w:?}");
-                    }
-                    eprintln!("grants {:?}", failure.history.grants);
-                    for w in &failure.history.windows {
-                        eprintln!("window {w:?}");
-                    }
+                    print_history(&failure.history);
                 }
                 eprintln!("{failure}");
                 return ExitCode::FAILURE;
@@ -137,15 +138,53 @@ fn main() -> ExitCode {
         println!("{failed} of {count} seeds broke an invariant ({start}..{end})");
         return ExitCode::FAILURE;
     }
-    let group = match scenario.shards {
-        Some(shards) => format!(
-            " ({shards} shards per run; {stops} graceful stops, {rests} shards given back for a rest)"
-        ),
-        None => String::new(),
-    };
     println!(
-        "{count} seeds passed ({start}..{end}) in {:.1?}: {faults} faults injected, {released} grants released by a witness, {terms} terms of leadership, {writes} fenced writes{group}",
-        began.elapsed()
+        "{count} seeds passed ({start}..{end}) in {:.1?}: {}",
+        began.elapsed(),
+        totals.summary(scenario.shards)
     );
     ExitCode::SUCCESS
+}
+
+/// What the passing seeds did, in all.
+#[derive(Default)]
+struct Totals {
+    faults: usize,
+    terms: usize,
+    writes: usize,
+    released: usize,
+    stops: usize,
+    rests: usize,
+}
+
+impl Totals {
+    /// What they did, in words; with the shards per run of a group.
+    fn summary(&self, shards: Option<u32>) -> String {
+        let Totals {
+            faults,
+            terms,
+            writes,
+            released,
+            stops,
+            rests,
+        } = self;
+        let group = match shards {
+            Some(shards) => format!(
+                " ({shards} shards per run; {stops} graceful stops, {rests} shards given back for a rest)"
+            ),
+            None => String::new(),
+        };
+        format!(
+            "{faults} faults injected, {released} grants released by a witness, {terms} terms of leadership, {writes} fenced writes{group}"
+        )
+    }
+
+    fn add(&mut self, history: &History) {
+        self.faults += history.faults;
+        self.terms += history.terms.len();
+        self.writes += history.writes.len();
+        self.released += history.witness_releases;
+        self.stops += history.graceful_stops;
+        self.rests += history.rests;
+    }
 }

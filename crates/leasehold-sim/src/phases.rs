@@ -46,48 +46,80 @@ pub(super) async fn fault_phase(
     rng: &mut Rng,
     witness_rng: &mut Rng,
 ) -> (usize, Instant) {
-    let scenario = &world.scenario;
-    let mut restarts: Vec<(Instant, usize)> = Vec::new();
-    let mut faults = 0;
-    let mut last_pause_end = world.t0;
-    // The store clock's forward steps, to keep their sum over any TTL
-    // within the bound: the skew bound is how far the store's clock may
-    // run ahead during one lease, not at each step.
-    let mut steps: Vec<(Instant, Duration)> = Vec::new();
-
-    let fault_end = world.t0 + scenario.fault_phase;
+    let mut faults = Faults {
+        restarts: Vec::new(),
+        count: 0,
+        last_pause_end: world.t0,
+        steps: Vec::new(),
+    };
+    let fault_end = world.t0 + world.scenario.fault_phase;
     loop {
         let next = Instant::now() + rng.millis(300, 2500);
-        // Restart crashed candidates whose time has come, on the way.
-        restarts.sort();
-        while let Some(&(at, i)) = restarts.first() {
-            if at > next {
-                break;
-            }
-            tokio::time::sleep_until(at).await;
-            restarts.remove(0);
-            world.restart(&mut slots[i], faults as u64 + 1, rng);
-        }
+        faults.restart_due(world, slots, next, rng).await;
         if next >= fault_end {
             break;
         }
         tokio::time::sleep_until(next).await;
-        faults += 1;
+        faults.count += 1;
         let i = usize::try_from(rng.below(slots.len() as u64)).expect("index");
+        faults.inject(world, slots, i, store_clock, rng, witness_rng);
+    }
+    (faults.count, faults.last_pause_end)
+}
+
+/// What the fault phase has done so far.
+struct Faults {
+    /// Crashed or stopped candidates, and when each starts again.
+    restarts: Vec<(Instant, usize)>,
+    count: usize,
+    last_pause_end: Instant,
+    /// The store clock's forward steps, to keep their sum over any TTL
+    /// within the bound: the skew bound is how far the store's clock may
+    /// run ahead during one lease, not at each step.
+    steps: Vec<(Instant, Duration)>,
+}
+
+impl Faults {
+    /// Restarts the candidates whose time has come by `next`, each at its
+    /// time.
+    async fn restart_due(
+        &mut self,
+        world: &World,
+        slots: &mut [Slot],
+        next: Instant,
+        rng: &mut Rng,
+    ) {
+        self.restarts.sort();
+        while let Some(&(at, i)) = self.restarts.first() {
+            if at > next {
+                break;
+            }
+            tokio::time::sleep_until(at).await;
+            self.restarts.remove(0);
+            world.restart(&mut slots[i], self.count as u64 + 1, rng);
+        }
+    }
+
+    /// One fault, drawn from `rng`, on candidate `i` (or on all).
+    fn inject(
+        &mut self,
+        world: &World,
+        slots: &mut [Slot],
+        i: usize,
+        store_clock: &StoreClock,
+        rng: &mut Rng,
+        witness_rng: &mut Rng,
+    ) {
+        let scenario = &world.scenario;
         match rng.below(7) {
             0 => {
                 let link = Arc::clone(&slots[i].link);
-                let d = rng.millis(300, 5000);
-                link.set_partitioned(true);
-                tokio::spawn(async move {
-                    tokio::time::sleep(d).await;
-                    link.set_partitioned(false);
-                });
+                partition(vec![link], rng.millis(300, 5000));
             }
             1 => {
                 let until = Instant::now() + rng.millis(500, 7000);
                 slots[i].link.pause_until(until);
-                last_pause_end = last_pause_end.max(until);
+                self.last_pause_end = self.last_pause_end.max(until);
                 if scenario.witness_on_pause {
                     world.release_paused(&slots[i]);
                 }
@@ -98,63 +130,66 @@ pub(super) async fn fault_phase(
                 } else {
                     world.crash(&mut slots[i]);
                 }
-                restarts.push((Instant::now() + rng.millis(500, 4000), i));
+                self.restarts
+                    .push((Instant::now() + rng.millis(500, 4000), i));
             }
             3 => {
                 let links: Vec<_> = slots.iter().map(|s| Arc::clone(&s.link)).collect();
-                let d = rng.millis(200, 3000);
-                links.iter().for_each(|l| l.set_partitioned(true));
-                tokio::spawn(async move {
-                    tokio::time::sleep(d).await;
-                    links.iter().for_each(|l| l.set_partitioned(false));
-                });
+                partition(links, rng.millis(200, 3000));
             }
-            4 => {
-                let step = u64::try_from(scenario.store_clock_step.as_millis()).unwrap_or(0);
-                let drawn = rng.millis(0, step + 1);
-                let now = Instant::now();
-                steps.retain(|&(at, _)| now - at < scenario.ttl);
-                let recent: Duration = steps.iter().map(|&(_, d)| d).sum();
-                let jump = drawn.min(scenario.store_clock_step.saturating_sub(recent));
-                steps.push((now, jump));
-                store_clock.jump(jump);
-            }
+            4 => self.step_store_clock(scenario, store_clock, rng),
             5 => slots[i].link.set_loss(0.1),
             // A member is stopped (SIGTERM, a rolling deploy) and started
             // again.
             _ if scenario.shards.is_some() => {
                 if !slots[i].crashed {
                     world.stop(&mut slots[i]);
-                    restarts.push((Instant::now() + rng.millis(500, 4000), i));
+                    self.restarts
+                        .push((Instant::now() + rng.millis(500, 4000), i));
                 }
             }
-            // An operator asks for a transfer, to `i` or to the first in
-            // line, and does not wait for it.
-            _ => {
-                let to = rng
-                    .chance(0.5)
-                    .then(|| CandidateId::new(format!("c{i}")).expect("valid id"));
-                let (store, election, ttl) = (
-                    Arc::clone(&world.store) as Arc<dyn Store>,
-                    world.election.clone(),
-                    scenario.ttl,
-                );
-                lock(&world.history).transfers_requested += 1;
-                tokio::spawn(async move {
-                    let _ = leasehold::admin::request_transfer(
-                        &store,
-                        &election,
-                        to.as_ref(),
-                        ttl,
-                        ttl,
-                    )
-                    .await;
-                });
-            }
+            _ => request_transfer(world, i, rng),
         }
     }
 
-    (faults, last_pause_end)
+    /// Steps the store's clock forward, by at most what the bound leaves
+    /// within the last TTL.
+    fn step_store_clock(&mut self, scenario: &Scenario, store_clock: &StoreClock, rng: &mut Rng) {
+        let step = u64::try_from(scenario.store_clock_step.as_millis()).unwrap_or(0);
+        let drawn = rng.millis(0, step + 1);
+        let now = Instant::now();
+        self.steps.retain(|&(at, _)| now - at < scenario.ttl);
+        let recent: Duration = self.steps.iter().map(|&(_, d)| d).sum();
+        let jump = drawn.min(scenario.store_clock_step.saturating_sub(recent));
+        self.steps.push((now, jump));
+        store_clock.jump(jump);
+    }
+}
+
+/// Cuts `links` off for `d`.
+fn partition(links: Vec<Arc<Link>>, d: Duration) {
+    links.iter().for_each(|l| l.set_partitioned(true));
+    tokio::spawn(async move {
+        tokio::time::sleep(d).await;
+        links.iter().for_each(|l| l.set_partitioned(false));
+    });
+}
+
+/// An operator asks for a transfer, to candidate `i` or to the first in
+/// line, and does not wait for it.
+fn request_transfer(world: &World, i: usize, rng: &mut Rng) {
+    let to = rng
+        .chance(0.5)
+        .then(|| CandidateId::new(format!("c{i}")).expect("valid id"));
+    let (store, election, ttl) = (
+        Arc::clone(&world.store) as Arc<dyn Store>,
+        world.election.clone(),
+        world.scenario.ttl,
+    );
+    lock(&world.history).transfers_requested += 1;
+    tokio::spawn(async move {
+        let _ = leasehold::admin::request_transfer(&store, &election, to.as_ref(), ttl, ttl).await;
+    });
 }
 
 /// Heals every link, restarts the crashed candidates, and lets the group

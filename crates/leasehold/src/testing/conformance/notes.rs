@@ -229,6 +229,26 @@ pub async fn a_note_is_amended_in_place_and_watched_alone(harness: &dyn StoreHar
     assert_eq!(watched.borrow()[0].session, long.id);
     // Only that note: the other session's note never shows in it.
     assert_eq!(texts(&watched), ["0 second 7"]);
+    amends_end_with_the_note(
+        &*owner,
+        &*other,
+        &election,
+        (short.id, long.id),
+        &mut watched,
+    )
+    .await;
+}
+
+/// The rest of [`a_note_is_amended_in_place_and_watched_alone`]: an
+/// amendment of another shape is refused; a deleted note, or one whose
+/// session expired, is not amended back.
+async fn amends_end_with_the_note(
+    owner: &dyn Store,
+    other: &dyn Store,
+    election: &ElectionName,
+    (short, long): (SessionId, SessionId),
+    watched: &mut crate::watch::Receiver<Vec<crate::store::Note>>,
+) {
     for (name, text) in [
         (
             "cand",
@@ -239,14 +259,14 @@ break",
     ] {
         assert!(
             matches!(
-                other.amend_note(long.id, &election, name, text).await,
+                other.amend_note(long, election, name, text).await,
                 Err(Error::InvalidInput { .. })
             ),
             "amending with {name:?} {text:?} must be refused as invalid"
         );
     }
     owner
-        .delete_note(long.id, &election, "cand")
+        .delete_note(long, election, "cand")
         .await
         .expect("delete");
     within(
@@ -257,7 +277,7 @@ break",
     .expect("watch alive");
     assert!(
         !other
-            .amend_note(long.id, &election, "cand", "0 back")
+            .amend_note(long, election, "cand", "0 back")
             .await
             .expect("amend a deleted note"),
         "amending a deleted note must not make it again"
@@ -265,7 +285,7 @@ break",
     // The short session expires unrenewed: its note goes, and cannot be
     // amended back.
     let mut expiring = other
-        .watch_note(short.id, &election, "cand")
+        .watch_note(short, election, "cand")
         .await
         .expect("watch one note");
     within(
@@ -276,13 +296,13 @@ break",
     .expect("watch alive");
     assert!(
         !other
-            .amend_note(short.id, &election, "cand", "0 late")
+            .amend_note(short, election, "cand", "0 late")
             .await
             .expect("amend an expired session's note"),
         "an ended session's note must not be amended"
     );
-    owner.keep_alive(long.id).await.expect("renew");
-    assert!(other.notes(&election).await.expect("notes").is_empty());
+    owner.keep_alive(long).await.expect("renew");
+    assert!(other.notes(election).await.expect("notes").is_empty());
 }
 
 /// A release (resign, or a dead holder's release from another handle) is

@@ -1107,6 +1107,47 @@ fn another_file_mounted_over_the_path_of_killed_replicas_is_refused() {
     assert!(token > killed_token, "token {token} after {killed_token}");
 }
 
+/// A `-wal` holding its header alone, as a process killed while it opened
+/// the store leaves it, holds nothing to replay: the store is read and
+/// used as it is (before: every `status`, `campaign` and `run` on it was
+/// refused, saying the `-wal` might be another database file's, until it
+/// was moved away by hand).
+#[test]
+fn a_wal_with_its_header_alone_does_not_lock_the_store_out() {
+    let scratch = Scratch::new();
+    let db = scratch.path("leasehold.db");
+    let store = scratch.store_url();
+    let campaign = |name: &str| {
+        finish(
+            &scratch,
+            name,
+            leasehold()
+                .args(["campaign", "-e", "e1", "--hold", "1ms"])
+                .args(["--ttl", "3s", "--store", &store]),
+        )
+    };
+    assert_eq!(campaign("first").0, Some(0));
+    // The header of a live replica's -wal, then the replica stops cleanly.
+    let (mut a, _, _) = leading(&scratch);
+    let wal = std::fs::read(sibling(&db, "-wal")).expect("a leader's -wal");
+    assert!(wal.len() > 32, "the -wal holds no frame yet");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(a.pid()),
+        nix::sys::signal::SIGTERM,
+    )
+    .expect("stop a");
+    assert!(a.wait_for_exit(PATIENCE).is_some(), "a did not exit");
+    std::fs::write(sibling(&db, "-wal"), &wal[..32]).expect("a header alone");
+    let (code, err) = finish(
+        &scratch,
+        "status",
+        leasehold().args(["status", "-e", "e1", "--store", &store]),
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let (code, err) = campaign("again");
+    assert_eq!(code, Some(0), "{err}");
+}
+
 /// A copy of the store taken while its leader ran, put back with `cp`
 /// into the same file (the same inode) after the replicas were killed
 /// outright: the `-wal` they left does not fit the copy's pages, so

@@ -476,8 +476,17 @@ fn leftover_wal(file: &File, path: &Path) -> bool {
         on_disk(file),
         Ok(OnDisk::Leasehold | OnDisk::Empty | OnDisk::EmptyDatabase)
     );
-    wal.is_ok_and(|m| m.is_file() && m.len() > 0) && ours && !shm_in_use(path) && !db_in_use(file)
+    wal.is_ok_and(|m| m.is_file() && m.len() >= WAL_WITH_A_FRAME)
+        && ours
+        && !shm_in_use(path)
+        && !db_in_use(file)
 }
+
+/// The size of the smallest `-wal` that holds a frame: its 32-byte
+/// header, a frame's 24-byte header and the smallest page (512 bytes).
+/// A shorter one (a process killed as it opened the database leaves the
+/// header alone) holds nothing SQLite would replay; it resets it.
+const WAL_WITH_A_FRAME: u64 = 32 + 24 + 512;
 
 /// Whether the database file records `claim`'s name; refuses another
 /// name's record that tells it uses the file now (a name whose byte is

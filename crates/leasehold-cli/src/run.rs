@@ -316,8 +316,13 @@ impl Runner {
     /// since the outage), the lease is already so close to its deadline
     /// that the command would be asked to stop as soon as it started: a
     /// renewal is waited for first, at most until the deadline; why
-    /// leadership was lost if it was lost meanwhile.
+    /// leadership was lost if it was lost meanwhile, or before.
     async fn renewed_in_time(&self, leadership: &Leadership) -> Result<(), LostReason> {
+        // Lost already (the store's file left its path while `run` was
+        // stopped, say): never started, not even for an instant.
+        if !leadership.is_leader() {
+            return Err(leadership.lost().await);
+        }
         let at_risk = self.grace.min(self.elector.config().renew_every);
         let deadline = leadership.deadline();
         if deadline.saturating_duration_since(tokio::time::Instant::now()) > at_risk {

@@ -1107,6 +1107,85 @@ fn another_file_mounted_over_the_path_of_killed_replicas_is_refused() {
     assert!(token > killed_token, "token {token} after {killed_token}");
 }
 
+/// A store whose creation was cut short — its process killed as it opened
+/// it, the schema written to the `-wal` and not yet to the file — is
+/// used: nothing was granted in it, so replaying that `-wal` loses and
+/// pairs no grant (before: every `run` and `campaign` was refused, saying
+/// the `-wal` might be another database file's). A `-wal` that holds a
+/// grant beside such a file stays refused.
+#[test]
+fn a_store_whose_creation_was_cut_short_is_used() {
+    let scratch = Scratch::new();
+    let reference = scratch.path("ref.db");
+    let (code, err) = finish(
+        &scratch,
+        "ref",
+        leasehold()
+            .args(["campaign", "-e", "e1", "--hold", "1ms", "--store"])
+            .arg(format!("sqlite:{}", reference.display())),
+    );
+    assert_eq!(code, Some(0), "{err}");
+    let schema: Vec<String> = rusqlite::Connection::open(&reference)
+        .and_then(|c| {
+            let mut s = c.prepare(
+                "SELECT sql FROM sqlite_master WHERE sql IS NOT NULL AND name NOT LIKE 'sqlite_%'",
+            )?;
+            s.query_map([], |r| r.get(0))?.collect()
+        })
+        .expect("the schema");
+    let ids: (i64, i64) = rusqlite::Connection::open(&reference)
+        .and_then(|c| {
+            c.query_row(
+                "SELECT (SELECT application_id FROM pragma_application_id()),
+                        (SELECT user_version FROM pragma_user_version())",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+        })
+        .expect("the ids");
+    for (name, granted, refused) in [("cut.db", false, false), ("granted.db", true, true)] {
+        let db = scratch.path(name);
+        {
+            let conn = rusqlite::Connection::open(&db).expect("open");
+            conn.pragma_update(None, "journal_mode", "WAL")
+                .expect("WAL");
+            conn.set_db_config(
+                rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+                true,
+            )
+            .expect("no checkpoint on close");
+            let mut batch = schema.join(";\n");
+            batch.push_str(&format!(
+                ";\nPRAGMA application_id = {};\nPRAGMA user_version = {};",
+                ids.0, ids.1
+            ));
+            if granted {
+                batch.push_str("\nINSERT INTO elections (name, last_token) VALUES ('e1', 7);");
+            }
+            conn.execute_batch(&format!("BEGIN;\n{batch}\nCOMMIT;"))
+                .expect("the schema, in the -wal");
+        }
+        assert_eq!(
+            std::fs::metadata(&db).expect("the file").len(),
+            4096,
+            "{name}"
+        );
+        assert!(sibling(&db, "-wal").exists(), "{name}: no -wal");
+        let (code, err) = finish(
+            &scratch,
+            name,
+            leasehold()
+                .args(["campaign", "-e", "e1", "--hold", "1ms", "--store"])
+                .arg(format!("sqlite:{}", db.display())),
+        );
+        if refused {
+            assert_refused(code, &err, "does not record that it was theirs");
+        } else {
+            assert_eq!(code, Some(0), "{name}: {err}");
+        }
+    }
+}
+
 /// A `-wal` holding its header alone, as a process killed while it opened
 /// the store leaves it, holds nothing to replay: the store is read and
 /// used as it is (before: every `status`, `campaign` and `run` on it was

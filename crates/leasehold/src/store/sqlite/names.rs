@@ -324,7 +324,8 @@ fn judge_files(file: &File, path: &Path, claim: &mut Claim, read_only: bool) -> 
     // Reading through the -wal creates a -shm: a reader (of another user,
     // maybe) never does; it reads the file alone.
     if claim.leftover && !claim.recorded && !read_only {
-        claim.recorded = recorded_only_in_the_wal(file, path, claim);
+        claim.recorded =
+            recorded_only_in_the_wal(file, path, claim) || created_only_in_the_wal(file, path);
     }
     // A SQLite file without tables has its -wal judged once SQLite has
     // told whose it is (another program's is refused as such).
@@ -356,6 +357,29 @@ fn recorded_only_in_the_wal(file: &File, path: &Path, claim: &Claim) -> bool {
     kept.ok()
         .flatten()
         .is_some_and(|kept| kept.name == claim.name && kept.file == claim.file)
+}
+
+/// Whether the `-wal` that killed processes left next to a file that
+/// holds no database yet (empty, or switched to WAL and nothing more)
+/// holds a leasehold database in which nothing was ever granted: a store
+/// whose creation was cut short (its process killed as it opened it,
+/// before it recorded its name). Replaying it loses no grant and pairs no
+/// token with another file's, whoever wrote it. Read without writing the
+/// file.
+fn created_only_in_the_wal(file: &File, path: &Path) -> bool {
+    if !matches!(on_disk(file), Ok(OnDisk::Empty | OnDisk::EmptyDatabase)) {
+        return false;
+    }
+    let Ok(conn) = open_connection(path, true, false) else {
+        return false;
+    };
+    let granted: rusqlite::Result<i64> = conn.query_row(
+        "SELECT (SELECT application_id FROM pragma_application_id()) = ?1
+                AND NOT EXISTS (SELECT 1 FROM elections WHERE last_token > 0)",
+        [super::APPLICATION_ID],
+        |row| row.get(0),
+    );
+    matches!(granted, Ok(1))
 }
 
 /// Whether the database at `path`, read through the `-wal` that killed

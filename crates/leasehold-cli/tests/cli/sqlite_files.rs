@@ -1107,6 +1107,53 @@ fn another_file_mounted_over_the_path_of_killed_replicas_is_refused() {
     assert!(token > killed_token, "token {token} after {killed_token}");
 }
 
+/// A `-journal` left by a process killed as it turned a new store to WAL
+/// mode — its header says the database was empty before — beside a file
+/// that holds no database yet is no other file's: the store is created
+/// (before: refused as another database file's journal until moved away).
+/// One that says the database had pages stays refused.
+#[test]
+fn a_new_stores_own_journal_does_not_lock_it_out() {
+    let scratch = Scratch::new();
+    for (name, pages_before, refused) in [("new.db", 0u32, false), ("other.db", 3, true)] {
+        let db = scratch.path(name);
+        {
+            let conn = rusqlite::Connection::open(&db).expect("open");
+            conn.pragma_update(None, "journal_mode", "WAL")
+                .expect("WAL");
+        }
+        assert_eq!(
+            std::fs::metadata(&db).expect("the file").len(),
+            4096,
+            "{name}"
+        );
+        let mut journal = vec![0xd9, 0xd5, 0x05, 0xf9, 0x20, 0xa1, 0x63, 0xd7];
+        journal.extend_from_slice(&0u32.to_be_bytes()); // records
+        journal.extend_from_slice(&0x1234_5678u32.to_be_bytes()); // nonce
+        journal.extend_from_slice(&pages_before.to_be_bytes());
+        journal.extend_from_slice(&512u32.to_be_bytes()); // sector
+        journal.extend_from_slice(&4096u32.to_be_bytes()); // page
+        journal.resize(512, 0);
+        std::fs::write(sibling(&db, "-journal"), &journal).expect("the journal");
+        let (code, err) = finish(
+            &scratch,
+            name,
+            leasehold()
+                .args(["campaign", "-e", "e1", "--hold", "1ms", "--store"])
+                .arg(format!("sqlite:{}", db.display())),
+        );
+        if refused {
+            assert_refused(
+                code,
+                &err,
+                "is a rollback journal next to a database in WAL mode",
+            );
+        } else {
+            assert_eq!(code, Some(0), "{name}: {err}");
+        }
+    }
+}
+
 /// A store whose creation was cut short — its process killed as it opened
 /// it, the schema written to the `-wal` and not yet to the file — is
 /// used: nothing was granted in it, so replaying that `-wal` loses and

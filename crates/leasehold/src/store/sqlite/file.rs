@@ -306,7 +306,11 @@ pub(super) fn check_siblings(path: &Path, owners: &[u32]) -> Result<()> {
                 "belongs to user {}, neither the database's owner nor this user",
                 meta.uid()
             )
-        } else if suffix == "-journal" && meta.len() > 0 && foreign_journal_stays(path) {
+        } else if suffix == "-journal"
+            && meta.len() > 0
+            && !journal_of_a_new_database(path)
+            && foreign_journal_stays(path)
+        {
             "is a rollback journal next to a database in WAL mode, which never has one: it is \
              another database file's (SQLite would roll it back into this one)"
                 .to_owned()
@@ -320,6 +324,24 @@ pub(super) fn check_siblings(path: &Path, owners: &[u32]) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// Whether the `-journal` next to `path` is that of a database created
+/// in it: its header (SQLite's magic, then the record count, the nonce
+/// and the size in pages the database had before) says the database was
+/// empty before, and the file still holds no database (empty, or switched
+/// to WAL and nothing more). A process killed as it turned a new store to
+/// WAL mode leaves it; rolled back, it leaves the file empty, so it holds
+/// nothing of another file's.
+fn journal_of_a_new_database(path: &Path) -> bool {
+    const MAGIC: [u8; 8] = [0xd9, 0xd5, 0x05, 0xf9, 0x20, 0xa1, 0x63, 0xd7];
+    let mut head = [0u8; 20];
+    let read = File::open(sibling(path, "-journal")).and_then(|f| f.read_exact_at(&mut head, 0));
+    let was_empty = read.is_ok() && head[..8] == MAGIC && head[16..20] == [0, 0, 0, 0];
+    was_empty
+        && File::open(path)
+            .and_then(|file| on_disk(&file))
+            .is_ok_and(|d| matches!(d, OnDisk::Empty | OnDisk::EmptyDatabase))
 }
 
 /// Whether a non-empty `-journal` stays next to the database in WAL mode

@@ -360,14 +360,15 @@ fn recorded_only_in_the_wal(file: &File, path: &Path, claim: &Claim) -> bool {
 }
 
 /// Whether the `-wal` that killed processes left next to a file that
-/// holds no database yet (empty, or switched to WAL and nothing more)
-/// holds a leasehold database in which nothing was ever granted: a store
-/// whose creation was cut short (its process killed as it opened it,
-/// before it recorded its name). Replaying it loses no grant and pairs no
-/// token with another file's, whoever wrote it. Read without writing the
-/// file.
+/// holds no database yet (switched to WAL and nothing more) holds a
+/// leasehold database in which nothing was ever granted: a store whose
+/// creation was cut short (its process killed as it opened it, before it
+/// recorded its name). Replaying it loses no grant and pairs no token with
+/// another file's, whoever wrote it. Read without writing the file, and
+/// never beside an empty file (0 bytes), next to which SQLite deletes a
+/// `-wal` as soon as it reads.
 fn created_only_in_the_wal(file: &File, path: &Path) -> bool {
-    if !matches!(on_disk(file), Ok(OnDisk::Empty | OnDisk::EmptyDatabase)) {
+    if !matches!(on_disk(file), Ok(OnDisk::EmptyDatabase)) {
         return false;
     }
     let Ok(conn) = open_connection(path, true, false) else {

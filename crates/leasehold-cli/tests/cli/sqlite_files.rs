@@ -1135,22 +1135,28 @@ fn a_new_stores_own_journal_does_not_lock_it_out() {
         journal.extend_from_slice(&4096u32.to_be_bytes()); // page
         journal.resize(512, 0);
         std::fs::write(sibling(&db, "-journal"), &journal).expect("the journal");
-        let (code, err) = finish(
-            &scratch,
-            name,
-            leasehold()
-                .args(["campaign", "-e", "e1", "--hold", "1ms", "--store"])
-                .arg(format!("sqlite:{}", db.display())),
-        );
-        if refused {
-            assert_refused(
-                code,
-                &err,
-                "is a rollback journal next to a database in WAL mode",
-            );
-        } else {
-            assert_eq!(code, Some(0), "{name}: {err}");
-        }
+        let refusal = "is a rollback journal next to a database in WAL mode";
+        campaign_once_at(&scratch, &db, refused.then_some(refusal));
+    }
+}
+
+/// A campaign on the store at `db`, once: refused with `refusal`, or
+/// granted and released (exit 0).
+fn campaign_once_at(scratch: &Scratch, db: &Path, refusal: Option<&str>) {
+    let name = db
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let (code, err) = finish(
+        scratch,
+        &name,
+        leasehold()
+            .args(["campaign", "-e", "e1", "--hold", "1ms", "--store"])
+            .arg(format!("sqlite:{}", db.display())),
+    );
+    match refusal {
+        Some(needle) => assert_refused(code, &err, needle),
+        None => assert_eq!(code, Some(0), "{name}: {err}"),
     }
 }
 
@@ -1218,18 +1224,8 @@ fn a_store_whose_creation_was_cut_short_is_used() {
             "{name}"
         );
         assert!(sibling(&db, "-wal").exists(), "{name}: no -wal");
-        let (code, err) = finish(
-            &scratch,
-            name,
-            leasehold()
-                .args(["campaign", "-e", "e1", "--hold", "1ms", "--store"])
-                .arg(format!("sqlite:{}", db.display())),
-        );
-        if refused {
-            assert_refused(code, &err, "does not record that it was theirs");
-        } else {
-            assert_eq!(code, Some(0), "{name}: {err}");
-        }
+        let refusal = "does not record that it was theirs";
+        campaign_once_at(&scratch, &db, refused.then_some(refusal));
     }
 }
 

@@ -170,6 +170,10 @@ pub struct OwnerJson {
     pub index: u32,
     pub election: String,
     pub owner: Option<LeaderJson>,
+    /// Whether the owner holds it as a member of the group: not a single
+    /// election's leader of the name (from before the group), nor a
+    /// member that left and has yet to let go.
+    pub member: bool,
 }
 
 impl GroupJson {
@@ -179,7 +183,7 @@ impl GroupJson {
         members: &[leasehold::admin::Member],
         holders: Vec<(ElectionName, Option<Leader>)>,
     ) -> Self {
-        let members = members
+        let member_json = members
             .iter()
             .map(|m| MemberJson {
                 id: m.candidate.to_string(),
@@ -195,6 +199,9 @@ impl GroupJson {
             .map(|((election, holder), index)| OwnerJson {
                 index,
                 election: election.to_string(),
+                member: holder
+                    .as_ref()
+                    .is_some_and(|h| members.iter().any(|m| m.holds(h))),
                 owner: holder.as_ref().map(LeaderJson::new),
             })
             .collect();
@@ -204,7 +211,7 @@ impl GroupJson {
                 leasehold::admin::GroupKind::Slots(_) => "slots",
             },
             count: kind.count(),
-            members,
+            members: member_json,
             owners,
         }
     }
@@ -212,7 +219,7 @@ impl GroupJson {
     fn human(&self, name: &str) -> String {
         let unit = self.kind.trim_end_matches('s');
         let kind = if self.count == 1 { unit } else { self.kind };
-        let owned = self.owners.iter().filter(|o| o.owner.is_some()).count();
+        let owned = self.owners.iter().filter(|o| o.member).count();
         let members: Vec<String> = self
             .members
             .iter()
@@ -230,10 +237,11 @@ impl GroupJson {
         for o in &self.owners {
             match &o.owner {
                 Some(l) => text.push_str(&format!(
-                    "\n  {unit} {}: {} (token {})",
+                    "\n  {unit} {}: {} (token {}){}",
                     o.index,
                     shown(&l.id),
-                    l.token
+                    l.token,
+                    if o.member { "" } else { ", not as a member" }
                 )),
                 None => text.push_str(&format!("\n  {unit} {}: no owner", o.index)),
             }

@@ -320,6 +320,22 @@ fn a_plain_run_that_took_a_shard_s_name_first_is_no_member_s() {
         started()
     );
     assert!(wait_until(10 * SECOND, || loads(&store, &["a"]) == (vec![1], 2)));
+    let status = status_json_once_created(&store, GROUP);
+    let members: Vec<bool> = status["group"]["owners"]
+        .as_array()
+        .map(|o| o.iter().map(|o| o["member"] == true).collect())
+        .unwrap_or_default();
+    assert_eq!(members, [true, false], "{status}");
+    let text = leasehold()
+        .args(["status", "-e", GROUP, "--store", &store])
+        .output()
+        .expect("spawn");
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(text.contains("1 of 2 owned"), "{text}");
+    assert!(
+        text.contains("shard 1: a (token 1), not as a member"),
+        "{text}"
+    );
     let out = leasehold()
         .args(["run", "-e", "jobs/shard/0", "--store", &store, "--id", "b"])
         .args(["--", "true"])

@@ -504,21 +504,16 @@ impl crate::term::Requests for SingleRequests<'_> {
     }
 }
 
-/// Refuses a name that a group's members own: the election of one of its
-/// shards or slots (only members take those), and with `plain` the
-/// group's own name (its replicas use it for shards or slots).
+/// Refuses, with `plain`, a group's own name (its replicas use it for
+/// shards or slots), naming the flag that joins it. (A name of one of its
+/// shards or slots is refused by the library's campaign and join.)
 pub(crate) async fn refuse_a_group(
     store: &dyn leasehold::Store,
     election: &ElectionName,
     plain: bool,
 ) -> leasehold::Result<()> {
     // A store that keeps no notes has no groups; one that cannot be read
-    // now is retried by the campaign (which checks again).
-    if let Err(refused @ leasehold::Error::Conflict(_)) =
-        leasehold::admin::refuse_inside_group(store, election).await
-    {
-        return Err(refused);
-    }
+    // now is retried by the campaign.
     let kind_of = async |name: &ElectionName| {
         store
             .notes(name)

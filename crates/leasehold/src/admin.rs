@@ -70,8 +70,7 @@
 //! member that asks for another is refused ([`crate::Error::Conflict`]).
 
 pub use crate::group::{
-    GroupKind, GroupView, MAX_SHARDS, Member, group_of, kind_of, members, refuse_inside_group,
-    release_orphaned,
+    GroupKind, GroupView, MAX_SHARDS, Member, group_of, kind_of, members, release_orphaned,
 };
 pub use crate::line::{Standby, line, standbys};
 pub use crate::transfer::{Transferred, request_transfer};

@@ -286,7 +286,7 @@ async fn single_election(
 /// Refuses a single election, or a group, on `election` when it is the
 /// name of a shard or slot of a group that has members: only they take
 /// it. A store that keeps no notes has no groups.
-pub async fn refuse_inside_group(store: &dyn Store, election: &ElectionName) -> Result<()> {
+pub(crate) async fn refuse_inside_group(store: &dyn Store, election: &ElectionName) -> Result<()> {
     let Some(parent) = group_of(election) else {
         return Ok(());
     };

@@ -28,10 +28,10 @@ pub(super) enum Taken {
 impl Elector {
     /// A single election's campaign ([`Elector::campaign_in_line`]),
     /// refused on the name of a shard or slot of a group that has members,
-    /// before it starts and again once granted, resigning the grant: of a
-    /// group joined meanwhile and this campaign, at least one sees the
-    /// other (the group's members check for a single election's holder
-    /// after they joined). No store request for any other name.
+    /// before it starts and again once granted, resigning the grant. A
+    /// group whose first member joins after that second look counts the
+    /// grant as no member's, and waits for the shard. No store request
+    /// for any other name.
     pub(super) async fn campaign_single(
         &self,
         session: &Arc<Session>,

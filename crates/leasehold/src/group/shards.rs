@@ -462,7 +462,11 @@ impl Coordinator {
             .holders
             .holders()
             .iter()
-            .map(|h| h.clone().filter(|h| members.iter().any(|m| m.holds(h))))
+            .map(|h| {
+                h.as_ref()
+                    .filter(|h| members.iter().any(|m| m.holds(h)))
+                    .cloned()
+            })
             .collect();
         let actions = self.ownership.assigned(now, live, &ids, &held);
         self.carry_out(actions, None, None);

@@ -45,6 +45,7 @@ fn writer_pid(path: &std::path::Path) -> Option<i32> {
     read_lines(path)
         .iter()
         .find_map(|l| l.strip_prefix("pid ")?.parse().ok())
+        .map(super::harness::seen)
 }
 
 /// Tokens of the writes the store accepted, in the order it accepted them.

@@ -141,15 +141,51 @@ pub fn wait_until(limit: std::time::Duration, mut cond: impl FnMut() -> bool) ->
 /// nothing; nor does a process with a SIGKILL pending: the kernel ends it
 /// before it returns to its own code, though on a busy machine it may not
 /// have been scheduled to finish dying yet.
+///
+/// A pid read from a log is [`seen`] first: once its process has died, the
+/// kernel may give its number to a new process (CI saw a successor's
+/// grandchild take the old leader's pid), which this does not count.
 pub fn alive(pid: i32) -> bool {
-    let running = match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat
-            .rsplit_once(") ")
-            .and_then(|(_, rest)| rest.chars().next())
-            .is_some_and(|state| state != 'Z' && state != 'X'),
-        Err(_) => false,
+    let Some((state, started)) = stat_of(pid) else {
+        return false;
     };
-    running && !sigkill_pending(pid)
+    let same = *first_seen()
+        .lock()
+        .expect("pids")
+        .entry(pid)
+        .or_insert(started)
+        == started;
+    same && state != 'Z' && state != 'X' && !sigkill_pending(pid)
+}
+
+/// Remembers which process `pid` names now (by its start time), so that
+/// [`alive`] is not fooled when the number is reused; returns `pid`.
+pub fn seen(pid: i32) -> i32 {
+    if let Some((_, started)) = stat_of(pid) {
+        first_seen()
+            .lock()
+            .expect("pids")
+            .entry(pid)
+            .or_insert(started);
+    }
+    pid
+}
+
+fn first_seen() -> &'static std::sync::Mutex<std::collections::HashMap<i32, u64>> {
+    static SEEN: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<i32, u64>>> =
+        std::sync::OnceLock::new();
+    SEEN.get_or_init(Default::default)
+}
+
+/// A process's state letter and start time (in clock ticks after boot),
+/// from /proc/PID/stat.
+fn stat_of(pid: i32) -> Option<(char, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(") ")?;
+    let state = rest.chars().next()?;
+    // Field 22 of the line is the start time; `rest` begins at field 3.
+    let started = rest.split(' ').nth(22 - 3)?.parse().ok()?;
+    Some((state, started))
 }
 
 /// Whether `pid` has a SIGKILL pending, for the thread or the process

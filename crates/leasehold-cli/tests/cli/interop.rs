@@ -63,7 +63,10 @@ fn starts(dir: &Path, id: &str) -> Vec<(u64, i32)> {
         .iter()
         .filter_map(|l| {
             let mut f = l.strip_prefix(&format!("{id} start "))?.split(' ');
-            Some((f.next()?.parse().ok()?, f.next()?.parse().ok()?))
+            Some((
+                f.next()?.parse().ok()?,
+                super::harness::seen(f.next()?.parse().ok()?),
+            ))
         })
         .collect()
 }

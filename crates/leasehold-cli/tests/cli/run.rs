@@ -8,7 +8,7 @@ use nix::sys::signal::Signal;
 use serde_json::Value;
 
 use super::harness::{
-    Proc, Scratch, StoppedReplica, alive, leasehold, read_lines, status_json,
+    Proc, Scratch, StoppedReplica, alive, leasehold, read_lines, seen, status_json,
     status_json_once_created, stderr, wait_until,
 };
 
@@ -55,7 +55,7 @@ pub fn runs(scratch: &Scratch) -> Vec<(u64, String, i32)> {
             Some((
                 f.next()?.parse().ok()?,
                 f.next()?.to_owned(),
-                f.next()?.parse().ok()?,
+                seen(f.next()?.parse().ok()?),
             ))
         })
         .collect()
@@ -64,7 +64,7 @@ pub fn runs(scratch: &Scratch) -> Vec<(u64, String, i32)> {
 pub fn grandchildren(scratch: &Scratch) -> Vec<i32> {
     read_lines(&scratch.path("billing.log"))
         .iter()
-        .filter_map(|l| l.strip_prefix("grandchild ")?.parse().ok())
+        .filter_map(|l| l.strip_prefix("grandchild ")?.parse().ok().map(seen))
         .collect()
 }
 

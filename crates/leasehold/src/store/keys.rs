@@ -156,6 +156,25 @@ pub enum Heard {
 /// it heard; a reader that wants the state reads it again.
 pub type KeyWatch = crate::watch::Receiver<Heard>;
 
+/// The least string above every string that starts with `prefix` (in
+/// code point order, which is the byte order of UTF-8 that the keys'
+/// collation "C" and SQLite's BINARY sort by); `None` if there is none.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) fn prefix_end(prefix: &str) -> Option<String> {
+    let mut chars: Vec<char> = prefix.chars().collect();
+    while let Some(last) = chars.pop() {
+        let next = match last {
+            '\u{D7FF}' => Some('\u{E000}'),
+            c => char::from_u32(u32::from(c) + 1),
+        };
+        if let Some(next) = next {
+            chars.push(next);
+            return Some(chars.into_iter().collect());
+        }
+    }
+    None
+}
+
 /// The store primitive (see the [module](self)).
 #[async_trait]
 pub trait Keys: Send + Sync + fmt::Debug + 'static {
@@ -210,5 +229,20 @@ pub trait Keys: Send + Sync + fmt::Debug + 'static {
     /// Sleeps on the store's clock (the one its sessions expire by).
     fn sleep(&self, duration: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         Box::pin(tokio::time::sleep(duration))
+    }
+}
+
+#[cfg(all(test, any(feature = "postgres", feature = "sqlite")))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prefix_ends_at_the_next_string_of_its_length() {
+        assert_eq!(prefix_end("ab").as_deref(), Some("ac"));
+        assert_eq!(prefix_end("a:").as_deref(), Some("a;"));
+        assert_eq!(prefix_end("a\u{D7FF}").as_deref(), Some("a\u{E000}"));
+        assert_eq!(prefix_end("a\u{10FFFF}").as_deref(), Some("b"));
+        assert_eq!(prefix_end(""), None);
+        assert_eq!(prefix_end("\u{10FFFF}"), None);
     }
 }

@@ -87,6 +87,8 @@ mod grants;
 mod liveness;
 mod names;
 mod notify;
+mod primitive;
+pub use primitive::SqliteKeys;
 mod reads;
 
 use file::*;
@@ -141,7 +143,14 @@ const FIRST_USE_WAIT: Duration = Duration::from_millis(300);
 ///   requests), in the order first put (`id`, never reused), gone with
 ///   their session; and `releases`, the token of each election's last
 ///   released grant, written in the releasing transaction, so that a
-///   successor tells a release from an expiry (lock-delay).
+///   successor tells a release from an expiry (lock-delay);
+/// - the store primitive (see `primitive`): `revision`, the last revision
+///   given (store-wide, never reset); `keys`, each perhaps attached to a
+///   session, with the revisions of the commits that created it and last
+///   wrote it (a key of an ended session is dead: reads and checks skip
+///   it, and the commit that next writes it replaces it); and `deletions`,
+///   the revision each key was last deleted at, so that a watch that
+///   starts late reads whether its prefix changed after a revision.
 const SCHEMA: &str = "
 CREATE TABLE sessions (
     id            INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -173,6 +182,20 @@ CREATE TABLE notes (
 CREATE TABLE releases (
     election TEXT    PRIMARY KEY,
     token    INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE TABLE revision (value INTEGER NOT NULL);
+INSERT INTO revision (value) VALUES (0);
+CREATE TABLE keys (
+    key      TEXT    PRIMARY KEY,
+    value    TEXT    NOT NULL,
+    session  INTEGER,
+    created  INTEGER NOT NULL,
+    modified INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX keys_by_session ON keys (session);
+CREATE TABLE deletions (
+    key      TEXT    PRIMARY KEY,
+    revision INTEGER NOT NULL
 ) WITHOUT ROWID;
 ";
 

@@ -15,6 +15,7 @@ mod postgres_keys;
 mod postgres_tls;
 mod sqlite;
 mod sqlite_crash;
+mod sqlite_keys;
 mod zookeeper;
 mod zookeeper_auth;
 mod zookeeper_ensemble;

@@ -13,6 +13,7 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use leasehold::store::keys::{Keys, Write};
 use leasehold::store::sqlite::SqliteStore;
 use leasehold::store::{Grant, Store};
 use leasehold::testing::unique_election;
@@ -27,7 +28,9 @@ const HOLDER_DB: &str = "LEASEHOLD_TEST_HOLDER_DB";
 const HOLDER_ELECTION: &str = "LEASEHOLD_TEST_HOLDER_ELECTION";
 const HOLDER_TTL_MS: &str = "LEASEHOLD_TEST_HOLDER_TTL_MS";
 /// `one`: one session, holding the election. `two`: two sessions, the
-/// first closed once the second holds the election. `helper`: one session,
+/// first closed once the second holds the election. `key`: one session,
+/// holding the election and the key `ELECTION/key` of the store primitive.
+/// `helper`: one session,
 /// and a helper process (`sleep`) holding its lock file as stdout, as
 /// `leasehold run`'s guard does.
 const HOLDER_MODE: &str = "LEASEHOLD_TEST_HOLDER_MODE";
@@ -85,6 +88,14 @@ fn holder_process() {
             .expect("campaign");
         if two {
             store.close_session(first.id).await.expect("close");
+        }
+        if var(HOLDER_MODE) == "key" {
+            let put = Write::Put {
+                key: format!("{election}/key"),
+                value: String::new(),
+                session: Some(lease.id),
+            };
+            store.keys().commit(&[], &[put]).await.expect("commit");
         }
         let helper = (var(HOLDER_MODE) == "helper").then(|| {
             let locks = store.session_lock_file().expect("the session lock file");
@@ -553,4 +564,30 @@ async fn a_lock_recorded_on_another_notify_file_is_not_tested() {
         "granted {:?} after the kill: the record was tested against the new file",
         granted_at - killed_at
     );
+}
+
+/// The store primitive: a key of a session whose process was killed ends
+/// at once, long before its TTL, and a watch of its prefix is told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_ends_with_its_sessions_process() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let db = dir.path().join("keys.db");
+    let election = unique_election("key");
+    let mut holder = Holder::start(&db, &election, LONG_TTL, "key");
+    let keys = SqliteStore::open(&db).expect("open").keys();
+    let prefix = format!("{election}/");
+    let range = keys.range(&prefix).await.expect("range");
+    assert_eq!(range.entries.len(), 1, "{range:?}");
+    let mut watch = keys.watch(&prefix, range.revision).await.expect("watch");
+    // The watch has read the key and asked the kernel about its session.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let killed = Instant::now();
+    holder.kill();
+    tokio::time::timeout(FAST, watch.changed())
+        .await
+        .expect("the death is told")
+        .expect("watch open");
+    let range = keys.range(&prefix).await.expect("range");
+    assert!(range.entries.is_empty(), "{range:?}");
+    eprintln!("told {:?} after the SIGKILL", killed.elapsed());
 }

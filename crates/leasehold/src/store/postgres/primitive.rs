@@ -13,7 +13,7 @@
 
 use super::*;
 use crate::mutex::lock;
-use crate::store::keys::{Check, Entry, Heard, KeyWatch, Keys, Range, Revision, Write};
+use crate::store::keys::{Check, Entry, Heard, KeyWatch, Keys, Range, Revision, Write, prefix_end};
 
 impl PgKeys {
     /// Refuses a write on a store opened read-only.
@@ -93,24 +93,6 @@ impl Arrays {
         }
         Ok(a)
     }
-}
-
-/// The least string above every string that starts with `prefix` (in
-/// code point order, which is the byte order of UTF-8 that the keys'
-/// collation "C" sorts by); `None` if there is none.
-fn prefix_end(prefix: &str) -> Option<String> {
-    let mut chars: Vec<char> = prefix.chars().collect();
-    while let Some(last) = chars.pop() {
-        let next = match last {
-            '\u{D7FF}' => Some('\u{E000}'),
-            c => char::from_u32(u32::from(c) + 1),
-        };
-        if let Some(next) = next {
-            chars.push(next);
-            return Some(chars.into_iter().collect());
-        }
-    }
-    None
 }
 
 #[async_trait]
@@ -340,20 +322,5 @@ impl PgKeys {
             return Error::Corrupt(format!("{}; nothing was written", db.message()));
         }
         unavailable("commit", error)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_prefix_ends_at_the_next_string_of_its_length() {
-        assert_eq!(prefix_end("ab").as_deref(), Some("ac"));
-        assert_eq!(prefix_end("a:").as_deref(), Some("a;"));
-        assert_eq!(prefix_end("a\u{D7FF}").as_deref(), Some("a\u{E000}"));
-        assert_eq!(prefix_end("a\u{10FFFF}").as_deref(), Some("b"));
-        assert_eq!(prefix_end(""), None);
-        assert_eq!(prefix_end("\u{10FFFF}"), None);
     }
 }

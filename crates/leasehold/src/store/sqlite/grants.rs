@@ -117,7 +117,8 @@ impl Db {
         .map_err(self.err())?;
         tx.execute_batch(
             "DELETE FROM session_locks WHERE session NOT IN (SELECT id FROM sessions);
-             DELETE FROM notes WHERE session NOT IN (SELECT id FROM sessions);",
+             DELETE FROM notes WHERE session NOT IN (SELECT id FROM sessions);
+             DELETE FROM keys WHERE session IS NOT NULL AND session NOT IN (SELECT id FROM sessions);",
         )
         .map_err(self.err())?;
         let expires_at_ns = now.saturating_add(nanos(granted));
@@ -253,6 +254,7 @@ impl Db {
             .map_err(self.err())?;
         tx.execute("DELETE FROM notes WHERE session = ?1", params![key])
             .map_err(self.err())?;
+        self.end_keys_of(&tx, key)?;
         if let Err(Error::Replaced(_)) = self.usable(&tx) {
             return Ok(());
         }

@@ -146,20 +146,6 @@ impl Error {
         }
     }
 
-    /// The [`Error::Corrupt`] of a grant of `election` that would need a
-    /// token above [`FencingToken::LAST`]: the election's counter in
-    /// `store` (as messages name it) is exhausted. Only a counter set by
-    /// hand or damaged gets there — a grant every nanosecond would take
-    /// 292 years — and no token it could hand out would be correct.
-    #[cfg(feature = "sqlite")]
-    pub(crate) fn tokens_exhausted(store: &dyn std::fmt::Display, election: &str) -> Self {
-        Error::Corrupt(format!(
-            "{store}: the fencing token counter of election {election} is exhausted: its last \
-             token is {}, the largest a store keeps; no grant was written",
-            FencingToken::LAST
-        ))
-    }
-
     /// The [`Error::Corrupt`] of a grant of `election` for which `store`
     /// returned `value`, which is no fencing token (see
     /// [`FencingToken::issued`]).

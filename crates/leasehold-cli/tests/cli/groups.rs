@@ -1,6 +1,7 @@
 //! Many responsibilities with real processes: `run --shards` and `run
 //! --slots`.
 
+use std::collections::HashMap;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -627,10 +628,15 @@ exec sleep 600"#;
 /// (`--shards N` or `--slots N`), K being the outer shard or slot; the
 /// environments its commands saw, once `commands` of them have written
 /// theirs, by file name.
-fn nested_run_envs(group: &[&str], commands: usize) -> Vec<(String, Vec<String>)> {
+/// The inner commands' environments by file name, and the outer terms'
+/// tokens by `inner-N.outer`.
+type NestedEnvs = (Vec<(String, Vec<String>)>, HashMap<String, u64>);
+
+fn nested_run_envs(group: &[&str], commands: usize) -> NestedEnvs {
     let scratch = Scratch::new();
     let store = scratch.store_url();
-    let outer = r#"exec "$0" run --election "inner-${LEASEHOLD_SHARD:-$LEASEHOLD_SLOT}" --ttl 30s --store "$1" -- sh -c "$2""#;
+    let outer = r#"echo "$LEASEHOLD_TOKEN" > "inner-${LEASEHOLD_SHARD:-$LEASEHOLD_SLOT}.outer"
+exec "$0" run --election "inner-${LEASEHOLD_SHARD:-$LEASEHOLD_SLOT}" --ttl 30s --store "$1" -- sh -c "$2""#;
     let mut runner = Proc::spawn(
         leasehold()
             .args(["run", "--election", "outer", "--ttl", "30s", "--id", "m"])
@@ -658,13 +664,22 @@ fn nested_run_envs(group: &[&str], commands: usize) -> Vec<(String, Vec<String>)
     );
     runner.signal(nix::sys::signal::Signal::SIGTERM);
     assert!(runner.wait_for_exit(30 * SECOND).is_some());
-    written()
+    let envs = written()
         .into_iter()
         .map(|name| {
             let env = read_lines(&scratch.path(&name));
             (name, env)
         })
-        .collect()
+        .collect();
+    let outers = std::fs::read_dir(scratch.dir.path())
+        .expect("scratch")
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().into_string().ok()?;
+            let token = read_lines(&scratch.path(&name)).first()?.parse().ok()?;
+            name.ends_with(".outer").then_some((name, token))
+        })
+        .collect();
+    (envs, outers)
 }
 
 /// A command's LEASEHOLD_* describe its own term only: a plain `run`
@@ -677,21 +692,28 @@ fn a_nested_run_gives_its_command_only_its_own_term() {
         (&["--shards", "2"], &["inner-0.env", "inner-1.env"][..]),
         (&["--slots", "1"], &["inner-0.env"][..]),
     ] {
-        let envs = nested_run_envs(group, expected.len());
+        let (envs, outers) = nested_run_envs(group, expected.len());
         let names: Vec<&str> = envs.iter().map(|(name, _)| name.as_str()).collect();
         assert_eq!(names, expected, "{group:?}");
         for (name, env) in &envs {
             let ours: Vec<&String> = env.iter().filter(|l| l.starts_with("LEASEHOLD_")).collect();
             let election = name.trim_end_matches(".env");
-            for wanted in [
-                format!("LEASEHOLD_ELECTION={election}"),
-                "LEASEHOLD_TOKEN=1".to_owned(),
-            ] {
-                assert!(
-                    ours.contains(&&wanted),
-                    "{group:?}: {wanted} missing: {ours:?}"
-                );
-            }
+            let wanted = format!("LEASEHOLD_ELECTION={election}");
+            assert!(
+                ours.contains(&&wanted),
+                "{group:?}: {wanted} missing: {ours:?}"
+            );
+            // Its own term's token: granted after the outer term's, so
+            // higher (the store's revisions are shared by every election).
+            let tokens: Vec<u64> = ours
+                .iter()
+                .filter_map(|l| l.strip_prefix("LEASEHOLD_TOKEN=")?.parse().ok())
+                .collect();
+            let outer = &outers[&format!("{election}.outer")];
+            assert!(
+                tokens.len() == 1 && tokens[0] > *outer,
+                "{group:?}: not its own term's token (the outer's was {outer}): {ours:?}"
+            );
             let id = ours
                 .iter()
                 .find_map(|l| l.strip_prefix("LEASEHOLD_ID="))

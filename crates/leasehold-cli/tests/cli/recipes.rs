@@ -218,7 +218,9 @@ fn the_shell_worker_writes_only_while_leading_and_with_its_token() {
         rounds(&a_log).contains(&(1, 204)) && read_lines(&b_log).iter().any(|l| l == "follower")
     }));
     transferred(&store, "web", "b");
-    assert!(wait_until(10 * SECOND, || rounds(&b_log).contains(&(2, 204))));
+    assert!(wait_until(10 * SECOND, || rounds(&b_log)
+        .iter()
+        .any(|&(token, code)| token > 1 && code == 204)));
     let a_rounds_after = read_lines(&a_log).len();
     assert!(wait_until(10 * SECOND, || {
         read_lines(&a_log)[a_rounds_after..]
@@ -237,7 +239,11 @@ fn the_shell_worker_writes_only_while_leading_and_with_its_token() {
     // store accepted is one a worker reported, in order.
     let (a_rounds, b_rounds) = (rounds(&a_log), rounds(&b_log));
     assert!(a_rounds.iter().all(|(t, _)| *t == 1), "{a_rounds:?}");
-    assert!(b_rounds.iter().all(|(t, _)| *t == 2), "{b_rounds:?}");
+    let b_token = b_rounds.first().map_or(0, |(t, _)| *t);
+    assert!(
+        b_token > 1 && b_rounds.iter().all(|(t, _)| *t == b_token),
+        "{b_rounds:?}"
+    );
     let accepted: Vec<u64> = read_lines(&scratch.path("accepted.log"))
         .iter()
         .filter_map(|l| l.strip_prefix("accepted ")?.split(' ').next()?.parse().ok())

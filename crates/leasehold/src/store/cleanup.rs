@@ -36,17 +36,6 @@ impl<T: Send + 'static> OnDrop<T> {
         }
     }
 
-    /// The guarded value.
-    #[cfg(feature = "sqlite")]
-    pub(crate) fn get_mut(&mut self) -> &mut T {
-        match &mut self.armed {
-            Some((value, _)) => value,
-            // `armed` is taken only by `disarm`, which consumes the guard,
-            // and by `drop`.
-            None => unreachable!("an OnDrop is armed until it is consumed"),
-        }
-    }
-
     /// Gives the value back; the cleanup will not run.
     pub(crate) fn disarm(mut self) -> T {
         match self.armed.take() {

@@ -226,6 +226,15 @@ pub trait Keys: Send + Sync + fmt::Debug + 'static {
         false
     }
 
+    /// A descriptor that carries this process's sessions where the kernel
+    /// tells a dead holder process (see [`Store::session_lock_file`]);
+    /// `None`, the default, for a store that has none.
+    ///
+    /// [`Store::session_lock_file`]: crate::store::Store::session_lock_file
+    fn session_lock_file(&self) -> Option<std::fs::File> {
+        None
+    }
+
     /// Sleeps on the store's clock (the one its sessions expire by).
     fn sleep(&self, duration: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         Box::pin(tokio::time::sleep(duration))

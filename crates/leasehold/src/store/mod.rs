@@ -15,8 +15,6 @@ pub mod etcd;
 pub mod keyed;
 pub mod keys;
 mod layout;
-#[cfg(feature = "sqlite")]
-mod local;
 pub mod memory;
 pub(crate) mod note_watch;
 #[cfg(feature = "postgres")]

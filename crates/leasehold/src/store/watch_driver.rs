@@ -292,6 +292,8 @@ async fn read_until_ok<S: Source, V: Published>(
     loop {
         match watch_read(election, Box::pin(source.read())).await {
             Ok(leader) => return Some(leader),
+            // A replaced SQLite file never comes back: the watch ends.
+            Err(Error::Replaced(_)) => return None,
             Err(error) => {
                 // A refusal, or a password file gone bad, will not pass by
                 // itself (changed credentials, grants or files): say so

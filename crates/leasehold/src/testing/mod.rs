@@ -39,23 +39,6 @@ pub trait StoreHarness: Send + Sync {
     fn campaigns_unwaited(&self) -> bool {
         false
     }
-
-    /// Sets the fencing token counter of `election` (granted at least
-    /// once) to `last`, the token of its last grant, straight in the store
-    /// as an operator's own tools would; `false` where the tokens are no
-    /// counter of leasehold's (etcd revisions and ZooKeeper zxids are the
-    /// server's own). For [`conformance::an_exhausted_token_counter_is_corrupt`].
-    async fn set_last_token(&self, election: &ElectionName, last: i64) -> bool {
-        let _ = (election, last);
-        false
-    }
-
-    /// The counter [`StoreHarness::set_last_token`] sets, read straight
-    /// from the store; `None` where there is none.
-    async fn last_token(&self, election: &ElectionName) -> Option<i64> {
-        let _ = election;
-        None
-    }
 }
 
 /// A [`StoreHarness`] over a running server (in leasehold's own tests, an

@@ -35,50 +35,72 @@ impl StoreHarness for SqliteHarness {
     fn campaigns_unwaited(&self) -> bool {
         true
     }
-
-    async fn set_last_token(&self, election: &leasehold::ElectionName, last: i64) -> bool {
-        let set = rusqlite_conn(&self.path)
-            .execute(
-                "UPDATE elections SET last_token = ?2 WHERE name = ?1",
-                rusqlite::params![election.as_str(), last],
-            )
-            .expect("set the counter");
-        set == 1
-    }
-
-    async fn last_token(&self, election: &leasehold::ElectionName) -> Option<i64> {
-        rusqlite_conn(&self.path)
-            .query_row(
-                "SELECT last_token FROM elections WHERE name = ?1",
-                [election.as_str()],
-                |r| r.get(0),
-            )
-            .ok()
-    }
 }
 
 leasehold::conformance_tests!(async { SqliteHarness::new() });
 
-/// A counter at the largest token: the next grant is refused as corrupt
-/// (it overflowed into a REAL, read as an outage and retried forever).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_exhausted_token_counter_is_corrupt() {
-    leasehold::testing::conformance::an_exhausted_token_counter_is_corrupt(&SqliteHarness::new())
-        .await;
+/// Sets the store's revision counter (the last token given) by hand, as
+/// an operator's own tools would: `value` is SQL.
+fn set_revision(harness: &SqliteHarness, value: &str) {
+    let set = rusqlite_conn(&harness.path)
+        .execute(&format!("UPDATE revision SET value = {value}"), [])
+        .expect("set the counter");
+    assert_eq!(set, 1, "one revision row");
 }
 
-/// A counter below zero: refused as corrupt, nothing written (PostgreSQL
-/// granted token 0 again and again, and could not release it).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_negative_token_counter_is_corrupt() {
-    leasehold::testing::conformance::a_negative_token_counter_is_corrupt(&SqliteHarness::new())
-        .await;
+fn revision(harness: &SqliteHarness) -> rusqlite::types::Value {
+    rusqlite_conn(&harness.path)
+        .query_row("SELECT value FROM revision", [], |r| r.get(0))
+        .expect("read the counter")
 }
 
-/// A counter that holds no count of grants (set by hand to a text or a
-/// negative number) is corrupt: the campaign says so naming the election,
-/// and writes nothing. Before, SQLite's `'many' + 1` granted token 1
-/// again and `-5 + 1` granted token 0.
+/// The revisions (the tokens) at the largest token: a grant gets it, and
+/// the next change is refused as corrupt, naming the file, with nothing
+/// written (before, a counter at its end overflowed into a REAL, read as
+/// an outage and retried forever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exhausted_revision_counter_is_corrupt() {
+    let harness = SqliteHarness::new();
+    let store = harness.open().await;
+    let election = leasehold::testing::unique_election("exhausted");
+    let ttl = std::time::Duration::from_secs(30);
+    set_revision(&harness, &(i64::MAX - 1).to_string());
+    let last = leasehold::testing::campaign_on_new_session(&*store, &election, "a", ttl).await;
+    assert_eq!(last.token.to_i64(), Some(i64::MAX), "the largest token");
+    match store.resign(&last).await {
+        Err(Error::Corrupt(message)) => {
+            assert!(message.contains("exhausted"), "{message}");
+            assert!(
+                message.contains(&harness.path.display().to_string()),
+                "{message}"
+            );
+            assert!(!message.contains('\n'), "{message}");
+        }
+        other => panic!("a change past the largest revision must be Corrupt, got {other:?}"),
+    }
+    let elector = leasehold::Elector::new(
+        Arc::clone(&store),
+        candidate("b"),
+        leasehold::LeaseConfig::new(ttl),
+    )
+    .expect("config");
+    let other = leasehold::testing::unique_election("exhausted-other");
+    match tokio::time::timeout(ttl / 2, elector.campaign(&other)).await {
+        Ok(Err(Error::Corrupt(message))) => assert!(message.contains("exhausted"), "{message}"),
+        other => panic!("a campaign past the largest revision must be Corrupt, got {other:?}"),
+    }
+    assert_eq!(store.leader(&other).await.expect("read"), None);
+    assert_eq!(
+        revision(&harness),
+        rusqlite::types::Value::Integer(i64::MAX),
+        "the counter changed"
+    );
+}
+
+/// A revision counter that holds no count of grants (set by hand to a
+/// text or a negative number) is corrupt: the campaign says so, and
+/// writes nothing. Before, SQLite's `'many' + 1` granted token 1 again and
+/// `-5 + 1` granted token 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_counter_that_is_no_count_is_corrupt() {
     let harness = SqliteHarness::new();
@@ -89,29 +111,31 @@ async fn a_counter_that_is_no_count_is_corrupt() {
     store.resign(&first).await.expect("resign");
     let lease = store.open_session(ttl).await.expect("session");
     for (value, shown) in [("'many'", "the text \"many\""), ("-5", "-5")] {
-        let conn = rusqlite_conn(&harness.path);
-        conn.execute(
-            &format!("UPDATE elections SET last_token = {value} WHERE name = ?1"),
-            [election.as_str()],
-        )
-        .expect("set the counter");
+        set_revision(&harness, value);
         let refused = store.campaign(lease.id, &election, &candidate("b")).await;
         match refused {
             Err(Error::Corrupt(message)) => {
-                assert!(message.contains(election.as_str()), "{message}");
+                assert!(message.contains("no count of grants"), "{message}");
                 assert!(message.contains(shown), "{message}");
+                assert!(!message.contains('\n'), "{message}");
             }
             other => panic!("{value}: {other:?}"),
         }
-        let (last, holder): (rusqlite::types::Value, Option<i64>) = conn
+        assert_eq!(
+            store.leader(&election).await.expect("read"),
+            None,
+            "{value}"
+        );
+        let kept = rusqlite_conn(&harness.path)
             .query_row(
-                "SELECT last_token, holder_session FROM elections WHERE name = ?1",
-                [election.as_str()],
-                |r| Ok((r.get(0)?, r.get(1)?)),
+                "SELECT value = {value} FROM revision"
+                    .replace("{value}", value)
+                    .as_str(),
+                [],
+                |r| r.get::<_, bool>(0),
             )
-            .expect("read");
-        assert_eq!(holder, None, "{value}: a holder was written");
-        assert_ne!(last, rusqlite::types::Value::Integer(1), "{value}");
+            .expect("read the counter");
+        assert!(kept, "{value}: the counter changed");
     }
 }
 
@@ -724,10 +748,11 @@ fn a_symbolic_link_is_checked_where_it_leads() {
 }
 
 /// Campaigns made at once through one handle share transactions (one synced
-/// commit for many attempts). Within them each attempt stands alone: among
+/// commit for many commits). Within them each commit stands alone: among
 /// sessions racing for one election exactly one is granted, the others
-/// wait; a session that ended is refused without failing the attempts
-/// made with it; and every other election is granted once, with token 1.
+/// wait; a session that ended is refused without failing the commits
+/// made with it; and every other election is granted once, each with a
+/// token of its own (a revision each).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attempts_made_together_stand_alone() {
     use std::time::Duration;
@@ -752,17 +777,20 @@ async fn attempts_made_together_stand_alone() {
                 .id,
         );
     }
+    let mut last_first = 0;
     for round in 0..5_u64 {
         let (won, mut winners) = tokio::sync::mpsc::unbounded_channel();
+        let (owned, mut own_tokens) = tokio::sync::mpsc::unbounded_channel();
         let mut racing = tokio::task::JoinSet::new();
         for (i, &session) in sessions.iter().enumerate() {
             let (store, contested, won) = (Arc::clone(&store), contested.clone(), won.clone());
+            let owned = owned.clone();
             racing.spawn(async move {
                 let who = candidate(&format!("c{i}"));
                 let own = ElectionName::new(format!("together/{round}/{i}")).expect("name");
                 let mine = store.campaign(session, &own, &who).await;
                 let mine = mine.expect("an election nobody else wants is granted");
-                assert_eq!(mine.token.0, 1, "{mine:?}");
+                let _ = owned.send(mine.token.0);
                 let _ = won.send(store.campaign(session, &contested, &who).await);
             });
         }
@@ -782,7 +810,8 @@ async fn attempts_made_together_stand_alone() {
             .expect("the free election is granted")
             .expect("a winner")
             .expect("campaign");
-        assert_eq!(first.token.0, round + 1, "{first:?}");
+        assert!(first.token.0 > last_first, "{first:?} after {last_first}");
+        last_first = first.token.0;
         // Any other grant would come with the first.
         tokio::time::sleep(Duration::from_millis(300)).await;
         racing.abort_all();
@@ -799,6 +828,14 @@ async fn attempts_made_together_stand_alone() {
             others.push(other);
         }
         assert!(others.is_empty(), "granted with {first:?}: {others:?}");
+        drop(owned);
+        let mut tokens = Vec::new();
+        while let Some(token) = own_tokens.recv().await {
+            tokens.push(token);
+        }
+        tokens.sort_unstable();
+        tokens.dedup();
+        assert_eq!(tokens.len(), sessions.len(), "round {round}: {tokens:?}");
         store.resign(&first).await.expect("resign");
     }
 }
@@ -925,10 +962,11 @@ async fn a_wal_left_before_another_name_used_the_file_is_not_replayed() {
     );
     std::fs::remove_file(sibling(&first, "-wal")).expect("move it away");
     drop(SqliteStore::open(&first).expect("the first name, the -wal moved away"));
+    // The grant's key, created at the revision that is its token.
     let last = rusqlite_conn(&first)
         .query_row(
-            "SELECT last_token FROM elections WHERE name = ?1",
-            [new.as_str()],
+            "SELECT created FROM keys WHERE created = ?1",
+            [i64::try_from(granted.token.0).expect("a token")],
             |r| r.get::<_, i64>(0),
         )
         .ok();

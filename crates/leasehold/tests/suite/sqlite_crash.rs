@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use leasehold::store::keys::{Keys, Write};
-use leasehold::store::sqlite::SqliteStore;
+use leasehold::store::sqlite::{SqliteKeys, SqliteStore};
 use leasehold::store::{Grant, Store};
 use leasehold::testing::unique_election;
 use leasehold::{CandidateId, ElectionName};
@@ -574,7 +574,7 @@ async fn a_key_ends_with_its_sessions_process() {
     let db = dir.path().join("keys.db");
     let election = unique_election("key");
     let mut holder = Holder::start(&db, &election, LONG_TTL, "key");
-    let keys = SqliteStore::open(&db).expect("open").keys();
+    let keys = SqliteKeys::open(&db).expect("open");
     let prefix = format!("{election}/");
     let range = keys.range(&prefix).await.expect("range");
     assert_eq!(range.entries.len(), 1, "{range:?}");

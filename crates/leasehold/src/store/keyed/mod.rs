@@ -95,10 +95,14 @@ impl<K: Keys> KeyedStore<K> {
         let prefix = election::candidates(self.layout, election);
         let mut range = self.keys.range(&prefix).await?;
         let mut watched: Option<(String, KeyWatch)> = None;
+        let mut led_by: Option<Leader> = None;
         loop {
             let (ahead, recheck) = match election::standing(self.layout, &range, election, session)?
             {
-                Standing::Granted(grant) => return Ok(grant),
+                Standing::Granted(grant) => {
+                    self.tell_how_it_was_left(led_by, &grant).await;
+                    return Ok(grant);
+                }
                 Standing::Gone => return Err(Error::SessionExpired(session)),
                 Standing::Waits { ahead, recheck } => (ahead, recheck),
             };
@@ -124,8 +128,26 @@ impl<K: Keys> KeyedStore<K> {
             }
             // Seen before the read: a change made during it is told again.
             watch.borrow_and_update();
+            led_by = election::holder(self.layout, &range)?.or(led_by);
             range = self.keys.range(&prefix).await?;
         }
+    }
+
+    /// Says so when `grant` was made after `led_by`, another session's
+    /// grant this campaign waited behind, ended without a release: its
+    /// lease expired (or, on SQLite, its process died) first.
+    async fn tell_how_it_was_left(&self, led_by: Option<Leader>, grant: &Grant) {
+        let Some(leader) = led_by.filter(|l| l.session != Some(grant.session)) else {
+            return;
+        };
+        if self.layout.is_foreign()
+            || self.last_release(&grant.election).await.ok().flatten() == Some(leader.token)
+        {
+            return;
+        }
+        tracing::info!(election = %grant.election, id = %grant.candidate, expired_leader = %leader.candidate,
+            expired_token = leader.token.0,
+            "the previous leader did not release (its lease expired, or on SQLite its process died); taking over");
     }
 
     /// Deletes the grant's key and records its release, if it still holds.
@@ -297,6 +319,10 @@ impl<K: Keys> Store for KeyedStore<K> {
 
     async fn session_ended(&self, session: SessionId) {
         self.keys.session_ended(session).await;
+    }
+
+    fn session_lock_file(&self) -> Option<std::fs::File> {
+        self.keys.keys.session_lock_file()
     }
 
     async fn put_note(

@@ -41,7 +41,6 @@ impl Db {
             why_replaced: OnceLock::new(),
             wal_emptied: AtomicBool::new(false),
             renewals: (Mutex::new(0), std::sync::Condvar::new()),
-            attempts: Mutex::new(AttemptQueue::default()),
             wal_existed,
             shm_existed,
             verified: false,

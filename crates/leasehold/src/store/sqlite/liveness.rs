@@ -423,7 +423,7 @@ fn wait_for_release(file: &File, byte: i64, key: (FileKey, i64)) {
     match waited {
         Ok(_) => {
             for waker in wakers.iter().filter_map(Weak::upgrade) {
-                crate::store::local::bump(&waker);
+                super::bump(&waker);
             }
         }
         // Not woken: the waiters wake at the holder's expiry, and a failure

@@ -376,7 +376,7 @@ fn created_only_in_the_wal(file: &File, path: &Path) -> bool {
     };
     let granted: rusqlite::Result<i64> = conn.query_row(
         "SELECT (SELECT application_id FROM pragma_application_id()) = ?1
-                AND NOT EXISTS (SELECT 1 FROM elections WHERE last_token > 0)",
+                AND (SELECT value FROM revision) = 0",
         [super::APPLICATION_ID],
         |row| row.get(0),
     );

@@ -475,7 +475,7 @@ pub(super) fn spawn(
                         file_event();
                     }
                     if moved || (relevant && foreign().await) {
-                        crate::store::local::bump(&changes);
+                        super::bump(&changes);
                     }
                 }
                 Err(Errno::EAGAIN) => ready.clear_ready(),
@@ -610,7 +610,7 @@ fn fallback(
                 () = stop.cancelled() => return,
                 _ = tick.tick() => {
                     file_event();
-                    crate::store::local::bump(&changes);
+                    super::bump(&changes);
                 }
             }
         }

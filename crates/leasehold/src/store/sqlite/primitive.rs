@@ -14,25 +14,18 @@
 //! had left, and whoever needs to know reads again then.
 
 use std::collections::BTreeMap;
+use std::time::Instant;
 
 use super::*;
 use crate::store::keys::{Check, Entry, Heard, KeyWatch, Keys, Range, Revision, Write, prefix_end};
 
-/// The store primitive on a SQLite database: another handle onto the same
-/// connection, sessions and file checks as the [`SqliteStore`] it came
-/// from ([`SqliteStore::keys`]).
-#[derive(Clone, Debug)]
-pub struct SqliteKeys {
-    inner: Arc<Inner>,
-}
-
-impl SqliteStore {
-    /// The store primitive on this handle's database.
-    pub fn keys(&self) -> SqliteKeys {
-        SqliteKeys {
-            inner: Arc::clone(&self.inner),
-        }
-    }
+/// What a commit did: its revision (`None`: a check failed, nothing was
+/// written), and the keys of the sessions it ended (their processes were
+/// gone).
+#[derive(Default)]
+pub(super) struct Committed {
+    pub(super) revision: Option<Revision>,
+    pub(super) ended: Vec<String>,
 }
 
 /// A live key as read, with its session's time left (nanoseconds on the
@@ -59,6 +52,18 @@ impl KeyRow {
     }
 }
 
+/// A value SQLite holds, for a message.
+fn stored_value(value: &rusqlite::types::Value) -> String {
+    use rusqlite::types::Value;
+    match value {
+        Value::Null => "nothing".to_owned(),
+        Value::Integer(n) => n.to_string(),
+        Value::Real(r) => format!("the real number {r}"),
+        Value::Text(text) => format!("the text {}", crate::error::quoted(text)),
+        Value::Blob(blob) => format!("a blob of {} bytes", blob.len()),
+    }
+}
+
 fn revision(stored: i64) -> Revision {
     Revision(u64::try_from(stored).unwrap_or(0))
 }
@@ -77,7 +82,17 @@ ORDER BY k.key";
 /// What the kernel said of the sessions read by one statement or
 /// transaction: each is tested once.
 #[derive(Default)]
-struct Tested(BTreeMap<i64, Process>);
+pub(super) struct Tested(BTreeMap<i64, Process>);
+
+impl Tested {
+    /// The sessions found in `process`'s state.
+    pub(super) fn found(&self, process: Process) -> Vec<i64> {
+        self.0
+            .iter()
+            .filter_map(|(session, p)| (*p == process).then_some(*session))
+            .collect()
+    }
+}
 
 impl Db {
     /// The live keys from `from` up to `end` at monotonic time `now`,
@@ -191,62 +206,88 @@ impl Db {
         Ok(())
     }
 
-    /// The last revision given, refused if it is no count of commits.
-    fn last_revision(&self, conn: &Connection) -> Result<i64> {
-        let last: i64 = conn
+    /// The last revision given, refused if it is no count of commits (set
+    /// by hand, or a damaged store): not a whole number, below 0, or the
+    /// largest token, after which none is left to give.
+    pub(super) fn last_revision(&self, conn: &Connection) -> Result<i64> {
+        let last: rusqlite::types::Value = conn
             .query_row("SELECT value FROM revision", [], |r| r.get(0))
-            .map_err(self.err())?;
+            .optional()
+            .map_err(self.err())?
+            .unwrap_or(rusqlite::types::Value::Null);
         let path = self.path.display();
-        if last < 0 {
-            return Err(Error::Corrupt(format!(
-                "{path}: the revision counter holds {last}, which is no count of grants; \
-                 nothing was written"
-            )));
-        }
-        if last == i64::MAX {
-            return Err(Error::Corrupt(format!(
+        match last {
+            rusqlite::types::Value::Integer(i64::MAX) => Err(Error::Corrupt(format!(
                 "{path}: the revisions (the fencing tokens) are exhausted: the last is the \
                  largest token a store keeps; nothing was written"
-            )));
+            ))),
+            rusqlite::types::Value::Integer(last) if last >= 0 => Ok(last),
+            other => Err(Error::Corrupt(format!(
+                "{path}: the revision counter holds {}, which is no count of grants; nothing \
+                 was written",
+                stored_value(&other)
+            ))),
         }
-        Ok(last)
     }
 
     /// One commit of the primitive (see [`Keys::commit`]).
-    pub(super) fn commit_keys(
-        &self,
-        checks: &[Check],
-        writes: &[Write],
-    ) -> Result<Option<Revision>> {
+    pub(super) fn commit_keys(&self, checks: &[Check], writes: &[Write]) -> Result<Committed> {
         self.writable()?;
         let mut conn = self.conn();
         self.usable(&conn)?;
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(self.err())?;
+        let (committed, wrote) = self.commit_in(&tx, checks, writes)?;
+        if wrote {
+            self.usable(&tx)?;
+            tx.commit().map_err(self.err())?;
+            self.announce();
+        }
+        Ok(committed)
+    }
+
+    /// One commit inside the transaction `tx`, which the caller commits
+    /// if it wrote (the second of the pair).
+    pub(super) fn commit_in(
+        &self,
+        tx: &Connection,
+        checks: &[Check],
+        writes: &[Write],
+    ) -> Result<(Committed, bool)> {
         let now = monotonic_ns();
-        self.sessions_live(&tx, writes, now)?;
+        self.sessions_live(tx, writes, now)?;
         let mut tested = Tested::default();
         for check in checks {
-            if !self.holds(&tx, check, now, &mut tested)? {
-                return Ok(None);
+            if !self.holds(tx, check, now, &mut tested)? {
+                return Ok((Committed::default(), false));
             }
         }
-        let last = self.last_revision(&tx)?;
+        let last = self.last_revision(tx)?;
         let next = last + 1;
         let mut changed = false;
         for write in writes {
-            changed |= self.write_key(&tx, write, next, now, &mut tested)?;
+            changed |= self.write_key(tx, write, next, now, &mut tested)?;
         }
-        if !changed {
-            return Ok(Some(revision(last)));
+        // The sessions the kernel showed dead end here, with their keys.
+        let mut ended = Vec::new();
+        for session in tested.found(Process::Gone) {
+            ended.extend(self.end_session(tx, session, next)?);
+        }
+        if !changed && ended.is_empty() {
+            let committed = Committed {
+                revision: Some(revision(last)),
+                ended,
+            };
+            return Ok((committed, false));
         }
         tx.execute("UPDATE revision SET value = ?1", params![next])
             .map_err(self.err())?;
-        self.usable(&tx)?;
-        tx.commit().map_err(self.err())?;
-        self.announce();
-        Ok(Some(revision(next)))
+        let committed = Committed {
+            revision: Some(revision(next)),
+            ended,
+        };
+        Ok((committed, true))
     }
 
     /// One write of a commit at revision `next`; whether it changed a
@@ -297,9 +338,41 @@ impl Db {
         Ok(())
     }
 
-    /// Deletes the keys of `session`, which the transaction `tx` ends, at
-    /// the next revision if it had any.
-    pub(super) fn end_keys_of(&self, tx: &Connection, session: i64) -> Result<()> {
+    /// Ends those of `sessions` whose processes the kernel says are gone,
+    /// in one commit; returns their keys.
+    pub(super) fn end_dead_sessions(&self, sessions: &[i64]) -> Result<Vec<String>> {
+        self.writable()?;
+        let mut conn = self.conn();
+        self.usable(&conn)?;
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(self.err())?;
+        let next = self.last_revision(&tx)? + 1;
+        let mut ended = Vec::new();
+        for &session in sessions {
+            if self.holder_process(&tx, session)?.0 == Process::Gone {
+                ended.extend(self.end_session(&tx, session, next)?);
+            }
+        }
+        if ended.is_empty() {
+            return Ok(ended);
+        }
+        tx.execute("UPDATE revision SET value = ?1", params![next])
+            .map_err(self.err())?;
+        self.usable(&tx)?;
+        tx.commit().map_err(self.err())?;
+        self.announce();
+        Ok(ended)
+    }
+
+    /// Ends `session` in the transaction `tx`: its row, its lock's record
+    /// and its keys, deleted at revision `at`; returns the keys.
+    pub(super) fn end_session(
+        &self,
+        tx: &Connection,
+        session: i64,
+        at: i64,
+    ) -> Result<Vec<String>> {
         let keys = {
             let mut stmt = tx
                 .prepare_cached("SELECT key FROM keys WHERE session = ?1")
@@ -309,149 +382,95 @@ impl Db {
                 .collect::<rusqlite::Result<Vec<_>>>()
                 .map_err(self.err())?
         };
-        if keys.is_empty() {
-            return Ok(());
-        }
-        let next = self.last_revision(tx)? + 1;
         for key in &keys {
-            self.deleted(tx, key, next)?;
+            self.deleted(tx, key, at)?;
         }
         tx.execute("DELETE FROM keys WHERE session = ?1", params![session])
             .map_err(self.err())?;
-        tx.execute("UPDATE revision SET value = ?1", params![next])
+        tx.execute("DELETE FROM sessions WHERE id = ?1", params![session])
             .map_err(self.err())?;
-        Ok(())
+        tx.execute(
+            "DELETE FROM session_locks WHERE session = ?1",
+            params![session],
+        )
+        .map_err(self.err())?;
+        Ok(keys)
     }
 
-    /// The live keys under `prefix`, as of one revision, and the sessions
-    /// among them whose processes the kernel said are alive.
-    fn range_keys(&self, prefix: &str) -> Result<(Range, Vec<i64>)> {
+    /// The live keys under `prefix`, as of one revision, and what the
+    /// kernel said of their sessions' processes.
+    pub(super) fn range_keys(&self, prefix: &str) -> Result<(Range, Tested)> {
         let mut conn = self.conn();
         self.usable(&conn)?;
         // One read transaction: the keys and the revision agree.
         let tx = conn.transaction().map_err(self.err())?;
         let revision_now = tx
-            .query_row("SELECT value FROM revision", [], |r| r.get::<_, i64>(0))
+            .query_row(
+                // A counter that is no number (see `last_revision`) reads as
+                // 0: the keys are read all the same.
+                "SELECT CASE typeof(value) WHEN 'integer' THEN value ELSE 0 END FROM revision",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
             .map_err(self.err())?;
         let mut tested = Tested::default();
         let end = prefix_end(prefix);
         let rows = self.key_rows(&tx, prefix, end.as_deref(), monotonic_ns(), &mut tested)?;
-        let alive = tested
-            .0
-            .into_iter()
-            .filter_map(|(session, process)| (process == Process::Alive).then_some(session))
-            .collect();
         let range = Range {
             entries: rows.into_iter().map(KeyRow::entry).collect(),
             revision: revision(revision_now),
         };
-        Ok((range, alive))
-    }
-
-    /// The last revision at which a key under `prefix` was written or
-    /// deleted (a session's end by its TTL or its process's death is not
-    /// one), and the sessions of the live keys under it.
-    fn last_change(&self, prefix: &str) -> Result<(Revision, Vec<i64>)> {
-        let (range, alive) = self.range_keys(prefix)?;
-        let conn = self.conn();
-        let end = prefix_end(prefix);
-        let deleted: Option<i64> = conn
-            .query_row(
-                "SELECT max(revision) FROM deletions WHERE key >= ?1 AND (?2 IS NULL OR key < ?2)",
-                params![prefix, end],
-                |r| r.get(0),
-            )
-            .map_err(self.err())?;
-        let written = range.entries.iter().map(|e| e.modified).max();
-        let last = written.max(deleted.map(revision)).unwrap_or_default();
-        let mut sessions: Vec<i64> = range
-            .entries
-            .iter()
-            .filter_map(|e| session_key(e.session?).ok())
-            .collect();
-        sessions.sort_unstable();
-        sessions.dedup();
-        // The kernel watches those it found alive; the others end by TTL.
-        sessions.retain(|s| alive.contains(s));
-        Ok((last, sessions))
+        Ok((range, tested))
     }
 }
-
-impl SqliteKeys {
-    /// Wakes this handle's watches once `session`'s process dies.
-    fn watch_death(&self, session: i64) {
-        if let Some(liveness) = &self.inner.db.liveness {
-            liveness.watch(session, Arc::downgrade(self.inner.changes.all()));
-        }
-    }
-
-    /// Tells `tx` what changes under `prefix` after `from`, until nobody
-    /// holds its receiver.
-    async fn follow(self, prefix: String, from: Revision, tx: watch::Sender<Heard>) {
-        let mut wake = self.inner.changes.all().subscribe();
-        let (mut told, mut watched, mut unknown) = (from, Vec::new(), false);
-        loop {
-            wake.mark_unchanged();
-            let p = prefix.clone();
-            match self.inner.blocking(move |db| db.last_change(&p)).await {
-                Ok((last, sessions)) => {
-                    let died = watched.iter().any(|s| !sessions.contains(s));
-                    for &session in sessions.iter().filter(|s| !watched.contains(s)) {
-                        self.watch_death(session);
-                    }
-                    if last > told || died || unknown {
-                        told = told.max(last);
-                        tx.send_replace(Heard::Changed(told));
-                    }
-                    (watched, unknown) = (sessions, false);
-                }
-                Err(error) => {
-                    tx.send_replace(Heard::Unknown {
-                        error: error.to_string(),
-                    });
-                    unknown = true;
-                }
-            }
-            let retry = if unknown {
-                Box::pin(tokio::time::sleep(UNKNOWN_RETRY))
-                    as Pin<Box<dyn Future<Output = ()> + Send>>
-            } else {
-                Box::pin(std::future::pending())
-            };
-            tokio::select! {
-                changed = wake.changed() => if changed.is_err() { return },
-                () = retry => {}
-                () = tx.closed() => return,
-            }
-        }
-    }
-}
-
-/// How soon a watch that could not read tries again.
-const UNKNOWN_RETRY: Duration = Duration::from_millis(250);
 
 #[async_trait]
 impl Keys for SqliteKeys {
     async fn open_session(&self, ttl: Duration) -> Result<SessionLease> {
-        SqliteStore::from(self).open_session(ttl).await
+        let ttl = TTL.check(ttl)?;
+        self.inner.watch_files();
+        // Read before the request: the store's deadline is no earlier.
+        let sent = Instant::now();
+        let lease = self.inner.blocking(move |db| db.open_session(ttl)).await?;
+        self.inner.renewed.set(lease.id, Some(sent + lease.ttl));
+        Ok(lease)
     }
 
     async fn keep_alive(&self, session: SessionId) -> Result<Duration> {
-        SqliteStore::from(self).keep_alive(session).await
+        let sent = Instant::now();
+        let renewed = self.inner.renew(session).await;
+        let deadline = renewed.as_ref().ok().map(|left| sent + *left);
+        self.inner.renewed.set(session, deadline);
+        renewed
     }
 
     async fn close_session(&self, session: SessionId) -> Result<()> {
-        SqliteStore::from(self).close_session(session).await
+        self.inner.renewed.set(session, None);
+        self.inner
+            .blocking(move |db| db.close_session(session))
+            .await?;
+        // Its keys, under any number of prefixes, are gone.
+        bump(&self.inner.changes);
+        Ok(())
     }
 
     async fn commit(&self, checks: &[Check], writes: &[Write]) -> Result<Option<Revision>> {
-        let (checks, writes) = (checks.to_vec(), writes.to_vec());
+        if writes.iter().any(|w| w.session().is_some()) {
+            // No timer once the wait is over: every campaign passes here.
+            let first_use = self.inner.db.opened + FIRST_USE_WAIT;
+            if Instant::now() < first_use {
+                tokio::time::sleep_until(first_use.into()).await;
+            }
+        }
         let committed = self
             .inner
-            .blocking(move |db| db.commit_keys(&checks, &writes))
+            .commit_queued(checks.to_vec(), writes.to_vec())
             .await?;
-        self.inner.changes.everything();
-        Ok(committed)
+        let written = writes.iter().map(Write::key);
+        self.inner
+            .wakers
+            .wrote(written.chain(committed.ended.iter().map(String::as_str)));
+        Ok(committed.revision)
     }
 
     async fn range(&self, prefix: &str) -> Result<Range> {
@@ -466,24 +485,35 @@ impl Keys for SqliteKeys {
     async fn watch(&self, prefix: &str, from: Revision) -> Result<KeyWatch> {
         self.inner.watch_files();
         let (tx, rx) = watch::channel(Heard::Changed(from));
-        tokio::spawn(self.clone().follow(prefix.to_owned(), from, tx));
+        let wake = self.inner.wakers.register(prefix);
+        tokio::spawn(self.clone().follow(prefix.to_owned(), from, tx, wake));
         Ok(rx)
     }
 
-    async fn session_ended(&self, session: SessionId) {
-        SqliteStore::from(self).session_ended(session).await;
+    /// Resolves as soon as the database file is deleted, moved or replaced
+    /// (inotify on its folder): every session in it has ended for this
+    /// process, whose leaders must step down at once rather than at the
+    /// next renewal (which would fail with [`Error::SessionExpired`]).
+    async fn session_ended(&self, _session: SessionId) {
+        self.inner.watch_files();
+        self.inner.db.replaced.cancelled().await;
+    }
+
+    /// A descriptor of the open file description that carries this
+    /// process's session locks on the database's notify file (see the
+    /// module's documentation); `None` when the kernel's test is not in use
+    /// (read-only, no usable notify file, a filesystem not known to be
+    /// local).
+    fn session_lock_file(&self) -> Option<File> {
+        self.inner.db.liveness.as_ref()?.lock_file()
+    }
+
+    fn tells_expiries(&self) -> bool {
+        true
     }
 
     fn sleep(&self, duration: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         // The database's clock is CLOCK_MONOTONIC, which tokio's timer follows.
         Box::pin(tokio::time::sleep(duration))
-    }
-}
-
-impl From<&SqliteKeys> for SqliteStore {
-    fn from(keys: &SqliteKeys) -> Self {
-        SqliteStore {
-            inner: Arc::clone(&keys.inner),
-        }
     }
 }

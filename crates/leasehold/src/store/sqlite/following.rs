@@ -1,0 +1,250 @@
+//! The watches of the store primitive on SQLite (see `primitive`): a task
+//! per watch reads its prefix's last change when something may have
+//! changed it, and tells its receiver.
+//!
+//! What wakes it: a commit of this handle that wrote a key under its
+//! prefix ([`Wakers`]: the others' watches sleep on), any commit of
+//! another connection (inotify on the notify file, see `notify`: it cannot
+//! tell what changed), the death of a session's process that holds a key
+//! under it (see `liveness`), and the expiry of such a session by its TTL,
+//! unless this handle renewed it meanwhile (so that a line of standbys on
+//! one handle does not read at each of their sessions' expiries).
+
+use std::collections::HashMap;
+use std::sync::Weak;
+use std::time::Instant;
+
+use super::*;
+use crate::store::keys::{Heard, Revision, prefix_end};
+
+/// How soon a watch that could not read tries again.
+const UNKNOWN_RETRY: Duration = Duration::from_millis(250);
+
+/// The watches of one handle, by prefix: a commit of the handle wakes
+/// those whose prefix it wrote under alone.
+#[derive(Debug, Default)]
+pub(super) struct Wakers(Mutex<Vec<(String, Weak<watch::Sender<u64>>)>>);
+
+impl Wakers {
+    /// A watch's own wake-up, woken by this handle's commits under
+    /// `prefix`: the watch holds the sender; once it is dropped, the entry
+    /// goes at the next commit.
+    pub(super) fn register(&self, prefix: &str) -> Arc<watch::Sender<u64>> {
+        let wake = Arc::new(watch::channel(0).0);
+        lock(&self.0).push((prefix.to_owned(), Arc::downgrade(&wake)));
+        wake
+    }
+
+    /// This handle committed writes of `keys`.
+    pub(super) fn wrote<'a>(&self, keys: impl Iterator<Item = &'a str> + Clone) {
+        lock(&self.0).retain(|(prefix, wake)| {
+            let Some(wake) = wake.upgrade() else {
+                return false;
+            };
+            if keys.clone().any(|key| key.starts_with(prefix.as_str())) {
+                bump(&wake);
+            }
+            true
+        });
+    }
+}
+
+/// The deadline that this handle's last renewal of each of its sessions
+/// set: until then a session is known to live without a read.
+#[derive(Debug, Default)]
+pub(super) struct Renewed(Mutex<HashMap<SessionId, Instant>>);
+
+impl Renewed {
+    /// Records (`Some`) or forgets (`None`) the deadline of `session`.
+    pub(super) fn set(&self, session: SessionId, deadline: Option<Instant>) {
+        let mut renewed = lock(&self.0);
+        match deadline {
+            Some(deadline) => renewed.insert(session, deadline),
+            None => renewed.remove(&session),
+        };
+    }
+
+    fn deadline(&self, session: SessionId) -> Option<Instant> {
+        lock(&self.0).get(&session).copied()
+    }
+}
+
+/// What a watch read last: its prefix's last change, and the sessions of
+/// its live keys with when each expires unless renewed.
+struct Read {
+    last: Revision,
+    sessions: Vec<(i64, Instant)>,
+    /// Those the kernel found alive: their deaths are watched.
+    alive: Vec<i64>,
+    /// Those the kernel found dead: their keys are dead already.
+    gone: Vec<i64>,
+}
+
+impl Db {
+    /// The last revision at which a key under `prefix` was written or
+    /// deleted (a session's end by its TTL or its process's death is not
+    /// one), and the sessions of the live keys under it.
+    fn last_change(&self, prefix: &str) -> Result<Read> {
+        let read_at = Instant::now();
+        let (range, tested) = self.range_keys(prefix)?;
+        let conn = self.conn();
+        let end = prefix_end(prefix);
+        let deleted: Option<i64> = conn
+            .query_row(
+                "SELECT max(revision) FROM deletions WHERE key >= ?1 AND (?2 IS NULL OR key < ?2)",
+                params![prefix, end],
+                |r| r.get(0),
+            )
+            .map_err(self.err())?;
+        let written = range.entries.iter().map(|e| e.modified).max();
+        let deleted = deleted.map(|d| Revision(u64::try_from(d).unwrap_or(0)));
+        let mut sessions: Vec<(i64, Instant)> = range
+            .entries
+            .iter()
+            .filter_map(|e| {
+                let left = e.expires_in? + Duration::from_millis(1);
+                Some((session_key(e.session?).ok()?, read_at + left))
+            })
+            .collect();
+        sessions.sort_unstable();
+        sessions.dedup_by_key(|(session, _)| *session);
+        Ok(Read {
+            last: written.max(deleted).unwrap_or_default(),
+            sessions,
+            alive: tested.found(Process::Alive),
+            gone: tested.found(Process::Gone),
+        })
+    }
+}
+
+impl SqliteKeys {
+    /// Tells `tx` what changes under `prefix` after `from`, until nobody
+    /// holds its receiver; `own` is woken by this handle's commits under
+    /// the prefix.
+    pub(super) async fn follow(
+        self,
+        prefix: String,
+        from: Revision,
+        tx: watch::Sender<Heard>,
+        own: Arc<watch::Sender<u64>>,
+    ) {
+        let (mut any, mut own_wake) = (self.inner.changes.subscribe(), own.subscribe());
+        let (mut told, mut seen, mut unknown): (Revision, Vec<(i64, Instant)>, bool) =
+            (from, Vec::new(), false);
+        let mut watched: Vec<i64> = Vec::new();
+        loop {
+            any.mark_unchanged();
+            own_wake.mark_unchanged();
+            let p = prefix.clone();
+            match self.inner.blocking(move |db| db.last_change(&p)).await {
+                Ok(read) => {
+                    let ended = seen
+                        .iter()
+                        .any(|(s, _)| !read.sessions.iter().any(|(r, _)| r == s));
+                    for &session in read.alive.iter().filter(|s| !watched.contains(s)) {
+                        self.watch_death(session);
+                    }
+                    if read.last > told || ended || unknown {
+                        told = told.max(read.last);
+                        tx.send_replace(Heard::Changed(told));
+                    }
+                    if !read.gone.is_empty() {
+                        self.end_dead(read.gone).await;
+                    }
+                    (seen, watched, unknown) = (read.sessions, read.alive, false);
+                }
+                // A replaced file never comes back: the watch ends.
+                Err(Error::Replaced(_)) => return,
+                Err(error) => {
+                    tx.send_replace(Heard::Unknown {
+                        error: error.to_string(),
+                    });
+                    unknown = true;
+                }
+            }
+            if !self
+                .until_woken(&mut any, &mut own_wake, &mut seen, unknown, &tx)
+                .await
+            {
+                return;
+            }
+        }
+    }
+
+    /// Waits until the watch must read again: woken, or a session it saw
+    /// expires (one this handle renewed meanwhile is waited for again);
+    /// `false` once nobody holds the watch's receiver.
+    async fn until_woken(
+        &self,
+        any: &mut watch::Receiver<u64>,
+        own: &mut watch::Receiver<u64>,
+        seen: &mut [(i64, Instant)],
+        unknown: bool,
+        tx: &watch::Sender<Heard>,
+    ) -> bool {
+        loop {
+            let next = seen.iter().map(|(_, at)| *at).min();
+            let next = match (unknown, next) {
+                (true, _) => Some(Instant::now() + UNKNOWN_RETRY),
+                (false, next) => next,
+            };
+            let timer = match next {
+                Some(at) => Box::pin(tokio::time::sleep_until(at.into()))
+                    as Pin<Box<dyn Future<Output = ()> + Send>>,
+                None => Box::pin(std::future::pending()),
+            };
+            tokio::select! {
+                changed = any.changed() => return changed.is_ok(),
+                changed = own.changed() => return changed.is_ok(),
+                () = tx.closed() => return false,
+                () = timer => {}
+            }
+            if unknown || !self.renewed_meanwhile(seen) {
+                return true;
+            }
+        }
+    }
+
+    /// Moves the expiry of each session of `seen` that is due to the
+    /// deadline this handle's renewal set; `false` if one is due that this
+    /// handle did not renew.
+    fn renewed_meanwhile(&self, seen: &mut [(i64, Instant)]) -> bool {
+        let now = Instant::now();
+        for (session, at) in seen.iter_mut().filter(|(_, at)| *at <= now) {
+            match self
+                .inner
+                .renewed
+                .deadline(SessionId::from_stored(*session))
+            {
+                Some(deadline) if deadline > now => *at = deadline,
+                _ => return false,
+            }
+        }
+        true
+    }
+
+    /// Ends the sessions of dead processes that a watch found (their keys
+    /// are dead already; their rows go), where this handle writes.
+    async fn end_dead(&self, sessions: Vec<i64>) {
+        if self.inner.db.read_only {
+            return;
+        }
+        match self
+            .inner
+            .blocking(move |db| db.end_dead_sessions(&sessions))
+            .await
+        {
+            Ok(ended) => self.inner.wakers.wrote(ended.iter().map(String::as_str)),
+            Err(error) => {
+                tracing::debug!(%error, "cannot end the sessions of dead processes; their TTL will")
+            }
+        }
+    }
+
+    /// Wakes this handle's watches once `session`'s process dies.
+    fn watch_death(&self, session: i64) {
+        if let Some(liveness) = &self.inner.db.liveness {
+            liveness.watch(session, Arc::downgrade(&self.inner.changes));
+        }
+    }
+}

@@ -75,6 +75,7 @@ use crate::clock::host_monotonic_ns as monotonic_ns;
 use crate::config::{CheckedTtl, StoreTtl};
 use crate::error::{Error, Result};
 use crate::store::keyed::KeyedStore;
+use crate::store::keys::Heard;
 use crate::store::{SessionId, SessionLease, session_key};
 use liveness::Process;
 
@@ -191,8 +192,10 @@ struct Inner {
     changes: Arc<watch::Sender<u64>>,
     /// This handle's watches, woken by its commits under their prefixes.
     wakers: following::Wakers,
+    /// The task following each prefix watched, by its sender.
+    follows: Mutex<std::collections::HashMap<String, watch::Sender<Heard>>>,
     /// The deadlines this handle's renewals set.
-    renewed: following::Renewed,
+    renewed: Arc<following::Renewed>,
     /// Renewals asked for and not yet sent: one thread renews all that
     /// are waiting in one transaction (see `Inner::renew`).
     renewing: Arc<Mutex<RenewalQueue>>,
@@ -324,7 +327,8 @@ impl SqliteKeys {
                 db,
                 changes: Arc::new(watch::channel(0).0),
                 wakers: following::Wakers::default(),
-                renewed: following::Renewed::default(),
+                follows: Mutex::default(),
+                renewed: Arc::default(),
                 renewing: Arc::default(),
                 committing: Arc::default(),
                 notifier: OnceLock::new(),

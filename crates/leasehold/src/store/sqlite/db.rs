@@ -449,6 +449,29 @@ impl Db {
     }
 
     /// Fails on a handle opened read-only.
+    /// Runs `op` in a `BEGIN IMMEDIATE` transaction of a writer, on a file
+    /// still at its path, and commits if it wrote (the second of its
+    /// pair), checking the file again first; then tells the other
+    /// processes.
+    pub(super) fn writing<T>(
+        &self,
+        op: impl FnOnce(&Connection) -> Result<(T, bool)>,
+    ) -> Result<T> {
+        self.writable()?;
+        let mut conn = self.conn();
+        self.usable(&conn)?;
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(self.err())?;
+        let (value, wrote) = op(&tx)?;
+        if wrote {
+            self.usable(&tx)?;
+            tx.commit().map_err(self.err())?;
+            self.announce();
+        }
+        Ok(value)
+    }
+
     pub(super) fn writable(&self) -> Result<()> {
         if self.read_only {
             return Err(Error::invalid(

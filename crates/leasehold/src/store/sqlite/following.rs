@@ -6,9 +6,12 @@
 //! prefix ([`Wakers`]: the others' watches sleep on), any commit of
 //! another connection (inotify on the notify file, see `notify`: it cannot
 //! tell what changed), the death of a session's process that holds a key
-//! under it (see `liveness`), and the expiry of such a session by its TTL,
-//! unless this handle renewed it meanwhile (so that a line of standbys on
-//! one handle does not read at each of their sessions' expiries).
+//! under it (see `liveness`), and the expiry of such a session by its TTL.
+//! A session this handle renews sets no timer at all: it cannot expire
+//! before this handle stops renewing it (closes it, or a renewal finds it
+//! gone), which wakes the watches that saw it. So a line of standbys, or
+//! thousands of elections held, on one handle neither read nor wake at
+//! each renewal period.
 
 use std::collections::HashMap;
 use std::sync::Weak;
@@ -50,22 +53,68 @@ impl Wakers {
 }
 
 /// The deadline that this handle's last renewal of each of its sessions
-/// set: until then a session is known to live without a read.
-#[derive(Debug, Default)]
-pub(super) struct Renewed(Mutex<HashMap<SessionId, Instant>>);
+/// set: until then a session is known to live without a read. `stopped`
+/// is bumped when this handle stops renewing one: it closed it, a renewal
+/// failed, or its deadline passed without one (one timer per session,
+/// however many watches saw it).
+#[derive(Debug)]
+pub(super) struct Renewed {
+    deadlines: Mutex<HashMap<SessionId, Instant>>,
+    stopped: watch::Sender<u64>,
+}
+
+impl Default for Renewed {
+    fn default() -> Self {
+        Renewed {
+            deadlines: Mutex::default(),
+            stopped: watch::channel(0).0,
+        }
+    }
+}
 
 impl Renewed {
-    /// Records (`Some`) or forgets (`None`) the deadline of `session`.
-    pub(super) fn set(&self, session: SessionId, deadline: Option<Instant>) {
-        let mut renewed = lock(&self.0);
+    /// Records (`Some`) or forgets (`None`: closed, or gone) the deadline
+    /// of `session`.
+    pub(super) fn set(self: &Arc<Self>, session: SessionId, deadline: Option<Instant>) {
+        let mut deadlines = lock(&self.deadlines);
         match deadline {
-            Some(deadline) => renewed.insert(session, deadline),
-            None => renewed.remove(&session),
-        };
+            Some(deadline) => {
+                if deadlines.insert(session, deadline).is_none() {
+                    tokio::spawn(Self::until_stopped(Arc::downgrade(self), session));
+                }
+            }
+            None => {
+                if deadlines.remove(&session).is_some() {
+                    bump(&self.stopped);
+                }
+            }
+        }
     }
 
-    fn deadline(&self, session: SessionId) -> Option<Instant> {
-        lock(&self.0).get(&session).copied()
+    /// Forgets `session` once its deadline passes without a renewal.
+    async fn until_stopped(renewed: Weak<Self>, session: SessionId) {
+        loop {
+            let deadline = {
+                let Some(renewed) = renewed.upgrade() else {
+                    return;
+                };
+                let mut deadlines = lock(&renewed.deadlines);
+                match deadlines.get(&session) {
+                    None => return,
+                    Some(&deadline) if deadline <= Instant::now() => {
+                        deadlines.remove(&session);
+                        bump(&renewed.stopped);
+                        return;
+                    }
+                    Some(&deadline) => deadline,
+                }
+            };
+            tokio::time::sleep_until(deadline.into()).await;
+        }
+    }
+
+    fn renews(&self, session: i64) -> bool {
+        lock(&self.deadlines).contains_key(&SessionId::from_stored(session))
     }
 }
 
@@ -129,12 +178,14 @@ impl SqliteKeys {
         own: Arc<watch::Sender<u64>>,
     ) {
         let (mut any, mut own_wake) = (self.inner.changes.subscribe(), own.subscribe());
+        let mut stopped = self.inner.renewed.stopped.subscribe();
         let (mut told, mut seen, mut unknown): (Revision, Vec<(i64, Instant)>, bool) =
             (from, Vec::new(), false);
         let mut watched: Vec<i64> = Vec::new();
         loop {
             any.mark_unchanged();
             own_wake.mark_unchanged();
+            stopped.mark_unchanged();
             let p = prefix.clone();
             match self.inner.blocking(move |db| db.last_change(&p)).await {
                 Ok(read) => {
@@ -154,7 +205,10 @@ impl SqliteKeys {
                     (seen, watched, unknown) = (read.sessions, read.alive, false);
                 }
                 // A replaced file never comes back: the watch ends.
-                Err(Error::Replaced(_)) => return,
+                Err(Error::Replaced(_)) => {
+                    lock(&self.inner.follows).remove(&prefix);
+                    return;
+                }
                 Err(error) => {
                     tx.send_replace(Heard::Unknown {
                         error: error.to_string(),
@@ -162,9 +216,8 @@ impl SqliteKeys {
                     unknown = true;
                 }
             }
-            if !self
-                .until_woken(&mut any, &mut own_wake, &mut seen, unknown, &tx)
-                .await
+            let mut wakes = [&mut any, &mut own_wake, &mut stopped];
+            if !self.until_woken(&mut wakes, &seen, unknown, &tx).await && self.retire(&prefix, &tx)
             {
                 return;
             }
@@ -172,54 +225,54 @@ impl SqliteKeys {
     }
 
     /// Waits until the watch must read again: woken, or a session it saw
-    /// expires (one this handle renewed meanwhile is waited for again);
+    /// expires (for one this handle renews: once it stops renewing it);
     /// `false` once nobody holds the watch's receiver.
     async fn until_woken(
         &self,
-        any: &mut watch::Receiver<u64>,
-        own: &mut watch::Receiver<u64>,
-        seen: &mut [(i64, Instant)],
+        [any, own, stopped]: &mut [&mut watch::Receiver<u64>; 3],
+        seen: &[(i64, Instant)],
         unknown: bool,
         tx: &watch::Sender<Heard>,
     ) -> bool {
+        let renewed = &self.inner.renewed;
+        let (renewed_here, others): (Vec<_>, Vec<_>) = seen
+            .iter()
+            .partition(|(session, _)| renewed.renews(*session));
+        let next = match unknown {
+            true => Some(Instant::now() + UNKNOWN_RETRY),
+            false => others.iter().map(|(_, at)| *at).min(),
+        };
+        let mut timer = match next {
+            Some(at) => Box::pin(tokio::time::sleep_until(at.into()))
+                as Pin<Box<dyn Future<Output = ()> + Send>>,
+            None => Box::pin(std::future::pending()),
+        };
         loop {
-            let next = seen.iter().map(|(_, at)| *at).min();
-            let next = match (unknown, next) {
-                (true, _) => Some(Instant::now() + UNKNOWN_RETRY),
-                (false, next) => next,
-            };
-            let timer = match next {
-                Some(at) => Box::pin(tokio::time::sleep_until(at.into()))
-                    as Pin<Box<dyn Future<Output = ()> + Send>>,
-                None => Box::pin(std::future::pending()),
-            };
             tokio::select! {
                 changed = any.changed() => return changed.is_ok(),
                 changed = own.changed() => return changed.is_ok(),
                 () = tx.closed() => return false,
-                () = timer => {}
+                () = &mut timer => return true,
+                changed = stopped.changed() => if changed.is_err() { return false },
             }
-            if unknown || !self.renewed_meanwhile(seen) {
+            // Another session than these stopping wakes no read.
+            if renewed_here
+                .iter()
+                .any(|(session, _)| !renewed.renews(*session))
+            {
                 return true;
             }
         }
     }
 
-    /// Moves the expiry of each session of `seen` that is due to the
-    /// deadline this handle's renewal set; `false` if one is due that this
-    /// handle did not renew.
-    fn renewed_meanwhile(&self, seen: &mut [(i64, Instant)]) -> bool {
-        let now = Instant::now();
-        for (session, at) in seen.iter_mut().filter(|(_, at)| *at <= now) {
-            match self
-                .inner
-                .renewed
-                .deadline(SessionId::from_stored(*session))
-            {
-                Some(deadline) if deadline > now => *at = deadline,
-                _ => return false,
-            }
+    /// Whether the task following `prefix` ends, nobody holding a watch of
+    /// it: decided under the lock a new watch takes to join it.
+    fn retire(&self, prefix: &str, tx: &watch::Sender<Heard>) -> bool {
+        let mut follows = lock(&self.inner.follows);
+        if tx.receiver_count() > 0 {
+            return false;
         }
+        follows.remove(prefix);
         true
     }
 

@@ -232,19 +232,7 @@ impl Db {
 
     /// One commit of the primitive (see [`Keys::commit`]).
     pub(super) fn commit_keys(&self, checks: &[Check], writes: &[Write]) -> Result<Committed> {
-        self.writable()?;
-        let mut conn = self.conn();
-        self.usable(&conn)?;
-        let tx = conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(self.err())?;
-        let (committed, wrote) = self.commit_in(&tx, checks, writes)?;
-        if wrote {
-            self.usable(&tx)?;
-            tx.commit().map_err(self.err())?;
-            self.announce();
-        }
-        Ok(committed)
+        self.writing(|tx| self.commit_in(tx, checks, writes))
     }
 
     /// One commit inside the transaction `tx`, which the caller commits
@@ -341,28 +329,21 @@ impl Db {
     /// Ends those of `sessions` whose processes the kernel says are gone,
     /// in one commit; returns their keys.
     pub(super) fn end_dead_sessions(&self, sessions: &[i64]) -> Result<Vec<String>> {
-        self.writable()?;
-        let mut conn = self.conn();
-        self.usable(&conn)?;
-        let tx = conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(self.err())?;
-        let next = self.last_revision(&tx)? + 1;
-        let mut ended = Vec::new();
-        for &session in sessions {
-            if self.holder_process(&tx, session)?.0 == Process::Gone {
-                ended.extend(self.end_session(&tx, session, next)?);
+        self.writing(|tx| {
+            let next = self.last_revision(tx)? + 1;
+            let mut ended = Vec::new();
+            for &session in sessions {
+                if self.holder_process(tx, session)?.0 == Process::Gone {
+                    ended.extend(self.end_session(tx, session, next)?);
+                }
             }
-        }
-        if ended.is_empty() {
-            return Ok(ended);
-        }
-        tx.execute("UPDATE revision SET value = ?1", params![next])
-            .map_err(self.err())?;
-        self.usable(&tx)?;
-        tx.commit().map_err(self.err())?;
-        self.announce();
-        Ok(ended)
+            if !ended.is_empty() {
+                tx.execute("UPDATE revision SET value = ?1", params![next])
+                    .map_err(self.err())?;
+            }
+            let wrote = !ended.is_empty();
+            Ok((ended, wrote))
+        })
     }
 
     /// Ends `session` in the transaction `tx`: its row, its lock's record
@@ -482,9 +463,21 @@ impl Keys for SqliteKeys {
         Ok(range)
     }
 
+    /// One task per prefix watched by this handle, whatever the number of
+    /// watches: a watch of a prefix already followed shares its task, and
+    /// is told at once if the task has told a change after `from`.
     async fn watch(&self, prefix: &str, from: Revision) -> Result<KeyWatch> {
         self.inner.watch_files();
+        let mut follows = lock(&self.inner.follows);
+        if let Some(tx) = follows.get(prefix) {
+            let mut rx = tx.subscribe();
+            if !matches!(*tx.borrow(), Heard::Changed(told) if told <= from) {
+                rx.mark_changed();
+            }
+            return Ok(rx);
+        }
         let (tx, rx) = watch::channel(Heard::Changed(from));
+        follows.insert(prefix.to_owned(), tx.clone());
         let wake = self.inner.wakers.register(prefix);
         tokio::spawn(self.clone().follow(prefix.to_owned(), from, tx, wake));
         Ok(rx)

@@ -87,6 +87,7 @@ mod liveness;
 mod names;
 mod notify;
 mod primitive;
+mod reading;
 mod sessions;
 
 use file::*;
@@ -201,6 +202,8 @@ struct Inner {
     renewing: Arc<Mutex<RenewalQueue>>,
     /// Commits asked for and not yet made (see `commits`).
     committing: Arc<Mutex<commits::CommitQueue>>,
+    /// Reads asked for and not yet made (see `reading`).
+    reading: Arc<Mutex<reading::ReadQueue>>,
     notifier: OnceLock<()>,
     stop_notifier: CancellationToken,
     _stop_on_drop: DropGuard,
@@ -331,6 +334,7 @@ impl SqliteKeys {
                 renewed: Arc::default(),
                 renewing: Arc::default(),
                 committing: Arc::default(),
+                reading: Arc::default(),
                 notifier: OnceLock::new(),
                 _stop_on_drop: stop_notifier.clone().drop_guard(),
                 stop_notifier,

@@ -133,12 +133,11 @@ impl Db {
     /// The last revision at which a key under `prefix` was written or
     /// deleted (a session's end by its TTL or its process's death is not
     /// one), and the sessions of the live keys under it.
-    fn last_change(&self, prefix: &str) -> Result<Read> {
+    fn last_change(&self, tx: &Connection, prefix: &str) -> Result<Read> {
         let read_at = Instant::now();
-        let (range, tested) = self.range_keys(prefix)?;
-        let conn = self.conn();
+        let (range, tested) = self.range_in(tx, prefix)?;
         let end = prefix_end(prefix);
-        let deleted: Option<i64> = conn
+        let deleted: Option<i64> = tx
             .query_row(
                 "SELECT max(revision) FROM deletions WHERE key >= ?1 AND (?2 IS NULL OR key < ?2)",
                 params![prefix, end],
@@ -187,7 +186,7 @@ impl SqliteKeys {
             own_wake.mark_unchanged();
             stopped.mark_unchanged();
             let p = prefix.clone();
-            match self.inner.blocking(move |db| db.last_change(&p)).await {
+            match self.inner.read(move |db, tx| db.last_change(tx, &p)).await {
                 Ok(read) => {
                     let ended = seen
                         .iter()

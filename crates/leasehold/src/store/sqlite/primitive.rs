@@ -378,13 +378,10 @@ impl Db {
         Ok(keys)
     }
 
-    /// The live keys under `prefix`, as of one revision, and what the
-    /// kernel said of their sessions' processes.
-    pub(super) fn range_keys(&self, prefix: &str) -> Result<(Range, Tested)> {
-        let mut conn = self.conn();
-        self.usable(&conn)?;
-        // One read transaction: the keys and the revision agree.
-        let tx = conn.transaction().map_err(self.err())?;
+    /// The live keys under `prefix`, as of one revision (read in the
+    /// transaction `tx`), and what the kernel said of their sessions'
+    /// processes.
+    pub(super) fn range_in(&self, tx: &Connection, prefix: &str) -> Result<(Range, Tested)> {
         let revision_now = tx
             .query_row(
                 // A counter that is no number (see `last_revision`) reads as
@@ -396,7 +393,7 @@ impl Db {
             .map_err(self.err())?;
         let mut tested = Tested::default();
         let end = prefix_end(prefix);
-        let rows = self.key_rows(&tx, prefix, end.as_deref(), monotonic_ns(), &mut tested)?;
+        let rows = self.key_rows(tx, prefix, end.as_deref(), monotonic_ns(), &mut tested)?;
         let range = Range {
             entries: rows.into_iter().map(KeyRow::entry).collect(),
             revision: revision(revision_now),
@@ -458,7 +455,7 @@ impl Keys for SqliteKeys {
         let prefix = prefix.to_owned();
         let (range, _) = self
             .inner
-            .blocking(move |db| db.range_keys(&prefix))
+            .read(move |db, tx| db.range_in(tx, &prefix))
             .await?;
         Ok(range)
     }

@@ -251,7 +251,7 @@ impl Elector {
                     last_leader = None;
                     if self.store.last_release(election).await? != Some(token) {
                         tracing::info!(%election, expired_token = token.0, delay = ?self.planned.lock_delay,
-                            "the previous leader's lease expired; waiting out the lock-delay");
+                            "the previous leader did not release (its lease expired, or on SQLite its process died); waiting out the lock-delay");
                         session.sleep(self.planned.lock_delay).await;
                         continue;
                     }

@@ -167,6 +167,7 @@ CREATE TABLE keys (
     modified INTEGER NOT NULL
 ) WITHOUT ROWID;
 CREATE INDEX keys_by_session ON keys (session);
+CREATE INDEX keys_by_modified ON keys (modified);
 CREATE TABLE deletions (
     key      TEXT    PRIMARY KEY,
     revision INTEGER NOT NULL

@@ -139,6 +139,70 @@ async fn a_counter_that_is_no_count_is_corrupt() {
     }
 }
 
+/// A revision counter set back below a key's revision (by hand, under a
+/// running leader) is no count of grants: a new candidate's key would get
+/// a revision below the leader's, and lead beside it. The campaign is
+/// refused as corrupt, and the leader stays the only one (found by a
+/// review: two commands ran at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_counter_set_back_below_a_key_is_corrupt() {
+    let harness = SqliteHarness::new();
+    let store = harness.open().await;
+    let election = leasehold::testing::unique_election("set-back");
+    let ttl = std::time::Duration::from_secs(30);
+    for _ in 0..3 {
+        let grant = leasehold::testing::campaign_on_new_session(&*store, &election, "a", ttl).await;
+        store.resign(&grant).await.expect("resign");
+    }
+    let leader = leasehold::testing::campaign_on_new_session(&*store, &election, "a", ttl).await;
+    set_revision(&harness, "0");
+    let lease = store.open_session(ttl).await.expect("session");
+    let refused = tokio::time::timeout(
+        ttl / 2,
+        store.campaign(lease.id, &election, &candidate("b")),
+    )
+    .await;
+    match refused {
+        Ok(Err(Error::Corrupt(message))) => {
+            assert!(message.contains("below revision"), "{message}");
+            assert!(!message.contains('\n'), "{message}");
+        }
+        other => panic!("a campaign on a counter set back must be Corrupt, got {other:?}"),
+    }
+    let holder = store
+        .leader(&election)
+        .await
+        .expect("read")
+        .expect("a leader");
+    assert_eq!(holder.token, leader.token, "the leader changed");
+    assert_eq!(
+        revision(&harness),
+        rusqlite::types::Value::Integer(0),
+        "the counter changed"
+    );
+}
+
+/// A path that starts with `//` (the same file as with one `/`) is taken
+/// literally, read-only too (found by a review: the read-only open made it
+/// a URI whose authority was the first folder, and failed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_path_starting_with_two_slashes_is_taken_literally() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = PathBuf::from(format!("/{}", dir.path().join("slashes.db").display()));
+    let election = leasehold::testing::unique_election("slashes");
+    let ttl = std::time::Duration::from_secs(30);
+    {
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).expect("open"));
+        let grant = leasehold::testing::campaign_on_new_session(&*store, &election, "a", ttl).await;
+        store.resign(&grant).await.expect("resign");
+        store.close_session(grant.session).await.expect("close");
+    }
+    let reader = SqliteStore::open_read_only(&path).expect("open read-only");
+    assert_eq!(reader.leader(&election).await.expect("read"), None);
+    drop(reader);
+    drop(SqliteStore::open(&path).expect("open again"));
+}
+
 /// The local stores' watches are woken by the handle itself: a line on one
 /// handle must not herd (see the case).
 #[tokio::test]

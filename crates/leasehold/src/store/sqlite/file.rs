@@ -421,10 +421,15 @@ pub(super) fn open_connection(path: &Path, read_only: bool, quiet: bool) -> Resu
 }
 
 /// `file:PATH?immutable=1`, the path's bytes percent-encoded but for
-/// SQLite's unreserved ones.
+/// SQLite's unreserved ones. An absolute path follows an empty authority
+/// (`file://`), so that one starting with `//` is not read as a host.
 pub(super) fn immutable_uri(path: &Path) -> String {
     use std::os::unix::ffi::OsStrExt;
-    let mut uri = String::from("file:");
+    let mut uri = String::from(if path.is_absolute() {
+        "file://"
+    } else {
+        "file:"
+    });
     for &b in path.as_os_str().as_bytes() {
         if b.is_ascii_alphanumeric() || b"/-._~".contains(&b) {
             uri.push(char::from(b));

@@ -286,7 +286,10 @@ impl SqliteKeys {
             .blocking(move |db| db.end_dead_sessions(&sessions))
             .await
         {
-            Ok(ended) => self.inner.wakers.wrote(ended.iter().map(String::as_str)),
+            Ok(ended) => {
+                super::primitive::log_ended(&ended);
+                self.inner.wakers.wrote(ended.iter().map(String::as_str));
+            }
             Err(error) => {
                 tracing::debug!(%error, "cannot end the sessions of dead processes; their TTL will")
             }

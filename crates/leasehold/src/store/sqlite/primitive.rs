@@ -52,6 +52,17 @@ impl KeyRow {
     }
 }
 
+/// Says that a commit or a watch ended the sessions of dead processes,
+/// whose `keys` went with them.
+pub(super) fn log_ended(keys: &[String]) {
+    if !keys.is_empty() {
+        tracing::info!(
+            keys = keys.len(),
+            "ended the sessions of processes that died holding keys (the kernel released their locks on this host)"
+        );
+    }
+}
+
 /// A value SQLite holds, for a message.
 fn stored_value(value: &rusqlite::types::Value) -> String {
     use rusqlite::types::Value;
@@ -221,12 +232,29 @@ impl Db {
                 "{path}: the revisions (the fencing tokens) are exhausted: the last is the \
                  largest token a store keeps; nothing was written"
             ))),
-            rusqlite::types::Value::Integer(last) if last >= 0 => Ok(last),
+            rusqlite::types::Value::Integer(last) if last >= 0 => self.not_below_a_key(conn, last),
             other => Err(Error::Corrupt(format!(
                 "{path}: the revision counter holds {}, which is no count of grants; nothing \
                  was written",
                 stored_value(&other)
             ))),
+        }
+    }
+
+    /// `last`, unless a key was written at a later revision: a counter set
+    /// back by hand (or a damaged store) would give a new key a revision
+    /// below a live leader's, and so the lead beside it.
+    fn not_below_a_key(&self, conn: &Connection, last: i64) -> Result<i64> {
+        let written: Option<i64> = conn
+            .query_row("SELECT max(modified) FROM keys", [], |r| r.get(0))
+            .map_err(self.err())?;
+        match written {
+            Some(written) if written > last => Err(Error::Corrupt(format!(
+                "{}: the revision counter holds {last}, below revision {written} that a key was \
+                 written at: it is no count of grants; nothing was written",
+                self.path.display()
+            ))),
+            _ => Ok(last),
         }
     }
 
@@ -444,6 +472,7 @@ impl Keys for SqliteKeys {
             .inner
             .commit_queued(checks.to_vec(), writes.to_vec())
             .await?;
+        log_ended(&committed.ended);
         let written = writes.iter().map(Write::key);
         self.inner
             .wakers

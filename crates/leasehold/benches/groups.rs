@@ -392,7 +392,8 @@ async fn contenders(url: &StoreUrl, c: usize, rounds: usize) -> Contended {
         let (after, reads_after) = (handle.counts(), watch_reads());
         if std::env::var_os("GROUPS_TRACE").is_some() {
             eprintln!(
-                "handover: reads {} watches {} campaigns {} unwaited {} writes {} watch reads {}",
+                "handover in {:?}: reads {} watches {} campaigns {} unwaited {} writes {} watch reads {}",
+                times.last(),
                 after.reads - before.reads,
                 after.watches - before.watches,
                 after.campaigns - before.campaigns,

@@ -321,6 +321,10 @@ pub async fn observe(args: ObserveArgs) -> anyhow::Result<ExitCode> {
     let election = &args.election;
     let mut printed: Option<Printed> = None;
     loop {
+        if group.ended {
+            // No line without its candidates: the watch ends, saying why.
+            return Err(watch_ended(&*store, election).await);
+        }
         let current = watch.borrow_and_update().clone();
         let seen = group.seen(&*store, election).await?;
         let candidates = group.candidates(current.leader());
@@ -409,6 +413,9 @@ struct GroupWatch {
     /// Woken by the tasks that wait on the elections' watches.
     wake: std::sync::Arc<tokio::sync::Notify>,
     forwarders: tokio::task::JoinSet<()>,
+    /// Whether the notes' watch ended for good (a SQLite file replaced):
+    /// the line of waiting replicas can no longer be known.
+    ended: bool,
 }
 
 /// The group as `observe` last saw it.
@@ -465,6 +472,7 @@ impl GroupWatch {
             Err(error) => return Err(error.into()),
         };
         Ok(GroupWatch {
+            ended: false,
             notes,
             owners: None,
             wake: std::sync::Arc::default(),
@@ -537,8 +545,9 @@ impl GroupWatch {
         tokio::select! {
             changed = notes.changed() => if changed.is_err() {
                 // The notes' watch ended for good; the leader's watch says
-                // why. Only the owners' changes can wake this from now.
+                // why.
                 self.notes = None;
+                self.ended = true;
             },
             () = self.wake.notified() => {}
         }

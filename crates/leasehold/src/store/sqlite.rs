@@ -79,6 +79,7 @@ use crate::store::keys::Heard;
 use crate::store::{SessionId, SessionLease, session_key};
 use liveness::Process;
 
+mod batches;
 mod commits;
 mod db;
 mod file;
@@ -406,22 +407,14 @@ impl Inner {
     /// of one process cost a few commits a period rather than a thousand.
     async fn renew(&self, session: SessionId) -> Result<Duration> {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let start = {
-            let mut queue = lock(&self.renewing);
-            queue.pending.push((session, tx));
-            !std::mem::replace(&mut queue.running, true)
-        };
+        let start = batches::queue(&self.renewing, (session, tx));
         if start {
             let (db, queue) = (Arc::clone(&self.db), Arc::clone(&self.renewing));
             let spawned = std::thread::Builder::new()
                 .name("leasehold-renewal".into())
                 .spawn(move || renew_while_asked(&db, &queue));
             if let Err(e) = spawned {
-                let pending = {
-                    let mut queue = lock(&self.renewing);
-                    queue.running = false;
-                    std::mem::take(&mut queue.pending)
-                };
+                let pending = batches::not_started(&self.renewing);
                 for (_, waiter) in pending {
                     let _ = waiter.send(Err(Error::Unavailable {
                         reason: format!("cannot start a thread for the renewal: {e}"),

@@ -12,29 +12,14 @@ use crate::store::keys::{Check, Write};
 const COMMITS_PER_TRANSACTION: usize = 256;
 
 /// One commit waiting, and where its outcome goes.
-struct Queued {
+pub(super) struct Queued {
     checks: Vec<Check>,
     writes: Vec<Write>,
     outcome: tokio::sync::oneshot::Sender<Result<Committed>>,
 }
 
-/// Commits waiting for the commit thread, and whether it runs. Every
-/// change under its lock is one assignment or one `Vec` operation, so a
-/// lock whose holder panicked is used as it is ([`lock`]).
-#[derive(Default)]
-pub(super) struct CommitQueue {
-    waiting: Vec<Queued>,
-    running: bool,
-}
-
-impl std::fmt::Debug for CommitQueue {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CommitQueue")
-            .field("waiting", &self.waiting.len())
-            .field("running", &self.running)
-            .finish()
-    }
-}
+/// Commits waiting for the commit thread.
+pub(super) type CommitQueue = batches::Batches<Queued>;
 
 impl Inner {
     /// Queues a commit; the first queued while no thread commits starts
@@ -45,15 +30,12 @@ impl Inner {
         writes: Vec<Write>,
     ) -> Result<Committed> {
         let (outcome, received) = tokio::sync::oneshot::channel();
-        let start = {
-            let mut queue = lock(&self.committing);
-            queue.waiting.push(Queued {
-                checks,
-                writes,
-                outcome,
-            });
-            !std::mem::replace(&mut queue.running, true)
+        let queued = Queued {
+            checks,
+            writes,
+            outcome,
         };
+        let start = batches::queue(&self.committing, queued);
         if start {
             let (db, queue) = (Arc::clone(&self.db), Arc::clone(&self.committing));
             tokio::task::spawn_blocking(move || commit_while_queued(&db, &queue));
@@ -66,27 +48,7 @@ impl Inner {
 
 /// Makes the queued commits until none is left.
 fn commit_while_queued(db: &Db, queue: &Mutex<CommitQueue>) {
-    /// Should a commit panic, the next one queued starts a thread again
-    /// (the panicking batch's commits fail: their senders are dropped).
-    struct Stopped<'a>(&'a Mutex<CommitQueue>);
-    impl Drop for Stopped<'_> {
-        fn drop(&mut self) {
-            if std::thread::panicking() {
-                lock(self.0).running = false;
-            }
-        }
-    }
-    let _stopped = Stopped(queue);
-    loop {
-        let batch: Vec<Queued> = {
-            let mut queue = lock(queue);
-            if queue.waiting.is_empty() {
-                queue.running = false;
-                return;
-            }
-            let n = queue.waiting.len().min(COMMITS_PER_TRANSACTION);
-            queue.waiting.drain(..n).collect()
-        };
+    batches::drain(queue, COMMITS_PER_TRANSACTION, |batch| {
         let alone = |c: &Queued| db.commit_keys(&c.checks, &c.writes);
         let outcomes = if batch.len() == 1 {
             vec![alone(&batch[0])]
@@ -99,7 +61,7 @@ fn commit_while_queued(db: &Db, queue: &Mutex<CommitQueue>) {
         for (queued, outcome) in batch.into_iter().zip(outcomes) {
             let _ = queued.outcome.send(outcome);
         }
-    }
+    });
 }
 
 impl Db {

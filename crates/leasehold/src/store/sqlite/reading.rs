@@ -7,28 +7,13 @@ use super::*;
 
 /// A read waiting: it runs on the connection, or gets the error that kept
 /// the batch from reading, and sends its outcome itself.
-type ReadJob = Box<dyn FnOnce(&Db, Result<&Connection>) + Send>;
+pub(super) type ReadJob = Box<dyn FnOnce(&Db, Result<&Connection>) + Send>;
 
 /// At most this many reads share a transaction.
 const READS_PER_TRANSACTION: usize = 256;
 
-/// Reads waiting for the read thread, and whether it runs. Every change
-/// under its lock is one assignment or one `Vec` operation, so a lock
-/// whose holder panicked is used as it is ([`lock`]).
-#[derive(Default)]
-pub(super) struct ReadQueue {
-    waiting: Vec<ReadJob>,
-    running: bool,
-}
-
-impl std::fmt::Debug for ReadQueue {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ReadQueue")
-            .field("waiting", &self.waiting.len())
-            .field("running", &self.running)
-            .finish()
-    }
-}
+/// Reads waiting for the read thread.
+pub(super) type ReadQueue = batches::Batches<ReadJob>;
 
 impl Inner {
     /// Runs `op` in the next read transaction of this handle.
@@ -40,11 +25,7 @@ impl Inner {
         let job: ReadJob = Box::new(move |db, conn| {
             let _ = outcome.send(conn.and_then(|conn| op(db, conn)));
         });
-        let start = {
-            let mut queue = lock(&self.reading);
-            queue.waiting.push(job);
-            !std::mem::replace(&mut queue.running, true)
-        };
+        let start = batches::queue(&self.reading, job);
         if start {
             let (db, queue) = (Arc::clone(&self.db), Arc::clone(&self.reading));
             tokio::task::spawn_blocking(move || read_while_queued(&db, &queue));
@@ -57,29 +38,9 @@ impl Inner {
 
 /// Makes the queued reads until none is left.
 fn read_while_queued(db: &Db, queue: &Mutex<ReadQueue>) {
-    /// Should a read panic, the next one queued starts a thread again
-    /// (the rest of the panicking batch fails: its senders are dropped).
-    struct Stopped<'a>(&'a Mutex<ReadQueue>);
-    impl Drop for Stopped<'_> {
-        fn drop(&mut self) {
-            if std::thread::panicking() {
-                lock(self.0).running = false;
-            }
-        }
-    }
-    let _stopped = Stopped(queue);
-    loop {
-        let batch: Vec<ReadJob> = {
-            let mut queue = lock(queue);
-            if queue.waiting.is_empty() {
-                queue.running = false;
-                return;
-            }
-            let n = queue.waiting.len().min(READS_PER_TRANSACTION);
-            queue.waiting.drain(..n).collect()
-        };
-        db.read_together(batch);
-    }
+    batches::drain(queue, READS_PER_TRANSACTION, |batch| {
+        db.read_together(batch)
+    });
 }
 
 impl Db {

@@ -227,32 +227,21 @@ impl Db {
     }
 }
 
-/// Renewals waiting for the renewal thread, and whether it runs. Every
-/// change under its lock is one assignment or one `Vec` operation, so a
-/// lock whose holder panicked is used as it is ([`lock`]).
-#[derive(Debug, Default)]
-pub(super) struct RenewalQueue {
-    pub(super) pending: Vec<(SessionId, tokio::sync::oneshot::Sender<Result<Duration>>)>,
-    pub(super) running: bool,
-}
+/// A renewal waiting, and where its outcome goes.
+pub(super) type Renewal = (SessionId, tokio::sync::oneshot::Sender<Result<Duration>>);
+
+/// Renewals waiting for the renewal thread.
+pub(super) type RenewalQueue = batches::Batches<Renewal>;
 
 /// The renewal thread: renews, in one transaction, every renewal waiting,
 /// until none is; then it ends (the next renewal starts another).
 pub(super) fn renew_while_asked(db: &Db, queue: &Mutex<RenewalQueue>) {
-    loop {
-        let batch = {
-            let mut queue = lock(queue);
-            if queue.pending.is_empty() {
-                queue.running = false;
-                return;
-            }
-            std::mem::take(&mut queue.pending)
-        };
+    batches::drain(queue, usize::MAX, |batch| {
         let sessions: Vec<SessionId> = batch.iter().map(|(session, _)| *session).collect();
         for ((_, waiter), renewed) in batch.into_iter().zip(db.keep_alive(&sessions)) {
             let _ = waiter.send(renewed);
         }
-    }
+    });
 }
 
 /// A renewal that failed because the file was replaced ends the session:

@@ -26,6 +26,10 @@ enum At {
     Socket(PathBuf),
 }
 
+/// How long a request waits for its answer: longer than the sidecar's
+/// own bound on a transfer (10 s), which answers only once it is over.
+const ANSWER_WITHIN: Duration = Duration::from_secs(15);
+
 /// One HTTP/1.1 request: status code and body.
 fn request(at: &At, method: &str, path: &str, headers: &str) -> Option<(u16, String)> {
     let text = format!(
@@ -35,13 +39,13 @@ fn request(at: &At, method: &str, path: &str, headers: &str) -> Option<(u16, Str
     match at {
         At::Tcp(addr) => {
             let mut stream = TcpStream::connect_timeout(addr, SECOND).ok()?;
-            stream.set_read_timeout(Some(5 * SECOND)).ok()?;
+            stream.set_read_timeout(Some(ANSWER_WITHIN)).ok()?;
             stream.write_all(text.as_bytes()).ok()?;
             stream.read_to_string(&mut response).ok()?;
         }
         At::Socket(path) => {
             let mut stream = UnixStream::connect(path).ok()?;
-            stream.set_read_timeout(Some(5 * SECOND)).ok()?;
+            stream.set_read_timeout(Some(ANSWER_WITHIN)).ok()?;
             stream.write_all(text.as_bytes()).ok()?;
             stream.read_to_string(&mut response).ok()?;
         }

@@ -75,7 +75,6 @@ use crate::clock::host_monotonic_ns as monotonic_ns;
 use crate::config::{CheckedTtl, StoreTtl};
 use crate::error::{Error, Result};
 use crate::store::keyed::KeyedStore;
-use crate::store::keys::Heard;
 use crate::store::{SessionId, SessionLease, session_key};
 use liveness::Process;
 
@@ -193,10 +192,8 @@ struct Inner {
     /// committed, after another process did (see `notify`), or once a
     /// session's process died (see `liveness`, which holds it weakly).
     changes: Arc<watch::Sender<u64>>,
-    /// This handle's watches, woken by its commits under their prefixes.
-    wakers: following::Wakers,
-    /// The task following each prefix watched, by its sender.
-    follows: Mutex<std::collections::HashMap<String, watch::Sender<Heard>>>,
+    /// The prefixes this handle's watches follow (see `following`).
+    follows: following::Follows,
     /// The deadlines this handle's renewals set.
     renewed: Arc<following::Renewed>,
     /// Renewals asked for and not yet sent: one thread renews all that
@@ -327,13 +324,13 @@ impl SqliteKeys {
         }
         let db = Arc::new(db);
         let stop_notifier = CancellationToken::new();
+        let wake = Arc::new(tokio::sync::Notify::new());
         Ok(SqliteKeys {
             inner: Arc::new(Inner {
                 db,
                 changes: Arc::new(watch::channel(0).0),
-                wakers: following::Wakers::default(),
-                follows: Mutex::default(),
-                renewed: Arc::default(),
+                follows: following::Follows::new(Arc::clone(&wake)),
+                renewed: Arc::new(following::Renewed::new(wake)),
                 renewing: Arc::default(),
                 committing: Arc::default(),
                 reading: Arc::default(),
@@ -529,5 +526,35 @@ mod tests {
         assert!(renewed[2].is_err(), "{:?}", renewed[2]);
         // The live session was renewed, not ended with the expired one.
         assert!(store.keep_alive(long.id).await.is_ok());
+    }
+
+    /// The reads of a prefix search the keys' index between the prefix
+    /// and its end, with or without a string above them all: a bound the
+    /// index cannot take made every read scan to the end of the table.
+    #[test]
+    fn a_prefix_is_read_from_the_index_between_its_two_bounds() {
+        let dir = tempfile::tempdir().expect("a temporary folder");
+        let store = SqliteKeys::open(dir.path().join("leasehold.db")).expect("open");
+        let conn = store.inner.db.conn();
+        for prefix in ["e/", "", "\u{10FFFF}"] {
+            let end = primitive::below(prefix);
+            for (table, sql) in [
+                (
+                    "k",
+                    primitive::KEY_ROWS.replace("?3", "0").replace("?4", "''"),
+                ),
+                ("deletions", following::LAST_DELETION.to_owned()),
+            ] {
+                let plan: Vec<String> = conn
+                    .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+                    .and_then(|mut s| {
+                        s.query_map(params![prefix, end], |r| r.get::<_, String>(3))?
+                            .collect()
+                    })
+                    .expect("the plan");
+                let searched = format!("SEARCH {table} USING PRIMARY KEY (key>? AND key<?)");
+                assert!(plan.contains(&searched), "{prefix:?}: {plan:?}");
+            }
+        }
     }
 }

@@ -13,11 +13,12 @@
 //! expiry by the TTL goes untold: a key comes with the time its session
 //! had left, and whoever needs to know reads again then.
 
+use rusqlite::types::Value;
 use std::collections::BTreeMap;
 use std::time::Instant;
 
 use super::*;
-use crate::store::keys::{Check, Entry, Heard, KeyWatch, Keys, Range, Revision, Write, prefix_end};
+use crate::store::keys::{Check, Entry, KeyWatch, Keys, Range, Revision, Write, prefix_end};
 
 /// What a commit did: its revision (`None`: a check failed, nothing was
 /// written), and the keys of the sessions it ended (their processes were
@@ -82,13 +83,22 @@ fn revision(stored: i64) -> Revision {
 /// The keys from `?1` up to `?2` (none: to the end), with their sessions'
 /// time left at `?3` under boot `?4` (NULL: ended, or none) and the
 /// sessions' locks.
-const KEY_ROWS: &str = "
+pub(super) const KEY_ROWS: &str = "
 SELECT k.key, k.value, k.session, k.created, k.modified, s.expires_at_ns - ?3, l.dev, l.ino
 FROM keys k
 LEFT JOIN sessions s ON s.id = k.session AND s.boot_id = ?4 AND s.expires_at_ns > ?3
 LEFT JOIN session_locks l ON l.session = k.session
-WHERE k.key >= ?1 AND (?2 IS NULL OR k.key < ?2)
+WHERE k.key >= ?1 AND k.key < ?2
 ORDER BY k.key";
+
+/// The bound `key < ?` of the keys that start with `prefix`: the least
+/// string above them all, or, where there is none, an empty BLOB, which
+/// SQLite sorts after every TEXT. Either way the index takes it as the end
+/// of its range (`?2 IS NULL OR key < ?2` it does not: each read of a
+/// prefix then scanned to the end of the table).
+pub(super) fn below(prefix: &str) -> Value {
+    prefix_end(prefix).map_or(Value::Blob(Vec::new()), Value::Text)
+}
 
 /// What the kernel said of the sessions read by one statement or
 /// transaction: each is tested once.
@@ -112,7 +122,7 @@ impl Db {
         &self,
         conn: &Connection,
         from: &str,
-        end: Option<&str>,
+        end: &Value,
         now: i64,
         tested: &mut Tested,
     ) -> Result<Vec<KeyRow>> {
@@ -174,8 +184,8 @@ impl Db {
         tested: &mut Tested,
     ) -> Result<Option<KeyRow>> {
         // The keys from `key` up to `key` followed by U+0000: `key` alone.
-        let end = format!("{key}\0");
-        Ok(self.key_rows(conn, key, Some(&end), now, tested)?.pop())
+        let end = Value::Text(format!("{key}\0"));
+        Ok(self.key_rows(conn, key, &end, now, tested)?.pop())
     }
 
     /// Whether `check` holds in `conn` at `now`.
@@ -199,7 +209,7 @@ impl Db {
                 })
             }
             Check::NoneUnder(prefix) => self
-                .key_rows(conn, prefix, prefix_end(prefix).as_deref(), now, tested)?
+                .key_rows(conn, prefix, &below(prefix), now, tested)?
                 .is_empty(),
         })
     }
@@ -420,8 +430,7 @@ impl Db {
             )
             .map_err(self.err())?;
         let mut tested = Tested::default();
-        let end = prefix_end(prefix);
-        let rows = self.key_rows(tx, prefix, end.as_deref(), monotonic_ns(), &mut tested)?;
+        let rows = self.key_rows(tx, prefix, &below(prefix), monotonic_ns(), &mut tested)?;
         let range = Range {
             entries: rows.into_iter().map(KeyRow::entry).collect(),
             revision: revision(revision_now),
@@ -452,11 +461,11 @@ impl Keys for SqliteKeys {
 
     async fn close_session(&self, session: SessionId) -> Result<()> {
         self.inner.renewed.set(session, None);
-        self.inner
+        let ended = self
+            .inner
             .blocking(move |db| db.close_session(session))
             .await?;
-        // Its keys, under any number of prefixes, are gone.
-        bump(&self.inner.changes);
+        self.inner.follows.wrote(ended.iter().map(String::as_str));
         Ok(())
     }
 
@@ -475,7 +484,7 @@ impl Keys for SqliteKeys {
         log_ended(&committed.ended);
         let written = writes.iter().map(Write::key);
         self.inner
-            .wakers
+            .follows
             .wrote(written.chain(committed.ended.iter().map(String::as_str)));
         Ok(committed.revision)
     }
@@ -489,24 +498,12 @@ impl Keys for SqliteKeys {
         Ok(range)
     }
 
-    /// One task per prefix watched by this handle, whatever the number of
-    /// watches: a watch of a prefix already followed shares its task, and
-    /// is told at once if the task has told a change after `from`.
+    /// One task per handle follows every prefix its watches watch (see
+    /// `following`): a watch of a prefix already followed shares its
+    /// entry, and is told at once if a change after `from` was told.
     async fn watch(&self, prefix: &str, from: Revision) -> Result<KeyWatch> {
         self.inner.watch_files();
-        let mut follows = lock(&self.inner.follows);
-        if let Some(tx) = follows.get(prefix) {
-            let mut rx = tx.subscribe();
-            if !matches!(*tx.borrow(), Heard::Changed(told) if told <= from) {
-                rx.mark_changed();
-            }
-            return Ok(rx);
-        }
-        let (tx, rx) = watch::channel(Heard::Changed(from));
-        follows.insert(prefix.to_owned(), tx.clone());
-        let wake = self.inner.wakers.register(prefix);
-        tokio::spawn(self.clone().follow(prefix.to_owned(), from, tx, wake));
-        Ok(rx)
+        Ok(self.follow(prefix, from))
     }
 
     /// Resolves as soon as the database file is deleted, moved or replaced

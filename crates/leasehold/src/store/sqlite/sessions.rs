@@ -153,17 +153,18 @@ impl Db {
         Ok(rows)
     }
 
-    /// Closing a session of a replaced file is not an error: the file that
-    /// holds it is no longer the store, and nothing is written to it.
-    pub(super) fn close_session(&self, session: SessionId) -> Result<()> {
+    /// Ends `session` and returns the keys that ended with it. Closing a
+    /// session of a replaced file is not an error: the file that holds it
+    /// is no longer the store, and nothing is written to it.
+    pub(super) fn close_session(&self, session: SessionId) -> Result<Vec<String>> {
         self.writable()?;
         // An id SQLite never issued names no session.
         let Ok(key) = session_key(session) else {
-            return Ok(());
+            return Ok(Vec::new());
         };
         let mut conn = self.conn();
         if let Err(Error::Replaced(_)) = self.usable(&conn) {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -182,20 +183,20 @@ impl Db {
         } else {
             0
         };
-        self.end_session(&tx, key, next)?;
+        let ended = self.end_session(&tx, key, next)?;
         if has_keys {
             tx.execute("UPDATE revision SET value = ?1", params![next])
                 .map_err(self.err())?;
         }
         if let Err(Error::Replaced(_)) = self.usable(&tx) {
-            return Ok(());
+            return Ok(Vec::new());
         }
         tx.commit().map_err(self.err())?;
         // Only now that no one can read the row: a lock let go while the
         // row is there means the process is gone.
         self.release_lock(session);
         self.announce();
-        Ok(())
+        Ok(ended)
     }
 
     /// What the kernel says of `session`'s process (see `liveness`), and

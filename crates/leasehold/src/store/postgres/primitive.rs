@@ -208,6 +208,7 @@ impl Keys for PgKeys {
         let client = inner.client().await?;
         let end = prefix_end(prefix);
         // One statement, one snapshot: the keys and the revision agree.
+        let under = under(end.as_deref());
         let statement = format!(
             "SELECT r.value, k.key, k.value, k.session, k.created, k.modified, k.left_ms
              FROM {revision} r LEFT JOIN (
@@ -215,7 +216,7 @@ impl Keys for PgKeys {
                         (extract(epoch FROM h.expires_at - clock_timestamp()) * 1000)::bigint
                             AS left_ms
                  FROM {keys} k LEFT JOIN {sessions} h ON h.id = k.session
-                 WHERE k.key >= $1 AND ($2::text IS NULL OR k.key < $2)
+                 WHERE {under}
                    AND (k.session IS NULL OR h.expires_at > clock_timestamp())
              ) k ON true
              ORDER BY k.key",
@@ -274,13 +275,26 @@ impl Keys for PgKeys {
     }
 }
 
+/// The condition that `k.key` is under the prefix `$1`, `$2` being its
+/// [`prefix_end`]: with an end, one the index searches between both bounds
+/// (`$2 IS NULL OR k.key < $2` it cannot take: each read scanned to the
+/// end of the table); without one, no string is above the keys from `$1`
+/// on, and `$2` is NULL.
+fn under(end: Option<&str>) -> &'static str {
+    match end {
+        Some(_) => "k.key >= $1 AND k.key < $2",
+        None => "k.key >= $1 AND $2::text IS NULL",
+    }
+}
+
 impl PgKeys {
     /// The store's revision, and whether anything under `prefix` changed
     /// after `from`: a key written or deleted since (an expiry is not
     /// told), or deletions forgotten since.
     async fn changed_under(&self, prefix: &str, from: Revision) -> Result<(Revision, bool)> {
         let client = self.inner.client().await?;
-        let under = "k.key >= $1 AND ($2::text IS NULL OR k.key < $2)";
+        let end = prefix_end(prefix);
+        let under = under(end.as_deref());
         let statement = format!(
             "SELECT r.value, r.forgotten,
                     greatest((SELECT max(k.modified) FROM {keys} k WHERE {under}),
@@ -290,7 +304,6 @@ impl PgKeys {
             deletions = self.inner.table("deletions"),
             revision = self.inner.table("revision"),
         );
-        let end = prefix_end(prefix);
         let statement = client.prepared(&statement).await?;
         let row = timed(
             "read what changed",

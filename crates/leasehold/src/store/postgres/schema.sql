@@ -122,10 +122,16 @@ BEGIN
     SELECT r.value INTO v_last FROM {schema}.revision r FOR UPDATE;
     PERFORM {schema}.check_counter(v_last);
     FOR i IN 1 .. coalesce(cardinality(p_check_kind), 0) LOOP
-        IF p_check_kind[i] = 'under' THEN
+        -- Two statements, so that the index takes both bounds where there
+        -- are two (`end IS NULL OR key < end` it cannot take).
+        IF p_check_kind[i] = 'under' AND p_check_end[i] IS NULL THEN
             PERFORM 1 FROM {schema}.keys k
-                WHERE k.key >= p_check_key[i]
-                  AND (p_check_end[i] IS NULL OR k.key < p_check_end[i])
+                WHERE k.key >= p_check_key[i] AND {schema}.live(k.session)
+                LIMIT 1;
+            IF FOUND THEN RETURN; END IF;
+        ELSIF p_check_kind[i] = 'under' THEN
+            PERFORM 1 FROM {schema}.keys k
+                WHERE k.key >= p_check_key[i] AND k.key < p_check_end[i]
                   AND {schema}.live(k.session)
                 LIMIT 1;
             IF FOUND THEN RETURN; END IF;

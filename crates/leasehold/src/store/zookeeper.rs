@@ -13,13 +13,15 @@
 //!   succeeded for a TTL: a session lives as long as it is renewed, as on
 //!   every other store. If the process dies or is cut off, the server
 //!   expires the session after the negotiated timeout.
-//! - A candidate is an ephemeral sequential node
-//!   `{chroot}/elections/{election}/c-{session}-{sequence}` holding
-//!   `{ttl_ms} {candidate}`; the lowest sequence leads and its `czxid` (the
+//! - In leasehold's layout, the store is the store primitive on ZooKeeper
+//!   ([`ZkKeys`], whose documentation tells how keys, commits, reads and
+//!   watches map onto nodes), and the elections are written once above it
+//!   ([`KeyedStore`]): an election's keys are the children of the node
+//!   `{root}/elections/{election}`; a candidate is the child `:c:{session}`,
+//!   ephemeral to its session; the one created first (lowest `czxid`, the
 //!   ensemble-wide transaction id that created it; its high half is the
-//!   leader epoch, so it grows across restarts) is the fencing token. Each
-//!   waiter watches only its predecessor. `/` in an election name is stored
-//!   as `:`.
+//!   leader epoch, so it grows across restarts) leads, and its `czxid` is
+//!   the fencing token.
 //! - A session the client reports expired or closed ends leadership at once
 //!   ([`Store::session_ended`]).
 //!
@@ -29,10 +31,11 @@
 //! transaction (parents of the root that are missing are created empty). A
 //! root that exists without the marker is another program's, refused
 //! before anything is written. Roots inside another leasehold store, and
-//! ZooKeeper's own `/zookeeper`, are refused. Within the space, a candidate is a node named
-//! `c-{session}-{sequence}` that is ephemeral to that very session; other
-//! nodes among an election's candidates are skipped, with a warning. A
-//! store opened read-only ([`Access::ReadOnly`]) writes nothing.
+//! ZooKeeper's own `/zookeeper`, are refused. Within the space, a
+//! candidate is a key leasehold wrote (`:c:{session}`, attached to that
+//! very session); other nodes among an election's keys are never taken for
+//! candidates. A store opened read-only ([`Access::ReadOnly`]) writes
+//! nothing.
 //!
 //! Another recipe's layout (`zk://…[/PATH]?layout=curator|kazoo`): the
 //! store's candidates then stand in the same line as that recipe's own
@@ -116,10 +119,13 @@
 
 mod connection;
 mod elections;
+mod keys;
 mod notes;
 mod recipes;
+mod sessions;
 mod waiting;
 
+pub use keys::ZkKeys;
 use waiting::*;
 
 use std::collections::{HashMap, HashSet};
@@ -138,6 +144,7 @@ use crate::config::StoreTtl;
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
 use crate::store::cleanup::OnDrop;
+use crate::store::keyed::KeyedStore;
 use crate::store::layout::Layout;
 use crate::store::security::Security;
 use crate::store::watch_driver::{self as leader_watch, Event, Source};
@@ -175,9 +182,14 @@ pub const LAYOUT_VERSION: i64 = 1;
 /// write before giving up.
 const ATTEMPTS: usize = 5;
 
-/// An election store in a ZooKeeper ensemble.
+/// The ZooKeeper store in leasehold's layout: the elections written once
+/// over the store primitive on ZooKeeper ([`ZkKeys`]).
+pub type ZkStore = KeyedStore<ZkKeys>;
+
+/// An election store in a ZooKeeper ensemble, in the layout of another
+/// client's recipe (`?layout=curator|kazoo`).
 #[derive(Debug, Clone)]
-pub struct ZkStore {
+pub struct RecipeStore {
     inner: Arc<Inner>,
 }
 
@@ -447,63 +459,20 @@ fn granted_token(election: &ElectionName, stat: &zookeeper_client::Stat) -> Resu
         .ok_or_else(|| Error::not_a_token(&"zookeeper", election.as_str(), stat.czxid))
 }
 
-impl ZkStore {
-    /// Connects to the ensemble at `endpoints` (`host:port` each), keeping
-    /// leasehold's nodes under `root`, which the first use creates (with
-    /// leasehold's marker). A root that exists but was not created by
-    /// leasehold, or is inside another leasehold store, is refused with
-    /// [`Error::Corrupt`], one written by a newer leasehold with
-    /// [`Error::IncompatibleSchema`], `/zookeeper` and malformed paths
-    /// with [`Error::InvalidInput`]; nothing is written then.
-    ///
-    /// [`ZkStore::open`] with [`Access::ReadWrite`] and leasehold's
-    /// layout, for an ensemble given by its parts.
-    pub async fn connect(endpoints: &[String], root: &str, security: &Security) -> Result<Self> {
-        Self::start(endpoints, root, security, false, Layout::Leasehold).await
-    }
-
-    /// Connects to the ensemble `url` names for `access`, with its layout:
-    /// [`Layout::Curator`] or [`Layout::Kazoo`] speak those recipes below
-    /// the root (which may then be empty), with no check of it and
+impl RecipeStore {
+    /// Connects to the ensemble `url` names for `access`, in the layout
+    /// of the recipe it names ([`Layout::Curator`] or [`Layout::Kazoo`]):
+    /// below the root (which may then be empty), with no check of it and
     /// nothing written until a campaign (see the module documentation).
-    /// [`Access::ReadOnly`] writes nothing and opens no session; a root
-    /// that does not exist is then [`Error::NotFound`] (in a recipe's
-    /// layout nothing is checked, and an election nobody joined has no
-    /// leader). [`Access::ReleaseOnly`] checks nothing (the holder's
-    /// process made the root); its release deletes only a candidate node
-    /// named for the holder's session (in a recipe's layout: ephemeral to
-    /// it) and carrying its token.
+    /// [`Access::ReadOnly`] writes nothing and opens no session (an
+    /// election nobody joined has no leader). [`Access::ReleaseOnly`]
+    /// checks nothing; its release deletes only a candidate node ephemeral
+    /// to the holder's session and carrying its token.
     pub async fn open(url: &ClusterUrl, access: Access) -> Result<Self> {
         let (endpoints, root, security) = (url.endpoints(), url.path(), url.security());
-        match access {
-            Access::ReleaseOnly => Ok(ZkStore {
-                inner: Arc::new(Inner::new(endpoints, root, security, false, url.layout())?),
-            }),
-            _ => {
-                let read_only = access == Access::ReadOnly;
-                Self::start(endpoints, root, security, read_only, url.layout()).await
-            }
-        }
-    }
-
-    /// Connects the store's own client; in leasehold's layout, checks (and
-    /// unless read-only, makes) the root. A recipe's layout has no root of
-    /// leasehold's to check: its path is shared with the recipe's clients.
-    async fn start(
-        endpoints: &[String],
-        root: &str,
-        security: &Security,
-        read_only: bool,
-        layout: Layout,
-    ) -> Result<Self> {
-        let store = ZkStore {
-            inner: Arc::new(Inner::new(endpoints, root, security, read_only, layout)?),
-        };
-        let reader = store.inner.reader().await?;
-        if store.inner.recipe.is_none() {
-            store.inner.open_root(&reader).await?;
-        }
-        Ok(store)
+        Ok(RecipeStore {
+            inner: start(endpoints, root, security, access, url.layout()).await?,
+        })
     }
 
     /// A watch of `election`; with `held`, for the holder of that grant
@@ -528,7 +497,96 @@ impl ZkStore {
     }
 }
 
-impl ZkStore {
+/// The store's state for `access`: its own client connected and, in
+/// leasehold's layout, the root checked (and unless read-only, made). A
+/// recipe's layout has no root of leasehold's to check: its path is
+/// shared with the recipe's clients. [`Access::ReleaseOnly`] checks
+/// nothing (the holder's process made the root).
+async fn start(
+    endpoints: &[String],
+    root: &str,
+    security: &Security,
+    access: Access,
+    layout: Layout,
+) -> Result<Arc<Inner>> {
+    let read_only = access == Access::ReadOnly;
+    let inner = Arc::new(Inner::new(endpoints, root, security, read_only, layout)?);
+    if access == Access::ReleaseOnly {
+        return Ok(inner);
+    }
+    let reader = inner.reader().await?;
+    if inner.recipe.is_none() {
+        inner.open_root(&reader).await?;
+    }
+    Ok(inner)
+}
+
+impl KeyedStore<ZkKeys> {
+    /// Connects to the ensemble at `endpoints` (`host:port` each), keeping
+    /// leasehold's nodes under `root`, which the first use creates (with
+    /// leasehold's marker). A root that exists but was not created by
+    /// leasehold, or is inside another leasehold store, is refused with
+    /// [`Error::Corrupt`], one written by a newer leasehold with
+    /// [`Error::IncompatibleSchema`], `/zookeeper` and malformed paths
+    /// with [`Error::InvalidInput`]; nothing is written then.
+    pub async fn connect(endpoints: &[String], root: &str, security: &Security) -> Result<Self> {
+        let inner = start(
+            endpoints,
+            root,
+            security,
+            Access::ReadWrite,
+            Layout::Leasehold,
+        )
+        .await?;
+        Ok(KeyedStore::over(ZkKeys { inner }))
+    }
+
+    /// Connects to the ensemble `url` names (in leasehold's layout) for
+    /// `access`, as [`ZkStore::connect`] does. [`Access::ReadOnly`] writes
+    /// nothing and opens no session; a root that does not exist is then
+    /// [`Error::NotFound`]. [`Access::ReleaseOnly`] checks nothing (the
+    /// holder's process made the root).
+    pub async fn open(url: &ClusterUrl, access: Access) -> Result<Self> {
+        Ok(KeyedStore::over(ZkKeys::open(url, access).await?))
+    }
+
+    /// **Tests only**: see [`RecipeStore::kill_session_from_outside`].
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    pub async fn kill_session_from_outside(&self, session: SessionId) -> Result<()> {
+        self.keys().inner.kill_session_from_outside(session).await
+    }
+
+    /// How many candidate keys `session` has in `election` (tests: a
+    /// reconnect must never leave two).
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    pub async fn candidate_nodes(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+    ) -> Result<usize> {
+        use crate::store::keys::Keys;
+        let prefix = self.candidates_prefix(election);
+        let range = self.keys().range(&prefix).await?;
+        Ok(range
+            .entries
+            .iter()
+            .filter(|e| e.session == Some(session))
+            .count())
+    }
+}
+
+impl RecipeStore {
+    /// **Tests only**: see [`Inner::kill_session_from_outside`].
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    pub async fn kill_session_from_outside(&self, session: SessionId) -> Result<()> {
+        self.inner.kill_session_from_outside(session).await
+    }
+}
+
+impl Inner {
     /// **Tests only**: has the server end `session` the way Curator's
     /// `KillSession` does — another connection takes the session over with
     /// its id and password and closes it — so that this store's client
@@ -539,9 +597,8 @@ impl ZkStore {
     /// own client cannot reconnect (and take the session back) in between.
     #[cfg(feature = "testing")]
     #[doc(hidden)]
-    pub async fn kill_session_from_outside(&self, session: SessionId) -> Result<()> {
+    async fn kill_session_from_outside(&self, session: SessionId) -> Result<()> {
         let zk = self
-            .inner
             .session(session)
             .ok_or(Error::SessionExpired(session))?;
         let info = zk
@@ -549,9 +606,9 @@ impl ZkStore {
             .ok_or(Error::SessionExpired(session))?
             .session()
             .clone();
-        let (cluster, ttl) = (self.inner.cluster.clone(), zk.ttl);
+        let (cluster, ttl) = (self.cluster.clone(), zk.ttl);
         // With the store's credentials, as every client the store opens.
-        let connector = connection::connector(&self.inner.security)?;
+        let connector = connection::connector(&self.security)?;
         let intruder = std::thread::spawn(move || -> std::result::Result<(), String> {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -584,7 +641,9 @@ impl ZkStore {
             source: None,
         })
     }
+}
 
+impl RecipeStore {
     /// How many candidate nodes `session` has in `election` (tests: a
     /// reconnect must never leave two).
     #[cfg(feature = "testing")]

@@ -80,7 +80,9 @@ impl<S: Send + Sync> StoreHarness for ServerHarness<S> {
 
     fn campaigns_unwaited(&self) -> bool {
         match &self.url {
-            crate::store::StoreUrl::Etcd(c) => c.layout() == crate::store::Layout::Leasehold,
+            crate::store::StoreUrl::Etcd(c) | crate::store::StoreUrl::ZooKeeper(c) => {
+                c.layout() == crate::store::Layout::Leasehold
+            }
             crate::store::StoreUrl::Postgres(_) => true,
             _ => false,
         }

@@ -19,4 +19,5 @@ mod sqlite_keys;
 mod zookeeper;
 mod zookeeper_auth;
 mod zookeeper_ensemble;
+mod zookeeper_keys;
 mod zookeeper_recipes;

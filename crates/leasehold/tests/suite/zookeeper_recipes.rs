@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold::store::zookeeper::ZkStore;
+use leasehold::store::zookeeper::RecipeStore;
 use leasehold::store::{Access, ClusterUrl, FencingToken, Layout, Store};
 use leasehold::testing::ServerHarness;
 use leasehold::{CandidateId, ElectionName, Error};
@@ -39,9 +39,9 @@ fn recipe_url(server: &ZooKeeperServer, root: &str, layout: Layout) -> ClusterUr
         .expect("a valid URL")
 }
 
-async fn store(server: &ZooKeeperServer, root: &str, layout: Layout) -> Arc<ZkStore> {
+async fn store(server: &ZooKeeperServer, root: &str, layout: Layout) -> Arc<RecipeStore> {
     Arc::new(
-        ZkStore::open(&recipe_url(server, root, layout), Access::ReadWrite)
+        RecipeStore::open(&recipe_url(server, root, layout), Access::ReadWrite)
             .await
             .expect("connect"),
     )
@@ -73,7 +73,7 @@ fn uuid(n: u32) -> String {
 
 /// Campaigns as `who` on a new session of `ttl` in a task.
 fn spawn_campaign(
-    store: &Arc<ZkStore>,
+    store: &Arc<RecipeStore>,
     election: &ElectionName,
     who: &str,
     ttl: Duration,
@@ -171,7 +171,7 @@ async fn refusals(layout: Layout) {
     // Nothing was written by any of it.
     assert!(raw.check_stat("/recipes").await.expect("stat").is_none());
     // A read-only opening of a path nobody used reads no leader.
-    let reader = ZkStore::open(&recipe_url(&server, "/nothing", layout), Access::ReadOnly)
+    let reader = RecipeStore::open(&recipe_url(&server, "/nothing", layout), Access::ReadOnly)
         .await
         .expect("read-only");
     assert_eq!(reader.leader(&name("job")).await.expect("read"), None);

@@ -72,6 +72,12 @@ impl<K: Keys> KeyedStore<K> {
         self.layout
     }
 
+    /// The prefix of the candidates' keys of `election`, in its layout.
+    #[cfg(all(feature = "zookeeper", feature = "testing"))]
+    pub(crate) fn candidates_prefix(&self, election: &ElectionName) -> String {
+        election::candidates(self.layout, election)
+    }
+
     /// The key of `session`'s candidate in `election`, in its layout.
     #[cfg(feature = "etcd")]
     pub(crate) fn candidate_key(&self, election: &ElectionName, session: SessionId) -> String {

@@ -94,7 +94,11 @@ pub async fn open(url: &StoreUrl, access: Access) -> Result<Arc<dyn Store>> {
         #[cfg(feature = "zookeeper")]
         StoreUrl::ZooKeeper(c) => {
             resolve_any("ZooKeeper", &c.endpoints).await?;
-            Arc::new(crate::store::zookeeper::ZkStore::open(c, access).await?)
+            use crate::store::zookeeper::{RecipeStore, ZkStore};
+            match c.layout {
+                Layout::Leasehold => Arc::new(ZkStore::open(c, access).await?),
+                _ => Arc::new(RecipeStore::open(c, access).await?),
+            }
         }
         #[cfg(feature = "postgres")]
         StoreUrl::Postgres(pg) => Arc::new(

@@ -4,100 +4,17 @@
 use super::*;
 
 #[async_trait]
-impl Store for ZkStore {
+impl Store for RecipeStore {
     async fn open_session(&self, ttl: Duration) -> Result<SessionLease> {
-        if self.inner.read_only {
-            return Err(Error::invalid(
-                "session",
-                "the store was opened read-only (Access::ReadOnly)",
-            ));
-        }
-        let ttl = TTL.check(ttl)?.ttl;
-        let sent = Instant::now();
-        let client = self.inner.connect(ttl).await?;
-        let granted = client.session_timeout();
-        let id = SessionId::from_bits(client.session_id().0);
-        if granted != ttl {
-            // The session logs the granted TTL for every store; this is the
-            // detail of why.
-            tracing::debug!(session = %id, requested = ?ttl, negotiated = ?granted,
-                "zookeeper negotiated another session timeout (it clamps to its min/maxSessionTimeout); using it as the TTL");
-        }
-        let (renewed, _) = watch::channel(sent);
-        let session = Arc::new(ZkSession {
-            id,
-            user: self.inner.user.clone(),
-            client: Mutex::new(Some(client.clone())),
-            ttl: granted,
-            renewed,
-            ended: CancellationToken::new(),
-            held: Mutex::new(HashSet::new()),
-            recipe_campaigns: Mutex::new(HashMap::new()),
-        });
-        self.inner
-            .sessions
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(id, Arc::clone(&session));
-        let inner = Arc::clone(&self.inner);
-        let states = client.state_watcher();
-        drop(client);
-        // The supervisor keeps only a state watcher, never a client, so that
-        // ending the session closes it.
-        tokio::spawn(inner.supervise(session, states));
-        Ok(SessionLease { id, ttl: granted })
+        self.inner.open_session(ttl).await
     }
 
     async fn keep_alive(&self, session: SessionId) -> Result<Duration> {
-        let (zk, client) = self.inner.live_session(session)?;
-        let sent = Instant::now();
-        // A `sync`, not a read: a follower cut off from the ensemble's
-        // leader answers reads on its own until it notices (`syncLimit`
-        // ticks, 10 s with ZooKeeper's usual settings), while the leader,
-        // which alone expires sessions, never hears of them. A sync passes
-        // through the leader, so a cut-off follower cannot confirm one.
-        let outcome = zk.ask("renew the session", client.sync("/")).await?;
-        match outcome {
-            Ok(()) => {
-                // The leader hears of this renewal with the follower's next
-                // heartbeat, within half a tick; a partition in that window
-                // strands it at the follower (see DESIGN, "Faults of the
-                // stores").
-                zk.renewed.send_replace(sent);
-                Ok(zk.ttl)
-            }
-            Err(
-                zookeeper_client::Error::SessionExpired | zookeeper_client::Error::ClientClosed,
-            ) => {
-                zk.end();
-                Err(Error::SessionExpired(session))
-            }
-            Err(error) => Err(failed(zk.user.as_deref(), "renew the session", "/", error)),
-        }
+        self.inner.keep_alive(session).await
     }
 
     async fn close_session(&self, session: SessionId) -> Result<()> {
-        let Some(zk) = self.inner.session(session) else {
-            return Ok(());
-        };
-        let Some(client) = zk.end() else {
-            return Ok(());
-        };
-        let mut states = client.state_watcher();
-        drop(client);
-        // Wait until the server has closed the session (and so deleted its
-        // nodes), so that the release is visible when this returns.
-        let closed = tokio::time::timeout(REQUEST_TIMEOUT, async {
-            while !states.state().is_terminated() {
-                states.changed().await;
-            }
-        })
-        .await;
-        self.inner.forget(session);
-        if closed.is_err() {
-            tracing::warn!(%session, "zookeeper did not confirm closing the session; it expires after its timeout");
-        }
-        Ok(())
+        self.inner.close_session(session).await
     }
 
     async fn campaign(

@@ -518,6 +518,79 @@ mod tests {
         }
     }
 
+    /// The primitive in memory, whose watches start late: before each
+    /// watch is set, another handle adds a note under its prefix (the
+    /// window between a watch's first read and the watch, milliseconds on
+    /// ZooKeeper).
+    #[derive(Debug, Default)]
+    struct LateWatches {
+        keys: crate::store::keys::memory::MemoryKeys,
+    }
+
+    #[async_trait::async_trait]
+    impl Keys for LateWatches {
+        async fn open_session(&self, ttl: Duration) -> crate::Result<crate::store::SessionLease> {
+            self.keys.open_session(ttl).await
+        }
+        async fn keep_alive(&self, session: crate::store::SessionId) -> crate::Result<Duration> {
+            self.keys.keep_alive(session).await
+        }
+        async fn close_session(&self, session: crate::store::SessionId) -> crate::Result<()> {
+            self.keys.close_session(session).await
+        }
+        async fn commit(
+            &self,
+            checks: &[super::Check],
+            writes: &[super::Write],
+        ) -> crate::Result<Option<super::Revision>> {
+            self.keys.commit(checks, writes).await
+        }
+        async fn range(&self, prefix: &str) -> crate::Result<crate::store::keys::Range> {
+            self.keys.range(prefix).await
+        }
+        async fn watch(
+            &self,
+            prefix: &str,
+            from: super::Revision,
+        ) -> crate::Result<super::KeyWatch> {
+            let session = self.keys.open_session(Duration::from_secs(30)).await?.id;
+            let late = super::Write::Put {
+                key: format!("{prefix}late:{:016x}", session.0),
+                value: "0 late".into(),
+                session: Some(session),
+            };
+            self.keys.commit(&[], &[late]).await?;
+            self.keys.watch(prefix, from).await
+        }
+        fn tells_expiries(&self) -> bool {
+            self.keys.tells_expiries()
+        }
+    }
+
+    /// A change made between a watch's first read and the watch is seen:
+    /// the first read is not kept once the watch told a change after it
+    /// (before, the watch's at-once tell was marked seen and the first
+    /// read stood: a group member on ZooKeeper never saw a member that
+    /// joined in that window, and kept its shards).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_change_before_a_watch_started_is_read() {
+        let store = super::KeyedStore::over(LateWatches::default());
+        let election = ElectionName::new("late").expect("valid");
+        let notes = store.watch_notes(&election).await.expect("watch");
+        let mut waiting = notes.clone();
+        let seen = timeout(
+            Duration::from_secs(5),
+            waiting.wait_for(|notes| notes.iter().any(|n| n.name == "late")),
+        )
+        .await
+        .map(|r| r.is_ok());
+        assert!(
+            seen == Ok(true),
+            "the note added before the watch started was never read: {:?}",
+            *notes.borrow()
+        );
+    }
+
     /// No herd: with 20 campaigns waiting on the store, a release wakes
     /// the next in line alone, which reads once and holds (before, every
     /// waiter watched all the candidates and read again: 20 reads).

@@ -53,11 +53,15 @@ impl<K: Keys> Following<K> {
     }
 
     async fn read(&mut self) -> Result<Range> {
+        // The first read stands only if the watch, started from its
+        // revision, told nothing since: a change between the two (told
+        // at once) would otherwise be marked seen here and never read.
+        let told = self.watch.has_changed().unwrap_or(true);
         // Seen before the read: a change made during it wakes the watch.
         self.watch.borrow_and_update();
         match self.first.take() {
-            Some(first) => Ok(first),
-            None => self.keys.range(&self.prefix).await,
+            Some(first) if !told => Ok(first),
+            _ => self.keys.range(&self.prefix).await,
         }
     }
 

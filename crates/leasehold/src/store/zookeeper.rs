@@ -119,8 +119,8 @@
 
 mod connection;
 mod elections;
+mod key_watch;
 mod keys;
-mod notes;
 mod recipes;
 mod sessions;
 mod waiting;
@@ -143,7 +143,6 @@ use zookeeper_client::{
 use crate::config::StoreTtl;
 use crate::error::{Error, Result};
 use crate::names::{CandidateId, ElectionName};
-use crate::store::cleanup::OnDrop;
 use crate::store::keyed::KeyedStore;
 use crate::store::layout::Layout;
 use crate::store::security::Security;
@@ -173,8 +172,6 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 const READER_SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 /// Pause before a watch reconnects after its session ended.
 const WATCH_RETRY: Duration = Duration::from_millis(250);
-/// Candidate node names start with this.
-const CANDIDATE: &str = "c-";
 /// The layout of leasehold's nodes that this build writes and understands,
 /// recorded in the root node's data.
 pub const LAYOUT_VERSION: i64 = 1;
@@ -191,6 +188,7 @@ pub type ZkStore = KeyedStore<ZkKeys>;
 #[derive(Debug, Clone)]
 pub struct RecipeStore {
     inner: Arc<Inner>,
+    recipe: Recipe,
 }
 
 #[derive(Debug)]
@@ -372,81 +370,6 @@ fn node_acls(authenticated: bool) -> Acls<'static> {
     }
 }
 
-fn encode(election: &ElectionName) -> String {
-    election.as_str().replace('/', ":")
-}
-
-fn decode(node: &str) -> Option<ElectionName> {
-    ElectionName::new(node.replace(':', "/")).ok()
-}
-
-/// A candidate node: its sequence, name, and the session its name says
-/// it is ephemeral to.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-struct Candidate {
-    sequence: i64,
-    name: String,
-    owner: u64,
-}
-
-/// The nodes among `children` named as candidates
-/// (`c-{16 hex digits}-{sequence}`), lowest sequence first.
-fn queue(children: Vec<String>) -> Vec<Candidate> {
-    let mut queue: Vec<Candidate> = children
-        .into_iter()
-        .filter_map(|name| {
-            let (owner, sequence) = name.strip_prefix(CANDIDATE)?.split_once('-')?;
-            if owner.len() != 16 || !owner.bytes().all(|b| b.is_ascii_hexdigit()) {
-                return None;
-            }
-            let owner = u64::from_str_radix(owner, 16).ok()?;
-            let sequence = sequence.parse().ok()?;
-            Some(Candidate {
-                sequence,
-                name,
-                owner,
-            })
-        })
-        .collect();
-    queue.sort();
-    queue
-}
-
-/// Whether a candidate node's `stat` shows it ephemeral to the session its
-/// name gives: leasehold created it; another program's node named like one
-/// is skipped.
-fn owned(candidate: &Candidate, stat: &zookeeper_client::Stat) -> bool {
-    SessionId::from_bits(stat.ephemeral_owner).0 == candidate.owner
-}
-
-fn warn_foreign(path: &str) {
-    tracing::warn!(
-        node = path,
-        "zookeeper: ignoring a node leasehold did not create among an election's candidates"
-    );
-}
-
-fn session_prefix(session: SessionId) -> String {
-    format!("{CANDIDATE}{:016x}-", session.0)
-}
-
-fn node_data(ttl: Duration, candidate: &CandidateId) -> Vec<u8> {
-    format!("{} {candidate}", ttl.as_millis()).into_bytes()
-}
-
-fn parse_node_data(path: &str, data: &[u8]) -> Result<(Duration, CandidateId)> {
-    let corrupt = || {
-        Error::Corrupt(format!(
-            "zookeeper node {path} is not a leasehold candidate"
-        ))
-    };
-    let text = std::str::from_utf8(data).map_err(|_| corrupt())?;
-    let (ttl, candidate) = text.split_once(' ').ok_or_else(corrupt)?;
-    let ttl = ttl.parse().map_err(|_| corrupt())?;
-    let candidate = CandidateId::new(candidate).map_err(|_| corrupt())?;
-    Ok((Duration::from_millis(ttl), candidate))
-}
-
 fn token_of(stat: &zookeeper_client::Stat) -> FencingToken {
     FencingToken::from_stored(stat.czxid)
 }
@@ -469,10 +392,30 @@ impl RecipeStore {
     /// checks nothing; its release deletes only a candidate node ephemeral
     /// to the holder's session and carrying its token.
     pub async fn open(url: &ClusterUrl, access: Access) -> Result<Self> {
+        let Some(recipe) = Recipe::of(url.layout()) else {
+            return Err(Error::invalid(
+                "ZooKeeper store URL",
+                format!(
+                    "a recipe's store speaks ?layout=curator or kazoo, not {}",
+                    url.layout()
+                ),
+            ));
+        };
         let (endpoints, root, security) = (url.endpoints(), url.path(), url.security());
         Ok(RecipeStore {
             inner: start(endpoints, root, security, access, url.layout()).await?,
+            recipe,
         })
+    }
+
+    /// What needs leasehold's own layout, refused in a recipe's.
+    fn unsupported<T>(&self, what: &str) -> Result<T> {
+        Err(Error::Unsupported(format!(
+            "{what} needs leasehold's own layout: with ?layout={} the recipe's order of \
+             candidates is the only line, so priorities, lock-delay, transfers, shards, \
+             slots and listing elections are not available",
+            self.recipe.layout()
+        )))
     }
 
     /// A watch of `election`; with `held`, for the holder of that grant
@@ -488,6 +431,7 @@ impl RecipeStore {
         let watcher = self.inner.watch_election(&client, election).await?;
         let source = ZkWatch {
             inner: Arc::clone(&self.inner),
+            recipe: self.recipe,
             election: election.clone(),
             watcher: Some(watcher),
             disconnected: false,
@@ -538,7 +482,7 @@ impl KeyedStore<ZkKeys> {
             Layout::Leasehold,
         )
         .await?;
-        Ok(KeyedStore::over(ZkKeys { inner }))
+        Ok(KeyedStore::over(ZkKeys::new(inner)))
     }
 
     /// Connects to the ensemble `url` names (in leasehold's layout) for
@@ -653,25 +597,7 @@ impl RecipeStore {
         session: SessionId,
         election: &ElectionName,
     ) -> Result<usize> {
-        if self.inner.recipe.is_some() {
-            return self.inner.recipe_candidate_nodes(session, election).await;
-        }
-        let client = self.inner.reader().await?;
-        let children = match request(
-            "list candidates",
-            client.list_children(&self.inner.election_dir(election)),
-        )
-        .await?
-        {
-            Ok(children) => children,
-            Err(zookeeper_client::Error::NoNode) => Vec::new(),
-            Err(error) => {
-                let dir = self.inner.election_dir(election);
-                return Err(self.inner.failed("list candidates", &dir, error));
-            }
-        };
-        let prefix = session_prefix(session);
-        Ok(children.iter().filter(|c| c.starts_with(&prefix)).count())
+        self.inner.recipe_candidate_nodes(session, election).await
     }
 }
 

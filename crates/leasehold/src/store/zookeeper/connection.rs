@@ -352,10 +352,6 @@ impl Inner {
         }
     }
 
-    pub(super) fn election_dir(&self, election: &ElectionName) -> String {
-        format!("{}/{}", self.elections_dir(), encode(election))
-    }
-
     pub(super) async fn connect(&self, timeout: Duration) -> Result<Client> {
         let connecting = connector(&self.security)?
             .with_session_timeout(timeout)
@@ -403,83 +399,6 @@ impl Inner {
             .cloned()
     }
 
-    /// Deletes `grant`'s candidate node through `client`, if it is still
-    /// there with the grant's token; [`Error::NotHolder`] otherwise.
-    pub(super) async fn delete_grant_node(&self, client: &Client, grant: &Grant) -> Result<()> {
-        let dir = self.election_dir(&grant.election);
-        let children = match request("list candidates", client.list_children(&dir)).await? {
-            Ok(children) => children,
-            Err(zookeeper_client::Error::NoNode) => return Err(not_holder(grant)),
-            Err(error) => return Err(self.failed("list candidates", &dir, error)),
-        };
-        // The grant's node, if it is still there, is still the current
-        // grant: the nodes ahead of it were gone when it was granted, and
-        // later ones queue behind it.
-        let prefix = session_prefix(grant.session);
-        let Some(mine) = queue(children)
-            .into_iter()
-            .find(|c| c.name.starts_with(&prefix))
-        else {
-            return Err(not_holder(grant));
-        };
-        let path = format!("{dir}/{}", mine.name);
-        let stat = match request("read the candidate node", client.check_stat(&path)).await? {
-            Ok(Some(stat)) => stat,
-            Ok(None) => return Err(not_holder(grant)),
-            Err(error) => return Err(self.failed("read the candidate node", &path, error)),
-        };
-        if token_of(&stat) != grant.token {
-            return Err(not_holder(grant));
-        }
-        self.delete_with_release(client, grant, &path, stat.version)
-            .await
-    }
-
-    /// Deletes the grant's candidate node at `path`, if still at `version`,
-    /// and records its token as the election's last release, in one
-    /// multi-op. The path names this grant's node alone (sequence numbers
-    /// are never reused under a parent), so deleting it cannot touch a
-    /// successor's node. The release's node is made on the first release.
-    async fn delete_with_release(
-        &self,
-        client: &Client,
-        grant: &Grant,
-        path: &str,
-        version: i32,
-    ) -> Result<()> {
-        const WHAT: &str = "delete the candidate node";
-        let dir = self.election_dir(&grant.election);
-        let release = self.release_node(&grant.election);
-        let token = grant.token.0.to_string();
-        for _ in 0..2 {
-            let mut multi = client.new_multi_writer();
-            multi
-                .add_delete(path, Some(version))
-                .and_then(|()| multi.add_set_data(&release, token.as_bytes(), None))
-                .map_err(|error| self.failed(WHAT, path, error))?;
-            match request(WHAT, multi.commit()).await? {
-                Ok(_) => return Ok(()),
-                Err(zookeeper_client::MultiWriteError::OperationFailed {
-                    index: 1,
-                    source: zookeeper_client::Error::NoNode,
-                }) => {
-                    let releases = format!("{}/releases", self.root);
-                    self.make_parents(client, &[&releases, &release], None)
-                        .await?;
-                }
-                Err(zookeeper_client::MultiWriteError::OperationFailed {
-                    index: 0,
-                    source: zookeeper_client::Error::NoNode | zookeeper_client::Error::BadVersion,
-                }) => return Err(not_holder(grant)),
-                Err(error) => return Err(self.failed(WHAT, &dir, error.into())),
-            }
-        }
-        Err(Error::Unavailable {
-            reason: format!("zookeeper {WHAT}: node {release} kept disappearing"),
-            source: None,
-        })
-    }
-
     pub(super) fn live_session(&self, id: SessionId) -> Result<(Arc<ZkSession>, Client)> {
         let session = self.session(id).ok_or(Error::SessionExpired(id))?;
         let client = session.client().ok_or(Error::SessionExpired(id))?;
@@ -493,13 +412,15 @@ impl Inner {
             .remove(&id);
     }
 
-    /// The leader of `election`, read with the store's own client.
-    pub(super) async fn read_leader(&self, election: &ElectionName) -> Result<Option<Leader>> {
+    /// The leader of `election` in `recipe`'s layout, read with the
+    /// store's own client.
+    pub(super) async fn read_leader(
+        &self,
+        recipe: Recipe,
+        election: &ElectionName,
+    ) -> Result<Option<Leader>> {
         let client = self.reader().await?;
-        match self.recipe {
-            Some(recipe) => self.recipe_leader_via(recipe, &client, election).await,
-            None => self.leader_via(&client, election).await,
-        }
+        self.recipe_leader_via(recipe, &client, election).await
     }
 
     /// A persistent watch on `election`'s node, set before a first read so
@@ -511,54 +432,13 @@ impl Inner {
         client: &Client,
         election: &ElectionName,
     ) -> Result<zookeeper_client::PersistentWatcher> {
-        let dir = match self.recipe {
-            Some(_) => self.recipe_dir(election)?,
-            None => self.election_dir(election),
-        };
+        let dir = self.recipe_dir(election)?;
         request(
             "watch the election",
             client.watch(&dir, AddWatchMode::Persistent),
         )
         .await?
         .map_err(|e| self.failed("watch the election", &dir, e))
-    }
-
-    /// The leader of `election` as `client` reads it: the lowest candidate
-    /// node leasehold created (nodes it did not create are skipped).
-    pub(super) async fn leader_via(
-        &self,
-        client: &Client,
-        election: &ElectionName,
-    ) -> Result<Option<Leader>> {
-        let dir = self.election_dir(election);
-        'list: loop {
-            let children = match request("list candidates", client.list_children(&dir)).await? {
-                Ok(children) => children,
-                Err(zookeeper_client::Error::NoNode) => return Ok(None),
-                Err(error) => return Err(self.failed("list candidates", &dir, error)),
-            };
-            for first in queue(children) {
-                let path = format!("{dir}/{}", first.name);
-                match request("read the leader", client.get_data(&path)).await? {
-                    Ok((_, stat)) if !owned(&first, &stat) => warn_foreign(&path),
-                    Ok((data, stat)) => {
-                        let (ttl, candidate) = parse_node_data(&path, &data)?;
-                        return Ok(Some(Leader {
-                            candidate,
-                            token: token_of(&stat),
-                            // ZooKeeper does not tell how long another client's
-                            // session has left: the negotiated timeout bounds it.
-                            expires_in: ttl,
-                            session: Some(SessionId::from_bits(stat.ephemeral_owner)),
-                        }));
-                    }
-                    // Gone between the list and the read: list again.
-                    Err(zookeeper_client::Error::NoNode) => continue 'list,
-                    Err(error) => return Err(self.failed("read the leader", &path, error)),
-                }
-            }
-            return Ok(None);
-        }
     }
 
     /// Closes sessions a TTL after their last successful renewal, and

@@ -7,12 +7,15 @@
 //!   `%XX` (their UTF-8 bytes); an empty name is `%`.
 //! - A session is a ZooKeeper session (see `sessions`); a key attached to
 //!   it is an ephemeral node of that session, which the server deletes
-//!   when the session ends. A key's creation revision is its node's
+//!   when the session ends; its data is `{ttl_ms} {value}`, the TTL the
+//!   session negotiated (ZooKeeper tells no other client a session's
+//!   timeout, and `status` shows it). A key's creation revision is its node's
 //!   `czxid`, its last write's its `mzxid`: zxids are ensemble-wide and
 //!   grow across restarts.
 //! - A commit reads what it checks (one multi-read), then writes in one
 //!   `multi` that also sets the data of each directory it touches at the
-//!   version read: a directory changed in between fails the `multi`, which
+//!   version read (creating it first, in the same `multi`, if it did not
+//!   exist): a directory changed in between fails the `multi`, which
 //!   is then read and tried again. That version check is what makes the
 //!   checks of a creation revision exact (a node deleted and created again
 //!   has the same version), and the directory's `mzxid` the last commit
@@ -22,16 +25,17 @@
 //!   multi-read). Its revision is the directory's last change: its
 //!   `mzxid` (the last commit) or `pzxid` (the last child created or
 //!   deleted, also by a session's end).
-//! - A watch is a persistent recursive watch of the directory (of
-//!   `{root}/keys` for a prefix without `:`), told of the keys under its
-//!   prefix alone; it tells expiries, as the server deletes the nodes.
+//! - A watch is told by a persistent recursive watch of the directory (of
+//!   `{root}/elections` for a prefix without `:`), one per directory and
+//!   handle (see `key_watch`), of the keys under its prefix alone; it
+//!   tells expiries, as the server deletes the nodes.
 
 use std::collections::BTreeMap;
 
-use zookeeper_client::{MultiReadResult, MultiWriteError, Stat, WatchedEvent};
+use zookeeper_client::{Error as ZkError, MultiReadResult, MultiWriteError, Stat};
 
 use super::*;
-use crate::store::keys::{Check, Entry, Heard, KeyWatch, Keys, Range, Revision, Write};
+use crate::store::keys::{Check, Entry, KeyWatch, Keys, Range, Revision, Write};
 
 /// How often a commit whose directories changed between its read and its
 /// write reads again before giving up.
@@ -41,6 +45,8 @@ const COMMIT_ATTEMPTS: usize = 64;
 #[derive(Debug, Clone)]
 pub struct ZkKeys {
     pub(super) inner: Arc<Inner>,
+    /// The watches of this handle (see `key_watch`).
+    pub(super) hubs: Arc<key_watch::Hubs>,
 }
 
 /// `text` with `%`, `/` and what ZooKeeper refuses in a path written
@@ -71,7 +77,7 @@ fn escape(text: &str) -> String {
 
 /// The text [`escape`] wrote as `name`; `None` for a name it never
 /// writes.
-fn unescape(name: &str) -> Option<String> {
+pub(super) fn unescape(name: &str) -> Option<String> {
     if name == "%" {
         return Some(String::new());
     }
@@ -92,18 +98,38 @@ fn unescape(name: &str) -> Option<String> {
 }
 
 /// A key's directory and the rest of it (from its first `:` on).
-fn split(key: &str) -> (&str, &str) {
+pub(super) fn split(key: &str) -> (&str, &str) {
     key.find(':').map_or((key, ""), |i| key.split_at(i))
 }
 
 /// The revision of a directory's last change (see the module).
-fn changed_at(stat: &Stat) -> Revision {
+pub(super) fn changed_at(stat: &Stat) -> Revision {
     let last = stat.czxid.max(stat.mzxid).max(stat.pzxid);
     Revision(u64::try_from(last).unwrap_or(0))
 }
 
-fn revision(zxid: i64) -> Revision {
+pub(super) fn revision(zxid: i64) -> Revision {
     Revision(u64::try_from(zxid).unwrap_or(0))
+}
+
+/// A node's data: for a key attached to a session, `{ttl_ms} ` (the
+/// session's TTL, which ZooKeeper tells no other client) before the value.
+fn node_data(ttl: Option<Duration>, value: &str) -> Vec<u8> {
+    match ttl {
+        Some(ttl) => format!("{} {value}", ttl.as_millis()).into_bytes(),
+        None => value.as_bytes().to_vec(),
+    }
+}
+
+/// The TTL and value [`node_data`] wrote (`ephemeral`: with a TTL).
+fn read_node(ephemeral: bool, data: Vec<u8>) -> Option<(Option<Duration>, String)> {
+    let text = String::from_utf8(data).ok()?;
+    if !ephemeral {
+        return Some((None, text));
+    }
+    let (ttl, value) = text.split_once(' ')?;
+    let ttl = Duration::from_millis(ttl.parse().ok()?);
+    Some((Some(ttl), value.to_owned()))
 }
 
 /// The session a node is ephemeral to, if any.
@@ -116,9 +142,76 @@ fn owner(stat: &Stat) -> Option<SessionId> {
 /// children.
 #[derive(Debug, Default)]
 struct Seen {
-    versions: BTreeMap<String, (i32, Revision)>,
-    nodes: BTreeMap<String, Stat>,
+    /// `None` for a directory that does not exist yet.
+    versions: BTreeMap<String, Option<(i32, Revision)>>,
+    /// Each node found, with its session's TTL as its data tells it.
+    nodes: BTreeMap<String, (Stat, Option<Duration>)>,
     children: BTreeMap<String, Vec<String>>,
+}
+
+impl Seen {
+    /// Keeps what the multi-read answered to `ask`; a node that does not
+    /// exist is left out (a directory: `None`).
+    fn add(&mut self, ask: Asked, result: MultiReadResult) -> std::result::Result<(), ZkError> {
+        match (ask, result) {
+            (Asked::Version(dir), MultiReadResult::Data { stat, .. }) => {
+                self.versions
+                    .insert(dir, Some((stat.version, changed_at(&stat))));
+            }
+            (Asked::Node(key), MultiReadResult::Data { stat, data }) => {
+                let ttl = read_node(owner(&stat).is_some(), data).and_then(|(ttl, _)| ttl);
+                self.nodes.insert(key, (stat, ttl));
+            }
+            (Asked::Children(prefix), MultiReadResult::Children { children }) => {
+                self.children.insert(prefix, children);
+            }
+            (
+                Asked::Version(dir),
+                MultiReadResult::Error {
+                    err: ZkError::NoNode,
+                },
+            ) => {
+                self.versions.insert(dir, None);
+            }
+            (
+                _,
+                MultiReadResult::Error {
+                    err: ZkError::NoNode,
+                },
+            ) => {}
+            (_, MultiReadResult::Error { err }) => return Err(err),
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// What a commit of `checks` and `writes` reads first: each checked or
+/// written key's node, each `NoneUnder` directory's children, then each
+/// directory's version.
+fn asks(checks: &[Check], writes: &[Write]) -> Vec<Asked> {
+    let mut asked: Vec<Asked> = Vec::new();
+    let mut dirs: Vec<&str> = Vec::new();
+    for check in checks {
+        match check {
+            Check::Absent(key) | Check::Created { key, .. } => {
+                asked.push(Asked::Node(key.clone()));
+                dirs.push(split(key).0);
+            }
+            Check::NoneUnder(prefix) => {
+                asked.push(Asked::Children(prefix.clone()));
+                dirs.push(split(prefix).0);
+            }
+        }
+    }
+    for write in writes {
+        asked.push(Asked::Node(write.key().to_owned()));
+        dirs.push(split(write.key()).0);
+    }
+    dirs.sort_unstable();
+    dirs.dedup();
+    asked.extend(dirs.iter().map(|d| Asked::Version((*d).to_owned())));
+    asked
 }
 
 /// One read of a multi-read, and where its answer goes.
@@ -140,40 +233,30 @@ impl ZkKeys {
             )));
         }
         let (endpoints, root, security) = (url.endpoints(), url.path(), url.security());
-        Ok(ZkKeys {
-            inner: start(endpoints, root, security, access, Layout::Leasehold).await?,
-        })
+        let inner = start(endpoints, root, security, access, Layout::Leasehold).await?;
+        Ok(ZkKeys::new(inner))
+    }
+
+    pub(super) fn new(inner: Arc<Inner>) -> Self {
+        ZkKeys {
+            inner,
+            hubs: Arc::default(),
+        }
     }
 
     /// The node of the keys' directories: the root's `elections`, which
     /// the first use makes with the root.
-    fn keys_root(&self) -> String {
+    pub(super) fn keys_root(&self) -> String {
         self.inner.elections_dir()
     }
 
-    fn dir_path(&self, dir: &str) -> String {
+    pub(super) fn dir_path(&self, dir: &str) -> String {
         format!("{}/{}", self.keys_root(), escape(dir))
     }
 
     fn node_path(&self, key: &str) -> String {
         let (dir, leaf) = split(key);
         format!("{}/{}", self.dir_path(dir), escape(leaf))
-    }
-
-    /// The key a node at `path` stands for, if it is one.
-    fn key_at(&self, path: &str) -> Option<String> {
-        let rest = path.strip_prefix(&self.keys_root())?.strip_prefix('/')?;
-        let (dir, leaf) = rest.split_once('/')?;
-        Some(unescape(dir)? + &unescape(leaf)?)
-    }
-
-    /// Creates the persistent node `path` unless it exists.
-    async fn make(&self, client: &Client, path: &str) -> Result<()> {
-        const WHAT: &str = "create a node";
-        match request(WHAT, client.create(path, &[], &self.inner.persistent())).await? {
-            Ok(_) | Err(zookeeper_client::Error::NodeExists) => Ok(()),
-            Err(error) => Err(self.inner.failed(WHAT, path, error)),
-        }
     }
 
     /// The client that writes for `writes`: that of the session they
@@ -251,19 +334,15 @@ impl ZkKeys {
     }
 
     fn entry(&self, key: String, data: Vec<u8>, stat: &Stat) -> Result<Entry> {
-        let value = String::from_utf8(data).map_err(|_| {
+        let session = owner(stat);
+        let (ttl, value) = read_node(session.is_some(), data).ok_or_else(|| {
             Error::Corrupt(format!(
-                "zookeeper node {} is not UTF-8 text",
+                "zookeeper node {} is not one leasehold writes",
                 self.node_path(&key)
             ))
         })?;
-        let session = owner(stat);
         Ok(Entry {
-            expires_in: session.map(|s| {
-                self.inner
-                    .session(s)
-                    .map_or(READER_SESSION_TIMEOUT, |zk| zk.ttl)
-            }),
+            expires_in: ttl,
             key,
             value,
             session,
@@ -280,27 +359,7 @@ impl ZkKeys {
         writes: &[Write],
     ) -> Result<Seen> {
         const WHAT: &str = "read before a commit";
-        let mut asked: Vec<Asked> = Vec::new();
-        let mut dirs: Vec<&str> = Vec::new();
-        for check in checks {
-            match check {
-                Check::Absent(key) | Check::Created { key, .. } => {
-                    asked.push(Asked::Node(key.clone()));
-                    dirs.push(split(key).0);
-                }
-                Check::NoneUnder(prefix) => {
-                    asked.push(Asked::Children(prefix.clone()));
-                    dirs.push(split(prefix).0);
-                }
-            }
-        }
-        for write in writes {
-            asked.push(Asked::Node(write.key().to_owned()));
-            dirs.push(split(write.key()).0);
-        }
-        dirs.sort_unstable();
-        dirs.dedup();
-        asked.extend(dirs.iter().map(|d| Asked::Version((*d).to_owned())));
+        let asked = asks(checks, writes);
         let mut reader = client.new_multi_reader();
         for ask in &asked {
             let added = match ask {
@@ -314,26 +373,8 @@ impl ZkKeys {
         let read = read.map_err(|e| self.inner.failed(WHAT, &self.keys_root(), e))?;
         let mut seen = Seen::default();
         for (ask, result) in asked.into_iter().zip(read) {
-            match (ask, result) {
-                (Asked::Version(dir), MultiReadResult::Data { stat, .. }) => {
-                    seen.versions.insert(dir, (stat.version, changed_at(&stat)));
-                }
-                (Asked::Node(key), MultiReadResult::Data { stat, .. }) => {
-                    seen.nodes.insert(key, stat);
-                }
-                (Asked::Children(prefix), MultiReadResult::Children { children }) => {
-                    seen.children.insert(prefix, children);
-                }
-                (
-                    _,
-                    MultiReadResult::Error {
-                        err: zookeeper_client::Error::NoNode,
-                    },
-                ) => {}
-                (_, MultiReadResult::Error { err }) => {
-                    return Err(self.inner.failed(WHAT, &self.keys_root(), err));
-                }
-                _ => {}
+            if let Err(err) = seen.add(ask, result) {
+                return Err(self.inner.failed(WHAT, &self.keys_root(), err));
             }
         }
         Ok(seen)
@@ -347,10 +388,9 @@ impl ZkKeys {
                 key,
                 revision: created,
                 session,
-            } => seen
-                .nodes
-                .get(key)
-                .is_some_and(|stat| revision(stat.czxid) == *created && owner(stat) == *session),
+            } => seen.nodes.get(key).is_some_and(|(stat, _)| {
+                revision(stat.czxid) == *created && owner(stat) == *session
+            }),
             Check::NoneUnder(prefix) => {
                 let leaf = split(prefix).1;
                 let children = seen
@@ -364,24 +404,6 @@ impl ZkKeys {
                     .any(|rest| rest.starts_with(leaf))
             }
         }
-    }
-
-    /// Makes the directories of the keys `checks` and `writes` name.
-    async fn make_dirs(&self, client: &Client, checks: &[Check], writes: &[Write]) -> Result<()> {
-        let mut dirs: Vec<&str> = checks
-            .iter()
-            .map(|c| match c {
-                Check::Absent(key) | Check::Created { key, .. } => split(key).0,
-                Check::NoneUnder(prefix) => split(prefix).0,
-            })
-            .chain(writes.iter().map(|w| split(w.key()).0))
-            .collect();
-        dirs.sort_unstable();
-        dirs.dedup();
-        for dir in dirs {
-            self.make(client, &self.dir_path(dir)).await?;
-        }
-        Ok(())
     }
 
     /// Writes `writes` in one `multi`, unless a directory (or a node)
@@ -434,51 +456,75 @@ impl ZkKeys {
         writes: &[Write],
         writer: Option<&ZkSession>,
     ) -> Result<zookeeper_client::MultiWriter<'a>> {
-        let own = |session: SessionId| writer.is_some_and(|zk| zk.id == session);
         const WHAT: &str = "commit";
         let failed = |e| self.inner.failed(WHAT, &self.keys_root(), e);
         let mut multi = client.new_multi_writer();
-        for (dir, (version, _)) in &seen.versions {
-            (multi.add_set_data(&self.dir_path(dir), &[], Some(*version))).map_err(failed)?;
-        }
-        let ephemeral = CreateMode::Ephemeral.with_acls(self.inner.acls);
         let persistent = self.inner.persistent();
+        for (dir, found) in &seen.versions {
+            let path = self.dir_path(dir);
+            // A directory is made by the first commit in it, atomically.
+            if found.is_none() {
+                multi.add_create(&path, &[], &persistent).map_err(failed)?;
+            }
+            let version = found.map_or(0, |(version, _)| version);
+            (multi.add_set_data(&path, &[], Some(version))).map_err(failed)?;
+        }
         for write in writes {
-            let path = self.node_path(write.key());
-            let found = seen.nodes.get(write.key());
-            let added = match (write, found) {
-                (Write::Delete(_), None) => Ok(()),
-                (Write::Delete(_), Some(stat)) => multi.add_delete(&path, Some(stat.version)),
-                (Write::Put { value, session, .. }, Some(stat)) if owner(stat) == *session => {
-                    multi.add_set_data(&path, value.as_bytes(), Some(stat.version))
-                }
-                (Write::Put { key, .. }, Some(_)) => {
-                    return Err(Error::Unsupported(format!(
-                        "ZooKeeper cannot attach the existing key {key:?} to another session"
-                    )));
-                }
-                (
-                    Write::Put {
-                        session: Some(s), ..
-                    },
-                    None,
-                ) if !own(*s) => {
-                    // Ended, or opened by another handle: its client alone
-                    // could make the node.
-                    return Err(Error::SessionExpired(*s));
-                }
-                (Write::Put { value, session, .. }, None) => {
-                    let mode = if session.is_some() {
-                        &ephemeral
-                    } else {
-                        &persistent
-                    };
-                    multi.add_create(&path, value.as_bytes(), mode)
-                }
-            };
-            added.map_err(failed)?;
+            self.add_write(&mut multi, seen, write, writer)?;
         }
         Ok(multi)
+    }
+}
+
+impl ZkKeys {
+    /// Adds `write` to `multi`, as `seen` found its node: a create (of an
+    /// ephemeral node only by `writer`, the session's own client), a set
+    /// of its data or a delete at the version read.
+    fn add_write(
+        &self,
+        multi: &mut zookeeper_client::MultiWriter<'_>,
+        seen: &Seen,
+        write: &Write,
+        writer: Option<&ZkSession>,
+    ) -> Result<()> {
+        let path = self.node_path(write.key());
+        let added = match (write, seen.nodes.get(write.key())) {
+            (Write::Delete(_), None) => Ok(()),
+            (Write::Delete(_), Some((stat, _))) => multi.add_delete(&path, Some(stat.version)),
+            (Write::Put { value, session, .. }, Some((stat, ttl))) if owner(stat) == *session => {
+                multi.add_set_data(&path, &node_data(*ttl, value), Some(stat.version))
+            }
+            (Write::Put { key, .. }, Some(_)) => {
+                return Err(Error::Unsupported(format!(
+                    "ZooKeeper cannot attach the existing key {key:?} to another session"
+                )));
+            }
+            (
+                Write::Put {
+                    value,
+                    session: Some(s),
+                    ..
+                },
+                None,
+            ) => match writer {
+                Some(zk) if zk.id == *s => {
+                    let ephemeral = CreateMode::Ephemeral.with_acls(self.inner.acls);
+                    multi.add_create(&path, &node_data(Some(zk.ttl), value), &ephemeral)
+                }
+                // Ended, or opened by another handle: its client alone
+                // could make the node.
+                _ => return Err(Error::SessionExpired(*s)),
+            },
+            (
+                Write::Put {
+                    value,
+                    session: None,
+                    ..
+                },
+                None,
+            ) => multi.add_create(&path, value.as_bytes(), &self.inner.persistent()),
+        };
+        added.map_err(|e| self.inner.failed("commit", &self.keys_root(), e))
     }
 }
 
@@ -504,14 +550,13 @@ impl Keys for ZkKeys {
             ));
         }
         let (client, zk) = self.writer(writes).await?;
-        self.make_dirs(&client, checks, writes).await?;
         for _ in 0..COMMIT_ATTEMPTS {
             let seen = self.read_for_commit(&client, checks, writes).await?;
             if !checks.iter().all(|check| Self::holds(&seen, check)) {
                 return Ok(None);
             }
             if writes.is_empty() {
-                let last = seen.versions.values().map(|(_, at)| *at).max();
+                let last = seen.versions.values().flatten().map(|(_, at)| *at).max();
                 return Ok(Some(last.unwrap_or_default()));
             }
             if let Some(written) = self.write(&client, zk.as_deref(), &seen, writes).await? {
@@ -556,20 +601,7 @@ impl Keys for ZkKeys {
     }
 
     async fn watch(&self, prefix: &str, from: Revision) -> Result<KeyWatch> {
-        let (tx, rx) = crate::watch::channel(Heard::Changed(from));
-        let watching = Watching {
-            keys: self.clone(),
-            prefix: prefix.to_owned(),
-            path: match prefix.contains(':') {
-                true => self.dir_path(split(prefix).0),
-                false => self.keys_root(),
-            },
-            told: from,
-            tx,
-        };
-        let watcher = watching.start().await?;
-        tokio::spawn(watching.follow(watcher));
-        Ok(rx)
+        self.watch_prefix(prefix, from).await
     }
 
     async fn session_ended(&self, session: SessionId) {
@@ -581,137 +613,6 @@ impl Keys for ZkKeys {
 
     fn tells_expiries(&self) -> bool {
         true
-    }
-}
-
-/// A watch of a prefix: a persistent recursive watch of its directory on
-/// the store's own client, told of the keys under the prefix alone.
-struct Watching {
-    keys: ZkKeys,
-    prefix: String,
-    /// The node watched: the prefix's directory, or the keys' root.
-    path: String,
-    told: Revision,
-    tx: crate::watch::Sender<Heard>,
-}
-
-impl Watching {
-    /// Sets the watch, then tells at once if the node changed after the
-    /// revision the watch starts from.
-    async fn start(&self) -> Result<zookeeper_client::PersistentWatcher> {
-        const WHAT: &str = "watch keys";
-        let client = self.keys.inner.reader().await?;
-        let watcher = request(
-            WHAT,
-            client.watch(&self.path, AddWatchMode::PersistentRecursive),
-        )
-        .await?
-        .map_err(|e| self.keys.inner.failed(WHAT, &self.path, e))?;
-        let last = self.last_change(&client).await?;
-        if last > self.told {
-            self.tx.send_replace(Heard::Changed(last));
-        }
-        Ok(watcher)
-    }
-
-    /// The watched node's last change (0 while it does not exist).
-    async fn last_change(&self, client: &Client) -> Result<Revision> {
-        const WHAT: &str = "read a key directory";
-        match request(WHAT, client.check_stat(&self.path)).await? {
-            Ok(stat) => Ok(stat.as_ref().map(changed_at).unwrap_or_default()),
-            Err(error) => Err(self.keys.inner.failed(WHAT, &self.path, error)),
-        }
-    }
-
-    /// Whether `event` is of a key under the prefix.
-    fn concerns(&self, event: &WatchedEvent) -> bool {
-        event.event_type != EventType::Session
-            && self
-                .keys
-                .key_at(&event.path)
-                .is_some_and(|key| key.starts_with(&self.prefix))
-    }
-
-    /// Tells what the events say until nobody holds the receiver. Sets
-    /// the watch anew after the connection was lost (the client does not
-    /// always set it again itself: a watch once went deaf after the server
-    /// was paused), and after the store's client lost its session.
-    async fn follow(mut self, mut watcher: zookeeper_client::PersistentWatcher) {
-        let mut disconnected = false;
-        loop {
-            let event = tokio::select! {
-                event = watcher.changed() => event,
-                () = self.tx.closed() => return,
-            };
-            let state = event.session_state;
-            if event.event_type != EventType::Session {
-                if self.concerns(&event) {
-                    self.tell(event.zxid).await;
-                }
-                continue;
-            }
-            if state == SessionState::Disconnected {
-                disconnected = true;
-                self.tx.send_replace(Heard::Unknown {
-                    error: format!("zookeeper at {}: disconnected", self.keys.inner.cluster),
-                });
-            } else if state.is_terminated() || std::mem::take(&mut disconnected) {
-                match self.restart().await {
-                    Some(again) => watcher = again,
-                    None => return,
-                }
-            } else {
-                // (Re)connected: events may have been missed.
-                self.tell(event.zxid).await;
-            }
-        }
-    }
-
-    /// Tells a change at `zxid`, or (a server before 3.9 tells none) at
-    /// the watched node's last change.
-    async fn tell(&mut self, zxid: i64) {
-        let at = match zxid {
-            zxid if zxid > 0 => Ok(revision(zxid)),
-            _ => match self.keys.inner.reader().await {
-                Ok(client) => self.last_change(&client).await,
-                Err(error) => Err(error),
-            },
-        };
-        match at {
-            Ok(at) => {
-                self.told = self.told.max(at);
-                self.tx.send_replace(Heard::Changed(self.told));
-            }
-            Err(error) => {
-                self.tx.send_replace(Heard::Unknown {
-                    error: error.to_string(),
-                });
-            }
-        }
-    }
-
-    /// Sets the watch again on a new client of the store, telling that
-    /// the store does not answer until it does; `None` once nobody holds
-    /// the receiver.
-    async fn restart(&mut self) -> Option<zookeeper_client::PersistentWatcher> {
-        loop {
-            if self.tx.receiver_count() == 0 {
-                return None;
-            }
-            match self.start().await {
-                Ok(watcher) => {
-                    // Whatever happened meanwhile: read again.
-                    self.tx.send_replace(Heard::Changed(self.told));
-                    return Some(watcher);
-                }
-                Err(error) => {
-                    self.tx.send_replace(Heard::Unknown {
-                        error: error.to_string(),
-                    });
-                    tokio::time::sleep(WATCH_RETRY).await;
-                }
-            }
-        }
     }
 }
 
@@ -742,6 +643,22 @@ mod tests {
         assert_eq!(escape("a/b%"), "a%2Fb%25");
         assert_eq!(unescape("a%2"), None, "a cut escape");
         assert_eq!(unescape("a%2f"), None, "not as escape writes it");
+    }
+
+    #[test]
+    fn a_session_s_ttl_goes_before_its_keys_values() {
+        let ttl = Some(Duration::from_millis(4000));
+        assert_eq!(node_data(ttl, "a b"), b"4000 a b");
+        assert_eq!(
+            read_node(true, b"4000 a b".to_vec()),
+            Some((ttl, "a b".into()))
+        );
+        assert_eq!(
+            read_node(false, b"4000 a".to_vec()),
+            Some((None, "4000 a".into()))
+        );
+        assert_eq!(read_node(true, b"a".to_vec()), None, "no TTL");
+        assert_eq!(read_node(true, vec![0xff]), None, "not UTF-8");
     }
 
     #[test]

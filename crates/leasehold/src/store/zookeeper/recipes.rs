@@ -48,7 +48,7 @@ impl Recipe {
         }
     }
 
-    fn layout(self) -> Layout {
+    pub(super) fn layout(self) -> Layout {
         match self {
             Recipe::Curator => Layout::Curator,
             Recipe::Kazoo => Layout::Kazoo,
@@ -225,20 +225,6 @@ impl ZkSession {
 pub(super) type RecipeCampaigns = HashMap<ElectionName, (String, u64)>;
 
 impl Inner {
-    /// Refuses what needs leasehold's own layout in a recipe's, where the
-    /// recipe's nodes are all there is.
-    pub(super) fn own_layout(&self, what: &str) -> Result<()> {
-        match self.recipe {
-            None => Ok(()),
-            Some(recipe) => Err(Error::Unsupported(format!(
-                "{what} needs leasehold's own layout: with ?layout={} the recipe's order of \
-                 candidates is the only line, so priorities, lock-delay, transfers, shards, \
-                 slots and listing elections are not available",
-                recipe.layout()
-            ))),
-        }
-    }
-
     /// The node of `election` in a recipe's layout: `{root}/{election}`
     /// (`/{election}` without a root), a `/` in the name making a nested
     /// path, as the recipe's own clients name it. A name ZooKeeper would

@@ -1,0 +1,260 @@
+//! The watches of the store primitive on ZooKeeper (see `keys`): one
+//! persistent recursive watch per node watched by a handle (a directory,
+//! or the keys' root for a prefix without `:`), set once and kept while
+//! the handle lives, shared by every watch of a prefix under it; each is
+//! told of the keys under its own prefix alone.
+//!
+//! Kept rather than set and dropped with each watch: the client removes
+//! the server's watch of a path when its last watcher there goes, and a
+//! removal sent while another watch of the path was being set could take
+//! that one with it, leaving it deaf.
+
+use std::sync::Weak;
+
+use tokio::sync::OnceCell;
+use zookeeper_client::WatchedEvent;
+
+use super::keys::{changed_at, revision, unescape};
+use super::*;
+use crate::mutex::lock;
+use crate::store::keys::{Heard, KeyWatch, Revision};
+
+/// The shared watches of one handle, by the node they watch.
+pub(super) type Hubs = Mutex<HashMap<String, Arc<Hub>>>;
+
+/// One node's watch and the watches of prefixes under it.
+#[derive(Debug, Default)]
+pub(super) struct Hub {
+    /// Set once the server's watch is set and its task runs.
+    started: OnceCell<()>,
+    subscribers: Mutex<Vec<Subscriber>>,
+}
+
+#[derive(Debug)]
+struct Subscriber {
+    prefix: String,
+    tx: crate::watch::Sender<Heard>,
+}
+
+/// Tells `tx` a change at `at`, unless it told one as late already.
+fn tell(tx: &crate::watch::Sender<Heard>, at: Revision) {
+    tx.send_if_modified(|heard| match heard {
+        Heard::Changed(told) if *told >= at => false,
+        _ => {
+            *heard = Heard::Changed(at);
+            true
+        }
+    });
+}
+
+/// What the task of one node's watch needs: the handle (weakly: the task
+/// ends with it) and where the keys live.
+struct Follower {
+    inner: Weak<Inner>,
+    /// The node watched.
+    path: String,
+    /// The keys' root (`{root}/elections`).
+    root: String,
+    hub: Arc<Hub>,
+}
+
+impl ZkKeys {
+    /// Watches the keys under `prefix` from `from` (see [`Keys::watch`]).
+    pub(super) async fn watch_prefix(&self, prefix: &str, from: Revision) -> Result<KeyWatch> {
+        let path = match prefix.contains(':') {
+            true => self.dir_path(super::keys::split(prefix).0),
+            false => self.keys_root(),
+        };
+        let hub = Arc::clone(lock(&self.hubs).entry(path.clone()).or_default());
+        (hub.started)
+            .get_or_try_init(|| self.start_hub(&path, &hub))
+            .await?;
+        let (tx, rx) = crate::watch::channel(Heard::Changed(from));
+        lock(&hub.subscribers).push(Subscriber {
+            prefix: prefix.to_owned(),
+            tx: tx.clone(),
+        });
+        // Told from now on; and at once of what changed since `from`.
+        let last = self.last_change(prefix, &path).await?;
+        if last > from {
+            tell(&tx, last);
+        }
+        Ok(rx)
+    }
+
+    /// Sets the server's watch of `path` and starts its task.
+    async fn start_hub(&self, path: &str, hub: &Arc<Hub>) -> Result<()> {
+        let watcher = set_watch(&self.inner, path).await?;
+        let follower = Follower {
+            inner: Arc::downgrade(&self.inner),
+            path: path.to_owned(),
+            root: self.keys_root(),
+            hub: Arc::clone(hub),
+        };
+        tokio::spawn(follower.follow(watcher));
+        Ok(())
+    }
+
+    /// The last change under `prefix`, watched at `path`: its directory's
+    /// (0 while it does not exist), or for a prefix without `:`, the last
+    /// of the directories under it.
+    async fn last_change(&self, prefix: &str, path: &str) -> Result<Revision> {
+        if !prefix.contains(':') {
+            return Ok(crate::store::keys::Keys::range(self, prefix)
+                .await?
+                .revision);
+        }
+        last_change(&self.inner, path).await
+    }
+}
+
+/// Sets a persistent recursive watch of `path` on the store's client.
+async fn set_watch(inner: &Inner, path: &str) -> Result<zookeeper_client::PersistentWatcher> {
+    const WHAT: &str = "watch keys";
+    let client = inner.reader().await?;
+    request(WHAT, client.watch(path, AddWatchMode::PersistentRecursive))
+        .await?
+        .map_err(|e| inner.failed(WHAT, path, e))
+}
+
+/// The last change of the node `path` (0 while it does not exist).
+async fn last_change(inner: &Inner, path: &str) -> Result<Revision> {
+    const WHAT: &str = "read a key directory";
+    let client = inner.reader().await?;
+    match request(WHAT, client.check_stat(path)).await? {
+        Ok(stat) => Ok(stat.as_ref().map(changed_at).unwrap_or_default()),
+        Err(error) => Err(inner.failed(WHAT, path, error)),
+    }
+}
+
+impl Follower {
+    /// The key a node at `path` stands for, if it is one.
+    fn key_at(&self, path: &str) -> Option<String> {
+        let rest = path.strip_prefix(&self.root)?.strip_prefix('/')?;
+        let (dir, leaf) = rest.split_once('/')?;
+        Some(unescape(dir)? + &unescape(leaf)?)
+    }
+
+    /// The senders of the watches `event` concerns (all, for `None`);
+    /// those nobody holds any more are dropped.
+    fn concerned(&self, key: Option<&str>) -> Vec<crate::watch::Sender<Heard>> {
+        let mut subscribers = lock(&self.hub.subscribers);
+        subscribers.retain(|s| s.tx.receiver_count() > 0);
+        (subscribers.iter())
+            .filter(|s| key.is_none_or(|key| key.starts_with(&s.prefix)))
+            .map(|s| s.tx.clone())
+            .collect()
+    }
+
+    /// Tells what the events say, for as long as the handle lives. Sets
+    /// the watch anew after the connection was lost (the client's own
+    /// re-registration once left a watch deaf) and after the store's
+    /// client lost its session.
+    async fn follow(self, mut watcher: zookeeper_client::PersistentWatcher) {
+        let mut disconnected = false;
+        loop {
+            let event = watcher.changed().await;
+            let state = event.session_state;
+            if event.event_type != EventType::Session {
+                self.node_event(&event).await;
+            } else if state == SessionState::Disconnected {
+                disconnected = true;
+                let error = "zookeeper: disconnected".to_owned();
+                for tx in self.concerned(None) {
+                    tx.send_replace(Heard::Unknown {
+                        error: error.clone(),
+                    });
+                }
+            } else if state.is_terminated() || std::mem::take(&mut disconnected) {
+                match self.restart().await {
+                    Some(again) => watcher = again,
+                    None => return,
+                }
+            } else {
+                // (Re)connected: events may have been missed.
+                self.tell_all().await;
+            }
+        }
+    }
+
+    /// Tells the watches of the key `event` names.
+    async fn node_event(&self, event: &WatchedEvent) {
+        let Some(key) = self.key_at(&event.path) else {
+            return;
+        };
+        let concerned = self.concerned(Some(&key));
+        if concerned.is_empty() {
+            return;
+        }
+        // A server before 3.9 tells no zxid: the node's last change.
+        let at = match event.zxid {
+            zxid if zxid > 0 => Ok(revision(zxid)),
+            _ => match self.inner.upgrade() {
+                Some(inner) => last_change(&inner, &self.path).await,
+                None => return,
+            },
+        };
+        for tx in concerned {
+            match &at {
+                Ok(at) => tell(&tx, *at),
+                Err(error) => {
+                    tx.send_replace(Heard::Unknown {
+                        error: error.to_string(),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Tells every watch to read again.
+    async fn tell_all(&self) {
+        let Some(inner) = self.inner.upgrade() else {
+            return;
+        };
+        let at = last_change(&inner, &self.path).await;
+        for tx in self.concerned(None) {
+            match &at {
+                // Told even if nothing is later: it must read again.
+                Ok(at) => {
+                    tx.send_modify(|heard| {
+                        let told = match heard {
+                            Heard::Changed(told) => *told,
+                            Heard::Unknown { .. } => Revision(0),
+                        };
+                        *heard = Heard::Changed(told.max(*at));
+                    });
+                }
+                Err(error) => {
+                    tx.send_replace(Heard::Unknown {
+                        error: error.to_string(),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Sets the watch again (on a new client of the store if its session
+    /// ended), telling that the store does not answer until it does;
+    /// `None` once the handle is gone.
+    async fn restart(&self) -> Option<zookeeper_client::PersistentWatcher> {
+        loop {
+            let inner = self.inner.upgrade()?;
+            match set_watch(&inner, &self.path).await {
+                Ok(watcher) => {
+                    drop(inner);
+                    self.tell_all().await;
+                    return Some(watcher);
+                }
+                Err(error) => {
+                    for tx in self.concerned(None) {
+                        tx.send_replace(Heard::Unknown {
+                            error: error.to_string(),
+                        });
+                    }
+                    drop(inner);
+                    tokio::time::sleep(WATCH_RETRY).await;
+                }
+            }
+        }
+    }
+}

@@ -19,7 +19,8 @@
 //!   is then read and tried again. That version check is what makes the
 //!   checks of a creation revision exact (a node deleted and created again
 //!   has the same version), and the directory's `mzxid` the last commit
-//!   in it.
+//!   in it. A commit that only creates a key if it is absent (a campaign
+//!   joining the line) is one `create`, which checks the absence itself.
 //! - A read of a prefix is the directory's children and its `stat` (one
 //!   request), then the data of the children under the prefix (one
 //!   multi-read). Its revision is the directory's last change: its
@@ -406,6 +407,66 @@ impl ZkKeys {
         }
     }
 
+    /// A commit that only creates a key if it is absent (a campaign
+    /// joining the line) is one create: ZooKeeper checks the absence
+    /// itself, and the directory's `pzxid` tells the watches; no read and
+    /// no version of the directory, so that campaigns joining at once do
+    /// not make each other try again. `None` for any other commit, and
+    /// for one whose directory does not exist yet (the `multi` makes it).
+    async fn create_alone(
+        &self,
+        client: &Client,
+        zk: Option<&ZkSession>,
+        checks: &[Check],
+        writes: &[Write],
+    ) -> Result<Option<Option<Revision>>> {
+        let (
+            [Check::Absent(absent)],
+            [
+                Write::Put {
+                    key,
+                    value,
+                    session,
+                },
+            ],
+        ) = (checks, writes)
+        else {
+            return Ok(None);
+        };
+        let (data, mode) = match (session, zk) {
+            (None, _) => (node_data(None, value), self.inner.persistent()),
+            (Some(s), Some(zk)) if zk.id == *s => (
+                node_data(Some(zk.ttl), value),
+                CreateMode::Ephemeral.with_acls(self.inner.acls),
+            ),
+            // Not this handle's session: the general path says why.
+            (Some(_), _) => return Ok(None),
+        };
+        if absent != key {
+            return Ok(None);
+        }
+        let path = self.node_path(key);
+        let created = request("commit", client.create(&path, &data, &mode));
+        let outcome = match zk {
+            Some(zk) => zk.unless_ended(created).await??,
+            None => created.await?,
+        };
+        match outcome {
+            Ok((stat, _)) => Ok(Some(Some(revision(stat.czxid)))),
+            Err(ZkError::NodeExists) => Ok(Some(None)),
+            Err(ZkError::NoNode) => Ok(None),
+            Err(error) => Err(match zk {
+                Some(zk) => {
+                    if matches!(error, ZkError::SessionExpired | ZkError::ClientClosed) {
+                        zk.end();
+                    }
+                    zk.refused("commit", &path, error)
+                }
+                None => self.inner.failed("commit", &path, error),
+            }),
+        }
+    }
+
     /// Writes `writes` in one `multi`, unless a directory (or a node)
     /// changed since `seen` was read: `None` then.
     async fn write(
@@ -550,6 +611,12 @@ impl Keys for ZkKeys {
             ));
         }
         let (client, zk) = self.writer(writes).await?;
+        if let Some(created) = self
+            .create_alone(&client, zk.as_deref(), checks, writes)
+            .await?
+        {
+            return Ok(created);
+        }
         for _ in 0..COMMIT_ATTEMPTS {
             let seen = self.read_for_commit(&client, checks, writes).await?;
             if !checks.iter().all(|check| Self::holds(&seen, check)) {

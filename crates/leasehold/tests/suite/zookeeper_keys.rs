@@ -151,3 +151,51 @@ async fn a_release_wakes_only_the_next_in_line() {
         );
     }
 }
+
+/// A watch is told when its election's node is deleted by hand with
+/// everything in it, in one transaction: the node then reads as revision
+/// 0, below what the watch was told, and once nothing was told (a leader
+/// whose election node was deleted kept leading, its waiters waiting).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_is_told_when_its_election_node_is_deleted() {
+    let zk = zookeeper().await;
+    let keys = zk.open().await;
+    let session = keys
+        .open_session(Duration::from_secs(30))
+        .await
+        .expect("open")
+        .id;
+    let put = Write::Put {
+        key: "gone:c:1".into(),
+        value: "a".into(),
+        session: Some(session),
+    };
+    keys.commit(&[], &[put])
+        .await
+        .expect("commit")
+        .expect("written");
+    let at = keys.range("gone:c:").await.expect("range").revision;
+    let mut watch = keys.watch("gone:c:", at).await.expect("watch");
+    let StoreUrl::ZooKeeper(url) = zk.url.parse().expect("a zk:// URL") else {
+        panic!("not a ZooKeeper URL");
+    };
+    let client = zookeeper_client::Client::connect(&url.endpoints()[0])
+        .await
+        .expect("connect");
+    let node = format!("{}/elections/gone", url.path());
+    let mut multi = client.new_multi_writer();
+    multi.add_delete(&format!("{node}/:c:1"), None).expect("op");
+    multi.add_delete(&node, None).expect("op");
+    multi.commit().await.expect("deleted by hand");
+    tokio::time::timeout(Duration::from_secs(10), watch.changed())
+        .await
+        .expect("the watch is told")
+        .expect("the watch is open");
+    assert!(
+        keys.range("gone:c:")
+            .await
+            .expect("range")
+            .entries
+            .is_empty()
+    );
+}

@@ -47,6 +47,27 @@ fn tell(tx: &crate::watch::Sender<Heard>, at: Revision) {
     });
 }
 
+/// Tells each of `concerned` to read again: a change at `at` (or as late
+/// as it was told already), or that the store does not answer.
+fn told(concerned: &[crate::watch::Sender<Heard>], at: Result<Revision>) {
+    for tx in concerned {
+        match &at {
+            Ok(at) => tx.send_modify(|heard| {
+                let told = match heard {
+                    Heard::Changed(told) => *told,
+                    Heard::Unknown { .. } => Revision(0),
+                };
+                *heard = Heard::Changed(told.max(*at));
+            }),
+            Err(error) => {
+                tx.send_replace(Heard::Unknown {
+                    error: error.to_string(),
+                });
+            }
+        }
+    }
+}
+
 /// What the task of one node's watch needs: the handle (weakly: the task
 /// ends with it) and where the keys live.
 struct Follower {
@@ -177,7 +198,10 @@ impl Follower {
         }
     }
 
-    /// Tells the watches of the key `event` names.
+    /// Tells the watches of the key `event` names: always, even when the
+    /// node's last change reads no later than what they were told (a
+    /// deleted election node reads as 0: its watches once heard nothing,
+    /// and its leader kept leading).
     async fn node_event(&self, event: &WatchedEvent) {
         let Some(key) = self.key_at(&event.path) else {
             return;
@@ -194,16 +218,7 @@ impl Follower {
                 None => return,
             },
         };
-        for tx in concerned {
-            match &at {
-                Ok(at) => tell(&tx, *at),
-                Err(error) => {
-                    tx.send_replace(Heard::Unknown {
-                        error: error.to_string(),
-                    });
-                }
-            }
-        }
+        told(&concerned, at);
     }
 
     /// Tells every watch to read again.
@@ -212,25 +227,7 @@ impl Follower {
             return;
         };
         let at = last_change(&inner, &self.path).await;
-        for tx in self.concerned(None) {
-            match &at {
-                // Told even if nothing is later: it must read again.
-                Ok(at) => {
-                    tx.send_modify(|heard| {
-                        let told = match heard {
-                            Heard::Changed(told) => *told,
-                            Heard::Unknown { .. } => Revision(0),
-                        };
-                        *heard = Heard::Changed(told.max(*at));
-                    });
-                }
-                Err(error) => {
-                    tx.send_replace(Heard::Unknown {
-                        error: error.to_string(),
-                    });
-                }
-            }
-        }
+        told(&self.concerned(None), at);
     }
 
     /// Sets the watch again (on a new client of the store if its session

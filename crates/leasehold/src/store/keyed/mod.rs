@@ -477,11 +477,15 @@ mod tests {
         assert_eq!(leader.map(|l| l.token), Some(held.token));
     }
 
-    /// The primitive in memory, counting its reads.
+    /// The primitive in memory, counting its reads; with `late`, its
+    /// watches start late: before each is set, another session adds a
+    /// note under its prefix (the window between a watch's first read and
+    /// the watch, milliseconds on ZooKeeper).
     #[derive(Debug, Default)]
     struct CountingKeys {
         keys: crate::store::keys::memory::MemoryKeys,
         reads: std::sync::atomic::AtomicU64,
+        late: bool,
     }
 
     #[async_trait::async_trait]
@@ -511,55 +515,15 @@ mod tests {
             prefix: &str,
             from: super::Revision,
         ) -> crate::Result<super::KeyWatch> {
-            self.keys.watch(prefix, from).await
-        }
-        fn tells_expiries(&self) -> bool {
-            self.keys.tells_expiries()
-        }
-    }
-
-    /// The primitive in memory, whose watches start late: before each
-    /// watch is set, another handle adds a note under its prefix (the
-    /// window between a watch's first read and the watch, milliseconds on
-    /// ZooKeeper).
-    #[derive(Debug, Default)]
-    struct LateWatches {
-        keys: crate::store::keys::memory::MemoryKeys,
-    }
-
-    #[async_trait::async_trait]
-    impl Keys for LateWatches {
-        async fn open_session(&self, ttl: Duration) -> crate::Result<crate::store::SessionLease> {
-            self.keys.open_session(ttl).await
-        }
-        async fn keep_alive(&self, session: crate::store::SessionId) -> crate::Result<Duration> {
-            self.keys.keep_alive(session).await
-        }
-        async fn close_session(&self, session: crate::store::SessionId) -> crate::Result<()> {
-            self.keys.close_session(session).await
-        }
-        async fn commit(
-            &self,
-            checks: &[super::Check],
-            writes: &[super::Write],
-        ) -> crate::Result<Option<super::Revision>> {
-            self.keys.commit(checks, writes).await
-        }
-        async fn range(&self, prefix: &str) -> crate::Result<crate::store::keys::Range> {
-            self.keys.range(prefix).await
-        }
-        async fn watch(
-            &self,
-            prefix: &str,
-            from: super::Revision,
-        ) -> crate::Result<super::KeyWatch> {
-            let session = self.keys.open_session(Duration::from_secs(30)).await?.id;
-            let late = super::Write::Put {
-                key: format!("{prefix}late:{:016x}", session.0),
-                value: "0 late".into(),
-                session: Some(session),
-            };
-            self.keys.commit(&[], &[late]).await?;
+            if self.late {
+                let session = self.keys.open_session(Duration::from_secs(30)).await?.id;
+                let late = super::Write::Put {
+                    key: format!("{prefix}late:{:016x}", session.0),
+                    value: "0 late".into(),
+                    session: Some(session),
+                };
+                self.keys.commit(&[], &[late]).await?;
+            }
             self.keys.watch(prefix, from).await
         }
         fn tells_expiries(&self) -> bool {
@@ -574,7 +538,10 @@ mod tests {
     /// joined in that window, and kept its shards).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_change_before_a_watch_started_is_read() {
-        let store = super::KeyedStore::over(LateWatches::default());
+        let store = super::KeyedStore::over(CountingKeys {
+            late: true,
+            ..CountingKeys::default()
+        });
         let election = ElectionName::new("late").expect("valid");
         let notes = store.watch_notes(&election).await.expect("watch");
         let mut waiting = notes.clone();

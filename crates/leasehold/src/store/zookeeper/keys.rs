@@ -407,6 +407,20 @@ impl ZkKeys {
         }
     }
 
+    /// The error of a commit on `path` that ZooKeeper refused: a session
+    /// it found ended is ended here too.
+    fn refused(&self, zk: Option<&ZkSession>, path: &str, error: ZkError) -> Error {
+        match zk {
+            Some(zk) => {
+                if matches!(error, ZkError::SessionExpired | ZkError::ClientClosed) {
+                    zk.end();
+                }
+                zk.refused("commit", path, error)
+            }
+            None => self.inner.failed("commit", path, error),
+        }
+    }
+
     /// A commit that only creates a key if it is absent (a campaign
     /// joining the line) is one create: ZooKeeper checks the absence
     /// itself, and the directory's `pzxid` tells the watches; no read and
@@ -455,15 +469,7 @@ impl ZkKeys {
             Ok((stat, _)) => Ok(Some(Some(revision(stat.czxid)))),
             Err(ZkError::NodeExists) => Ok(Some(None)),
             Err(ZkError::NoNode) => Ok(None),
-            Err(error) => Err(match zk {
-                Some(zk) => {
-                    if matches!(error, ZkError::SessionExpired | ZkError::ClientClosed) {
-                        zk.end();
-                    }
-                    zk.refused("commit", &path, error)
-                }
-                None => self.inner.failed("commit", &path, error),
-            }),
+            Err(error) => Err(self.refused(zk, &path, error)),
         }
     }
 
@@ -497,15 +503,7 @@ impl ZkKeys {
             }) => return Ok(None),
             Err(error) => Zk::from(error),
         };
-        Err(match zk {
-            Some(zk) => {
-                if matches!(error, Zk::SessionExpired | Zk::ClientClosed) {
-                    zk.end();
-                }
-                zk.refused("commit", &self.keys_root(), error)
-            }
-            None => self.inner.failed("commit", &self.keys_root(), error),
-        })
+        Err(self.refused(zk, &self.keys_root(), error))
     }
 
     /// The `multi` of a commit whose checks held in `seen`: each

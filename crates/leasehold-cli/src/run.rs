@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold::{ElectionName, Elector, Leadership, LostReason};
+use leasehold::{ElectionName, Elector, Handover, Leadership, LostReason};
 
 use crate::child;
 use crate::cli::RunArgs;
@@ -391,6 +391,13 @@ impl Runner {
                 tracing::warn!(%election, %id, token = token.0, %reason, status = code, "stepped down; campaigning again");
                 Next::Campaign
             }
+            TermEnd::StoppedAndLost(signal, reason) => {
+                self.metrics
+                    .stepped_down(StepDown::from_lost(&reason), &reason.to_string());
+                tracing::warn!(%election, %id, token = token.0, %signal, %reason, status = code,
+                    "stopped; leadership was lost meanwhile, so there was nothing to release");
+                Next::Exit(ExitCode::from(code))
+            }
             TermEnd::AtRisk(reason) => {
                 self.metrics.stepped_down(StepDown::AtRisk, reason);
                 // Stepped down now; the release (which the failing store
@@ -405,24 +412,7 @@ impl Runner {
                 self.release_at_exit(leadership, &reason, "stopped; ", code)
                     .await
             }
-            TermEnd::HandedOver(handover) => {
-                self.metrics
-                    .stepped_down(StepDown::HandedOver, "handed over");
-                let to = handover
-                    .to
-                    .as_ref()
-                    .map_or_else(|| "the first to campaign".to_owned(), ToString::to_string);
-                match leadership.resign().await {
-                    Ok(()) => {
-                        tracing::info!(%election, %id, token = token.0, %to, status = code, "handed over; waiting in line again");
-                    }
-                    Err(error) => {
-                        tracing::warn!(%election, %id, token = token.0, %to, %error, status = code,
-                            "the command stopped for a handover, but the election was not released (the store expires it after the TTL); waiting in line again");
-                    }
-                }
-                Next::Campaign
-            }
+            TermEnd::HandedOver(handover) => self.hand_over(leadership, &handover, code).await,
             // Only a shard moves (`run --shards`); released as for a
             // handover all the same.
             TermEnd::Moved => {
@@ -436,6 +426,29 @@ impl Runner {
                 self.release_at_exit(leadership, reason, "", code).await
             }
         }
+    }
+
+    /// Releases the election for `handover` once the command stopped with
+    /// `code`, and waits in line again.
+    async fn hand_over(&self, leadership: Leadership, handover: &Handover, code: u8) -> Next {
+        let (token, id) = (leadership.token(), self.elector.candidate().clone());
+        let election = &self.election;
+        self.metrics
+            .stepped_down(StepDown::HandedOver, "handed over");
+        let to = handover
+            .to
+            .as_ref()
+            .map_or_else(|| "the first to campaign".to_owned(), ToString::to_string);
+        match leadership.resign().await {
+            Ok(()) => {
+                tracing::info!(%election, %id, token = token.0, %to, status = code, "handed over; waiting in line again");
+            }
+            Err(error) => {
+                tracing::warn!(%election, %id, token = token.0, %to, %error, status = code,
+                    "the command stopped for a handover, but the election was not released (the store expires it after the TTL); waiting in line again");
+            }
+        }
+        Next::Campaign
     }
 
     /// Releases the election as `run` exits with the command's `code`

@@ -376,7 +376,7 @@ async fn end_term(
             );
             (StepDown::HandedOver, shard.resign().await)
         }
-        TermEnd::Lost(reason) => {
+        TermEnd::Lost(reason) | TermEnd::StoppedAndLost(_, reason) => {
             tracing::warn!(shard = index, token = token.0, %reason, status = code, "shard lost");
             drop(shard);
             (StepDown::from_lost(&reason), Ok(()))

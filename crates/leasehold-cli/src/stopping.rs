@@ -18,7 +18,8 @@
 //!   renewals move on meanwhile: a grace longer than the TTL is honoured
 //!   while they succeed).
 //! - Once stopping, later stop requests and the deadline's warning change
-//!   nothing; a loss still kills at once.
+//!   nothing; a loss still kills at once, and a stop `run` was told by
+//!   signal is remembered: `run` exits all the same.
 
 use std::time::Duration;
 
@@ -114,7 +115,10 @@ impl Stopping {
             return Vec::new();
         }
         self.lost = true;
-        self.why = TermEnd::Lost(reason);
+        self.why = match std::mem::replace(&mut self.why, TermEnd::Exited) {
+            TermEnd::Stopped(signal) => TermEnd::StoppedAndLost(signal, reason),
+            _ => TermEnd::Lost(reason),
+        };
         vec![
             Deliver::Group(Signal::SIGTERM),
             Deliver::Group(Signal::SIGKILL),
@@ -127,7 +131,10 @@ impl Stopping {
             return Vec::new();
         }
         self.lost = true;
-        self.why = TermEnd::AtRisk(STORE_GONE);
+        // Told to stop, `run` still exits.
+        if !matches!(self.why, TermEnd::Stopped(_)) {
+            self.why = TermEnd::AtRisk(STORE_GONE);
+        }
         vec![Deliver::Group(Signal::SIGKILL)]
     }
 

@@ -39,6 +39,10 @@ pub enum TermEnd {
     /// `run` was told to stop by this signal; it was forwarded (SIGHUP and
     /// SIGPWR as SIGTERM).
     Stopped(Signal),
+    /// `run` was told to stop by this signal, and leadership was lost
+    /// while the command was stopping: it was killed, nothing is left to
+    /// release, and `run` still exits.
+    StoppedAndLost(Signal, LostReason),
     /// Asked to hand over (a transfer, a higher priority): the command was
     /// stopped as for SIGTERM, then the election is handed over.
     HandedOver(Handover),

@@ -35,6 +35,28 @@ fn a_lost_leadership_kills_at_once_and_nothing_acts_afterwards() {
     assert!(matches!(s.into_why(), TermEnd::Lost(LostReason::Resigned)));
 }
 
+/// Found by a review: a loss during the grace period of a SIGTERM made
+/// `run` forget it, campaign again and start a second command.
+#[test]
+fn a_loss_while_stopping_on_a_signal_kills_and_still_ends_run() {
+    let mut s = term();
+    let stop = Cause::Stop(Signal::SIGTERM);
+    assert_eq!(s.stop(stop, t(0), t(10_000)), vec![TERM]);
+    assert_eq!(s.leadership_lost(LostReason::Resigned), vec![TERM, KILL]);
+    assert!(matches!(
+        s.into_why(),
+        TermEnd::StoppedAndLost(Signal::SIGTERM, LostReason::Resigned)
+    ));
+    // The store's file gone instead: killed, still stopped.
+    let mut s = term();
+    assert_eq!(
+        s.stop(Cause::Stop(Signal::SIGINT), t(0), t(10_000)),
+        vec![Deliver::Group(Signal::SIGINT)]
+    );
+    assert_eq!(s.store_gone(), vec![KILL]);
+    assert!(matches!(s.into_why(), TermEnd::Stopped(Signal::SIGINT)));
+}
+
 #[test]
 fn a_store_file_gone_kills_without_asking_first() {
     let mut s = term();

@@ -764,6 +764,51 @@ fn a_command_ignoring_sigterm_is_killed_after_the_grace_period() {
     assert!(status_json(&scratch.store_url(), "stubborn")["leader"].is_null());
 }
 
+/// Leadership lost while a SIGTERM's grace period runs: the command is
+/// killed and `run` exits, never campaigning again (found by a review:
+/// `run` forgot the SIGTERM, led again with a new token and started a
+/// second command). The loss comes from the outside: the session's row
+/// is deleted, so the next renewal finds it gone.
+#[test]
+fn a_loss_during_the_grace_period_still_ends_run() {
+    let scratch = Scratch::new();
+    let log = std::fs::File::create(scratch.path("a.err")).expect("log file");
+    let mut runner = Proc::spawn(
+        leasehold()
+            .args([
+                "run",
+                "--election",
+                "forgotten",
+                "--ttl",
+                "2s",
+                "--grace",
+                "60s",
+            ])
+            .args(["--store", &scratch.store_url(), "--"])
+            .args([
+                "sh",
+                "-c",
+                "trap '' TERM; echo run >> runs; while :; do sleep 0.05; done",
+            ])
+            .current_dir(scratch.dir.path())
+            .stdout(Stdio::null())
+            .stderr(log),
+    );
+    let started = || read_lines(&scratch.path("runs")).len();
+    assert!(wait_until(10 * SECOND, || started() == 1));
+    runner.signal(Signal::SIGTERM);
+    assert!(wait_until(10 * SECOND, || log_of(&scratch, "a")
+        .contains("forwarding to the command")));
+    rusqlite::Connection::open(scratch.path("leasehold.db"))
+        .and_then(|c| c.execute("DELETE FROM sessions", []))
+        .expect("end the session from the outside");
+    let status = runner.wait_for_exit(10 * SECOND);
+    let log = log_of(&scratch, "a");
+    assert_eq!(status.and_then(|s| s.code()), Some(128 + 9), "{log}");
+    assert_eq!(started(), 1, "a second command started: {log}");
+    assert!(log.contains("leadership was lost meanwhile"), "{log}");
+}
+
 /// A grace period longer than the TTL is honoured while renewals go on:
 /// the kill waits for it, not for the lease deadline the stop found
 /// (found by a review: `--ttl 3s --grace 8s` killed after 2.9 s).

@@ -159,6 +159,47 @@ pub async fn commits_are_all_or_nothing<H: KeysHarness>(harness: &H) {
     );
 }
 
+/// A `NoneUnder` check holds until its commit lands: a key created under
+/// the prefix meanwhile, even by a commit that only creates it if absent
+/// (a campaign joining the line), fails it. Otherwise a free election
+/// taken with one request would lead beside the candidate that joined
+/// just before it (found on ZooKeeper, whose creations did not move the
+/// version its guarded commits check).
+pub async fn a_creation_fails_a_none_under_check_of_its_prefix<H: KeysHarness>(harness: &H) {
+    let keys = harness.open().await;
+    let (a, b) = (open(&*keys).await, open(&*keys).await);
+    for round in 0..200 {
+        // The creation sent later each round, across the commit's read
+        // and its write.
+        let later = Duration::from_micros(100 * (round % 30));
+        // A prefix beside another key: its directory exists already.
+        let dir = unique("race");
+        commit(&*keys, &[], &[put(&format!("{dir}other"), "", None)]).await;
+        let p = format!("{dir}line/");
+        let (ka, kb) = (format!("{p}a"), format!("{p}b"));
+        let (none_under, put_a) = ([Check::NoneUnder(p.clone())], [put(&ka, "", Some(a))]);
+        let (absent, put_b) = ([Check::Absent(kb.clone())], [put(&kb, "", Some(b))]);
+        let taken = keys.commit(&none_under, &put_a);
+        let joined = async {
+            tokio::time::sleep(later).await;
+            keys.commit(&absent, &put_b).await
+        };
+        let (taken, joined) = tokio::join!(taken, joined);
+        let (taken, joined) = (taken.expect("commit"), joined.expect("commit"));
+        if let (Some(taken), Some(joined)) = (taken, joined) {
+            assert!(
+                joined > taken,
+                "{kb} was created at {joined}, before {ka} at {taken}, whose commit checked \
+                 that nothing was under {p}"
+            );
+        }
+    }
+}
+
+async fn open(keys: &impl Keys) -> SessionId {
+    keys.open_session(LONG).await.expect("open").id
+}
+
 /// A key attached to a session ends with it: at its close, and at its
 /// expiry by the store's clock, never before its TTL; a renewal pushes the
 /// expiry on; an ended session cannot be renewed.
@@ -278,6 +319,7 @@ macro_rules! keys_conformance_tests {
         $crate::keys_conformance_tests!(@cases $harness;
             revisions_increase_and_creation_is_kept,
             commits_are_all_or_nothing,
+            a_creation_fails_a_none_under_check_of_its_prefix,
             keys_end_with_their_session,
             watches_tell_changes_after_their_revision,
             a_told_expiry_reaches_the_watch,

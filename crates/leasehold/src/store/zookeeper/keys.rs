@@ -16,11 +16,14 @@
 //!   `multi` that also sets the data of each directory it touches at the
 //!   version read (creating it first, in the same `multi`, if it did not
 //!   exist): a directory changed in between fails the `multi`, which
-//!   is then read and tried again. That version check is what makes the
+//!   is then read and tried again. A commit that checks nothing sets the
+//!   directory's data at any version: its writes' own versions guard it. That version check is what makes the
 //!   checks of a creation revision exact (a node deleted and created again
 //!   has the same version), and the directory's `mzxid` the last commit
 //!   in it. A commit that only creates a key if it is absent (a campaign
-//!   joining the line) is one `create`, which checks the absence itself.
+//!   joining the line) is one `multi` without a read: the create, which
+//!   checks the absence itself, and a set of the directory's data at any
+//!   version, which fails the guarded commits that read it before.
 //! - A read of a prefix is the directory's children and its `stat` (one
 //!   request), then the data of the children under the prefix (one
 //!   multi-read). Its revision is the directory's last change: its
@@ -148,6 +151,12 @@ struct Seen {
     /// Each node found, with its session's TTL as its data tells it.
     nodes: BTreeMap<String, (Stat, Option<Duration>)>,
     children: BTreeMap<String, Vec<String>>,
+    /// Whether the commit checks anything: its `multi` then sets each
+    /// directory's data at the version read. One that checks nothing is
+    /// guarded by its own keys' versions alone, and sets the directories'
+    /// data at any version: writers of different keys of one directory (a
+    /// thousand standbys' notes) do not make each other try again.
+    guarded: bool,
 }
 
 impl Seen {
@@ -213,6 +222,17 @@ fn asks(checks: &[Check], writes: &[Write]) -> Vec<Asked> {
     dirs.dedup();
     asked.extend(dirs.iter().map(|d| Asked::Version((*d).to_owned())));
     asked
+}
+
+/// The revision of a `multi` that wrote: that of the directory's data it
+/// set (a created node's stat may be invalid in a `multi`'s answer, as
+/// ZOOKEEPER-4026 and ZOOKEEPER-4667 say).
+fn written_at(results: &[zookeeper_client::MultiWriteResult]) -> Revision {
+    let at = results.iter().find_map(|r| match r {
+        zookeeper_client::MultiWriteResult::SetData { stat } => Some(stat.mzxid),
+        _ => None,
+    });
+    revision(at.unwrap_or(0))
 }
 
 /// One read of a multi-read, and where its answer goes.
@@ -372,7 +392,10 @@ impl ZkKeys {
         }
         let read = request(WHAT, reader.commit()).await?;
         let read = read.map_err(|e| self.inner.failed(WHAT, &self.keys_root(), e))?;
-        let mut seen = Seen::default();
+        let mut seen = Seen {
+            guarded: !checks.is_empty(),
+            ..Seen::default()
+        };
         for (ask, result) in asked.into_iter().zip(read) {
             if let Err(err) = seen.add(ask, result) {
                 return Err(self.inner.failed(WHAT, &self.keys_root(), err));
@@ -422,11 +445,14 @@ impl ZkKeys {
     }
 
     /// A commit that only creates a key if it is absent (a campaign
-    /// joining the line) is one create: ZooKeeper checks the absence
-    /// itself, and the directory's `pzxid` tells the watches; no read and
-    /// no version of the directory, so that campaigns joining at once do
-    /// not make each other try again. `None` for any other commit, and
-    /// for one whose directory does not exist yet (the `multi` makes it).
+    /// joining the line) is one `multi` without a read: the create, which
+    /// checks the absence itself, and a set of the directory's data at any
+    /// version. Campaigns joining at once do not make each other try
+    /// again, and the version moves, failing a commit that checked the
+    /// directory between its read and its write (a free election taken
+    /// with one request beside a campaign that just joined). `None` for
+    /// any other commit, and for one whose directory does not exist yet
+    /// (the general path makes it).
     async fn create_alone(
         &self,
         client: &Client,
@@ -460,16 +486,25 @@ impl ZkKeys {
             return Ok(None);
         }
         let path = self.node_path(key);
-        let created = request("commit", client.create(&path, &data, &mode));
+        let mut multi = client.new_multi_writer();
+        let failed = |e| self.inner.failed("commit", &path, e);
+        multi.add_create(&path, &data, &mode).map_err(failed)?;
+        let dir = self.dir_path(split(key).0);
+        multi.add_set_data(&dir, &[], None).map_err(failed)?;
+        let created = request("commit", multi.commit());
         let outcome = match zk {
             Some(zk) => zk.unless_ended(created).await??,
             None => created.await?,
         };
-        match outcome {
-            Ok((stat, _)) => Ok(Some(Some(revision(stat.czxid)))),
-            Err(ZkError::NodeExists) => Ok(Some(None)),
-            Err(ZkError::NoNode) => Ok(None),
-            Err(error) => Err(self.refused(zk, &path, error)),
+        let error = match outcome {
+            Ok(results) => return Ok(Some(Some(written_at(&results)))),
+            Err(MultiWriteError::OperationFailed { source, .. }) => source,
+            Err(error) => ZkError::from(error),
+        };
+        match error {
+            ZkError::NodeExists => Ok(Some(None)),
+            ZkError::NoNode => Ok(None),
+            error => Err(self.refused(zk, &path, error)),
         }
     }
 
@@ -490,13 +525,7 @@ impl ZkKeys {
             None => request("commit", committed).await?,
         };
         let error = match outcome {
-            Ok(results) => {
-                let at = results.iter().find_map(|r| match r {
-                    zookeeper_client::MultiWriteResult::SetData { stat } => Some(stat.mzxid),
-                    _ => None,
-                });
-                return Ok(Some(revision(at.unwrap_or(0))));
-            }
+            Ok(results) => return Ok(Some(written_at(&results))),
             Err(MultiWriteError::OperationFailed {
                 source: Zk::BadVersion | Zk::NodeExists | Zk::NoNode,
                 ..
@@ -526,7 +555,8 @@ impl ZkKeys {
                 multi.add_create(&path, &[], &persistent).map_err(failed)?;
             }
             let version = found.map_or(0, |(version, _)| version);
-            (multi.add_set_data(&path, &[], Some(version))).map_err(failed)?;
+            let version = (seen.guarded || found.is_none()).then_some(version);
+            (multi.add_set_data(&path, &[], version)).map_err(failed)?;
         }
         for write in writes {
             self.add_write(&mut multi, seen, write, writer)?;

@@ -18,7 +18,8 @@
 //!   every renewal and the runtime's worst lateness).
 //! - **contenders C**: C candidates in this process, each on its own
 //!   session over one shared store handle, campaign for one election. The
-//!   time to the first grant, then R handovers (the leader resigns): the
+//!   time to the first grant, the time until all the others wait in line
+//!   (the line read every 100 ms), then R handovers (the leader resigns): the
 //!   time from the release to the next grant (p50 / p99), and the store
 //!   requests of all candidates per handover, renewals excepted
 //!   (`GROUPS_TRACE=1` prints each handover's by kind).
@@ -319,6 +320,7 @@ async fn held(url: &StoreUrl, n: usize) -> Held {
 struct Contended {
     contenders: usize,
     first: String,
+    in_line: String,
     handover: String,
     requests: String,
 }
@@ -326,6 +328,26 @@ struct Contended {
 /// How long a contender whose campaign failed waits before the next one
 /// (the runner's pause).
 const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// When (since `started`) `waiting` candidates stood in `election`'s
+/// line, read every 100 ms; "-" if not within a minute.
+async fn all_in_line(
+    store: &dyn Store,
+    election: &ElectionName,
+    waiting: usize,
+    started: Instant,
+) -> String {
+    let give_up = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < give_up {
+        if let Ok(notes) = store.notes(election).await
+            && leasehold::admin::standbys(&notes).len() >= waiting
+        {
+            return ms(started.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    "-".into()
+}
 
 async fn contenders(url: &StoreUrl, c: usize, rounds: usize) -> Contended {
     let handle = Arc::new(CountingStore::new(open_patiently(url).await));
@@ -362,13 +384,15 @@ async fn contenders(url: &StoreUrl, c: usize, rounds: usize) -> Contended {
         return Contended {
             contenders: c,
             first: "none".into(),
+            in_line: "-".into(),
             handover: "-".into(),
             requests: "-".into(),
         };
     };
     let first = started.elapsed();
-    // Let every contender join the line before measuring handovers.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Every other contender waits in line before handovers are measured.
+    let in_line = all_in_line(&*handle, &election, c - 1, started).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let mut times = Vec::new();
     let mut ops = Vec::new();
     let mut current = Some((leader, done));
@@ -415,6 +439,7 @@ async fn contenders(url: &StoreUrl, c: usize, rounds: usize) -> Contended {
     Contended {
         contenders: c,
         first: ms(first),
+        in_line,
         handover: format!("{} / {}", pick(&times, 0.5), pick(&times, 0.99)),
         requests: ops
             .get(ops.len() / 2)
@@ -569,14 +594,14 @@ async fn main() {
         }
     }
     println!(
-        "\n| store | contenders | first grant ms | handover ms p50 / p99 | requests / handover |"
+        "\n| store | contenders | first grant ms | all in line ms | handover ms p50 / p99 | requests / handover |"
     );
-    println!("|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|");
     for rows in &all {
         for c in &rows.contended {
             println!(
-                "| {} | {} | {} | {} | {} |",
-                rows.store, c.contenders, c.first, c.handover, c.requests
+                "| {} | {} | {} | {} | {} | {} |",
+                rows.store, c.contenders, c.first, c.in_line, c.handover, c.requests
             );
         }
     }

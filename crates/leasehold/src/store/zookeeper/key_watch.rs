@@ -112,7 +112,7 @@ impl ZkKeys {
             root: self.keys_root(),
             hub: Arc::clone(hub),
         };
-        tokio::spawn(follower.follow(watcher));
+        tokio::spawn(Arc::new(follower).supervise(watcher));
         Ok(())
     }
 
@@ -126,6 +126,56 @@ impl ZkKeys {
                 .revision);
         }
         last_change(&self.inner, path).await
+    }
+}
+
+/// `first` and the node events that arrived with it, up to the first
+/// session event (returned apart, to be handled next): a burst of
+/// changes (a thousand standbys joining) is told with one read of the
+/// node on a server that sends no zxid, not one read each.
+async fn with_the_ready_ones(
+    first: WatchedEvent,
+    watcher: &mut zookeeper_client::PersistentWatcher,
+) -> (Vec<WatchedEvent>, Option<WatchedEvent>) {
+    let mut batch = vec![first];
+    loop {
+        // Polled once: the client's queue of events loses nothing when
+        // the wait for the next one is dropped.
+        let ready = tokio::select! {
+            biased;
+            event = watcher.changed() => Some(event),
+            () = std::future::ready(()) => None,
+        };
+        match ready {
+            Some(event) if event.event_type == EventType::Session => return (batch, Some(event)),
+            Some(event) => batch.push(event),
+            None => return (batch, None),
+        }
+    }
+}
+
+/// A future that ends with `Err` instead of a panic of `future` (which
+/// is dropped then, never polled again): a panic in the ZooKeeper
+/// client's code ends a watch's task without a trace otherwise, and a
+/// task of its own to catch it would cost each watched node a second
+/// task.
+struct Unwound<F> {
+    future: std::pin::Pin<Box<F>>,
+}
+
+impl<F: Future<Output = ()>> Future for Unwound<F> {
+    type Output = std::result::Result<(), ()>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let future = self.future.as_mut();
+        // Unwind safety: after a panic the future is never polled again.
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| future.poll(cx))) {
+            Ok(polled) => polled.map(Ok),
+            Err(_) => std::task::Poll::Ready(Err(())),
+        }
     }
 }
 
@@ -167,17 +217,47 @@ impl Follower {
             .collect()
     }
 
+    /// Follows the events of `watcher` in a task, and again on a new
+    /// watch whenever that task panics: the client panics when its events
+    /// end without a last session event, which a watch the server refused
+    /// while being set again can do. Its watches are told that the store
+    /// does not answer meanwhile, never left deaf.
+    async fn supervise(self: Arc<Self>, watcher: zookeeper_client::PersistentWatcher) {
+        let mut watcher = Some(watcher);
+        while let Some(current) = watcher.take() {
+            let followed = Box::pin(Arc::clone(&self).follow(current));
+            if (Unwound { future: followed }).await.is_ok() {
+                return;
+            }
+            tracing::warn!(path = %self.path, "a watch of the store ended in its client; setting it again");
+            for tx in self.concerned(None) {
+                tx.send_replace(Heard::Unknown {
+                    error: "zookeeper: the watch ended".to_owned(),
+                });
+            }
+            // Boxed, as `follow` is: this task's own future stays small
+            // while it follows (each watched node has one).
+            watcher = Box::pin(self.restart()).await;
+        }
+    }
+
     /// Tells what the events say, for as long as the handle lives. Sets
     /// the watch anew after the connection was lost (the client's own
     /// re-registration once left a watch deaf) and after the store's
     /// client lost its session.
-    async fn follow(self, mut watcher: zookeeper_client::PersistentWatcher) {
+    async fn follow(self: Arc<Self>, mut watcher: zookeeper_client::PersistentWatcher) {
         let mut disconnected = false;
+        let mut next = None;
         loop {
-            let event = watcher.changed().await;
+            let event = match next.take() {
+                Some(event) => event,
+                None => watcher.changed().await,
+            };
             let state = event.session_state;
             if event.event_type != EventType::Session {
-                self.node_event(&event).await;
+                let (batch, after) = with_the_ready_ones(event, &mut watcher).await;
+                next = after;
+                self.node_events(&batch).await;
             } else if state == SessionState::Disconnected {
                 disconnected = true;
                 let error = "zookeeper: disconnected".to_owned();
@@ -198,22 +278,33 @@ impl Follower {
         }
     }
 
-    /// Tells the watches of the key `event` names: always, even when the
+    /// Tells the watches of the keys `events` name: always, even when the
     /// node's last change reads no later than what they were told (a
     /// deleted election node reads as 0: its watches once heard nothing,
     /// and its leader kept leading).
-    async fn node_event(&self, event: &WatchedEvent) {
-        let Some(key) = self.key_at(&event.path) else {
-            return;
-        };
-        let concerned = self.concerned(Some(&key));
+    async fn node_events(&self, events: &[WatchedEvent]) {
+        let mut concerned = Vec::new();
+        let mut at = Some(0);
+        for event in events {
+            let Some(key) = self.key_at(&event.path) else {
+                continue;
+            };
+            let before = concerned.len();
+            concerned.extend(self.concerned(Some(&key)));
+            if concerned.len() > before {
+                // A server before 3.9 tells no zxid.
+                at = at
+                    .zip((event.zxid > 0).then_some(event.zxid))
+                    .map(|(a, b)| a.max(b));
+            }
+        }
         if concerned.is_empty() {
             return;
         }
-        // A server before 3.9 tells no zxid: the node's last change.
-        let at = match event.zxid {
-            zxid if zxid > 0 => Ok(revision(zxid)),
-            _ => match self.inner.upgrade() {
+        // Without a zxid: the node's last change, one read for the batch.
+        let at = match at {
+            Some(zxid) => Ok(revision(zxid)),
+            None => match self.inner.upgrade() {
                 Some(inner) => last_change(&inner, &self.path).await,
                 None => return,
             },

@@ -43,8 +43,8 @@
 //! leasehold replicas and, say, Java services on Curator elect one leader
 //! between them. Election `E` is the node `{PATH}/{E}` (`/{E}` without a
 //! path; a `/` in `E` nests it deeper), shared with the other clients:
-//! leasehold writes no marker there, makes no root of its own and checks
-//! none.
+//! leasehold writes no marker there and makes no root of its own; a path
+//! that is, or lies inside, a leasehold store is refused.
 //! - `curator` is Apache Curator's `LeaderLatch` (as in Curator 5.4). A
 //!   candidate is an ephemeral sequential node `_c_{uuid}-latch-{sequence}`
 //!   (Curator's protected name, the UUID random and its creator's), whose
@@ -459,8 +459,9 @@ async fn start(
         return Ok(inner);
     }
     let reader = inner.reader().await?;
-    if inner.recipe.is_none() {
-        inner.open_root(&reader).await?;
+    match inner.recipe {
+        None => inner.open_root(&reader).await?,
+        Some(_) => inner.refuse_a_store_path(&reader).await?,
     }
     Ok(inner)
 }

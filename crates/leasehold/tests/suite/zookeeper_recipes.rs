@@ -176,6 +176,21 @@ async fn refusals(layout: Layout) {
         .expect("read-only");
     assert_eq!(reader.leader(&name("job")).await.expect("read"), None);
     assert!(raw.check_stat("/nothing").await.expect("stat").is_none());
+    // A leasehold store's root, or a node inside one, is not a recipe's
+    // path: its candidates would stand among that store's nodes.
+    let own: ClusterUrl = server.url("/own").parse().expect("a valid URL");
+    leasehold::store::zookeeper::ZkStore::open(&own, Access::ReadWrite)
+        .await
+        .expect("a leasehold store");
+    for (path, says) in [
+        ("/own", "is a leasehold store"),
+        ("/own/elections", "inside the leasehold store at /own"),
+    ] {
+        match RecipeStore::open(&recipe_url(&server, path, layout), Access::ReadWrite).await {
+            Err(Error::InvalidInput { reason, .. }) => assert!(reason.contains(says), "{reason}"),
+            other => panic!("{path}: expected InvalidInput, got {other:?}"),
+        }
+    }
 }
 
 /// A campaign makes the missing nodes of the election's path, without any

@@ -195,14 +195,51 @@ impl Inner {
     /// nodes are not for us to use.
     pub(super) async fn refuse_enclosing_store(&self, client: &Client) -> Result<()> {
         let root = self.root.as_str();
-        for (i, _) in root.match_indices('/').filter(|(i, _)| *i > 0) {
-            let outer = &root[..i];
+        match self.first_store_at(client, false).await? {
+            Some(outer) => Err(Error::Corrupt(format!(
+                "zookeeper node {root} is inside the leasehold store at {outer}; \
+                 use a root of its own"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Refuses a recipe's layout at a path that is, or lies inside, a
+    /// leasehold store: its candidates would stand among that store's
+    /// nodes (found by a review; etcd refuses the same).
+    pub(super) async fn refuse_a_store_path(&self, client: &Client) -> Result<()> {
+        let Some(outer) = self.first_store_at(client, true).await? else {
+            return Ok(());
+        };
+        let layout = self.recipe.map_or(Layout::Leasehold, |r| r.layout());
+        let place = match outer == self.root {
+            true => "is a leasehold store".to_owned(),
+            false => format!("is inside the leasehold store at {outer}"),
+        };
+        Err(Error::invalid(
+            "store URL",
+            format!(
+                "zookeeper node {} {place}; ?layout={layout} needs a path of its own",
+                self.root
+            ),
+        ))
+    }
+
+    /// The first node from the top down to the root (the root itself
+    /// with `and_root`) whose data is leasehold's marker.
+    async fn first_store_at(&self, client: &Client, and_root: bool) -> Result<Option<String>> {
+        let root = self.root.as_str();
+        let mut ends: Vec<usize> = (root.match_indices('/').map(|(i, _)| i))
+            .filter(|i| *i > 0)
+            .collect();
+        if and_root && !root.is_empty() {
+            ends.push(root.len());
+        }
+        for end in ends {
+            let outer = &root[..end];
             match request("read the root node", client.get_data(outer)).await? {
                 Ok((data, _)) if marker_version(&data).is_some() => {
-                    return Err(Error::Corrupt(format!(
-                        "zookeeper node {root} is inside the leasehold store at {outer}; \
-                         use a root of its own"
-                    )));
+                    return Ok(Some(outer.to_owned()));
                 }
                 // A node this client may not read is not a leasehold
                 // store's root: those are readable by anyone.
@@ -211,7 +248,7 @@ impl Inner {
                 Err(error) => return Err(self.failed("read the root node", outer, error)),
             }
         }
-        Ok(())
+        Ok(None)
     }
 
     /// The root is leasehold's: puts back its elections node should someone

@@ -165,15 +165,20 @@ async fn check_margin(elector: &Elector, election: &ElectionName) {
     let granted = session.granted_ttl();
     let effective = config.renew_period_for(granted);
     let (ttl, every) = (to_millis(granted), to_millis(effective));
+    let (requested, configured) = (to_millis(config.ttl), to_millis(config.renew_every));
+    // What the store changed, said whenever it changed anything.
+    let less = match granted < config.ttl {
+        true => format!(" (the store granted less than the {requested} asked for)"),
+        false => String::new(),
+    };
     if effective == config.renew_every {
-        tracing::info!(%election, %id, %ttl, renew_every = %every, "lease: TTL {ttl}, renewing every {every}");
+        tracing::info!(%election, %id, %ttl, renew_every = %every, requested_ttl = %requested,
+            "lease: TTL {ttl}{less}, renewing every {every}");
     } else {
-        let configured = to_millis(config.renew_every);
         tracing::info!(%election, %id, %ttl, renew_every = %every,
-            requested_ttl = %to_millis(config.ttl), configured_renew_every = %configured,
-            "lease: TTL {ttl} (the store granted less than the {} asked for), renewing every {every} \
-             instead of {configured}: {}",
-            to_millis(config.ttl), leasehold::RENEWAL_RULE);
+            requested_ttl = %requested, configured_renew_every = %configured,
+            "lease: TTL {ttl}{less}, renewing every {every} instead of {configured}: {}",
+            leasehold::RENEWAL_RULE);
     }
     let conditions = leasehold::tune::Conditions {
         renew_every: effective,

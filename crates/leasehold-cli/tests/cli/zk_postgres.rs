@@ -114,6 +114,20 @@ fn a_clamped_zookeeper_ttl_shortens_the_period_and_run_says_so() {
         .position(|l| l.contains("campaigning"))
         .unwrap_or_else(|| panic!("no campaign: {err}"));
     assert!(lease < campaigning, "{err}");
+    // Clamped by a second: the period stands, and the line still says
+    // what the store granted (found by a review: it did not).
+    let out = super::harness::leasehold()
+        .args(["run", "--election", "clamped", "--ttl", "61s"])
+        .args(["--store", &server.url(&unique("/clamped")), "--", "true"])
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("spawn");
+    let err = super::harness::stderr(&out);
+    assert!(
+        err.contains("lease: TTL 1m (the store granted less than the 1m 1s asked for), renewing every 20s 333ms\n")
+            || err.contains("lease: TTL 1m (the store granted less than the 1m 1s asked for), renewing every 20s 333ms "),
+        "{err}"
+    );
 }
 
 // Issue 13: hostile input and a store that changes under us.

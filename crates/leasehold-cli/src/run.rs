@@ -468,10 +468,17 @@ impl Runner {
     ) -> Next {
         let (token, id) = (leadership.token(), self.elector.candidate().clone());
         let election = &self.election;
-        if release(leadership).await {
-            tracing::info!(%election, %id, token = token.0, reason, status = code, "{said}election released");
-        } else {
-            tracing::warn!(%election, %id, token = token.0, reason, status = code, "{said}the election was not released (the store expires it after the TTL)");
+        match release(leadership).await {
+            Released::Now => {
+                tracing::info!(%election, %id, token = token.0, reason, status = code, "{said}election released");
+            }
+            Released::Already => {
+                tracing::info!(%election, %id, token = token.0, reason, status = code,
+                    "{said}the grant had already ended, so there was nothing to release");
+            }
+            Released::Not => {
+                tracing::warn!(%election, %id, token = token.0, reason, status = code, "{said}the election was not released (the store expires it after the TTL)");
+            }
         }
         Next::Exit(ExitCode::from(code))
     }
@@ -511,7 +518,7 @@ impl crate::term::Requests for SingleRequests<'_> {
     async fn next(&mut self, leadership: &Leadership, stopping: bool) -> Request {
         loop {
             tokio::select! {
-                signal = self.signals.recv(), if !stopping => return Request::Stop(signal),
+                signal = self.signals.recv() => return Request::Stop(signal),
                 handover = leadership.handover_requested(), if !stopping => return Request::HandOver(handover),
                 signal = self.passed.recv() => return Request::Pass(signal),
                 signal = self.ignored.recv() => {
@@ -568,17 +575,30 @@ async fn campaign_once(
     }
 }
 
-/// Releases the election; whether it is released (or had already ended).
-async fn release(leadership: Leadership) -> bool {
+/// How a release went.
+enum Released {
+    Now,
+    /// The grant had already ended: lost, expired, or taken by a successor.
+    Already,
+    /// The store did not answer or refused: it expires the grant.
+    Not,
+}
+
+/// Releases the election.
+async fn release(leadership: Leadership) -> Released {
+    // Lost already (its deadline passed while `run` was stopped, say): the
+    // resign sends nothing.
+    let lost = leadership.lost_reason().is_some();
     match leadership.resign().await {
-        Ok(()) => true,
+        Ok(()) if lost => Released::Already,
+        Ok(()) => Released::Now,
         Err(error) if already_gone(&error) => {
             tracing::debug!(%error, "nothing to release: the grant had already ended");
-            true
+            Released::Already
         }
         Err(error) => {
             tracing::warn!(%error, "could not release the election");
-            false
+            Released::Not
         }
     }
 }

@@ -254,8 +254,7 @@ impl Requests for ShardRequests<'_> {
         loop {
             tokio::select! {
                 control = self.control.recv() => match control {
-                    Some(Control::Stop(signal)) if !stopping => return Request::Stop(signal),
-                    Some(Control::Stop(_)) => {}
+                    Some(Control::Stop(signal)) => return Request::Stop(signal),
                     Some(Control::Pass(signal)) => return Request::Pass(signal),
                     None => std::future::pending::<()>().await,
                 },

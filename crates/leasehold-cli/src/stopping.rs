@@ -17,9 +17,10 @@
 //!   after the grace period, never later than the lease deadline (which
 //!   renewals move on meanwhile: a grace longer than the TTL is honoured
 //!   while they succeed).
-//! - Once stopping, later stop requests and the deadline's warning change
-//!   nothing; a loss still kills at once, and a stop `run` was told by
-//!   signal is remembered: `run` exits all the same.
+//! - Once stopping, later requests and the deadline's warning send
+//!   nothing more; a loss still kills at once. A stop signal `run` is
+//!   told while handing over or moving is remembered, and so is one
+//!   that a loss interrupts: `run` exits with the command's status.
 
 use std::time::Duration;
 
@@ -150,6 +151,16 @@ impl Stopping {
         vec![Deliver::Group(Signal::SIGTERM)]
     }
 
+    /// Whether the kill due now comes from the lease deadline, before the
+    /// end of the grace period a stop gave (or at risk, where the deadline
+    /// is the only limit).
+    pub(crate) fn kill_is_the_deadline(&self) -> bool {
+        match (self.kill_at, self.grace_until) {
+            (Some(kill_at), Some(until)) => kill_at < until,
+            _ => true,
+        }
+    }
+
     /// The kill instant passed with the command still there.
     pub(crate) fn kill_due(&mut self) -> Vec<Deliver> {
         match self.kill_at.take() {
@@ -163,6 +174,13 @@ impl Stopping {
     /// grace period or at the deadline, whichever comes first.
     pub(crate) fn stop(&mut self, cause: Cause, now: Instant, deadline: Instant) -> Vec<Deliver> {
         if self.stopping() {
+            // Told to stop while handing over or moving: the command is
+            // stopping already, and `run` now exits afterwards.
+            if let (Cause::Stop(signal), TermEnd::HandedOver(_) | TermEnd::Moved) =
+                (&cause, &self.why)
+            {
+                self.why = TermEnd::Stopped(*signal);
+            }
             return Vec::new();
         }
         let (signal, why) = match cause {

@@ -85,8 +85,9 @@ pub enum Request {
 
 /// The source of [`Request`]s of one term.
 pub trait Requests {
-    /// The next request; stop requests (`Stop`, `HandOver`, `Moved`) only
-    /// while not already `stopping`.
+    /// The next request; `HandOver` and `Moved` only while not already
+    /// `stopping` (a `Stop` always: told while handing over, `run` exits
+    /// afterwards).
     fn next(
         &mut self,
         leadership: &Leadership,
@@ -101,6 +102,15 @@ pub struct Term<'a> {
     /// How long the command may take to exit once asked to stop.
     pub grace: Duration,
     pub renew_every: Duration,
+}
+
+/// Why a command is killed now: the lease deadline came first, or the
+/// grace period ended.
+fn late(stopping: &Stopping) -> &'static str {
+    match stopping.kill_is_the_deadline() {
+        true => "the lease deadline came before the command exited",
+        false => "the command did not exit in time",
+    }
 }
 
 /// Sends the command what the stopping machine decided.
@@ -162,7 +172,7 @@ impl Term<'_> {
                 }
                 () = sleep_until(kill_at.unwrap_or(deadline)), if kill_at.is_some() => {
                     ended_already!(self, child, stopping, leadership);
-                    tracing::warn!(pgid = child.pgid, "the command did not exit in time; SIGKILL");
+                    tracing::warn!(pgid = child.pgid, "{}; SIGKILL", late(&stopping));
                     stopping.kill_due()
                 }
                 request = requests.next(leadership, stopping.stopping()) => {
@@ -190,6 +200,10 @@ impl Term<'_> {
             Request::Pass(signal) => {
                 tracing::info!(%signal, %pgid, "passing to the command");
                 return vec![Deliver::Pass(signal)];
+            }
+            Request::Stop(signal) if stopping.stopping() => {
+                tracing::info!(%signal, "the command is stopping already; exiting once it has");
+                Cause::Stop(signal)
             }
             Request::Stop(signal) => {
                 let sent = forwarded_as(signal);

@@ -125,12 +125,35 @@ fn once_stopping_later_requests_and_the_risk_change_nothing_but_a_loss_kills() {
         s.stop(Cause::HandOver(handover), t(0), t(60_000)),
         vec![TERM]
     );
-    assert_eq!(s.stop(Cause::Stop(Signal::SIGINT), t(1), t(60_000)), []);
     assert_eq!(s.at_risk(t(60_000), t(60_000)), []);
     assert_eq!(s.kill_at(), Some(t(5_000)));
     assert!(matches!(s.why(), TermEnd::HandedOver(_)));
     assert_eq!(s.leadership_lost(LostReason::Resigned), vec![TERM, KILL]);
     assert!(matches!(s.into_why(), TermEnd::Lost(_)));
+}
+
+/// Found by a review: a SIGTERM while the command stopped for a transfer
+/// was left for the next campaign, and `run` exited 0 instead of with
+/// the command's status. It now sends nothing more, keeps the grace
+/// period, and makes the term end as a stop.
+#[test]
+fn a_stop_signal_while_handing_over_ends_run_after_the_handover() {
+    for first in [
+        Cause::Moved,
+        Cause::HandOver(Handover {
+            cause: HandoverCause::Transfer,
+            to: None,
+        }),
+    ] {
+        let mut s = term();
+        assert_eq!(s.stop(first, t(0), t(60_000)), vec![TERM]);
+        assert_eq!(s.stop(Cause::Stop(Signal::SIGINT), t(1), t(60_000)), []);
+        assert_eq!(s.kill_at(), Some(t(5_000)));
+        assert!(matches!(s.why(), TermEnd::Stopped(Signal::SIGINT)));
+        // A second signal changes nothing.
+        assert_eq!(s.stop(Cause::Stop(Signal::SIGTERM), t(2), t(60_000)), []);
+        assert!(matches!(s.into_why(), TermEnd::Stopped(Signal::SIGINT)));
+    }
 }
 
 #[test]
@@ -158,4 +181,26 @@ fn at_risk_the_kill_stays_at_the_deadline_that_was_at_risk() {
     s.at_risk(t(10_000), t(10_000));
     s.deadline_moved(t(14_000));
     assert_eq!(s.kill_at(), Some(t(10_000)));
+}
+
+#[test]
+fn a_kill_says_whether_the_deadline_or_the_grace_period_came_first() {
+    let mut s = term();
+    s.stop(Cause::Stop(Signal::SIGTERM), t(0), t(60_000));
+    assert!(
+        !s.kill_is_the_deadline(),
+        "killed at the end of the grace period"
+    );
+    let mut s = term();
+    s.stop(Cause::Stop(Signal::SIGTERM), t(0), t(3_000));
+    assert!(
+        s.kill_is_the_deadline(),
+        "killed at the deadline, 2 s early"
+    );
+    let mut s = term();
+    s.at_risk(t(10_000), t(10_000));
+    assert!(
+        s.kill_is_the_deadline(),
+        "at risk: the deadline is the limit"
+    );
 }

@@ -809,6 +809,53 @@ fn a_loss_during_the_grace_period_still_ends_run() {
     assert!(log.contains("leadership was lost meanwhile"), "{log}");
 }
 
+/// SIGTERM while the command stops for a transfer: the handover goes on,
+/// and `run` then exits with the command's status (found by a review: it
+/// campaigned again, met the signal there and exited 0).
+#[test]
+fn a_sigterm_during_a_transfer_exits_with_the_command_s_status() {
+    let scratch = Scratch::new();
+    let script = "trap 'echo stopping >> stops; sleep 1; exit 7' TERM; \
+                  echo \"run $LEASEHOLD_ID\" >> runs; while :; do sleep 0.05; done";
+    let mut a = logged_replica(&scratch, "a", script);
+    assert!(wait_until(10 * SECOND, || read_lines(
+        &scratch.path("runs")
+    )
+    .len()
+        == 1));
+    let b = logged_replica(&scratch, "b", script);
+    assert!(wait_until(10 * SECOND, || status_json(
+        &scratch.store_url(),
+        "nightly-billing"
+    )["candidates"]
+        .as_array()
+        .is_some_and(|w| !w.is_empty())));
+    let transfer = Proc::spawn(
+        leasehold()
+            .args([
+                "transfer",
+                "--election",
+                "nightly-billing",
+                "--store",
+                &scratch.store_url(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    );
+    assert!(wait_until(10 * SECOND, || scratch.path("stops").exists()));
+    a.signal(Signal::SIGTERM);
+    let status = a.wait_for_exit(10 * SECOND);
+    let log = log_of(&scratch, "a");
+    assert_eq!(status.and_then(|s| s.code()), Some(7), "{log}");
+    assert!(log.contains("the command is stopping already"), "{log}");
+    assert!(
+        wait_until(10 * SECOND, || read_lines(&scratch.path("runs"))
+            == ["run a", "run b"]),
+        "b did not take over: {log}"
+    );
+    drop((b, transfer));
+}
+
 /// A grace period longer than the TTL is honoured while renewals go on:
 /// the kill waits for it, not for the lease deadline the stop found
 /// (found by a review: `--ttl 3s --grace 8s` killed after 2.9 s).

@@ -235,6 +235,14 @@ pub trait Keys: Send + Sync + fmt::Debug + 'static {
         None
     }
 
+    /// No grant before this instant: a store that must let something
+    /// settle after it was opened says until when (SQLite: a leader of
+    /// another file that was at the same path has its command stopped
+    /// first); `None`, the default, for one that may grant at once.
+    fn grants_from(&self) -> Option<std::time::Instant> {
+        None
+    }
+
     /// Sleeps on the store's clock (the one its sessions expire by).
     fn sleep(&self, duration: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         Box::pin(tokio::time::sleep(duration))

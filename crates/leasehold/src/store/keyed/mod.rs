@@ -156,6 +156,16 @@ impl<K: Keys> KeyedStore<K> {
             "the previous leader did not release (its lease expired, or on SQLite its process died); taking over");
     }
 
+    /// Waits until the store may grant (see [`Keys::grants_from`]).
+    async fn wait_to_grant(&self) {
+        if let Some(at) = self.keys.keys.grants_from() {
+            let left = at.saturating_duration_since(std::time::Instant::now());
+            if !left.is_zero() {
+                self.keys.sleep(left).await;
+            }
+        }
+    }
+
     /// Deletes the grant's key and records its release, if it still holds.
     /// (In a recipe's layout, which keeps no record, it deletes the key.)
     async fn release(&self, grant: &Grant) -> Result<()> {
@@ -212,6 +222,7 @@ impl<K: Keys> Store for KeyedStore<K> {
             key: election::candidate_key(self.layout, election, session),
             session,
         };
+        self.wait_to_grant().await;
         loop {
             let checks = vec![Check::Absent(candidate.key.clone())];
             let value = candidate_value(candidate_id);
@@ -259,6 +270,7 @@ impl<K: Keys> Store for KeyedStore<K> {
         if self.layout.is_foreign() {
             return Ok(None);
         }
+        self.wait_to_grant().await;
         let checks = vec![
             Check::NoneUnder(election::candidates(self.layout, election)),
             Check::NoneUnder(election::notes(election)),

@@ -470,13 +470,6 @@ impl Keys for SqliteKeys {
     }
 
     async fn commit(&self, checks: &[Check], writes: &[Write]) -> Result<Option<Revision>> {
-        if writes.iter().any(|w| w.session().is_some()) {
-            // No timer once the wait is over: every campaign passes here.
-            let first_use = self.inner.db.opened + FIRST_USE_WAIT;
-            if Instant::now() < first_use {
-                tokio::time::sleep_until(first_use.into()).await;
-            }
-        }
         let committed = self
             .inner
             .commit_queued(checks.to_vec(), writes.to_vec())
@@ -487,6 +480,10 @@ impl Keys for SqliteKeys {
             .follows
             .wrote(written.chain(committed.ended.iter().map(String::as_str)));
         Ok(committed.revision)
+    }
+
+    fn grants_from(&self) -> Option<Instant> {
+        Some(self.inner.db.opened + FIRST_USE_WAIT)
     }
 
     async fn range(&self, prefix: &str) -> Result<Range> {

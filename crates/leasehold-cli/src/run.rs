@@ -5,14 +5,14 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold::{ElectionName, Elector, Handover, Leadership, LostReason};
+use leasehold::{ElectionName, Elector, Handover, Leadership};
 
 use crate::child;
 use crate::cli::RunArgs;
 use crate::guard::{Launch, Supervised};
 use crate::metrics::{RunnerMetrics, StepDown};
 use crate::signals::{Handled, IgnoredSignals, PassedSignals, StopSignals};
-use crate::term::{EXIT_CANNOT_START, Request, TermEnd, already_gone};
+use crate::term::{EXIT_CANNOT_START, Request, TermEnd, already_gone, renewed_in_time};
 use crate::watch::Changes;
 
 /// Pause before campaigning again after a transient store error.
@@ -288,7 +288,8 @@ impl Runner {
     /// Runs the command while `leadership` lasts.
     async fn lead(&mut self, leadership: Leadership, slot: Option<u32>) -> anyhow::Result<Next> {
         let token = leadership.token();
-        if let Err(reason) = self.renewed_in_time(&leadership).await {
+        let renew_every = self.elector.config().renew_every;
+        if let Err(reason) = renewed_in_time(&leadership, self.grace, renew_every).await {
             tracing::warn!(election = %self.election, id = %self.elector.candidate(), token = token.0, %reason,
                 "granted, but lost before a renewal was confirmed; the command was not started; campaigning again");
             release(leadership).await;
@@ -314,29 +315,6 @@ impl Runner {
         // so the guard releases nothing.
         child.finish().await;
         Ok(next)
-    }
-
-    /// Whether the command may start. Granted while renewals failed (the
-    /// store answered the campaign, but no renewal has been confirmed
-    /// since the outage), the lease is already so close to its deadline
-    /// that the command would be asked to stop as soon as it started: a
-    /// renewal is waited for first, at most until the deadline; why
-    /// leadership was lost if it was lost meanwhile, or before.
-    async fn renewed_in_time(&self, leadership: &Leadership) -> Result<(), LostReason> {
-        // Lost already (the store's file left its path while `run` was
-        // stopped, say): never started, not even for an instant.
-        if !leadership.is_leader() {
-            return Err(leadership.lost().await);
-        }
-        let at_risk = self.grace.min(self.elector.config().renew_every);
-        let deadline = leadership.deadline();
-        if deadline.saturating_duration_since(tokio::time::Instant::now()) > at_risk {
-            return Ok(());
-        }
-        tokio::select! {
-            _ = leadership.deadline_after(deadline) => Ok(()),
-            reason = leadership.lost() => Err(reason),
-        }
     }
 
     /// Starts the command under its guard, with the grant in its

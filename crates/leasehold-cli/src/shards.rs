@@ -18,7 +18,7 @@ use crate::child;
 use crate::guard::{Launch, Supervised};
 use crate::metrics::{RunnerMetrics, StepDown};
 use crate::signals::{AnySignal, Handled};
-use crate::term::{Request, Requests, Term, TermEnd};
+use crate::term::{Request, Requests, Term, TermEnd, renewed_in_time};
 
 /// Pause before joining again after the store did not answer.
 const RETRY_JOIN: Duration = Duration::from_secs(1);
@@ -264,6 +264,22 @@ impl Requests for ShardRequests<'_> {
     }
 }
 
+/// The environment of shard `index`'s command, granted with `token`.
+fn shard_env(
+    settings: &Settings,
+    election: &ElectionName,
+    token: leasehold::FencingToken,
+    index: u32,
+) -> [(&'static str, String); 5] {
+    [
+        ("LEASEHOLD_ELECTION", election.to_string()),
+        ("LEASEHOLD_ID", settings.elector.candidate().to_string()),
+        ("LEASEHOLD_TOKEN", token.to_string()),
+        ("LEASEHOLD_SHARD", index.to_string()),
+        ("LEASEHOLD_SHARDS", settings.count.to_string()),
+    ]
+}
+
 /// One term of one shard: runs the command until the term ends, then
 /// releases the shard (or lets it go, when lost). Returns the shard's
 /// number, and whether the command could not be started at all.
@@ -276,13 +292,14 @@ async fn run_term(
     let leadership = shard.leadership();
     let (election, token) = (leadership.election().clone(), leadership.token());
     let id: &CandidateId = settings.elector.candidate();
-    let env = [
-        ("LEASEHOLD_ELECTION", election.to_string()),
-        ("LEASEHOLD_ID", id.to_string()),
-        ("LEASEHOLD_TOKEN", token.to_string()),
-        ("LEASEHOLD_SHARD", index.to_string()),
-        ("LEASEHOLD_SHARDS", settings.count.to_string()),
-    ];
+    let env = shard_env(&settings, &election, token, index);
+    let renew_every = settings.elector.config().renew_every;
+    if let Err(reason) = renewed_in_time(leadership, settings.grace, renew_every).await {
+        tracing::warn!(group = %settings.group, shard = index, %id, token = token.0, %reason,
+            "granted, but lost before a renewal was confirmed; the command was not started");
+        drop(shard);
+        return (index, false);
+    }
     let launch = Launch {
         command: &settings.command,
         env: &env,

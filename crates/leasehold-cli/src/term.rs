@@ -26,6 +26,34 @@ pub(crate) fn already_gone(error: &leasehold::Error) -> bool {
     )
 }
 
+/// Whether a term's command may start, with a stop `grace` and renewals
+/// every `renew_every`. Granted while renewals failed (the store answered
+/// the campaign, but no renewal has been confirmed since the outage), the
+/// lease is already so close to its deadline that the command would be
+/// asked to stop as soon as it started: a renewal is waited for first, at
+/// most until the deadline; why leadership was lost if it was lost
+/// meanwhile, or before. Shared by `run` and `run --shards`.
+pub(crate) async fn renewed_in_time(
+    leadership: &Leadership,
+    grace: Duration,
+    renew_every: Duration,
+) -> Result<(), LostReason> {
+    // Lost already (the store's file left its path while `run` was
+    // stopped, say): never started, not even for an instant.
+    if !leadership.is_leader() {
+        return Err(leadership.lost().await);
+    }
+    let at_risk = grace.min(renew_every);
+    let deadline = leadership.deadline();
+    if deadline.saturating_duration_since(Instant::now()) > at_risk {
+        return Ok(());
+    }
+    tokio::select! {
+        _ = leadership.deadline_after(deadline) => Ok(()),
+        reason = leadership.lost() => Err(reason),
+    }
+}
+
 /// Why a term of leadership ended.
 #[derive(Debug)]
 pub enum TermEnd {

@@ -718,6 +718,7 @@ fn an_observe_line_has_the_keys_of_status_json() {
 /// A runner of `election` whose command ignores SIGTERM, once that
 /// command runs; with the time SIGTERM was sent to the runner.
 fn ignoring_sigterm(scratch: &Scratch, election: &str, ttl: &str, grace: &str) -> (Proc, Instant) {
+    let log = std::fs::File::create(scratch.path(&format!("{election}.err"))).expect("log file");
     let runner = Proc::spawn(
         leasehold()
             .args([
@@ -733,11 +734,11 @@ fn ignoring_sigterm(scratch: &Scratch, election: &str, ttl: &str, grace: &str) -
             .args([
                 "sh",
                 "-c",
-                "trap '' TERM; echo ready > ready; while :; do sleep 0.05; done",
+                "trap '' TERM; echo ready >> ready; while :; do sleep 0.05; done",
             ])
             .current_dir(scratch.dir.path())
             .stdout(Stdio::null())
-            .stderr(Stdio::null()),
+            .stderr(log),
     );
     assert!(wait_until(10 * SECOND, || scratch.path("ready").exists()));
     let sent = Instant::now();
@@ -772,38 +773,15 @@ fn a_command_ignoring_sigterm_is_killed_after_the_grace_period() {
 #[test]
 fn a_loss_during_the_grace_period_still_ends_run() {
     let scratch = Scratch::new();
-    let log = std::fs::File::create(scratch.path("a.err")).expect("log file");
-    let mut runner = Proc::spawn(
-        leasehold()
-            .args([
-                "run",
-                "--election",
-                "forgotten",
-                "--ttl",
-                "2s",
-                "--grace",
-                "60s",
-            ])
-            .args(["--store", &scratch.store_url(), "--"])
-            .args([
-                "sh",
-                "-c",
-                "trap '' TERM; echo run >> runs; while :; do sleep 0.05; done",
-            ])
-            .current_dir(scratch.dir.path())
-            .stdout(Stdio::null())
-            .stderr(log),
-    );
-    let started = || read_lines(&scratch.path("runs")).len();
-    assert!(wait_until(10 * SECOND, || started() == 1));
-    runner.signal(Signal::SIGTERM);
-    assert!(wait_until(10 * SECOND, || log_of(&scratch, "a")
+    let (mut runner, _) = ignoring_sigterm(&scratch, "forgotten", "2s", "60s");
+    let started = || read_lines(&scratch.path("ready")).len();
+    assert!(wait_until(10 * SECOND, || log_of(&scratch, "forgotten")
         .contains("forwarding to the command")));
     rusqlite::Connection::open(scratch.path("leasehold.db"))
         .and_then(|c| c.execute("DELETE FROM sessions", []))
         .expect("end the session from the outside");
     let status = runner.wait_for_exit(10 * SECOND);
-    let log = log_of(&scratch, "a");
+    let log = log_of(&scratch, "forgotten");
     assert_eq!(status.and_then(|s| s.code()), Some(128 + 9), "{log}");
     assert_eq!(started(), 1, "a second command started: {log}");
     assert!(log.contains("leadership was lost meanwhile"), "{log}");

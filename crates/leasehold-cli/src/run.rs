@@ -12,7 +12,8 @@ use crate::cli::RunArgs;
 use crate::guard::{Launch, Supervised};
 use crate::metrics::{RunnerMetrics, StepDown};
 use crate::signals::{Handled, IgnoredSignals, PassedSignals, StopSignals};
-use crate::term::{EXIT_CANNOT_START, Request, TermEnd, already_gone, renewed_in_time};
+use crate::stopping::TermEnd;
+use crate::term::{EXIT_CANNOT_START, Request, already_gone, renewed_in_time};
 use crate::watch::Changes;
 
 /// Pause before campaigning again after a transient store error.

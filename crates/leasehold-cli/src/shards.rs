@@ -18,7 +18,8 @@ use crate::child;
 use crate::guard::{Launch, Supervised};
 use crate::metrics::{RunnerMetrics, StepDown};
 use crate::signals::{AnySignal, Handled};
-use crate::term::{Request, Requests, Term, TermEnd, renewed_in_time};
+use crate::stopping::TermEnd;
+use crate::term::{Request, Requests, Term, renewed_in_time};
 
 /// Pause before joining again after the store did not answer.
 const RETRY_JOIN: Duration = Duration::from_secs(1);

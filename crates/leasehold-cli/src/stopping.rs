@@ -29,7 +29,37 @@ use nix::sys::signal::Signal;
 use tokio::time::Instant;
 
 use crate::signals::{AnySignal, forwarded_as};
-use crate::term::{RENEWALS_FAILING, STORE_GONE, TermEnd};
+
+/// Why a term of leadership ended.
+#[derive(Debug)]
+pub enum TermEnd {
+    /// The command exited by itself.
+    Exited,
+    /// Leadership was lost; the command was killed.
+    Lost(LostReason),
+    /// The command was stopped before the lease deadline, for this reason
+    /// (renewals failing, or the guard killed it on its own).
+    AtRisk(&'static str),
+    /// `run` was told to stop by this signal; it was forwarded (SIGHUP and
+    /// SIGPWR as SIGTERM).
+    Stopped(Signal),
+    /// `run` was told to stop by this signal, and leadership was lost
+    /// while the command was stopping: it was killed, nothing is left to
+    /// release, and `run` still exits.
+    StoppedAndLost(Signal, LostReason),
+    /// Asked to hand over (a transfer, a higher priority): the command was
+    /// stopped as for SIGTERM, then the election is handed over.
+    HandedOver(Handover),
+    /// The group's assignment moved the shard to another member: the
+    /// command was stopped as for SIGTERM, then the shard is released.
+    Moved,
+}
+
+/// Why `run` kills a command whose SQLite store's file is gone from its path.
+pub(crate) const STORE_GONE: &str = "the store's database file is no longer at its path";
+
+/// Why a command is stopped before the lease deadline when renewals fail.
+pub const RENEWALS_FAILING: &str = "renewals failing; stopped before the lease deadline";
 
 /// What the supervisor sends the command.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

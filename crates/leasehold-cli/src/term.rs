@@ -11,7 +11,8 @@ use tokio::time::{Instant, sleep_until};
 
 use crate::guard::{Ended, GUARD_WAKE, GuardKill, Supervised};
 use crate::signals::{AnySignal, forwarded_as};
-use crate::stopping::{Cause, Deliver, Stopping};
+use crate::stopping::TermEnd;
+use crate::stopping::{Cause, Deliver, STORE_GONE, Stopping};
 
 /// Exit status when the command could not be started.
 pub const EXIT_CANNOT_START: u8 = 127;
@@ -54,31 +55,6 @@ pub(crate) async fn renewed_in_time(
     }
 }
 
-/// Why a term of leadership ended.
-#[derive(Debug)]
-pub enum TermEnd {
-    /// The command exited by itself.
-    Exited,
-    /// Leadership was lost; the command was killed.
-    Lost(LostReason),
-    /// The command was stopped before the lease deadline, for this reason
-    /// (renewals failing, or the guard killed it on its own).
-    AtRisk(&'static str),
-    /// `run` was told to stop by this signal; it was forwarded (SIGHUP and
-    /// SIGPWR as SIGTERM).
-    Stopped(Signal),
-    /// `run` was told to stop by this signal, and leadership was lost
-    /// while the command was stopping: it was killed, nothing is left to
-    /// release, and `run` still exits.
-    StoppedAndLost(Signal, LostReason),
-    /// Asked to hand over (a transfer, a higher priority): the command was
-    /// stopped as for SIGTERM, then the election is handed over.
-    HandedOver(Handover),
-    /// The group's assignment moved the shard to another member: the
-    /// command was stopped as for SIGTERM, then the shard is released.
-    Moved,
-}
-
 /// Returns from [`Term::supervise`] if the guard has reported the
 /// command's end already: it may have ended it while `run` was stopped,
 /// and a timer that fired meanwhile must not act as if it ran.
@@ -92,12 +68,6 @@ macro_rules! ended_already {
         }
     };
 }
-
-/// Why `run` kills a command whose SQLite store's file is gone from its path.
-pub(crate) const STORE_GONE: &str = "the store's database file is no longer at its path";
-
-/// Why a command is stopped before the lease deadline when renewals fail.
-pub const RENEWALS_FAILING: &str = "renewals failing; stopped before the lease deadline";
 
 /// What, besides leadership itself, may act on a term's command.
 pub enum Request {

@@ -25,18 +25,18 @@
 //! - **Watches** tell every change made by a commit or by closing a
 //!   session under their prefix after the revision they started from, or
 //!   that the store does not answer. An expiry may go untold (a SQL store
-//!   learns of it only by reading its clock; [`Keys::tells_expiries`]
+//!   learns of it only by reading its clock; [`Properties::tells_expiries`]
 //!   says): a key attached to a session then comes with the time its
 //!   session had left when read, and whoever needs to know reads again
 //!   then.
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::clock::{Clock, TokioClock};
 use crate::error::Result;
 use crate::grant::{SessionId, SessionLease};
 
@@ -175,6 +175,34 @@ pub(crate) fn prefix_end(prefix: &str) -> Option<String> {
     None
 }
 
+/// What a store's primitive tells of itself, besides its operations
+/// ([`Keys::properties`]).
+#[derive(Clone, Debug)]
+pub struct Properties {
+    /// Whether its watches tell when a session's end deletes keys, at the
+    /// session's expiry too; if not, whoever needs to know reads again at
+    /// the [`Entry::expires_in`] of what it read. `false` by default.
+    pub tells_expiries: bool,
+    /// No grant before this instant: a store that must let something
+    /// settle after it was opened says until when (SQLite: a leader of
+    /// another file that was at the same path has its command stopped
+    /// first); `None`, the default, for one that may grant at once.
+    pub grants_from: Option<std::time::Instant>,
+    /// The clock its sessions expire by, on which the elections above it
+    /// wait; tokio's, by default.
+    pub clock: Arc<dyn Clock>,
+}
+
+impl Default for Properties {
+    fn default() -> Self {
+        Properties {
+            tells_expiries: false,
+            grants_from: None,
+            clock: Arc::new(TokioClock),
+        }
+    }
+}
+
 /// The store primitive (see the [module](self)).
 #[async_trait]
 pub trait Keys: Send + Sync + fmt::Debug + 'static {
@@ -219,11 +247,11 @@ pub trait Keys: Send + Sync + fmt::Debug + 'static {
         Ok(None)
     }
 
-    /// Whether its watches tell when a session's end deletes keys, at
-    /// the session's expiry too; if not, whoever needs to know reads again
-    /// at the [`Entry::expires_in`] of what it read.
-    fn tells_expiries(&self) -> bool {
-        false
+    /// What the store tells of itself besides its operations (see
+    /// [`Properties`]); the default is [`Properties::default`]. Read once
+    /// per handle of the elections above it.
+    fn properties(&self) -> Properties {
+        Properties::default()
     }
 
     /// A descriptor that carries this process's sessions where the kernel
@@ -233,19 +261,6 @@ pub trait Keys: Send + Sync + fmt::Debug + 'static {
     /// [`Store::session_lock_file`]: crate::store::Store::session_lock_file
     fn session_lock_file(&self) -> Option<std::fs::File> {
         None
-    }
-
-    /// No grant before this instant: a store that must let something
-    /// settle after it was opened says until when (SQLite: a leader of
-    /// another file that was at the same path has its command stopped
-    /// first); `None`, the default, for one that may grant at once.
-    fn grants_from(&self) -> Option<std::time::Instant> {
-        None
-    }
-
-    /// Sleeps on the store's clock (the one its sessions expire by).
-    fn sleep(&self, duration: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> {
-        Box::pin(tokio::time::sleep(duration))
     }
 }
 

@@ -20,7 +20,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::grant::{SessionId, SessionLease};
-use crate::store::keys::{Check, KeyWatch, Keys, Range, Revision, Write};
+use crate::store::keys::{Check, KeyWatch, Keys, Properties, Range, Revision, Write};
 
 /// Shared reads by key `K` of values `V`.
 pub(crate) struct SharedReads<K, V> {
@@ -95,15 +95,29 @@ impl<K: Hash + Eq + Clone, V: Clone> SharedReads<K, V> {
 #[derive(Debug)]
 pub(crate) struct SharedRanges<K> {
     pub(crate) keys: K,
+    /// What the store tells of itself, read once.
+    pub(crate) properties: Properties,
     reads: SharedReads<String, Range>,
 }
 
-impl<K> SharedRanges<K> {
+impl<K: Keys> SharedRanges<K> {
     pub(crate) fn new(keys: K) -> Self {
         SharedRanges {
+            properties: keys.properties(),
             keys,
             reads: SharedReads::default(),
         }
+    }
+
+    /// Whether the store's watches tell expiries
+    /// ([`Properties::tells_expiries`]).
+    pub(crate) fn tells_expiries(&self) -> bool {
+        self.properties.tells_expiries
+    }
+
+    /// Sleeps on the store's clock.
+    pub(crate) fn sleep(&self, duration: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        self.properties.clock.sleep(duration)
     }
 }
 
@@ -143,12 +157,8 @@ impl<K: Keys> Keys for SharedRanges<K> {
         self.keys.time_left(session).await
     }
 
-    fn tells_expiries(&self) -> bool {
-        self.keys.tells_expiries()
-    }
-
-    fn sleep(&self, duration: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> {
-        self.keys.sleep(duration)
+    fn properties(&self) -> Properties {
+        self.properties.clone()
     }
 }
 

@@ -292,7 +292,7 @@ pub async fn watches_tell_changes_after_their_revision<H: KeysHarness>(harness: 
 /// any write.
 pub async fn a_told_expiry_reaches_the_watch<H: KeysHarness>(harness: &H) {
     let keys = harness.open().await;
-    if !keys.tells_expiries() {
+    if !keys.properties().tells_expiries {
         return;
     }
     let p = unique("expiry");

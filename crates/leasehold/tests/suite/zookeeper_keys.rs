@@ -84,8 +84,8 @@ impl Keys for Counting {
     async fn session_ended(&self, session: SessionId) {
         self.keys.session_ended(session).await;
     }
-    fn tells_expiries(&self) -> bool {
-        self.keys.tells_expiries()
+    fn properties(&self) -> leasehold::store::keys::Properties {
+        self.keys.properties()
     }
 }
 

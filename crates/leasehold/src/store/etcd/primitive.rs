@@ -14,7 +14,7 @@ use super::pb::{self, RangeRequest, RequestOp, TxnRequest};
 use super::{EtcdKeys, TTL, created_at, delete, exists, get, prefix_end, put, shown};
 use crate::error::{Error, Result};
 use crate::grant::{SessionId, SessionLease};
-use crate::store::keys::{Check, Entry, KeyWatch, Keys, Range, Revision, Write};
+use crate::store::keys::{Check, Entry, KeyWatch, Keys, Properties, Range, Revision, Write};
 use crate::store::session_key;
 
 impl EtcdKeys {
@@ -311,7 +311,10 @@ impl Keys for EtcdKeys {
         Ok(Some(Duration::from_secs(ttl.ttl.max(0).unsigned_abs())))
     }
 
-    fn tells_expiries(&self) -> bool {
-        true
+    fn properties(&self) -> Properties {
+        Properties {
+            tells_expiries: true,
+            ..Properties::default()
+        }
     }
 }

@@ -156,9 +156,9 @@ impl<K: Keys> KeyedStore<K> {
             "the previous leader did not release (its lease expired, or on SQLite its process died); taking over");
     }
 
-    /// Waits until the store may grant (see [`Keys::grants_from`]).
+    /// Waits until the store may grant (see [`Properties::grants_from`]).
     async fn wait_to_grant(&self) {
-        if let Some(at) = self.keys.keys.grants_from() {
+        if let Some(at) = self.keys.properties.grants_from {
             let left = at.saturating_duration_since(std::time::Instant::now());
             if !left.is_zero() {
                 self.keys.sleep(left).await;
@@ -538,8 +538,8 @@ mod tests {
             }
             self.keys.watch(prefix, from).await
         }
-        fn tells_expiries(&self) -> bool {
-            self.keys.tells_expiries()
+        fn properties(&self) -> crate::store::keys::Properties {
+            self.keys.properties()
         }
     }
 

@@ -14,6 +14,7 @@ use crate::store::Note;
 use crate::store::keys::{Heard, KeyWatch, Keys, Range, Revision};
 use crate::store::layout::Layout;
 use crate::store::note_watch::NoteSource;
+use crate::store::shared_read::SharedRanges;
 use crate::store::watch_driver::{Event, Source};
 
 /// After a failed read, a watch reads again after this.
@@ -22,14 +23,14 @@ const RETRY: Duration = Duration::from_millis(250);
 /// A prefix followed: its first read, kept for the watch's first read,
 /// and the watch of it from there.
 struct Following<K: Keys> {
-    keys: Arc<K>,
+    keys: Arc<SharedRanges<K>>,
     prefix: String,
     first: Option<Range>,
     watch: KeyWatch,
 }
 
 impl<K: Keys> Following<K> {
-    async fn new(keys: Arc<K>, prefix: String) -> Result<Self> {
+    async fn new(keys: Arc<SharedRanges<K>>, prefix: String) -> Result<Self> {
         let first = keys.range(&prefix).await?;
         let watch = keys.watch(&prefix, first.revision).await?;
         Ok(Following {
@@ -42,7 +43,7 @@ impl<K: Keys> Following<K> {
 
     /// Follows `prefix` from `from`, known without a read: the first
     /// read comes after the first change told.
-    async fn since(keys: Arc<K>, prefix: String, from: Revision) -> Result<Self> {
+    async fn since(keys: Arc<SharedRanges<K>>, prefix: String, from: Revision) -> Result<Self> {
         let watch = keys.watch(&prefix, from).await?;
         Ok(Following {
             keys,
@@ -107,7 +108,11 @@ pub(super) struct CandidatesSource<K: Keys> {
 }
 
 impl<K: Keys> CandidatesSource<K> {
-    pub(super) async fn new(keys: Arc<K>, layout: Layout, election: &ElectionName) -> Result<Self> {
+    pub(super) async fn new(
+        keys: Arc<SharedRanges<K>>,
+        layout: Layout,
+        election: &ElectionName,
+    ) -> Result<Self> {
         let prefix = election::candidates(layout, election);
         Ok(CandidatesSource {
             following: Following::new(keys, prefix).await?,
@@ -118,7 +123,7 @@ impl<K: Keys> CandidatesSource<K> {
     /// For the holder of a grant made at revision `granted`: the
     /// candidates are known from there without a read.
     pub(super) async fn since(
-        keys: Arc<K>,
+        keys: Arc<SharedRanges<K>>,
         layout: Layout,
         election: &ElectionName,
         granted: Revision,
@@ -160,7 +165,11 @@ pub(super) struct NotesSource<K: Keys> {
 }
 
 impl<K: Keys> NotesSource<K> {
-    pub(super) async fn new(keys: Arc<K>, election: &ElectionName, prefix: String) -> Result<Self> {
+    pub(super) async fn new(
+        keys: Arc<SharedRanges<K>>,
+        election: &ElectionName,
+        prefix: String,
+    ) -> Result<Self> {
         Ok(NotesSource {
             following: Following::new(keys, prefix).await?,
             election: election.clone(),
@@ -169,7 +178,7 @@ impl<K: Keys> NotesSource<K> {
 
     /// All the notes of `election`, known to be none at revision `from`.
     pub(super) async fn since(
-        keys: Arc<K>,
+        keys: Arc<SharedRanges<K>>,
         election: &ElectionName,
         from: Revision,
     ) -> Result<Self> {

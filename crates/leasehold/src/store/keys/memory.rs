@@ -5,9 +5,7 @@
 //! that keeps keys at its expiry, so that watches hear of it then.
 
 use std::collections::{BTreeMap, HashMap};
-use std::future::Future;
 use std::ops::Bound;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
@@ -15,7 +13,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::Notify;
 
-use super::{Check, Entry, Heard, KeyWatch, Keys, Range, Revision, Write};
+use super::{Check, Entry, Heard, KeyWatch, Keys, Properties, Range, Revision, Write};
 use crate::clock::{Clock, Instant, TokioClock};
 use crate::config::StoreTtl;
 use crate::error::{Error, Result};
@@ -464,12 +462,12 @@ impl Keys for MemoryKeys {
         Ok(rx)
     }
 
-    fn tells_expiries(&self) -> bool {
-        true
-    }
-
-    fn sleep(&self, duration: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> {
-        self.clock.sleep(duration)
+    fn properties(&self) -> Properties {
+        Properties {
+            tells_expiries: true,
+            grants_from: None,
+            clock: Arc::clone(&self.clock),
+        }
     }
 }
 

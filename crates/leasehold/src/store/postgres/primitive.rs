@@ -269,10 +269,6 @@ impl Keys for PgKeys {
         }
         Ok(rx)
     }
-
-    fn tells_expiries(&self) -> bool {
-        false
-    }
 }
 
 /// The condition that `k.key` is under the prefix `$1`, `$2` being its

@@ -18,7 +18,9 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use super::*;
-use crate::store::keys::{Check, Entry, KeyWatch, Keys, Range, Revision, Write, prefix_end};
+use crate::store::keys::{
+    Check, Entry, KeyWatch, Keys, Properties, Range, Revision, Write, prefix_end,
+};
 
 /// What a commit did: its revision (`None`: a check failed, nothing was
 /// written), and the keys of the sessions it ended (their processes were
@@ -482,10 +484,6 @@ impl Keys for SqliteKeys {
         Ok(committed.revision)
     }
 
-    fn grants_from(&self) -> Option<Instant> {
-        Some(self.inner.db.opened + FIRST_USE_WAIT)
-    }
-
     async fn range(&self, prefix: &str) -> Result<Range> {
         let prefix = prefix.to_owned();
         let (range, _) = self
@@ -521,12 +519,13 @@ impl Keys for SqliteKeys {
         self.inner.db.liveness.as_ref()?.lock_file()
     }
 
-    fn tells_expiries(&self) -> bool {
-        true
-    }
-
-    fn sleep(&self, duration: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> {
-        // The database's clock is CLOCK_MONOTONIC, which tokio's timer follows.
-        Box::pin(tokio::time::sleep(duration))
+    /// Its watches tell expiries; its clock is `CLOCK_MONOTONIC`, which
+    /// tokio's timer (the default clock) follows.
+    fn properties(&self) -> Properties {
+        Properties {
+            tells_expiries: true,
+            grants_from: Some(self.inner.db.opened + FIRST_USE_WAIT),
+            ..Properties::default()
+        }
     }
 }

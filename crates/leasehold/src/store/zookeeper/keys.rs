@@ -39,7 +39,7 @@ use std::collections::BTreeMap;
 use zookeeper_client::{Error as ZkError, MultiReadResult, MultiWriteError, Stat};
 
 use super::*;
-use crate::store::keys::{Check, Entry, KeyWatch, Keys, Range, Revision, Write};
+use crate::store::keys::{Check, Entry, KeyWatch, Keys, Properties, Range, Revision, Write};
 
 /// How often a commit whose directories changed between its read and its
 /// write reads again before giving up.
@@ -706,8 +706,11 @@ impl Keys for ZkKeys {
         }
     }
 
-    fn tells_expiries(&self) -> bool {
-        true
+    fn properties(&self) -> Properties {
+        Properties {
+            tells_expiries: true,
+            ..Properties::default()
+        }
     }
 }
 

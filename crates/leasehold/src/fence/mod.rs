@@ -14,7 +14,7 @@
 //!   [`sqlite::SqliteFence`] for a file-backed [`Fence`].
 //! - PostgreSQL (feature `postgres`): `postgres::check_and_advance` inside
 //!   the caller's tokio-postgres transaction, and the same SQL to paste.
-//! - etcd: [`crate::store::etcd::EtcdStore::put_fenced`] writes only while
+//! - etcd (feature `etcd`): [`etcd::EtcdFence::put`] writes only while
 //!   the election's leader key still carries the writer's token.
 //! - HTTP (feature `http`): the `Fencing-Token` header and a tower layer
 //!   that enforces it in front of a service.
@@ -27,6 +27,8 @@ use async_trait::async_trait;
 use crate::error::{Error, Result};
 use crate::grant::FencingToken;
 
+#[cfg(feature = "etcd")]
+pub mod etcd;
 #[cfg(feature = "http")]
 pub mod http;
 #[cfg(feature = "postgres")]

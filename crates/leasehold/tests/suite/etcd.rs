@@ -289,6 +289,10 @@ async fn fenced_puts_from_earlier_leaders_never_land() {
     )
     .await
     .expect("connect");
+    let url: leasehold::store::StoreUrl = cluster.url("/fenced").parse().expect("url");
+    let fence = leasehold::fence::etcd::EtcdFence::open(&url)
+        .await
+        .expect("fence");
     let election = unique_election("fenced-put");
     let key = "/resource/object-x";
     let mut grants: Vec<leasehold::Grant> = Vec::new();
@@ -312,7 +316,7 @@ async fn fenced_puts_from_earlier_leaders_never_land() {
         let grant = &grants[writer];
         let current = writer == grants.len() - 1;
         let value = format!("{round}:{}", grant.token);
-        match store.put_fenced(grant, key, value.clone()).await {
+        match fence.put(grant, key, value.clone()).await {
             Ok(()) => {
                 assert!(
                     current,
@@ -354,6 +358,29 @@ async fn fenced_puts_from_earlier_leaders_never_land() {
         assert!(grants.iter().any(|g| g.token.0 == token), "seed {seed}");
     }
     println!("{rejected} stale writes refused");
+    // A key in the store's own space is refused, even to the leader: it
+    // would be taken for a key of another program's there, and the store
+    // refused from then on.
+    let leader = grants.last().expect("a grant");
+    for inside in ["/fenced/x", "/fenced/leasehold"] {
+        match fence.put(leader, inside, "v").await {
+            Err(leasehold::Error::InvalidInput { what, .. }) => assert_eq!(what, "fenced key"),
+            other => panic!("seed {seed}: a write at {inside} was not refused: {other:?}"),
+        }
+    }
+    EtcdStore::connect(
+        &cluster.endpoints(),
+        "/fenced",
+        &leasehold::store::Security::none(),
+    )
+    .await
+    .expect("the store still opens");
+    // Only an etcd:// URL has fenced etcd writes.
+    let sqlite: leasehold::store::StoreUrl = "sqlite:/tmp/x.db".parse().expect("url");
+    assert!(matches!(
+        leasehold::fence::etcd::EtcdFence::open(&sqlite).await,
+        Err(leasehold::Error::InvalidInput { .. })
+    ));
 }
 
 /// Issue 12, item 10: the cluster loses quorum (two of three members

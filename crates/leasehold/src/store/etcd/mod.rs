@@ -292,14 +292,32 @@ impl KeyedStore<EtcdKeys> {
     /// that requires the leader key to carry the grant's create revision
     /// (its token). Once leadership has moved, the write cannot land:
     /// [`Error::Stale`] names the successor's token, or
-    /// [`Error::NotHolder`] if nobody holds the election.
-    pub async fn put_fenced(
+    /// [`Error::NotHolder`] if nobody holds the election. (The public way
+    /// in is [`crate::fence::etcd::EtcdFence`].)
+    pub(crate) async fn put_fenced(
         &self,
         grant: &Grant,
         key: &str,
         value: impl Into<Vec<u8>>,
     ) -> Result<()> {
         let keys = self.keys();
+        let candidates = keys.full(&self.candidates_prefix(&grant.election));
+        let inside = keys.layout == Layout::Leasehold && key.starts_with(&keys.space());
+        if inside || key.as_bytes().starts_with(&candidates) {
+            return Err(Error::invalid(
+                "fenced key",
+                format!(
+                    "{key:?} is inside the store's own keys, where a key of anyone else's \
+                     would be taken for leasehold's (a candidate, or a foreign key that \
+                     makes the store refuse to open); write outside {:?}",
+                    if inside {
+                        keys.space()
+                    } else {
+                        String::from_utf8_lossy(&candidates).into_owned()
+                    }
+                ),
+            ));
+        }
         let leader_key = keys.full(&self.candidate_key(&grant.election, grant.session));
         let token = grant.token.to_i64_saturating();
         let txn = TxnRequest {

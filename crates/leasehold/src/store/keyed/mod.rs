@@ -73,7 +73,7 @@ impl<K: Keys> KeyedStore<K> {
     }
 
     /// The prefix of the candidates' keys of `election`, in its layout.
-    #[cfg(all(feature = "zookeeper", feature = "testing"))]
+    #[cfg(any(feature = "etcd", all(feature = "zookeeper", feature = "testing")))]
     pub(crate) fn candidates_prefix(&self, election: &ElectionName) -> String {
         election::candidates(self.layout, election)
     }

@@ -37,7 +37,6 @@ pub(crate) use url::postgres_connect;
 pub use url::{
     Access, ClusterUrl, MAX_FILE_PATH_LEN, PASSWORD_ENV, PgSslMode, PostgresUrl, StoreUrl, open,
 };
-pub(crate) use watch_driver::status_of;
 pub use wrap::{Call, Request, Wrapper};
 
 /// `session`'s key in a store that keeps session ids as signed 64-bit
@@ -174,12 +173,6 @@ pub fn check_note(name: &str, text: &str) -> Result<()> {
 /// While the store cannot be read it keeps the last notes read.
 pub type NoteWatch = crate::watch::Receiver<Vec<Note>>;
 
-fn no_notes() -> crate::error::Error {
-    crate::error::Error::Unsupported(
-        "this store keeps no notes, which transfers, priorities and lock-delay need".into(),
-    )
-}
-
 /// A store that decides elections.
 ///
 /// ### To ensure correctness, an implementation must guarantee:
@@ -277,34 +270,22 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// A store may start it from the grant itself, unread (etcd watches
     /// from the grant's revision on): the holder's `expires_in` then reads
     /// zero, until another holder is read.
-    ///
-    /// The default is [`Store::watch`].
-    async fn watch_grant(&self, grant: &Grant) -> Result<LeaderWatch> {
-        self.watch(&grant.election).await
-    }
+    async fn watch_grant(&self, grant: &Grant) -> Result<LeaderWatch>;
 
     /// Watches `election` as [`Store::watch`] does, and also publishes
     /// [`LeaderStatus::Unknown`] when the store cannot be read (it is
     /// unreachable, or the connection the watch relies on is lost), then the
     /// holder as soon as a read succeeds again, even if it is unchanged.
-    ///
-    /// The default adapts [`Store::watch`], and so never reports the holder
-    /// unknown; backends override it.
-    async fn watch_status(&self, election: &ElectionName) -> Result<StatusWatch> {
-        Ok(status_of(self.watch(election).await?))
-    }
+    async fn watch_status(&self, election: &ElectionName) -> Result<StatusWatch>;
 
     /// Every election the store knows, with its current leader.
     async fn elections(&self) -> Result<Vec<ElectionState>>;
 
     /// Resolves when the store learns, between renewals, that `session` has
     /// ended (a ZooKeeper client told the session expired, say), so that
-    /// leadership ends at once rather than at the next renewal. Stores that
-    /// learn it only from a renewal keep the default, which never resolves.
-    async fn session_ended(&self, session: SessionId) {
-        let _ = session;
-        std::future::pending::<()>().await;
-    }
+    /// leadership ends at once rather than at the next renewal; never, for
+    /// a store that learns it only from a renewal.
+    async fn session_ended(&self, session: SessionId);
 
     /// Puts `text` as `session`'s note `name` on `election`, replacing
     /// its earlier text (the note keeps its order). Fails with
@@ -317,10 +298,7 @@ pub trait Store: Send + Sync + fmt::Debug {
         election: &ElectionName,
         name: &str,
         text: &str,
-    ) -> Result<()> {
-        let _ = (session, election, name, text);
-        Err(no_notes())
-    }
+    ) -> Result<()>;
 
     /// Deletes `session`'s note `name` on `election`; deleting a note that
     /// is not there is not an error.
@@ -329,10 +307,7 @@ pub trait Store: Send + Sync + fmt::Debug {
         session: SessionId,
         election: &ElectionName,
         name: &str,
-    ) -> Result<()> {
-        let _ = (session, election, name);
-        Err(no_notes())
-    }
+    ) -> Result<()>;
 
     /// Replaces the text of `session`'s note `name` on `election` if it is
     /// there — whoever asks: a leader marks the standby it chose this way
@@ -345,40 +320,26 @@ pub trait Store: Send + Sync + fmt::Debug {
         election: &ElectionName,
         name: &str,
         text: &str,
-    ) -> Result<bool> {
-        let _ = (session, election, name, text);
-        Err(no_notes())
-    }
+    ) -> Result<bool>;
 
     /// Watches one note, `session`'s note `name` on `election`: the watch
     /// holds it (a one-note list), or an empty list while there is none.
     /// A waiting candidate watches the one ahead of it in line this way,
     /// and its own note, so that a change elsewhere in the line wakes
-    /// nobody else. The default narrows [`Store::watch_notes`]; a store
-    /// that can watch one key keeps the others' changes from reaching the
-    /// watcher at all.
+    /// nobody else: the others' changes never reach the watcher.
     async fn watch_note(
         &self,
         session: SessionId,
         election: &ElectionName,
         name: &str,
-    ) -> Result<NoteWatch> {
-        let all = self.watch_notes(election).await?;
-        Ok(note_watch::narrow(all, session, name))
-    }
+    ) -> Result<NoteWatch>;
 
     /// The live notes on `election` (those of sessions that have not
     /// ended), in order.
-    async fn notes(&self, election: &ElectionName) -> Result<Vec<Note>> {
-        let _ = election;
-        Err(no_notes())
-    }
+    async fn notes(&self, election: &ElectionName) -> Result<Vec<Note>>;
 
     /// Watches the notes on `election` (see [`NoteWatch`]).
-    async fn watch_notes(&self, election: &ElectionName) -> Result<NoteWatch> {
-        let _ = election;
-        Err(no_notes())
-    }
+    async fn watch_notes(&self, election: &ElectionName) -> Result<NoteWatch>;
 
     /// As [`Store::watch_notes`], for the holder of a grant that
     /// [`Store::try_campaign_unwaited`] made: the store showed no live note
@@ -394,10 +355,7 @@ pub trait Store: Send + Sync + fmt::Debug {
     /// atomically with the release; `None` if none ever was. A grant that
     /// ended by its session's expiry or closing is not recorded, so a
     /// successor tells a release from an expiry (lock-delay).
-    async fn last_release(&self, election: &ElectionName) -> Result<Option<FencingToken>> {
-        let _ = election;
-        Err(no_notes())
-    }
+    async fn last_release(&self, election: &ElectionName) -> Result<Option<FencingToken>>;
 
     /// For a store that tells a dead holder process by something the
     /// kernel ends with the process (SQLite on one host: a lock on its

@@ -10,7 +10,7 @@ use std::time::Duration;
 use crate::error::Result;
 use crate::names::ElectionName;
 use crate::store::watch_driver::Event;
-use crate::store::{Note, NoteWatch, SessionId};
+use crate::store::{Note, NoteWatch};
 use crate::watch;
 
 /// Slack added to a known expiry so the watch reads just after it.
@@ -20,12 +20,6 @@ const EXPIRY_SLACK: Duration = Duration::from_millis(1);
 pub(crate) trait NoteSource: Send + 'static {
     /// After a failed read, the watch reads again after this.
     const RETRY: Duration;
-
-    /// Whether [`NoteSource::read`] counts the store requests it makes
-    /// itself (with the `testing` feature), as a source whose reads are
-    /// shared must; otherwise the watch counts each read it asks for.
-    #[cfg(feature = "testing")]
-    const COUNTS_ITS_READS: bool = false;
 
     /// The live notes, in order, and — for a store whose sessions expire
     /// without an event (SQLite, PostgreSQL, memory) — how long until the
@@ -37,15 +31,6 @@ pub(crate) trait NoteSource: Send + 'static {
 
     /// Sleeps on the store's clock.
     fn sleep(&self, duration: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>>;
-
-    /// How long every session keeping `notes` is known to live on without
-    /// a read (sessions this handle renews itself); `None` if one is not
-    /// known, or there are no notes. At the expiry a read gave, the watch
-    /// reads again only if this does not push the expiry on.
-    fn known_alive(&self, notes: &[Note]) -> Option<Duration> {
-        let _ = notes;
-        None
-    }
 }
 
 /// Reads the notes once (so a failure to read is the caller's error) and
@@ -94,21 +79,11 @@ async fn drive<S: NoteSource>(
                 }
                 Event::Ended => return,
             },
-            () = &mut at_expiry => {
-                // Sessions that this handle renews since the read live on:
-                // no read until their new deadline.
-                let known = source.known_alive(&tx.borrow());
-                if let Some(left) = known.filter(|left| !left.is_zero()) {
-                    at_expiry = wake_at(&source, Some(left));
-                    continue;
-                }
-            }
+            () = &mut at_expiry => {}
         }
         let read = loop {
             #[cfg(feature = "testing")]
-            if !S::COUNTS_ITS_READS {
-                super::watch_driver::count_watch_read(&election);
-            }
+            super::watch_driver::count_watch_read(&election);
             match Box::pin(source.read()).await {
                 Ok(read) => break read,
                 Err(error) => {
@@ -142,38 +117,4 @@ fn wake_at<S: NoteSource>(
         Some(left) => source.sleep(left + EXPIRY_SLACK),
         None => Box::pin(std::future::pending()),
     }
-}
-
-/// The notes of `all` that are `session`'s note `name` (at most one), kept
-/// up to date until every receiver of the result is dropped or `all`
-/// ends: [`crate::store::Store::watch_note`] of a store that cannot watch
-/// one note alone.
-pub(crate) fn narrow(mut all: NoteWatch, session: SessionId, name: &str) -> NoteWatch {
-    let pick = move |notes: &[Note], name: &str| -> Vec<Note> {
-        notes
-            .iter()
-            .filter(|n| n.session == session && n.name == name)
-            .cloned()
-            .collect()
-    };
-    let name = name.to_owned();
-    let (tx, rx) = watch::channel(pick(&all.borrow_and_update(), &name));
-    tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                biased;
-                () = tx.closed() => return,
-                changed = all.changed() => if changed.is_err() { return },
-            }
-            let picked = pick(&all.borrow_and_update(), &name);
-            tx.send_if_modified(|current| {
-                let news = *current != picked;
-                if news {
-                    *current = picked;
-                }
-                news
-            });
-        }
-    });
-    rx
 }

@@ -11,7 +11,7 @@ use crate::watch;
 use crate::error::{Error, Result};
 use crate::grant::Leader;
 use crate::names::ElectionName;
-use crate::store::{FencingToken, Grant, LeaderStatus, LeaderWatch, StatusWatch};
+use crate::store::{FencingToken, Grant, LeaderStatus};
 
 /// A value a watch task publishes: a [`LeaderWatch`]'s `Option<Leader>`
 /// or a [`StatusWatch`]'s [`LeaderStatus`], so that every backend's watch
@@ -112,25 +112,6 @@ pub(crate) fn publish_leader<V: Published>(tx: &watch::Sender<V>, leader: Option
 /// a [`LeaderWatch`] keeps its last known leader.
 pub(crate) fn publish_failure<V: Published>(tx: &watch::Sender<V>, error: &Error) {
     tx.send_if_modified(|seen| seen.record_failure(error));
-}
-
-/// A [`StatusWatch`] fed by a [`LeaderWatch`], for stores that do not tell
-/// when they cannot be read: the holder is always reported known.
-pub(crate) fn status_of(mut leaders: LeaderWatch) -> StatusWatch {
-    let first = leaders.borrow_and_update().clone();
-    let (tx, rx) = watch::channel(LeaderStatus::Known(first));
-    tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                biased;
-                () = tx.closed() => return,
-                changed = leaders.changed() => if changed.is_err() { return },
-            }
-            let leader = leaders.borrow_and_update().clone();
-            publish_leader(&tx, leader);
-        }
-    });
-    rx
 }
 
 /// What a watch hears from its store between reads.

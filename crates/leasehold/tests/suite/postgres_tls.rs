@@ -381,8 +381,11 @@ async fn postgres_least_privilege_and_password_file() {
         .await
         .expect("first use creates the schema");
     let election = unique_election("least");
+    // Nothing renews the session once the first handle is dropped: its
+    // TTL covers the revoke and the second connection however slow the
+    // machine (at 10 s, a loaded CI run once saw it expire: NotHolder).
     let lease = store
-        .open_session(Duration::from_secs(10))
+        .open_session(Duration::from_secs(120))
         .await
         .expect("session");
     let me = CandidateId::new("app-1").expect("id");

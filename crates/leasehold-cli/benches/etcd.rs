@@ -12,7 +12,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use leasehold::store::etcd::EtcdStore;
+use leasehold::backend::etcd::EtcdStore;
 use leasehold_testkit::EtcdCluster;
 use nix::sys::signal::Signal;
 

@@ -10,8 +10,8 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use leasehold::backend::sqlite::SqliteStore;
 use leasehold::store::Store;
-use leasehold::store::sqlite::SqliteStore;
 use leasehold::{CandidateId, ElectionName};
 
 use leasehold::clock::host_monotonic_ns as monotonic_ns;

@@ -37,10 +37,11 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use leasehold::backend::memory::MemoryStore;
+use leasehold::backend::{Request, Wrapper};
 use leasehold::clock::Instant;
 use leasehold::fence::MemoryFence;
-use leasehold::store::memory::MemoryStore;
-use leasehold::store::{Grant, Leader, Request, Store, Wrapper};
+use leasehold::store::{Grant, Leader, Store};
 use leasehold::{CandidateId, ElectionName, Elector, Error, LeaseConfig, Session};
 
 use crate::clock::{DriftingClock, StoreClock};

@@ -10,8 +10,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use leasehold::backend::{Call, Request, Wrapper};
 use leasehold::clock::Instant;
-use leasehold::store::{Call, Grant, Request, SessionId, Store, Wrapper};
+use leasehold::store::{Grant, SessionId, Store};
 use leasehold::{ElectionName, Error, Result};
 
 use leasehold_testkit::Rng;

@@ -15,8 +15,8 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use leasehold::backend::sqlite::SqliteStore;
 use leasehold::store::Store;
-use leasehold::store::sqlite::SqliteStore;
 use leasehold::{CandidateId, ElectionName};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;

@@ -6,11 +6,14 @@
 //! every grant carries a strictly increasing [`FencingToken`].
 //!
 //! ```
-//! # use std::{sync::Arc, time::Duration};
-//! # use leasehold::{CandidateId, ElectionName, Elector, LeaseConfig, store::memory::MemoryStore};
+//! # use std::time::Duration;
+//! # use leasehold::{CandidateId, ElectionName, Elector, LeaseConfig};
+//! # use leasehold::store::{Access, StoreUrl};
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> leasehold::Result<()> {
-//! let store = Arc::new(MemoryStore::new());
+//! // `sqlite:PATH`, `etcd://…`, `zk://…` or `postgres://…` in production.
+//! let url: StoreUrl = "memory:".parse()?;
+//! let store = leasehold::store::open(&url, Access::ReadWrite).await?;
 //! let elector = Elector::new(store, CandidateId::new("replica-a")?, LeaseConfig::new(Duration::from_secs(2)))?;
 //! let election = ElectionName::new("nightly-billing")?;
 //!
@@ -30,6 +33,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod admin;
+pub mod backend;
 pub mod clock;
 mod config;
 mod elector;

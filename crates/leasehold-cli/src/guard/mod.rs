@@ -41,7 +41,7 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 use anyhow::Context;
-use leasehold::store::sqlite::SqliteStore;
+use leasehold::backend::sqlite::SqliteStore;
 use leasehold::{Grant, StoreUrl};
 use nix::sys::signal::{Signal, kill};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};

@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use leasehold::store::sqlite::SqliteStore;
+use leasehold::backend::sqlite::SqliteStore;
 use leasehold::{Error, Grant, StoreUrl};
 use nix::errno::Errno;
 use nix::sys::signal::{SigSet, Signal};

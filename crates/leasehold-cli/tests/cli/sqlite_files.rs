@@ -616,7 +616,7 @@ fn a_symbolic_link_re_pointed_under_a_stopped_leader_stops_its_command() {
         scratch.path("leasehold.db"),
     );
     for store in [&first, &second] {
-        drop(leasehold::store::sqlite::SqliteStore::open(store).expect("a store"));
+        drop(leasehold::backend::sqlite::SqliteStore::open(store).expect("a store"));
     }
     std::os::unix::fs::symlink(&first, &linked).expect("link");
     under_a_stopped_leader(&scratch, || {

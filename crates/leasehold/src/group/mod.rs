@@ -367,17 +367,17 @@ mod tests {
         who: Arrival,
     }
 
-    impl crate::store::Wrapper for Arrives {
+    impl crate::backend::Wrapper for Arrives {
         fn inner(&self) -> &dyn Store {
             &self.store
         }
 
         fn around<'a, T: Send + 'a>(
             &'a self,
-            call: crate::store::Call,
-            request: crate::store::Request<'a, T>,
-        ) -> crate::store::Request<'a, T> {
-            use crate::store::Call;
+            call: crate::backend::Call,
+            request: crate::backend::Request<'a, T>,
+        ) -> crate::backend::Request<'a, T> {
+            use crate::backend::Call;
             let group = ElectionName::new("jobs").expect("valid");
             match self.who {
                 Arrival::Plain(plain) if call == Call::PutNote => Box::pin(async move {

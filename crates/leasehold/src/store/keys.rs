@@ -1,34 +1,5 @@
-//! The store primitive, for backend implementers: sessions, and keys that
-//! may be attached to one, each with a store-wide creation revision,
-//! changed only by guarded commits, read and watched by prefix.
-//!
-//! It is the whole of what a store has to offer for elections to be
-//! decided on it: the election (the live key of lowest creation revision
-//! leads, and that revision is its fencing token), the notes of the line
-//! of standbys and the release record are written once above it
-//! ([`crate::store::keyed::KeyedStore`]). Each backend maps it onto its own
-//! atomic operations: etcd's leases, keys and transactions; ZooKeeper's
-//! sessions, ephemeral nodes and `multi`; one table and a sequence in SQL.
-//! [`memory::MemoryKeys`] is the reference, in one process.
-//!
-//! The rules a backend keeps (the primitive's conformance suite checks
-//! them):
-//! - **Revisions** are store-wide and strictly increasing, also across
-//!   restarts: every commit that writes gets a greater one than every
-//!   earlier commit, and every key it creates has it as its creation
-//!   revision, which later puts keep.
-//! - **Atomic commits**: a commit's writes all happen, at one revision,
-//!   if and only if all its checks hold at that revision.
-//! - **Sessions** expire by the store's own clock, their TTL after the
-//!   store processed their opening or last renewal, never earlier; a key
-//!   attached to a session lives exactly as long as the session.
-//! - **Watches** tell every change made by a commit or by closing a
-//!   session under their prefix after the revision they started from, or
-//!   that the store does not answer. An expiry may go untold (a SQL store
-//!   learns of it only by reading its clock; [`Properties::tells_expiries`]
-//!   says): a key attached to a session then comes with the time its
-//!   session had left when read, and whoever needs to know reads again
-//!   then.
+//! The store primitive: see [`crate::backend`], where it is public and
+//! its rules are stated.
 
 use std::fmt;
 use std::sync::Arc;
@@ -203,7 +174,8 @@ impl Default for Properties {
     }
 }
 
-/// The store primitive (see the [module](self)).
+/// The store primitive (see [`crate::backend`] for the rules a backend
+/// keeps).
 #[async_trait]
 pub trait Keys: Send + Sync + fmt::Debug + 'static {
     /// Opens a session with the requested TTL; the store may grant another.

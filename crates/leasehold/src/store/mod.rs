@@ -1,5 +1,8 @@
-//! The store abstraction: sessions (leases) and grants, decided by the
-//! store's own atomic compare-and-swap.
+//! The store: where elections are decided, by its own atomic
+//! compare-and-swap. An application opens one from its URL ([`open`]) and
+//! gives it to an [`crate::Elector`]; the [`Store`] trait and the types
+//! of its methods are here. What a new backend implements, and the stores
+//! leasehold ships by their own types, are in [`crate::backend`].
 
 use std::fmt;
 use std::time::Duration;
@@ -11,23 +14,23 @@ use crate::names::{CandidateId, ElectionName};
 
 pub(crate) mod cleanup;
 #[cfg(feature = "etcd")]
-pub mod etcd;
-pub mod keyed;
-pub mod keys;
+pub(crate) mod etcd;
+pub(crate) mod keyed;
+pub(crate) mod keys;
 mod layout;
-pub mod memory;
+pub(crate) mod memory;
 pub(crate) mod note_watch;
 #[cfg(feature = "postgres")]
-pub mod postgres;
-pub mod security;
+pub(crate) mod postgres;
+mod security;
 pub(crate) mod shared_read;
 #[cfg(feature = "sqlite")]
-pub mod sqlite;
+pub(crate) mod sqlite;
 mod url;
 pub(crate) mod watch_driver;
-mod wrap;
+pub(crate) mod wrap;
 #[cfg(feature = "zookeeper")]
-pub mod zookeeper;
+pub(crate) mod zookeeper;
 
 pub use crate::grant::{FencingToken, Grant, Leader, SessionId, SessionLease};
 pub use layout::Layout;
@@ -37,7 +40,6 @@ pub(crate) use url::postgres_connect;
 pub use url::{
     Access, ClusterUrl, MAX_FILE_PATH_LEN, PASSWORD_ENV, PgSslMode, PostgresUrl, StoreUrl, open,
 };
-pub use wrap::{Call, Request, Wrapper};
 
 /// `session`'s key in a store that keeps session ids as signed 64-bit
 /// integers (SQLite, PostgreSQL, etcd): [`Error::SessionExpired`] for an

@@ -5,7 +5,8 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::store::{Call, Request, Store, Wrapper};
+use crate::backend::{Call, Request, Wrapper};
+use crate::store::Store;
 use crate::watch;
 
 /// What one client of the store did, as [`CountingStore`] counted it.

@@ -7,9 +7,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::backend::{Call, Request, Wrapper};
 use crate::clock::Clock;
 use crate::error::{Error, Result};
-use crate::store::{Call, Grant, Request, Store, Wrapper};
+use crate::store::{Grant, Store};
 
 /// Wraps a store and injects faults into what passes through it.
 #[derive(Debug)]

@@ -1,4 +1,4 @@
-//! The store primitive's conformance suite ([`crate::store::keys`]): what
+//! The store primitive's conformance suite ([`crate::backend::Keys`]): what
 //! a backend must keep for the elections written above it to be safe.
 //! Each case panics with the rule it found broken; run them all with
 //! [`crate::keys_conformance_tests`].

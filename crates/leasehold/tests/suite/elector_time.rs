@@ -5,9 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use leasehold::backend::memory::MemoryStore;
 use leasehold::clock::{Clock, TokioClock};
 use leasehold::store::Store;
-use leasehold::store::memory::MemoryStore;
 use leasehold::testing::{FaultyStore, unique_election};
 use leasehold::{CandidateId, Elector, LeaseConfig, LostReason};
 use tokio::time::Instant;

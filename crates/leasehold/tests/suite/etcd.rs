@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
+use leasehold::backend::etcd::EtcdStore;
 use leasehold::store::Store;
-use leasehold::store::etcd::EtcdStore;
 use leasehold::testing::ServerHarness;
 use leasehold_testkit::EtcdCluster;
 use leasehold_testkit::shared::{self, Server};
@@ -513,7 +513,7 @@ async fn a_prefix_holding_other_programs_keys_is_refused_untouched() {
         Err(leasehold::Error::IncompatibleSchema { found, supported }) => {
             assert_eq!(
                 (found, supported),
-                (2, leasehold::store::etcd::LAYOUT_VERSION)
+                (2, leasehold::backend::etcd::LAYOUT_VERSION)
             );
         }
         other => panic!("a newer layout must be refused, got {other:?}"),

@@ -244,7 +244,7 @@ async fn a_candidate_key_another_program_rewrote_is_not_deleted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_recipe_layout_inside_a_leasehold_store_is_refused() {
     let cluster = cluster().await;
-    let own = leasehold::store::etcd::EtcdStore::connect(
+    let own = leasehold::backend::etcd::EtcdStore::connect(
         &cluster.endpoints(),
         "/lhstore",
         &leasehold::store::Security::none(),

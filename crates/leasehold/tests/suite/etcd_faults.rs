@@ -24,7 +24,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use leasehold::store::etcd::EtcdStore;
+use leasehold::backend::etcd::EtcdStore;
 use leasehold::store::{Security, Store};
 use leasehold::testing::{campaign_until_granted, unique_election};
 use leasehold::{

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use leasehold::backend::etcd::EtcdKeys;
 use leasehold::store::Access;
-use leasehold::store::etcd::EtcdKeys;
 use leasehold::testing::keys::KeysHarness;
 use leasehold_testkit::EtcdCluster;
 use leasehold_testkit::shared::{self, Server};

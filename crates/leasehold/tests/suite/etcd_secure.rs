@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold::store::etcd::EtcdStore;
+use leasehold::backend::etcd::EtcdStore;
 use leasehold::store::{Access, ClusterUrl, Store};
 use leasehold::testing::{ServerHarness, unique_election};
 use leasehold::{CandidateId, Elector, Error, LeaseConfig};

@@ -4,10 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use leasehold::backend::memory::MemoryStore;
 use leasehold::fence::sqlite::SqliteFence;
 use leasehold::fence::{Fence, MemoryFence};
 use leasehold::store::Store;
-use leasehold::store::memory::MemoryStore;
 use leasehold::testing::{FaultyStore, unique_election};
 use leasehold::{CandidateId, Elector, Error, FencingToken, LeaseConfig, LostReason};
 use proptest::prelude::*;

@@ -5,9 +5,9 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use leasehold::backend::memory::MemoryKeys;
+use leasehold::backend::memory::MemoryStore;
 use leasehold::store::Store;
-use leasehold::store::keys::memory::MemoryKeys;
-use leasehold::store::memory::MemoryStore;
 use leasehold::testing::StoreHarness;
 use leasehold::testing::keys::KeysHarness;
 

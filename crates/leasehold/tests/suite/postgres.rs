@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use leasehold::backend::postgres::{PostgresStore, SCHEMA_VERSION};
 use leasehold::store::StatusWatch;
-use leasehold::store::postgres::{PostgresStore, SCHEMA_VERSION};
 use leasehold::store::{Access, Store};
 use leasehold::testing::{
     ServerHarness, StoreHarness, campaign_until_granted, spawn_campaign, unique_election,

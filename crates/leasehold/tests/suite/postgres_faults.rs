@@ -40,8 +40,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use leasehold::backend::postgres::PostgresStore;
 use leasehold::store::Store;
-use leasehold::store::postgres::PostgresStore;
 use leasehold::testing::unique_election;
 use leasehold::{CandidateId, ElectionName, Elector, Error, Leadership, LeaseConfig, LostReason};
 use leasehold_testkit::PostgresServer;

@@ -6,8 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use leasehold::backend::postgres::PgKeys;
 use leasehold::store::Access;
-use leasehold::store::postgres::PgKeys;
 use leasehold::testing::keys::KeysHarness;
 use leasehold_testkit::PostgresServer;
 use leasehold_testkit::shared::{self, Server};
@@ -53,7 +53,7 @@ leasehold::keys_conformance_tests!(postgres());
 /// and a key of its prefix deleted meanwhile is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_watch_tells_its_own_prefix_alone() {
-    use leasehold::store::keys::{Check, Keys, Write};
+    use leasehold::backend::{Check, Keys, Write};
     let postgres = postgres().await;
     let first = postgres.keys().await;
     let put = |key: &str| Write::Put {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold::store::postgres::PostgresStore;
+use leasehold::backend::postgres::PostgresStore;
 use leasehold::store::{Access, Store};
 use leasehold::testing::{ServerHarness, unique_election};
 use leasehold::{CandidateId, Elector, Error, LeaseConfig};

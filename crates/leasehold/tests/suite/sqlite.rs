@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use leasehold::Error;
+use leasehold::backend::sqlite::SqliteStore;
 use leasehold::store::Store;
-use leasehold::store::sqlite::SqliteStore;
 use leasehold::testing::StoreHarness;
 
 struct SqliteHarness {

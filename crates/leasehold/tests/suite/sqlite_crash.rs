@@ -13,8 +13,8 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use leasehold::store::keys::{Keys, Write};
-use leasehold::store::sqlite::{SqliteKeys, SqliteStore};
+use leasehold::backend::sqlite::{SqliteKeys, SqliteStore};
+use leasehold::backend::{Keys, Write};
 use leasehold::store::{Grant, Store};
 use leasehold::testing::unique_election;
 use leasehold::{CandidateId, ElectionName};

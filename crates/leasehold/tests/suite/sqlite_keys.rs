@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use leasehold::store::sqlite::SqliteKeys;
+use leasehold::backend::sqlite::SqliteKeys;
 use leasehold::testing::keys::KeysHarness;
 
 struct Sqlite {

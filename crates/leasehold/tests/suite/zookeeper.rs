@@ -6,8 +6,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use leasehold::backend::zookeeper::ZkStore;
 use leasehold::store::Store;
-use leasehold::store::zookeeper::ZkStore;
 use leasehold::testing::{ServerHarness, campaign_until_granted, spawn_campaign, unique_election};
 use leasehold::{CandidateId, Elector, LeaderStatus, LeaseConfig, LostReason};
 use leasehold_testkit::ZooKeeperServer;
@@ -461,7 +461,7 @@ async fn a_node_leasehold_did_not_create_is_refused_untouched() {
     {
         Err(leasehold::Error::IncompatibleSchema { found, supported }) => assert_eq!(
             (found, supported),
-            (2, leasehold::store::zookeeper::LAYOUT_VERSION)
+            (2, leasehold::backend::zookeeper::LAYOUT_VERSION)
         ),
         other => panic!("a newer layout must be refused, got {other:?}"),
     }

@@ -23,8 +23,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use leasehold::backend::zookeeper::ZkStore;
 use leasehold::store::Store;
-use leasehold::store::zookeeper::ZkStore;
 use leasehold::testing::{spawn_campaign, unique_election};
 use leasehold::{
     CandidateId, ElectionName, Elector, Leadership, LeaseConfig, LostReason, SessionId,

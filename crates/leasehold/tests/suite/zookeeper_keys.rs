@@ -6,9 +6,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use leasehold::store::keyed::KeyedStore;
-use leasehold::store::keys::{Check, KeyWatch, Keys, Range, Revision, Write};
-use leasehold::store::zookeeper::ZkKeys;
+use leasehold::backend::KeyedStore;
+use leasehold::backend::zookeeper::ZkKeys;
+use leasehold::backend::{Check, KeyWatch, Keys, Range, Revision, Write};
 use leasehold::store::{Access, SessionId, SessionLease, Store, StoreUrl};
 use leasehold::testing::keys::KeysHarness;
 use leasehold_testkit::ZooKeeperServer;
@@ -84,7 +84,7 @@ impl Keys for Counting {
     async fn session_ended(&self, session: SessionId) {
         self.keys.session_ended(session).await;
     }
-    fn properties(&self) -> leasehold::store::keys::Properties {
+    fn properties(&self) -> leasehold::backend::Properties {
         self.keys.properties()
     }
 }

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use leasehold::store::zookeeper::RecipeStore;
+use leasehold::backend::zookeeper::RecipeStore;
 use leasehold::store::{Access, ClusterUrl, FencingToken, Layout, Store};
 use leasehold::testing::ServerHarness;
 use leasehold::{CandidateId, ElectionName, Error};
@@ -179,7 +179,7 @@ async fn refusals(layout: Layout) {
     // A leasehold store's root, or a node inside one, is not a recipe's
     // path: its candidates would stand among that store's nodes.
     let own: ClusterUrl = server.url("/own").parse().expect("a valid URL");
-    leasehold::store::zookeeper::ZkStore::open(&own, Access::ReadWrite)
+    leasehold::backend::zookeeper::ZkStore::open(&own, Access::ReadWrite)
         .await
         .expect("a leasehold store");
     for (path, says) in [

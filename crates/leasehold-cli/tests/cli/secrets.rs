@@ -251,3 +251,80 @@ fn a_refused_url_is_a_json_line_under_the_json_log_format() {
         "unknown option \"foo\"",
     );
 }
+
+/// Reads a client's startup message from `stream`, first answering "no"
+/// to a request for TLS.
+fn read_startup(stream: &mut std::net::TcpStream) -> std::io::Result<()> {
+    use std::io::{Read, Write};
+    const SSL_REQUEST: [u8; 4] = 80_877_103u32.to_be_bytes();
+    let mut head = [0u8; 8];
+    stream.read_exact(&mut head)?;
+    if head[4..] == SSL_REQUEST {
+        stream.write_all(b"N")?;
+        stream.read_exact(&mut head)?;
+    }
+    let len = u32::from_be_bytes([head[0], head[1], head[2], head[3]]);
+    let len = usize::try_from(len).unwrap_or(0);
+    stream.read_exact(&mut vec![0u8; len.saturating_sub(8)])
+}
+
+/// A stand-in for a PostgreSQL server that wants a password: to every
+/// startup message it answers "send your password in clear"
+/// (`AuthenticationCleartextPassword`). It counts the connections that
+/// got that far.
+fn a_server_asking_for_a_password() -> (u16, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::io::{Read, Write};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("address").port();
+    let asked = std::sync::Arc::new(AtomicUsize::new(0));
+    let counted = std::sync::Arc::clone(&asked);
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().map_while(Result::ok) {
+            if read_startup(&mut stream).is_ok()
+                && stream.write_all(&[b'R', 0, 0, 0, 8, 0, 0, 0, 3]).is_ok()
+            {
+                counted.fetch_add(1, Ordering::SeqCst);
+            }
+            // Until the client hangs up.
+            let _ = stream.read_to_end(&mut Vec::new());
+        }
+    });
+    (port, asked)
+}
+
+/// A PostgreSQL URL with a user and no password is not refused up front
+/// (trust, peer and certificate authentication need none): only a server
+/// that asks for one tells it is missing. That is then exit 2 — after
+/// connecting — in one line saying where to give it.
+#[test]
+fn a_password_the_server_asks_for_is_found_missing_on_connecting() {
+    let (port, asked) = a_server_asking_for_a_password();
+    for args in [
+        &["status", "-e", "x"][..],
+        &["campaign", "-e", "x", "--ttl", "5s"],
+        &["run", "-e", "x", "--ttl", "5s", "--", "true"],
+    ] {
+        let before = asked.load(std::sync::atomic::Ordering::SeqCst);
+        let output = leasehold()
+            .args(args)
+            .env(
+                "LEASEHOLD_STORE",
+                format!("postgres://app@127.0.0.1:{port}/db"),
+            )
+            .output()
+            .expect("leasehold runs");
+        let text = all_output(&output);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {text}");
+        assert_eq!(text.trim_end().lines().count(), 1, "{args:?}: {text}");
+        assert!(
+            text.contains("the server asks for a password and none is given")
+                && text.contains("LEASEHOLD_STORE_PASSWORD"),
+            "{args:?}: {text}"
+        );
+        assert!(
+            asked.load(std::sync::atomic::Ordering::SeqCst) > before,
+            "{args:?}: refused before the server asked: {text}"
+        );
+    }
+}

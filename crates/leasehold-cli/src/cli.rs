@@ -643,20 +643,13 @@ impl Args {
     }
 
     /// What clap cannot check, checked before anything connects: the
-    /// command to run is not empty, the lease configuration obeys the
-    /// renewal rule and the maximum TTL.
+    /// program to run is one a system could start, the lease configuration
+    /// obeys the renewal rule and the maximum TTL.
     pub fn validate(&self) -> leasehold::Result<()> {
         let election = match &self.command {
             Command::Run(run) => {
-                if run
-                    .command
-                    .first()
-                    .is_some_and(|program| program.is_empty())
-                {
-                    return Err(leasehold::Error::InvalidInput {
-                        what: "command",
-                        reason: "the program to run (the first word after --) is empty".into(),
-                    });
+                if let Some(program) = run.command.first() {
+                    check_program(program)?;
                 }
                 &run.election
             }
@@ -670,6 +663,41 @@ impl Args {
 
 /// The longest name of a file or directory, in bytes (Linux's `NAME_MAX`).
 const MAX_FILE_NAME_LEN: usize = 255;
+
+/// Refuses a program to run that no system could start, whatever is
+/// installed by the time this replica leads: an empty one, a name looked
+/// up in `PATH` longer than `NAME_MAX` (glibc's and musl's `execvp` refuse
+/// it), a path longer than the kernel takes. Its bytes need not be UTF-8:
+/// the program is started as given.
+fn check_program(program: &std::ffi::OsStr) -> leasehold::Result<()> {
+    let len = program.len();
+    let looked_up = !program.as_encoded_bytes().contains(&b'/');
+    let limit = if looked_up {
+        MAX_FILE_NAME_LEN
+    } else {
+        leasehold::store::MAX_FILE_PATH_LEN
+    };
+    let reason = if len == 0 {
+        "the program to run (the first word after --) is empty".to_owned()
+    } else if len > limit {
+        let kind = if looked_up {
+            "a name looked up in PATH"
+        } else {
+            "a path"
+        };
+        format!(
+            "the program to run (the first word after --) {} is {len} bytes long, at most \
+             {limit} for {kind}: no system can start it",
+            leasehold::quoted(&program.to_string_lossy()),
+        )
+    } else {
+        return Ok(());
+    };
+    Err(leasehold::Error::InvalidInput {
+        what: "command",
+        reason,
+    })
+}
 
 /// `man --dir`: a path the system can take, its length and the limit said
 /// when too long (rather than the path quoted back whole).

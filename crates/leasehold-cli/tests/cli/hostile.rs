@@ -542,6 +542,59 @@ fn an_empty_program_is_a_usage_error() {
     assert!(out.status.success(), "{}", stderr(&out));
 }
 
+/// A program after `--` that no system could start — a name looked up in
+/// PATH longer than 255 bytes, a path longer than 4095 — is a usage error
+/// found before the store is opened (before, `run` campaigned, led, and
+/// then exited 127). A program whose name is not UTF-8 is started as
+/// given, and one that is missing when this replica leads exits 127.
+#[test]
+fn a_program_no_system_can_start_is_refused_before_the_store_is_opened() {
+    let scratch = Scratch::new();
+    let run = |program: &OsStr| {
+        leasehold()
+            .args(["run", "-e", "e", "--store", &scratch.store_url(), "--"])
+            .arg(program)
+            .current_dir(scratch.dir.path())
+            .output()
+            .expect("spawn")
+    };
+    let name = "a".repeat(256);
+    let path = format!("./{}", "a/".repeat(2047));
+    for (program, needle) in [
+        (
+            &name,
+            "256 bytes long, at most 255 for a name looked up in PATH",
+        ),
+        (&path, "4096 bytes long, at most 4095 for a path"),
+    ] {
+        let err = assert_usage_error(&run(OsStr::new(program)), needle);
+        assert!(
+            err.contains("the program to run (the first word after --)") && err.contains(needle),
+            "{err}"
+        );
+        assert!(!scratch.path("leasehold.db").exists(), "{needle}");
+    }
+    // Not too long for a name of 255 bytes, nor a path of 4095: missing,
+    // they are found so once leading (127).
+    let path = format!("./{}", "a/".repeat(2046));
+    for program in ["a".repeat(255), format!("{path}a")] {
+        let out = run(OsStr::new(&program));
+        assert_eq!(out.status.code(), Some(127), "{}", stderr(&out));
+    }
+    // Any bytes: a program whose name is not UTF-8 is started as given.
+    let program = [scratch.dir.path().as_os_str().as_bytes(), b"/pr\xffog"].concat();
+    let program = std::path::PathBuf::from(OsStr::from_bytes(&program));
+    std::fs::write(&program, "#!/bin/sh\necho ran > ran\n").expect("script");
+    std::fs::set_permissions(
+        &program,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    let out = run(program.as_os_str());
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(scratch.path("ran").exists());
+}
+
 /// Item 7: a host name that does not resolve is named as such (ZooKeeper
 /// said "no available hosts"); exit 1, as DNS may recover.
 #[test]
@@ -909,26 +962,24 @@ fn huge_values_are_measured_not_quoted_back() {
         .env_remove("LEASEHOLD_STORE")
         .output()
         .expect("spawn");
+    assert!(!home.status.success());
+    let err = stderr(&home);
+    let line = err.lines().last().unwrap_or_default();
+    assert!(line.len() < 400, "HOME: {} bytes", line.len());
+    assert!(line.contains("… (1000"), "HOME: {line}");
+    // A program no system could start: refused before the store is opened.
     let program = leasehold()
-        .args([
-            "run",
-            "-e",
-            "ok",
-            "--store",
-            &store,
-            "--",
-            &format!("/{huge}"),
-        ])
+        .args(["run", "-e", "ok", "--store", &store, "--"])
+        .arg(format!("/{huge}"))
         .current_dir(scratch.dir.path())
         .output()
         .expect("spawn");
-    for (what, out) in [("HOME", home), ("the program", program)] {
-        assert!(!out.status.success(), "{what}");
-        let err = stderr(&out);
-        let line = err.lines().last().unwrap_or_default();
-        assert!(line.len() < 400, "{what}: {} bytes", line.len());
-        assert!(line.contains("… (1000"), "{what}: {line}");
-    }
+    let err = assert_usage_error(&program, "the program");
+    assert!(err.len() < 300, "the program: {} bytes", err.len());
+    assert!(
+        err.contains("100001 bytes long, at most 4095 for a path"),
+        "{err}"
+    );
     // Values checked otherwise are shown cut short too.
     let shortened = [
         run(&["-e", "ok", "--ttl", &format!("1{huge}")]),

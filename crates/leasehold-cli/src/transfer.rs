@@ -4,7 +4,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use leasehold::admin::request_transfer;
-use leasehold::{ElectionName, Leader};
+use leasehold::{CandidateId, ElectionName, Leader};
 
 use crate::cli::TransferArgs;
 use crate::logfields::shown;
@@ -41,7 +41,17 @@ pub async fn run(args: TransferArgs) -> anyhow::Result<ExitCode> {
         }
         Err(leasehold::Error::Timeout(after)) => {
             let now = store.leader(election).await.ok().flatten();
-            crate::say(&timed_out(election, before.as_ref(), now.as_ref(), after));
+            let old = match &before {
+                Some(before) => waits_in_line(&*store, election, &before.candidate).await,
+                None => OldLeader::Unknown,
+            };
+            crate::say(&timed_out(
+                election,
+                before.as_ref(),
+                now.as_ref(),
+                old,
+                after,
+            ));
             Ok(ExitCode::FAILURE)
         }
         Err(error) => Err(error.into()),
@@ -85,12 +95,57 @@ async fn done_says(
     }
 }
 
+/// Where the leader from before a transfer that timed out is, as the
+/// line read after the timeout shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum OldLeader {
+    /// It waits in the line again.
+    Waits,
+    /// It is not in the line: its `run` exited (say, on SIGTERM during the
+    /// transfer) or has not rejoined (stopped before it could).
+    Gone,
+    /// The line could not be read.
+    Unknown,
+}
+
+/// Whether `candidate` waits in the line of `election` now.
+async fn waits_in_line(
+    store: &dyn leasehold::store::Store,
+    election: &ElectionName,
+    candidate: &CandidateId,
+) -> OldLeader {
+    match leasehold::admin::line(store, election).await {
+        Ok(line) if line.iter().any(|w| &w.candidate == candidate) => OldLeader::Waits,
+        Ok(_) => OldLeader::Gone,
+        Err(_) => OldLeader::Unknown,
+    }
+}
+
+impl OldLeader {
+    /// What it says of `candidate`, the leader before.
+    fn says(self, candidate: &CandidateId) -> String {
+        match self {
+            OldLeader::Waits => format!("{candidate} went back into the line"),
+            OldLeader::Gone => {
+                format!(
+                    "{candidate} is not in the line: its replica has exited or has not rejoined"
+                )
+            }
+            OldLeader::Unknown => {
+                format!("the line could not be read to tell whether {candidate} went back into it")
+            }
+        }
+    }
+}
+
 /// What `transfer` says when no new leader took the election up within
-/// `after`, from the leaders the store showed before and after.
+/// `after`, from the leaders the store showed before and after, and where
+/// the leader from before is (`old`).
 fn timed_out(
     election: &ElectionName,
     before: Option<&Leader>,
     now: Option<&Leader>,
+    old: OldLeader,
     after: Duration,
 ) -> String {
     let after = humantime::format_duration(after);
@@ -100,14 +155,17 @@ fn timed_out(
             "{election}: {} was granted the election (token {}) but did not take it up within {after}: \
              its replica is likely stopped, killed or cut off from the store; until it takes it up \
              nothing runs, and the store shows it leading until its session expires (up to its TTL), \
-             {next} ({} went back into the line)",
-            now.candidate, now.token, before.candidate
+             {next} ({})",
+            now.candidate,
+            now.token,
+            old.says(&before.candidate)
         ),
         (Some(before), None) => format!(
             "{election}: {} let go of the election, but no replica took it up within {after}: the \
              chosen replica is likely stopped or killed; nobody leads until its session expires (up to \
-             its TTL), {next} ({} went back into the line)",
-            before.candidate, before.candidate
+             its TTL), {next} ({})",
+            before.candidate,
+            old.says(&before.candidate)
         ),
         _ => format!(
             "{election}: no new leader held within {after}; the request was withdrawn, but a \
@@ -135,26 +193,59 @@ mod tests {
         let election = ElectionName::new("jobs").expect("valid name");
         let (a, b) = (leader("a", 4), leader("b", 5));
         let second = Duration::from_secs(2);
-        let granted = timed_out(&election, Some(&a), Some(&b), second);
+        let granted = timed_out(&election, Some(&a), Some(&b), OldLeader::Waits, second);
         assert!(
             granted.starts_with(
                 "jobs: b was granted the election (token 5) but did not take it up within 2s"
             ),
             "{granted}"
         );
-        assert!(granted.contains("a went back into the line"), "{granted}");
-        let released = timed_out(&election, Some(&a), None, second);
+        assert!(
+            granted.ends_with("(a went back into the line)"),
+            "{granted}"
+        );
+        let released = timed_out(&election, Some(&a), None, OldLeader::Waits, second);
         assert!(
             released.contains("a let go of the election, but no replica took it up"),
             "{released}"
         );
+        assert!(
+            released.ends_with("(a went back into the line)"),
+            "{released}"
+        );
         for unchanged in [
-            timed_out(&election, Some(&a), Some(&a), second),
-            timed_out(&election, None, Some(&b), second),
+            timed_out(&election, Some(&a), Some(&a), OldLeader::Waits, second),
+            timed_out(&election, None, Some(&b), OldLeader::Unknown, second),
         ] {
             assert!(
                 unchanged.contains("no new leader held within 2s"),
                 "{unchanged}"
+            );
+        }
+    }
+
+    /// The old leader is said to be back in the line only when the line
+    /// read after the timeout shows it: its `run` may have ended meanwhile
+    /// (a SIGTERM during the transfer).
+    #[test]
+    fn a_timeout_says_where_the_old_leader_is_as_the_line_shows() {
+        let election = ElectionName::new("jobs").expect("valid name");
+        let (a, b) = (leader("a", 4), leader("b", 5));
+        let second = Duration::from_secs(2);
+        for now in [Some(&b), None] {
+            let gone = timed_out(&election, Some(&a), now, OldLeader::Gone, second);
+            assert!(
+                gone.ends_with(
+                    "(a is not in the line: its replica has exited or has not rejoined)"
+                ),
+                "{gone}"
+            );
+            assert!(!gone.contains("went back"), "{gone}");
+            let unknown = timed_out(&election, Some(&a), now, OldLeader::Unknown, second);
+            assert!(
+                unknown
+                    .ends_with("(the line could not be read to tell whether a went back into it)"),
+                "{unknown}"
             );
         }
     }

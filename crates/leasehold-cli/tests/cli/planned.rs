@@ -168,6 +168,53 @@ pub fn a_transfer_to_a_stopped_replica_fails_after_its_timeout(store: &str, scra
     b.signal(nix::sys::signal::Signal::SIGKILL);
 }
 
+/// A transfer to a replica stopped (SIGSTOP) in line times out on SQLite:
+/// the leader lets go, and the stopped replica takes nothing up. `transfer` then
+/// says the old leader went back into the line only when the line shows
+/// it there: not when its `run` was stopped by SIGTERM during the
+/// handover and exited.
+#[test]
+fn a_timed_out_transfer_says_whether_the_old_leader_is_back_in_line() {
+    use nix::sys::signal::Signal;
+    for sigterm in [false, true] {
+        let scratch = Scratch::new();
+        let store = scratch.store_url();
+        let mut a = replica(&store, &scratch, "a", &[]);
+        assert!(wait_until(10 * SECOND, || runs(&scratch).len() == 1));
+        let b = replica(&store, &scratch, "b", &[]);
+        assert!(wait_until(10 * SECOND, || waiting_ids(&store).len() == 1));
+        std::thread::sleep(Duration::from_millis(500));
+        b.signal(Signal::SIGSTOP);
+        let transfer = leasehold()
+            .args(["transfer", "--election", ELECTION, "--store", &store])
+            .args(["--to", "b", "--timeout", "3s"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn transfer");
+        if sigterm {
+            // The handover has begun once a's command was stopped.
+            assert!(wait_until(10 * SECOND, || read_lines(
+                &scratch.path("moves.log")
+            )
+            .iter()
+            .any(|l| l.starts_with("stopped "))));
+            a.signal(Signal::SIGTERM);
+            assert!(a.wait_for_exit(10 * SECOND).is_some(), "a did not exit");
+        }
+        let out = transfer.wait_with_output().expect("transfer");
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{sigterm}: {err}");
+        assert!(err.contains("within 3s"), "{err}");
+        let (said, not_said) = match sigterm {
+            false => ("(a went back into the line)", "not in the line"),
+            true => ("(a is not in the line: its replica has exited", "went back"),
+        };
+        assert!(err.contains(said) && !err.contains(not_said), "{err}");
+        b.signal(Signal::SIGKILL);
+    }
+}
+
 #[test]
 fn a_transfer_that_cannot_happen_says_why_and_changes_nothing() {
     let scratch = Scratch::new();

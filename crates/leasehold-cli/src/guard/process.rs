@@ -50,7 +50,9 @@ pub fn main() -> ExitCode {
     // its work is done; it exits by itself when it is. So every signal that
     // can be is blocked (SIGKILL and SIGSTOP cannot), but SIGCHLD, by which
     // it learns that processes of the command's tree ended. The command
-    // starts with an empty mask (`set_parent_death_signal`).
+    // starts with an empty mask (`set_parent_death_signal`). Those that
+    // stop `run` are read from a signalfd, only to log that they are
+    // ignored (`log_ignored_signals`).
     let mut blocked = SigSet::all();
     blocked.remove(Signal::SIGCHLD);
     let _ = blocked.thread_block();
@@ -82,9 +84,75 @@ pub fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    runtime.block_on(Guard::default().serve(socket));
+    runtime.block_on(async {
+        tokio::spawn(log_ignored_signals());
+        Guard::default().serve(socket).await;
+    });
     crate::logwriter::flush(crate::LAST_LINES);
     ExitCode::SUCCESS
+}
+
+/// The signals that stop `run` (a service manager's stop, a terminal's
+/// hangup, `pkill leasehold`), which may reach the guard too.
+const STOPPING_SIGNALS: [Signal; 5] = [
+    Signal::SIGTERM,
+    Signal::SIGINT,
+    Signal::SIGHUP,
+    Signal::SIGQUIT,
+    Signal::SIGPWR,
+];
+
+#[allow(unsafe_code)]
+fn register(
+    fd: nix::sys::signalfd::SignalFd,
+) -> std::io::Result<tokio::io::unix::AsyncFd<nix::sys::signalfd::SignalFd>> {
+    // SAFETY: `register_with_interest` requires that the raw fd stays open
+    // and refers to the same file description for the AsyncFd's whole life.
+    // The AsyncFd takes ownership of the `SignalFd`, which owns its
+    // `OwnedFd` and never closes or replaces it; it is closed only when the
+    // AsyncFd (and so the `SignalFd`) is dropped, and `as_raw_fd` always
+    // returns that same descriptor.
+    unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
+        .map_err(std::io::Error::from)
+}
+
+/// Logs each of [`STOPPING_SIGNALS`] the guard gets, at debug level: they
+/// stay blocked (see `main`), and are read here from a signalfd only to
+/// say that they are ignored. If the signalfd cannot be had, they stay
+/// pending, unlogged, as before.
+async fn log_ignored_signals() {
+    use nix::sys::signalfd::{SfdFlags, SignalFd};
+    let mut mask = SigSet::empty();
+    for signal in STOPPING_SIGNALS {
+        mask.add(signal);
+    }
+    let flags = SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC;
+    let Ok(fd) = SignalFd::with_flags(&mask, flags) else {
+        return;
+    };
+    let Ok(fd) = register(fd) else {
+        return;
+    };
+    loop {
+        let Ok(mut ready) = fd.readable().await else {
+            return;
+        };
+        match fd.get_ref().read_signal() {
+            Ok(Some(info)) => {
+                let signal = i32::try_from(info.ssi_signo)
+                    .ok()
+                    .and_then(|n| Signal::try_from(n).ok())
+                    .map_or("a signal", Signal::as_str);
+                tracing::debug!(
+                    signal,
+                    from_pid = info.ssi_pid,
+                    "the guard ignores {signal}: it exits by itself once the term is over and the command's tree is gone (to end the term, signal `leasehold run`)"
+                );
+            }
+            Ok(None) => ready.clear_ready(),
+            Err(_) => return,
+        }
+    }
 }
 
 /// `leasehold __guard` run by hand (in any argument shape): one line

@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
-use super::harness::{Proc, Scratch, StoppedReplica, alive, leasehold, read_lines, wait_until};
+use super::harness::{
+    Proc, Scratch, StoppedReplica, alive, children_of, leasehold, read_lines, wait_until,
+};
 use super::run::{grandchildren, runs};
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -261,6 +263,52 @@ sleep 0.3; kill -9 $PPID; wait"#;
     let _b = run("b");
     assert!(wait_until(20 * SECOND, || runs(&scratch).len() == 2));
     assert_no_overlap(&scratch);
+}
+
+/// Signals that stop `run` do not stop its guard, which must outlive
+/// `run` to kill the command's tree (and, were `run` killed, release its
+/// grant once that tree is gone): it ignores them, saying so at debug
+/// level, and exits by itself once `run` ended the term.
+#[test]
+fn the_guard_ignores_signals_that_stop_run_and_says_so() {
+    let scratch = Scratch::new();
+    let err = File::create(scratch.path("a.err")).expect("stderr file");
+    let mut a = Proc::spawn(
+        leasehold()
+            .args(["-v", "run", "--election", "signalled", "--ttl", "60s"])
+            .args(["--store", &scratch.store_url(), "--", "sh", "-c", TICKING])
+            .current_dir(scratch.dir.path())
+            .stdout(Stdio::null())
+            .stderr(err),
+    );
+    assert!(wait_until(20 * SECOND, || runs(&scratch).len() == 1));
+    let guards = children_of(a.pid());
+    assert_eq!(guards.len(), 1, "one guard: {guards:?}");
+    let guard = nix::unistd::Pid::from_raw(guards[0]);
+    for signal in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+        nix::sys::signal::kill(guard, signal).expect("signal the guard");
+        let said = format!("the guard ignores {}", signal.as_str());
+        assert!(
+            wait_until(10 * SECOND, || log_of(&scratch, "a").contains(&said)),
+            "{said}: {}",
+            log_of(&scratch, "a")
+        );
+    }
+    assert!(alive(guards[0]), "the guard died of a signal meant for run");
+    let ticks = read_lines(&scratch.path("billing.log")).len();
+    assert!(
+        wait_until(10 * SECOND, || read_lines(&scratch.path("billing.log"))
+            .len()
+            > ticks),
+        "the command stopped"
+    );
+    // `run` stopped: the term ends, and the guard exits by itself.
+    a.signal(Signal::SIGTERM);
+    assert!(a.wait_for_exit(20 * SECOND).is_some(), "run did not exit");
+    assert!(
+        wait_until(10 * SECOND, || !alive(guards[0])),
+        "the guard outlived the term"
+    );
 }
 
 /// A stderr nobody reads (a full pipe) never blocks `run` or its guard:

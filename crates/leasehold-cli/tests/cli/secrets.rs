@@ -318,7 +318,8 @@ fn a_password_the_server_asks_for_is_found_missing_on_connecting() {
         assert_eq!(output.status.code(), Some(2), "{args:?}: {text}");
         assert_eq!(text.trim_end().lines().count(), 1, "{args:?}: {text}");
         assert!(
-            text.contains("the server asks for a password and none is given")
+            text.contains("invalid store credentials: ")
+                && text.contains("the server asks for a password and none is given")
                 && text.contains("LEASEHOLD_STORE_PASSWORD"),
             "{args:?}: {text}"
         );

@@ -68,7 +68,7 @@ impl Connector {
                 // password and the configuration has none.
                 None if crate::error::with_causes(&error).contains("password missing") => {
                     Error::invalid(
-                        "store URL",
+                        "store credentials",
                         format!(
                             "postgres {what}: the server asks for a password and none is given: \
                              give it by LEASEHOLD_STORE_PASSWORD, password_file=PATH or \

@@ -146,18 +146,6 @@ impl Error {
         }
     }
 
-    /// The [`Error::Corrupt`] of a grant of `election` for which `store`
-    /// returned `value`, which is no fencing token (see
-    /// [`FencingToken::issued`]).
-    #[cfg(feature = "zookeeper")]
-    pub(crate) fn not_a_token(store: &dyn std::fmt::Display, election: &str, value: i64) -> Self {
-        Error::Corrupt(format!(
-            "{store}: the grant of election {election} came with {value} as its fencing token, \
-             which is no token a store issues (they are 1 to {})",
-            FencingToken::LAST
-        ))
-    }
-
     /// Whether retrying the same operation later may succeed.
     pub fn is_transient(&self) -> bool {
         matches!(self, Error::Unavailable { .. } | Error::Timeout(_))

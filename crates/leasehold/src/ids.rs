@@ -57,19 +57,6 @@ impl FencingToken {
     /// that would need a larger one fails with [`crate::Error::Corrupt`].
     pub(crate) const LAST: FencingToken = FencingToken(i64::MAX.unsigned_abs());
 
-    /// The token of a grant that a store just made, from the signed
-    /// 64-bit integer it keeps (a SQL counter, an etcd create revision, a
-    /// ZooKeeper czxid); `None` for a value that is no token — zero or
-    /// negative — which only a damaged store or a server breaking its
-    /// protocol returns, and which must never be granted as one.
-    #[cfg(feature = "zookeeper")]
-    pub(crate) fn issued(value: i64) -> Option<Self> {
-        u64::try_from(value)
-            .ok()
-            .filter(|&token| token > 0)
-            .map(FencingToken)
-    }
-
     /// The token as the signed 64-bit integer that SQLite, PostgreSQL and
     /// etcd keep; `None` above `i64::MAX`, a token none of them issues.
     pub fn to_i64(self) -> Option<i64> {
@@ -103,15 +90,10 @@ impl fmt::Display for FencingToken {
 mod tests {
     use super::FencingToken;
 
-    /// etcd revisions and ZooKeeper czxids become grant tokens only when
-    /// they are tokens: a value below 1 is refused, never read as 0.
+    /// The last token is the largest signed 64-bit integer, and no token
+    /// above it has one.
     #[test]
-    fn only_positive_stored_values_are_issued_tokens() {
-        assert_eq!(FencingToken::issued(1), Some(FencingToken(1)));
-        assert_eq!(FencingToken::issued(i64::MAX), Some(FencingToken::LAST));
-        for value in [0, -1, i64::MIN] {
-            assert_eq!(FencingToken::issued(value), None, "{value}");
-        }
+    fn the_last_token_is_the_largest_stored_value() {
         assert_eq!(FencingToken::LAST.to_i64(), Some(i64::MAX));
         assert_eq!(FencingToken(FencingToken::LAST.0 + 1).to_i64(), None);
     }

@@ -41,7 +41,9 @@
 //! store's candidates then stand in the same line as that recipe's own
 //! clients, with nodes named, ordered and watched as theirs are, so that
 //! leasehold replicas and, say, Java services on Curator elect one leader
-//! between them. Election `E` is the node `{PATH}/{E}` (`/{E}` without a
+//! between them. It is the same election, written once above the store
+//! primitive ([`KeyedStore`]), over the primitive in that layout
+//! ([`RecipeKeys`], which writes only what the recipes write). Election `E` is the node `{PATH}/{E}` (`/{E}` without a
 //! path; a `/` in `E` nests it deeper), shared with the other clients:
 //! leasehold writes no marker there and makes no root of its own; a path
 //! that is, or lies inside, a leasehold store is refused.
@@ -74,10 +76,10 @@
 //!   the node is ephemeral to one; otherwise ZooKeeper does not tell another
 //!   client's session timeout, and the session timeout the store's own
 //!   client negotiated stands for it, an estimate.
-//! - A session's node name (its UUID) is made at its first campaign in an
-//!   election and kept for the session's life: a campaign again after a
-//!   lost reply finds the node the server made, as the recipes' own retries
-//!   do, rather than add a second. A dropped campaign deletes its node. A
+//! - A campaign first looks for a node of its session in the line: a
+//!   campaign again after a lost reply finds the node the server made, as
+//!   the recipes' own retries do, rather than add a second. A dropped
+//!   campaign deletes its node. A
 //!   resign, and the release of a dead holder's grant, delete only the node
 //!   that is ephemeral to the grant's session and whose `czxid` is the
 //!   grant's token: leasehold never changes or deletes a node it did not
@@ -118,17 +120,15 @@
 //!   it again.
 
 mod connection;
-mod elections;
 mod key_watch;
 mod keys;
 mod recipes;
 mod sessions;
-mod waiting;
 
 pub use keys::ZkKeys;
-use waiting::*;
+pub use recipes::RecipeKeys;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -142,16 +142,12 @@ use zookeeper_client::{
 
 use crate::config::StoreTtl;
 use crate::error::{Error, Result};
-use crate::names::{CandidateId, ElectionName};
 use crate::store::keyed::KeyedStore;
+use crate::store::keys::Keys;
 use crate::store::layout::Layout;
 use crate::store::security::Security;
-use crate::store::watch_driver::{self as leader_watch, Event, Source};
 use crate::store::{Access, ClusterUrl};
-use crate::store::{
-    ElectionState, FencingToken, Grant, Leader, LeaderWatch, Note, NoteWatch, SessionId,
-    SessionLease, StatusWatch, Store,
-};
+use crate::store::{SessionId, SessionLease};
 use recipes::Recipe;
 
 /// How ZooKeeper keeps a TTL: the session timeout, an `int` of
@@ -183,13 +179,10 @@ const ATTEMPTS: usize = 5;
 /// over the store primitive on ZooKeeper ([`ZkKeys`]).
 pub type ZkStore = KeyedStore<ZkKeys>;
 
-/// An election store in a ZooKeeper ensemble, in the layout of another
-/// client's recipe (`?layout=curator|kazoo`).
-#[derive(Debug, Clone)]
-pub struct RecipeStore {
-    inner: Arc<Inner>,
-    recipe: Recipe,
-}
+/// The ZooKeeper store in the layout of another client's recipe
+/// (`?layout=curator|kazoo`): the elections written once over the store
+/// primitive in that layout ([`RecipeKeys`]).
+pub type RecipeStore = KeyedStore<RecipeKeys>;
 
 #[derive(Debug)]
 struct Inner {
@@ -228,11 +221,6 @@ struct ZkSession {
     renewed: watch::Sender<Instant>,
     /// Cancelled when the session ended, whatever the cause.
     ended: CancellationToken,
-    /// Elections this session was granted (and has not resigned).
-    held: Mutex<HashSet<ElectionName>>,
-    /// In a recipe's layout, the prefix of this session's candidate node
-    /// in each election it campaigned in, and its latest campaign there.
-    recipe_campaigns: Mutex<recipes::RecipeCampaigns>,
 }
 
 impl ZkSession {
@@ -370,77 +358,6 @@ fn node_acls(authenticated: bool) -> Acls<'static> {
     }
 }
 
-fn token_of(stat: &zookeeper_client::Stat) -> FencingToken {
-    FencingToken::from_stored(stat.czxid)
-}
-
-/// The token of a grant whose node has `stat`: its czxid, which
-/// ZooKeeper numbers from 1 up; [`Error::Corrupt`] for any other value,
-/// which is no token and must not be granted as one.
-fn granted_token(election: &ElectionName, stat: &zookeeper_client::Stat) -> Result<FencingToken> {
-    FencingToken::issued(stat.czxid)
-        .ok_or_else(|| Error::not_a_token(&"zookeeper", election.as_str(), stat.czxid))
-}
-
-impl RecipeStore {
-    /// Connects to the ensemble `url` names for `access`, in the layout
-    /// of the recipe it names ([`Layout::Curator`] or [`Layout::Kazoo`]):
-    /// below the root (which may then be empty), with no check of it and
-    /// nothing written until a campaign (see the module documentation).
-    /// [`Access::ReadOnly`] writes nothing and opens no session (an
-    /// election nobody joined has no leader). [`Access::ReleaseOnly`]
-    /// checks nothing; its release deletes only a candidate node ephemeral
-    /// to the holder's session and carrying its token.
-    pub async fn open(url: &ClusterUrl, access: Access) -> Result<Self> {
-        let Some(recipe) = Recipe::of(url.layout()) else {
-            return Err(Error::invalid(
-                "ZooKeeper store URL",
-                format!(
-                    "a recipe's store speaks ?layout=curator or kazoo, not {}",
-                    url.layout()
-                ),
-            ));
-        };
-        let (endpoints, root, security) = (url.endpoints(), url.path(), url.security());
-        Ok(RecipeStore {
-            inner: start(endpoints, root, security, access, url.layout()).await?,
-            recipe,
-        })
-    }
-
-    /// What needs leasehold's own layout, refused in a recipe's.
-    fn unsupported<T>(&self, what: &str) -> Result<T> {
-        Err(Error::Unsupported(format!(
-            "{what} needs leasehold's own layout: with ?layout={} the recipe's order of \
-             candidates is the only line, so priorities, lock-delay, transfers, shards, \
-             slots and listing elections are not available",
-            self.recipe.layout()
-        )))
-    }
-
-    /// A watch of `election`; with `held`, for the holder of that grant
-    /// (see [`leader_watch::start`]).
-    async fn watch_held<V: crate::store::watch_driver::Initial>(
-        &self,
-        election: &ElectionName,
-        held: Option<FencingToken>,
-    ) -> Result<crate::watch::Receiver<V>> {
-        let client = self.inner.reader().await?;
-        // Set before the first read, so that no change between the two is
-        // missed.
-        let watcher = self.inner.watch_election(&client, election).await?;
-        let source = ZkWatch {
-            inner: Arc::clone(&self.inner),
-            recipe: self.recipe,
-            election: election.clone(),
-            watcher: Some(watcher),
-            disconnected: false,
-            rewatch_failed: false,
-        };
-        leader_watch::start(source, election, held).await
-    }
-}
-
 /// The store's state for `access`: its own client connected and, in
 /// leasehold's layout, the root checked (and unless read-only, made). A
 /// recipe's layout has no root of leasehold's to check: its path is
@@ -494,40 +411,41 @@ impl KeyedStore<ZkKeys> {
     pub async fn open(url: &ClusterUrl, access: Access) -> Result<Self> {
         Ok(KeyedStore::over(ZkKeys::open(url, access).await?))
     }
+}
 
-    /// **Tests only**: see [`RecipeStore::kill_session_from_outside`].
-    #[cfg(feature = "testing")]
-    #[doc(hidden)]
-    pub async fn kill_session_from_outside(&self, session: SessionId) -> Result<()> {
-        self.keys().inner.kill_session_from_outside(session).await
-    }
+/// A primitive on a ZooKeeper ensemble, in either layout.
+trait OnZooKeeper {
+    fn zk(&self) -> &Inner;
+}
 
-    /// How many candidate keys `session` has in `election` (tests: a
-    /// reconnect must never leave two).
-    #[cfg(feature = "testing")]
-    #[doc(hidden)]
-    pub async fn candidate_nodes(
-        &self,
-        session: SessionId,
-        election: &ElectionName,
-    ) -> Result<usize> {
-        use crate::store::keys::Keys;
-        let prefix = self.candidates_prefix(election);
-        let range = self.keys().range(&prefix).await?;
-        Ok(range
-            .entries
-            .iter()
-            .filter(|e| e.session == Some(session))
-            .count())
+impl OnZooKeeper for ZkKeys {
+    fn zk(&self) -> &Inner {
+        &self.inner
     }
 }
 
-impl RecipeStore {
+impl OnZooKeeper for RecipeKeys {
+    fn zk(&self) -> &Inner {
+        &self.inner
+    }
+}
+
+#[allow(private_bounds)]
+impl<K: Keys + OnZooKeeper> KeyedStore<K> {
     /// **Tests only**: see [`Inner::kill_session_from_outside`].
     #[cfg(feature = "testing")]
     #[doc(hidden)]
     pub async fn kill_session_from_outside(&self, session: SessionId) -> Result<()> {
-        self.inner.kill_session_from_outside(session).await
+        self.keys().zk().kill_session_from_outside(session).await
+    }
+}
+
+impl KeyedStore<RecipeKeys> {
+    /// Connects to the ensemble `url` names for `access`, in the layout of
+    /// the recipe it names (see [`RecipeKeys::open`]).
+    pub async fn open(url: &ClusterUrl, access: Access) -> Result<Self> {
+        let keys = RecipeKeys::open(url, access).await?;
+        Ok(KeyedStore::with_layout(keys, url.layout()))
     }
 }
 
@@ -585,27 +503,5 @@ impl Inner {
             reason: format!("could not end zookeeper session {session} from outside: {reason}"),
             source: None,
         })
-    }
-}
-
-impl RecipeStore {
-    /// How many candidate nodes `session` has in `election` (tests: a
-    /// reconnect must never leave two).
-    #[cfg(feature = "testing")]
-    #[doc(hidden)]
-    pub async fn candidate_nodes(
-        &self,
-        session: SessionId,
-        election: &ElectionName,
-    ) -> Result<usize> {
-        self.inner.recipe_candidate_nodes(session, election).await
-    }
-}
-
-/// The error for a grant that is no longer its election's grant.
-fn not_holder(grant: &Grant) -> Error {
-    Error::NotHolder {
-        election: grant.election.to_string(),
-        token: grant.token,
     }
 }

@@ -177,7 +177,7 @@ async fn expire_then_reconnect_never_gives_two_leaders() {
     // a's old session is gone; a campaigns on a new one and waits.
     assert_eq!(
         store_a
-            .candidate_nodes(first.session().id(), &election)
+            .candidate_keys(first.session().id(), &election)
             .await
             .expect("list"),
         0
@@ -212,7 +212,7 @@ async fn reconnect_then_expire_never_gives_two_leaders() {
         assert!(!contender.is_finished(), "b granted while a leads");
         assert_eq!(
             store_a
-                .candidate_nodes(first.session().id(), &election)
+                .candidate_keys(first.session().id(), &election)
                 .await
                 .expect("list"),
             1,
@@ -264,7 +264,7 @@ async fn a_dropped_campaign_withdraws_its_node() {
     assert!(attempt.is_err(), "b was granted a held election");
     let withdrawn = async {
         while store
-            .candidate_nodes(waiter.id, &election)
+            .candidate_keys(waiter.id, &election)
             .await
             .expect("list")
             != 0

@@ -139,7 +139,7 @@ async fn read_leader(store: &ZkStore, election: &ElectionName) -> Option<leaseho
 async fn candidate_nodes(store: &ZkStore, session: SessionId, election: &ElectionName) -> usize {
     let until = Instant::now() + EVENTUALLY;
     loop {
-        match store.candidate_nodes(session, election).await {
+        match store.candidate_keys(session, election).await {
             Ok(n) => return n,
             Err(error) if Instant::now() < until => {
                 eprintln!("listing candidates: {error}; again");

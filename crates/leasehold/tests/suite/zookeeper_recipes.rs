@@ -224,10 +224,12 @@ async fn parents_are_made(layout: Layout) {
     );
 }
 
-/// No herd: with 12 candidates waiting, each waiter's session watches
-/// exactly one node, the candidate node just ahead of its own in the
-/// recipe's order (read from the server's `wchc`), as the recipe's own
-/// clients do.
+/// No herd: with 12 candidates waiting, the server holds exactly one
+/// watch on the candidate node just ahead of each waiter's in the
+/// recipe's order, and none on any other candidate (read from the
+/// server's `wchc`), as the recipe's own clients set them. (The watches
+/// are the store handle's, as all of a handle's watches are, not each
+/// waiter's session's.)
 async fn each_waiter_watches_only_its_predecessor(layout: Layout) {
     let server = server().await;
     let store = store(&server, "/herd", layout).await;
@@ -251,23 +253,16 @@ async fn each_waiter_watches_only_its_predecessor(layout: Layout) {
                 .expect("campaign")
         });
     }
-    // session id → the paths under the election it watches.
+    // Every watch the server holds on a candidate node, by any session.
     let watches = || {
         let answer = server.four_letter("wchc").unwrap_or_default();
-        let mut by_session: Vec<(i64, Vec<String>)> = Vec::new();
-        for line in answer.lines() {
-            let line = line.trim();
-            if let Some(hex) = line.strip_prefix("0x") {
-                let id = u64::from_str_radix(hex, 16).unwrap_or(0);
-                by_session.push((id.cast_signed(), Vec::new()));
-            } else if line.starts_with(&format!("{dir}/"))
-                && let Some(last) = by_session.last_mut()
-            {
-                last.1.push(line.to_owned());
-            }
-        }
-        by_session.retain(|(_, paths)| !paths.is_empty());
-        by_session
+        let mut paths: Vec<String> = (answer.lines())
+            .map(str::trim)
+            .filter(|line| line.starts_with(&format!("{dir}/")))
+            .map(str::to_owned)
+            .collect();
+        paths.sort();
+        paths
     };
     tokio::time::timeout(Duration::from_secs(20), async {
         while watches().len() < 12 {
@@ -279,18 +274,16 @@ async fn each_waiter_watches_only_its_predecessor(layout: Layout) {
     // In line: the sequence, the last ten characters of both recipes' names.
     let mut nodes = children(&raw, dir).await;
     nodes.sort_by(|a, b| a.0[a.0.len() - 10..].cmp(&b.0[b.0.len() - 10..]));
-    for (session, paths) in watches() {
-        let at = nodes
-            .iter()
-            .position(|(_, _, stat)| stat.ephemeral_owner == session)
-            .unwrap_or_else(|| panic!("no node for session {session:x}: {nodes:?}"));
-        assert!(at > 0, "the holder watches a candidate");
-        assert_eq!(
-            paths,
-            vec![format!("{dir}/{}", nodes[at - 1].0)],
-            "session {session:x} must watch only its predecessor"
-        );
-    }
+    assert_eq!(nodes.len(), 13, "the holder and 12 waiters: {nodes:?}");
+    let mut predecessors: Vec<String> = (nodes[..12].iter())
+        .map(|(name, _, _)| format!("{dir}/{name}"))
+        .collect();
+    predecessors.sort();
+    assert_eq!(
+        watches(),
+        predecessors,
+        "one watch on the node just ahead of each waiter, none on the last"
+    );
     store.resign(&holder).await.expect("resign");
     let next = tokio::time::timeout(Duration::from_secs(10), waiting.join_next())
         .await
@@ -315,7 +308,7 @@ async fn a_dropped_campaign_withdraws_its_node(layout: Layout) {
         .open_session(Duration::from_secs(30))
         .await
         .expect("open");
-    let nodes = || store.candidate_nodes(waiter.id, &election);
+    let nodes = || store.candidate_keys(waiter.id, &election);
     let attempt = tokio::time::timeout(
         Duration::from_millis(300),
         store.campaign(waiter.id, &election, &id("b")),

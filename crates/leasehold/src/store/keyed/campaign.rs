@@ -36,17 +36,22 @@ impl Withdrawing {
         self.set().remove(key);
     }
 
-    /// Whether `key` is being withdrawn.
+    /// Whether `key` is being withdrawn: it is marked, or (a key the
+    /// store named) starts with a marked key.
     pub(super) fn has(&self, key: &str) -> bool {
-        self.set().contains(key)
+        self.set().iter().any(|k| key.starts_with(k.as_str()))
     }
 }
 
-/// A campaign's key: `key`, attached to `session`.
+/// A campaign's key: `key`, attached to `session`. In a layout whose
+/// store names the candidates, `key` is the name's part before the
+/// sequence, and `line` the candidates' prefix, where the key the store
+/// made is found again (by its session and creation revision).
 #[derive(Clone, Debug)]
 pub(super) struct CandidateKey {
     pub(super) key: String,
     pub(super) session: SessionId,
+    pub(super) line: Option<String>,
 }
 
 /// The answer to a creation, awaited; dropped before it came, it leaves
@@ -149,16 +154,33 @@ impl CandidateKey {
     /// answers; never a later key of the same name.
     async fn withdraw<K: Keys>(self, keys: Arc<K>, revision: Revision) {
         cleanup::until_done("withdraw a dropped campaign's key", || {
-            let check = Check::Created {
-                key: self.key.clone(),
-                revision,
-                session: Some(self.session),
-            };
-            let delete = Write::Delete(self.key.clone());
             let keys = Arc::clone(&keys);
-            async move { keys.commit(&[check], &[delete]).await.map(drop) }
+            let candidate = self.clone();
+            async move {
+                let Some(key) = candidate.made(&*keys, revision).await? else {
+                    return Ok(());
+                };
+                let check = Check::Created {
+                    key: key.clone(),
+                    revision,
+                    session: Some(candidate.session),
+                };
+                keys.commit(&[check], &[Write::Delete(key)]).await.map(drop)
+            }
         })
         .await;
+    }
+
+    /// The key the creation at `revision` made: `key`, or the key the
+    /// store named, if it is still there.
+    async fn made<K: Keys>(&self, keys: &K, revision: Revision) -> Result<Option<String>> {
+        let Some(line) = &self.line else {
+            return Ok(Some(self.key.clone()));
+        };
+        let range = keys.range(line).await?;
+        Ok((range.entries.into_iter())
+            .find(|e| e.session == Some(self.session) && e.created == revision)
+            .map(|e| e.key))
     }
 
     /// Withdraws the key created at `revision` if the guard is dropped

@@ -18,7 +18,10 @@
 //! `E/{session in lower-case hex, unpadded}`, its proposal (the candidate
 //! id) as the value; every key under `E/` is a candidate, whoever wrote
 //! it, since that recipe counts them all. Nothing else is written: no
-//! notes, no release record.
+//! notes, no release record. Curator's and kazoo's layouts (see
+//! `recipes`) are the same, but for the names of their candidates, which
+//! the store ends with its sequence, and their order, the recipe's order
+//! of the names.
 
 use std::time::Duration;
 
@@ -29,6 +32,8 @@ use crate::store::keys::{Entry, Range, Revision};
 use crate::store::layout::Layout;
 use crate::store::{ElectionState, Note};
 
+use super::recipes;
+
 /// How long a candidate key without a session is shown to have left: it
 /// never expires (a year stands for that). Only another program writes
 /// one, in a recipe's layout that counts every key.
@@ -37,12 +42,14 @@ const NO_SESSION: Duration = Duration::from_secs(365 * 24 * 3600);
 /// The prefix of the candidates' keys.
 pub(crate) fn candidates(layout: Layout, election: &ElectionName) -> String {
     match layout {
-        Layout::Concurrency => format!("{election}/"),
-        _ => format!("{election}:c:"),
+        Layout::Leasehold => format!("{election}:c:"),
+        _ => format!("{election}/"),
     }
 }
 
-/// `session`'s candidate key.
+/// `session`'s candidate key (in a layout whose store names the
+/// candidates, the name's part before the sequence is not known from the
+/// session: see [`own`]).
 pub(crate) fn candidate_key(layout: Layout, election: &ElectionName, session: SessionId) -> String {
     match layout {
         Layout::Concurrency => format!("{election}/{:x}", session.0),
@@ -121,7 +128,9 @@ pub(crate) fn token(revision: Revision) -> Result<FencingToken> {
 /// A candidate key as the leader it names. A recipe's proposal that is no
 /// valid candidate id is shown as well as it can be.
 fn leader(layout: Layout, entry: &Entry) -> Result<Leader> {
-    let candidate = if layout.is_foreign() {
+    let candidate = if recipes::store_named(layout) {
+        CandidateId::shown(entry.value.as_bytes(), "(empty id)")
+    } else if layout.is_foreign() {
         CandidateId::shown(entry.value.as_bytes(), "(empty proposal)")
     } else {
         CandidateId::new(entry.value.as_str()).map_err(|_| corrupt(entry))?
@@ -135,16 +144,60 @@ fn leader(layout: Layout, entry: &Entry) -> Result<Leader> {
     })
 }
 
-/// The holder of an election, from a read of its candidates: the live
-/// key of lowest creation revision.
+/// The candidates of a read, in line: by creation revision (the lowest
+/// leads); in a layout whose store names them, in the recipe's order of
+/// their names (see `recipes::line`).
+fn in_line(layout: Layout, range: &Range) -> Vec<&Entry> {
+    if recipes::store_named(layout) {
+        let names: Vec<&str> = (range.entries.iter())
+            .map(|e| e.key.rsplit_once('/').map_or(e.key.as_str(), |(_, n)| n))
+            .collect();
+        return (recipes::line(layout, &names).into_iter())
+            .map(|i| &range.entries[i])
+            .collect();
+    }
+    let mut line: Vec<&Entry> = range.entries.iter().filter(|e| counts(layout, e)).collect();
+    line.sort_by_key(|e| e.created);
+    line
+}
+
+/// The holder of an election, from a read of its candidates: the first
+/// in line (the live key of lowest creation revision).
 pub(crate) fn holder(layout: Layout, range: &Range) -> Result<Option<Leader>> {
-    range
-        .entries
-        .iter()
-        .filter(|e| counts(layout, e))
-        .min_by_key(|e| e.created)
+    (in_line(layout, range).first())
         .map(|e| leader(layout, e))
         .transpose()
+}
+
+/// `session`'s candidate key among a read's, if it has one: the key of its
+/// name; in a layout whose store names the candidates, the first in line
+/// attached to the session ([`Error::Unavailable`] if the session's only
+/// keys are out of the recipe's line: ZooKeeper wrote a sequence past ten
+/// digits, which the recipe would not count).
+pub(crate) fn own<'a>(
+    layout: Layout,
+    range: &'a Range,
+    election: &ElectionName,
+    session: SessionId,
+) -> Result<Option<&'a Entry>> {
+    if !recipes::store_named(layout) {
+        let own = candidate_key(layout, election, session);
+        return Ok(range.entries.iter().find(|e| e.key == own));
+    }
+    let mine = |e: &&Entry| e.session == Some(session);
+    if let Some(first) = in_line(layout, range).into_iter().find(mine) {
+        return Ok(Some(first));
+    }
+    match range.entries.iter().find(mine) {
+        Some(outside) => Err(Error::Unavailable {
+            reason: format!(
+                "candidate {:?} is not in the line of ?layout={layout}",
+                outside.key
+            ),
+            source: None,
+        }),
+        None => Ok(None),
+    }
 }
 
 /// Where a campaign stands, from a read of its election's candidates.
@@ -172,20 +225,18 @@ pub(crate) fn standing(
     election: &ElectionName,
     session: SessionId,
 ) -> Result<Standing> {
-    let own = candidate_key(layout, election, session);
-    let Some(mine) = range.entries.iter().find(|e| e.key == own) else {
+    let Some(mine) = own(layout, range, election, session)? else {
         return Ok(Standing::Gone);
     };
     if mine.session != Some(session) {
         return Err(Error::Corrupt(format!(
-            "key {own:?} was not written by this session; leasehold does not overwrite it"
+            "key {:?} was not written by this session; leasehold does not overwrite it",
+            mine.key
         )));
     }
-    let ahead = range
-        .entries
-        .iter()
-        .filter(|e| counts(layout, e) && e.created < mine.created)
-        .max_by_key(|e| e.created);
+    let line = in_line(layout, range);
+    let at = line.iter().position(|e| e.key == mine.key);
+    let ahead = at.and_then(|at| at.checked_sub(1)).map(|i| line[i]);
     match ahead {
         None => {
             let leader = leader(layout, mine)?;

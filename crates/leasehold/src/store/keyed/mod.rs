@@ -20,6 +20,7 @@ use crate::store::{
 
 mod campaign;
 mod election;
+mod recipes;
 mod sources;
 
 use campaign::{CandidateKey, Withdrawing};
@@ -73,7 +74,7 @@ impl<K: Keys> KeyedStore<K> {
     }
 
     /// The prefix of the candidates' keys of `election`, in its layout.
-    #[cfg(any(feature = "etcd", all(feature = "zookeeper", feature = "testing")))]
+    #[cfg(feature = "etcd")]
     pub(crate) fn candidates_prefix(&self, election: &ElectionName) -> String {
         election::candidates(self.layout, election)
     }
@@ -91,6 +92,26 @@ impl<K: Keys> KeyedStore<K> {
     /// The primitive underneath.
     pub fn keys(&self) -> &K {
         &self.keys.keys
+    }
+
+    /// How many candidate keys `session` has in `election` (tests: a
+    /// campaign again after a lost answer must never leave two).
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    pub async fn candidate_keys(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+    ) -> Result<usize> {
+        let range = self
+            .keys
+            .range(&election::candidates(self.layout, election))
+            .await?;
+        Ok(range
+            .entries
+            .iter()
+            .filter(|e| e.session == Some(session))
+            .count())
     }
 
     /// Waits until the campaign key of `session` leads, or is gone: a
@@ -169,7 +190,10 @@ impl<K: Keys> KeyedStore<K> {
     /// Deletes the grant's key and records its release, if it still holds.
     /// (In a recipe's layout, which keeps no record, it deletes the key.)
     async fn release(&self, grant: &Grant) -> Result<()> {
-        let key = election::candidate_key(self.layout, &grant.election, grant.session);
+        let key = match recipes::store_named(self.layout) {
+            false => election::candidate_key(self.layout, &grant.election, grant.session),
+            true => self.named_key(grant).await?,
+        };
         let checks = [Check::Created {
             key: key.clone(),
             revision: Revision(grant.token.0),
@@ -190,6 +214,76 @@ impl<K: Keys> KeyedStore<K> {
                 token: grant.token,
             }),
         }
+    }
+}
+
+impl<K: Keys> KeyedStore<K> {
+    /// [`Store::campaign`] in a layout whose store names the candidates:
+    /// the session's key already in line (a campaign again after a lost
+    /// answer finds it, as Curator's protected mode and kazoo do), or a
+    /// new one, named `{prefix}{sequence}` by the store.
+    async fn campaign_in_line(
+        &self,
+        session: SessionId,
+        election: &ElectionName,
+        candidate_id: &CandidateId,
+    ) -> Result<Grant> {
+        let line = election::candidates(self.layout, election);
+        loop {
+            let range = self.keys.range(&line).await?;
+            let own = election::own(self.layout, &range, election, session)?;
+            if own.is_some_and(|e| self.withdrawing.has(&e.key)) {
+                // A dropped campaign's key of this session, on its way out.
+                self.keys.sleep(WITHDRAWN_SOON).await;
+                continue;
+            }
+            let withdraw = match own {
+                Some(_) => None,
+                None => {
+                    let candidate = CandidateKey {
+                        key: format!("{line}{}", recipes::new_prefix(self.layout)),
+                        session,
+                        line: Some(line.clone()),
+                    };
+                    let value = candidate_value(candidate_id);
+                    let created =
+                        (candidate.create(&self.keys, &self.withdrawing, Vec::new(), value))
+                            .await?
+                            .ok_or_else(|| Error::Unavailable {
+                                reason: "the store created no candidate".into(),
+                                source: None,
+                            })?;
+                    Some(candidate.withdraw_on_drop(&self.keys, &self.withdrawing, created))
+                }
+            };
+            let taken_up = withdraw.is_none();
+            match self.wait_for_front(session, election).await {
+                Ok(grant) => {
+                    if let Some(withdraw) = withdraw {
+                        withdraw.disarm();
+                    }
+                    return Ok(grant);
+                }
+                Err(Error::SessionExpired(_)) if taken_up => {}
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
+    /// The key of `grant`'s candidate, in a layout whose store names the
+    /// candidates: the one attached to its session and created at its
+    /// token; [`Error::NotHolder`] if there is none.
+    async fn named_key(&self, grant: &Grant) -> Result<String> {
+        let range = (self.keys)
+            .range(&election::candidates(self.layout, &grant.election))
+            .await?;
+        (range.entries.into_iter())
+            .find(|e| e.session == Some(grant.session) && e.created.0 == grant.token.0)
+            .map(|e| e.key)
+            .ok_or_else(|| Error::NotHolder {
+                election: grant.election.to_string(),
+                token: grant.token,
+            })
     }
 }
 
@@ -218,9 +312,13 @@ impl<K: Keys> Store for KeyedStore<K> {
         election: &ElectionName,
         candidate_id: &CandidateId,
     ) -> Result<Grant> {
+        if recipes::store_named(self.layout) {
+            return self.campaign_in_line(session, election, candidate_id).await;
+        }
         let candidate = CandidateKey {
             key: election::candidate_key(self.layout, election, session),
             session,
+            line: None,
         };
         self.wait_to_grant().await;
         loop {
@@ -264,6 +362,7 @@ impl<K: Keys> Store for KeyedStore<K> {
         let candidate = CandidateKey {
             key: election::candidate_key(self.layout, election, session),
             session,
+            line: None,
         };
         // In a recipe's layout a campaign takes the line the elector
         // checks first (it refuses what the recipe cannot honour).

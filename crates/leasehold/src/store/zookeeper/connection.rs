@@ -442,40 +442,30 @@ impl Inner {
         Ok((session, client))
     }
 
+    /// Refuses a commit of a store opened read-only.
+    pub(super) fn writable(&self) -> Result<()> {
+        if self.read_only {
+            return Err(Error::invalid(
+                "commit",
+                "the store was opened read-only (Access::ReadOnly)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Resolves when `session` has ended (at once for one this store does
+    /// not know: it has ended, or never was).
+    pub(super) async fn session_ended(&self, session: SessionId) {
+        if let Some(zk) = self.session(session) {
+            zk.ended.cancelled().await;
+        }
+    }
+
     pub(super) fn forget(&self, id: SessionId) {
         self.sessions
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&id);
-    }
-
-    /// The leader of `election` in `recipe`'s layout, read with the
-    /// store's own client.
-    pub(super) async fn read_leader(
-        &self,
-        recipe: Recipe,
-        election: &ElectionName,
-    ) -> Result<Option<Leader>> {
-        let client = self.reader().await?;
-        self.recipe_leader_via(recipe, &client, election).await
-    }
-
-    /// A persistent watch on `election`'s node, set before a first read so
-    /// that no change between the two is missed; it fires for every
-    /// candidate node created or deleted (release, expiry) and for the
-    /// client's connection states.
-    pub(super) async fn watch_election(
-        &self,
-        client: &Client,
-        election: &ElectionName,
-    ) -> Result<zookeeper_client::PersistentWatcher> {
-        let dir = self.recipe_dir(election)?;
-        request(
-            "watch the election",
-            client.watch(&dir, AddWatchMode::Persistent),
-        )
-        .await?
-        .map_err(|e| self.failed("watch the election", &dir, e))
     }
 
     /// Closes sessions a TTL after their last successful renewal, and

@@ -74,9 +74,65 @@ struct Follower {
     inner: Weak<Inner>,
     /// The node watched.
     path: String,
-    /// The keys' root (`{root}/elections`).
+    /// The keys' root (`{root}/elections`; a recipe's, the store's root).
     root: String,
+    /// Whether a key is its node's path under `root` as it is (a recipe's
+    /// layout), rather than escaped in leasehold's.
+    raw: bool,
     hub: Arc<Hub>,
+}
+
+/// The node a hub watches, and how its keys are named.
+pub(super) struct Watched {
+    /// The node.
+    pub(super) path: String,
+    /// The keys' root.
+    pub(super) root: String,
+    /// Whether keys are paths under `root` as they are.
+    pub(super) raw: bool,
+}
+
+/// A new watch of `prefix` from `from`, told by the hub of `node` among
+/// `hubs` (set and started at its first use); the caller tells it at once
+/// of a change already made since `from` ([`tell_since`]).
+pub(super) async fn subscribe(
+    inner: &Arc<Inner>,
+    hubs: &Hubs,
+    node: Watched,
+    prefix: &str,
+    from: Revision,
+) -> Result<(KeyWatch, crate::watch::Sender<Heard>)> {
+    let hub = Arc::clone(lock(hubs).entry(node.path.clone()).or_default());
+    (hub.started)
+        .get_or_try_init(|| start_hub(inner, node, &hub))
+        .await?;
+    let (tx, rx) = crate::watch::channel(Heard::Changed(from));
+    lock(&hub.subscribers).push(Subscriber {
+        prefix: prefix.to_owned(),
+        tx: tx.clone(),
+    });
+    Ok((rx, tx))
+}
+
+/// Tells `tx` of the change at `last` if it came after `from`.
+pub(super) fn tell_since(tx: &crate::watch::Sender<Heard>, last: Revision, from: Revision) {
+    if last > from {
+        tell(tx, last);
+    }
+}
+
+/// Sets the server's watch of `node` and starts its task.
+async fn start_hub(inner: &Arc<Inner>, node: Watched, hub: &Arc<Hub>) -> Result<()> {
+    let watcher = set_watch(inner, &node.path).await?;
+    let follower = Follower {
+        inner: Arc::downgrade(inner),
+        path: node.path,
+        root: node.root,
+        raw: node.raw,
+        hub: Arc::clone(hub),
+    };
+    tokio::spawn(Arc::new(follower).supervise(watcher));
+    Ok(())
 }
 
 impl ZkKeys {
@@ -86,34 +142,15 @@ impl ZkKeys {
             true => self.dir_path(super::keys::split(prefix).0),
             false => self.keys_root(),
         };
-        let hub = Arc::clone(lock(&self.hubs).entry(path.clone()).or_default());
-        (hub.started)
-            .get_or_try_init(|| self.start_hub(&path, &hub))
-            .await?;
-        let (tx, rx) = crate::watch::channel(Heard::Changed(from));
-        lock(&hub.subscribers).push(Subscriber {
-            prefix: prefix.to_owned(),
-            tx: tx.clone(),
-        });
-        // Told from now on; and at once of what changed since `from`.
-        let last = self.last_change(prefix, &path).await?;
-        if last > from {
-            tell(&tx, last);
-        }
-        Ok(rx)
-    }
-
-    /// Sets the server's watch of `path` and starts its task.
-    async fn start_hub(&self, path: &str, hub: &Arc<Hub>) -> Result<()> {
-        let watcher = set_watch(&self.inner, path).await?;
-        let follower = Follower {
-            inner: Arc::downgrade(&self.inner),
-            path: path.to_owned(),
+        let node = Watched {
+            path: path.clone(),
             root: self.keys_root(),
-            hub: Arc::clone(hub),
+            raw: false,
         };
-        tokio::spawn(Arc::new(follower).supervise(watcher));
-        Ok(())
+        let (rx, tx) = subscribe(&self.inner, &self.hubs, node, prefix, from).await?;
+        // Told from now on; and at once of what changed since `from`.
+        tell_since(&tx, self.last_change(prefix, &path).await?, from);
+        Ok(rx)
     }
 
     /// The last change under `prefix`, watched at `path`: its directory's
@@ -189,7 +226,7 @@ async fn set_watch(inner: &Inner, path: &str) -> Result<zookeeper_client::Persis
 }
 
 /// The last change of the node `path` (0 while it does not exist).
-async fn last_change(inner: &Inner, path: &str) -> Result<Revision> {
+pub(super) async fn last_change(inner: &Inner, path: &str) -> Result<Revision> {
     const WHAT: &str = "read a key directory";
     let client = inner.reader().await?;
     match request(WHAT, client.check_stat(path)).await? {
@@ -202,6 +239,9 @@ impl Follower {
     /// The key a node at `path` stands for, if it is one.
     fn key_at(&self, path: &str) -> Option<String> {
         let rest = path.strip_prefix(&self.root)?.strip_prefix('/')?;
+        if self.raw {
+            return Some(rest.to_owned());
+        }
         let (dir, leaf) = rest.split_once('/')?;
         Some(unescape(dir)? + &unescape(leaf)?)
     }

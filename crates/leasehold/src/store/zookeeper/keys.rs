@@ -632,12 +632,7 @@ impl Keys for ZkKeys {
     }
 
     async fn commit(&self, checks: &[Check], writes: &[Write]) -> Result<Option<Revision>> {
-        if self.inner.read_only {
-            return Err(Error::invalid(
-                "commit",
-                "the store was opened read-only (Access::ReadOnly)",
-            ));
-        }
+        self.inner.writable()?;
         let (client, zk) = self.writer(writes).await?;
         if let Some(created) = self
             .create_alone(&client, zk.as_deref(), checks, writes)
@@ -700,10 +695,7 @@ impl Keys for ZkKeys {
     }
 
     async fn session_ended(&self, session: SessionId) {
-        // A session this store does not know has ended (or never was).
-        if let Some(zk) = self.inner.session(session) {
-            zk.ended.cancelled().await;
-        }
+        self.inner.session_ended(session).await;
     }
 
     fn properties(&self) -> Properties {

@@ -30,8 +30,6 @@ impl Inner {
             ttl: granted,
             renewed,
             ended: CancellationToken::new(),
-            held: Mutex::new(HashSet::new()),
-            recipe_campaigns: Mutex::new(HashMap::new()),
         });
         self.sessions
             .lock()

@@ -340,23 +340,7 @@ pub async fn observe(args: ObserveArgs) -> anyhow::Result<ExitCode> {
             {
                 tracing::info!(%election, "the store answers again");
             }
-            let unknown = match &current {
-                LeaderStatus::Unknown { error } => Some(error.clone()),
-                LeaderStatus::Known(_) => seen.as_ref().and_then(GroupSeen::unknown),
-            };
-            let mut line = match &unknown {
-                Some(error) => {
-                    tracing::warn!(%election, %error,
-                        "the store does not answer; the leader is unknown until it does");
-                    Status::unknown(election, error)
-                }
-                None => {
-                    let mut line = Status::new(election, current.leader());
-                    line.candidates.clone_from(&candidates);
-                    line
-                }
-            };
-            line.group = seen.as_ref().map(GroupSeen::json);
+            let line = observed_line(election, &current, seen.as_ref(), &candidates);
             print_line(&serde_json::to_string(&line)?)?;
             printed = Some(Printed {
                 status: current,
@@ -373,6 +357,35 @@ pub async fn observe(args: ObserveArgs) -> anyhow::Result<ExitCode> {
             _ = terminate.recv() => return Ok(ExitCode::SUCCESS),
         }
     }
+}
+
+/// `observe`'s line for what it saw: the leader, the line and the group;
+/// or, while the store does not answer, that the leader is unknown (with
+/// a warning on stderr).
+fn observed_line<'a>(
+    election: &'a ElectionName,
+    current: &LeaderStatus,
+    seen: Option<&GroupSeen>,
+    candidates: &Option<Vec<CandidateJson>>,
+) -> Status<'a> {
+    let unknown = match current {
+        LeaderStatus::Unknown { error } => Some(error.clone()),
+        LeaderStatus::Known(_) => seen.and_then(GroupSeen::unknown),
+    };
+    let mut line = match &unknown {
+        Some(error) => {
+            tracing::warn!(%election, %error,
+                "the store does not answer; the leader is unknown until it does");
+            Status::unknown(election, error)
+        }
+        None => {
+            let mut line = Status::new(election, current.leader());
+            line.candidates.clone_from(candidates);
+            line
+        }
+    };
+    line.group = seen.map(GroupSeen::json);
+    line
 }
 
 /// The end of `observe`'s watch, for good (a SQLite file replaced under

@@ -143,7 +143,6 @@ use zookeeper_client::{
 use crate::config::StoreTtl;
 use crate::error::{Error, Result};
 use crate::store::keyed::KeyedStore;
-use crate::store::keys::Keys;
 use crate::store::layout::Layout;
 use crate::store::security::Security;
 use crate::store::{Access, ClusterUrl};
@@ -414,24 +413,28 @@ impl KeyedStore<ZkKeys> {
 }
 
 /// A primitive on a ZooKeeper ensemble, in either layout.
+#[cfg(feature = "testing")]
 trait OnZooKeeper {
     fn zk(&self) -> &Inner;
 }
 
+#[cfg(feature = "testing")]
 impl OnZooKeeper for ZkKeys {
     fn zk(&self) -> &Inner {
         &self.inner
     }
 }
 
+#[cfg(feature = "testing")]
 impl OnZooKeeper for RecipeKeys {
     fn zk(&self) -> &Inner {
         &self.inner
     }
 }
 
+#[cfg(feature = "testing")]
 #[allow(private_bounds)]
-impl<K: Keys + OnZooKeeper> KeyedStore<K> {
+impl<K: crate::store::keys::Keys + OnZooKeeper> KeyedStore<K> {
     /// **Tests only**: see [`Inner::kill_session_from_outside`].
     #[cfg(feature = "testing")]
     #[doc(hidden)]

@@ -277,5 +277,38 @@ async fn a_recipe_layout_inside_a_leasehold_store_is_refused() {
             other => panic!("{prefix}: a recipe layout in a store was opened: {other:?}"),
         }
     }
+    // Nor is it when the election's name leads there from the root (a
+    // review once wrote a candidate key into /rvown from `--election
+    // rvown`; the store would then have refused to open).
+    let url = format!("{}?layout=concurrency", cluster.url("/"));
+    let root = leasehold::store::open(
+        &url.parse().expect("url"),
+        leasehold::store::Access::ReadWrite,
+    )
+    .await
+    .expect("the root");
+    let lease = root
+        .open_session(Duration::from_secs(30))
+        .await
+        .expect("open");
+    for name in ["lhstore", "lhstore/sub", "lhstore/e/x"] {
+        let election = ElectionName::new(name).expect("name");
+        let candidate = leasehold::CandidateId::new("recipe").expect("id");
+        match root.campaign(lease.id, &election, &candidate).await {
+            Err(leasehold::Error::InvalidInput { what, reason }) => {
+                assert_eq!(what, "election name");
+                assert!(reason.contains("a prefix of its own"), "{name}: {reason}");
+            }
+            other => panic!("{name}: a candidate went into the store: {other:?}"),
+        }
+    }
+    root.close_session(lease.id).await.expect("close");
     assert_eq!(keys(), before, "something was written");
+    leasehold::backend::etcd::EtcdStore::connect(
+        &cluster.endpoints(),
+        "/lhstore",
+        &leasehold::store::Security::none(),
+    )
+    .await
+    .expect("the store still opens");
 }

@@ -191,6 +191,34 @@ async fn refusals(layout: Layout) {
             other => panic!("{path}: expected InvalidInput, got {other:?}"),
         }
     }
+    // Nor is it when the election's name leads there from a path outside
+    // (a review once ran a Curator-layout candidate in /own/elections/e,
+    // where it led beside leasehold's own leader).
+    let rootless = self::store(&server, "", layout).await;
+    let lease = rootless
+        .open_session(Duration::from_secs(10))
+        .await
+        .expect("open");
+    for (election, says) in [
+        ("own", "is a leasehold store"),
+        ("own/elections", "inside the leasehold store at /own"),
+        ("own/elections/e", "inside the leasehold store at /own"),
+    ] {
+        match rootless.campaign(lease.id, &name(election), &id("a")).await {
+            Err(Error::InvalidInput { what, reason }) => {
+                assert_eq!(what, "election name");
+                assert!(reason.contains(says), "{reason}");
+            }
+            other => panic!("{election}: expected InvalidInput, got {other:?}"),
+        }
+    }
+    let under_own = children(&raw, "/own/elections").await;
+    assert!(
+        under_own
+            .iter()
+            .all(|(name, _, _)| !name.contains("latch") && !name.contains("lock")),
+        "a candidate was written into the leasehold store: {under_own:?}"
+    );
 }
 
 /// A campaign makes the missing nodes of the election's path, without any

@@ -128,6 +128,9 @@ pub struct EtcdKeys {
     layout: Layout,
     /// Every watch of this handle, on one stream.
     watches: Arc<WatchHub>,
+    /// In etcd's recipe layout, the elections' prefixes found to be no
+    /// leasehold store's, nor inside one.
+    outside_stores: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
 
 impl std::fmt::Debug for EtcdKeys {
@@ -424,6 +427,7 @@ impl EtcdKeys {
             read_only,
             layout,
             watches: Default::default(),
+            outside_stores: Default::default(),
         })
     }
 

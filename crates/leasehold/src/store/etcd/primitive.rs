@@ -218,6 +218,11 @@ impl Keys for EtcdKeys {
     /// carried out: it then reads its writes back, and answers as that
     /// attempt did if they are all in place.
     async fn commit(&self, checks: &[Check], writes: &[Write]) -> Result<Option<Revision>> {
+        if self.layout == crate::store::Layout::Concurrency {
+            for write in writes.iter().filter(|w| matches!(w, Write::Put { .. })) {
+                self.refuse_a_store_election(write.key()).await?;
+            }
+        }
         let mut compare = Vec::with_capacity(checks.len() * 2 + 1);
         for check in checks {
             compare.push(self.compare(check));

@@ -4,6 +4,52 @@
 use super::*;
 
 impl EtcdKeys {
+    /// In etcd's recipe layout, refuses a candidate key whose election's
+    /// prefix is, or lies inside, a leasehold store: it would stand among
+    /// that store's keys, which would refuse to open from then on (the
+    /// URL's prefix is checked when the store opens, an election's name
+    /// here; found by a review). Checked once per election and handle; a
+    /// marker this client may not read is taken as absent, as when opening.
+    pub(super) async fn refuse_a_store_election(&self, key: &str) -> Result<()> {
+        let Some((election, _)) = key.rsplit_once('/') else {
+            return Ok(());
+        };
+        let dir = format!("{}{election}", self.space());
+        if crate::mutex::lock(&self.outside_stores).contains(&dir) {
+            return Ok(());
+        }
+        let ends = (dir.match_indices('/').map(|(i, _)| i))
+            .filter(|i| *i > 0)
+            .chain(std::iter::once(dir.len()));
+        for end in ends {
+            let outer = &dir[..end];
+            let read = RangeRequest {
+                key: format!("{outer}/{MARKER}").into_bytes(),
+                ..Default::default()
+            };
+            let found = match self.range_of("read the store", read).await {
+                Ok(found) => found,
+                Err(EtcdError::PermissionDenied(_)) => continue,
+                Err(error) => return Err(error.into()),
+            };
+            if found
+                .kvs
+                .first()
+                .is_some_and(|kv| marker_version(kv).is_ok())
+            {
+                return Err(Error::invalid(
+                    "election name",
+                    format!(
+                        "etcd prefix {dir:?} is, or lies inside, the leasehold store at \
+                         {outer:?}; ?layout=concurrency needs a prefix of its own"
+                    ),
+                ));
+            }
+        }
+        crate::mutex::lock(&self.outside_stores).insert(dir);
+        Ok(())
+    }
+
     /// Reads the marker, the prefix's first key and the markers of
     /// enclosing prefixes, in one transaction.
     ///

@@ -228,11 +228,22 @@ impl Inner {
     /// The first node from the top down to the root (the root itself
     /// with `and_root`) whose data is leasehold's marker.
     async fn first_store_at(&self, client: &Client, and_root: bool) -> Result<Option<String>> {
-        let root = self.root.as_str();
+        self.first_store_on(client, &self.root, and_root).await
+    }
+
+    /// The first node from the top down to `path` (`path` itself with
+    /// `and_path`) whose data is leasehold's marker.
+    pub(super) async fn first_store_on(
+        &self,
+        client: &Client,
+        path: &str,
+        and_path: bool,
+    ) -> Result<Option<String>> {
+        let root = path;
         let mut ends: Vec<usize> = (root.match_indices('/').map(|(i, _)| i))
             .filter(|i| *i > 0)
             .collect();
-        if and_root && !root.is_empty() {
+        if and_path && !root.is_empty() {
             ends.push(root.len());
         }
         for end in ends {

@@ -20,6 +20,8 @@
 //!   (see `key_watch`); a watch of one candidate is a data watch of its
 //!   node, as the recipes' waiters set on the node just ahead of theirs.
 
+use std::collections::HashSet;
+
 use zookeeper_client::{Client, CreateMode, MultiReadResult, Stat};
 
 use super::key_watch::{self, Watched, tell_since};
@@ -72,6 +74,8 @@ pub struct RecipeKeys {
     recipe: Recipe,
     /// The watches of this handle's election nodes (see `key_watch`).
     hubs: Arc<key_watch::Hubs>,
+    /// The election nodes found to be no leasehold store's, nor inside one.
+    outside_stores: Arc<Mutex<HashSet<String>>>,
 }
 
 impl Inner {
@@ -141,6 +145,7 @@ impl RecipeKeys {
             inner: start(endpoints, root, security, access, url.layout()).await?,
             recipe,
             hubs: Arc::default(),
+            outside_stores: Arc::default(),
         })
     }
 
@@ -177,11 +182,37 @@ impl RecipeKeys {
         }
     }
 
+    /// Refuses an election node that is, or lies inside, a leasehold
+    /// store: a candidate there would stand among that store's nodes (the
+    /// URL's path is checked when the store opens, an election's name
+    /// here; found by a review). Checked once per node and handle.
+    async fn refuse_a_store_dir(&self, client: &Client, dir: &str) -> Result<()> {
+        if crate::mutex::lock(&self.outside_stores).contains(dir) {
+            return Ok(());
+        }
+        if let Some(outer) = self.inner.first_store_on(client, dir, true).await? {
+            let place = match outer == dir {
+                true => "is a leasehold store".to_owned(),
+                false => format!("is inside the leasehold store at {outer}"),
+            };
+            return Err(Error::invalid(
+                "election name",
+                format!(
+                    "zookeeper node {dir} {place}; ?layout={} needs a path of its own",
+                    self.recipe.layout()
+                ),
+            ));
+        }
+        crate::mutex::lock(&self.outside_stores).insert(dir.to_owned());
+        Ok(())
+    }
+
     /// Creates the node `{key}{sequence}` for `session` (see the module).
     async fn create(&self, key: &str, value: &str, session: SessionId) -> Result<Option<Revision>> {
         const WHAT: &str = "create a candidate node";
         let (zk, client) = self.inner.live_session(session)?;
         let (path, dir) = self.node(key)?;
+        self.refuse_a_store_dir(&client, &dir).await?;
         let ephemeral = CreateMode::EphemeralSequential.with_acls(self.inner.acls);
         for _ in 0..ATTEMPTS {
             match zk

@@ -677,3 +677,39 @@ async fn a_campaign_dropped_while_zookeeper_is_stopped_withdraws_its_node_once_i
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A node another program put among an election's keys, holding what
+/// leasehold never writes there, makes reads of the election fail as
+/// corrupt, naming that node by its own path (a review saw
+/// `/r/elections/e_c_…/%`, a path that does not exist).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_node_among_an_election_s_keys_is_named_by_its_path() {
+    let server = server().await;
+    let raw = raw_client(&server).await;
+    let store = ZkStore::connect(
+        &server.endpoints(),
+        "/named",
+        &leasehold::store::Security::none(),
+    )
+    .await
+    .expect("store");
+    let election = leasehold::ElectionName::new("e").expect("name");
+    leasehold::testing::campaign_on_new_session(&store, &election, "a", Duration::from_secs(30))
+        .await;
+    let ephemeral =
+        zookeeper_client::CreateMode::Ephemeral.with_acls(zookeeper_client::Acls::anyone_all());
+    raw.create(
+        "/named/elections/e/_c_x-latch-0000000001",
+        b"java",
+        &ephemeral,
+    )
+    .await
+    .expect("another program's node");
+    match store.elections().await {
+        Err(leasehold::Error::Corrupt(message)) => assert!(
+            message.contains("/named/elections/e/_c_x-latch-0000000001 is not one"),
+            "{message}"
+        ),
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+}

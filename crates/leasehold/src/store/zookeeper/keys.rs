@@ -338,9 +338,12 @@ impl ZkKeys {
         let read = request(WHAT, reader.commit()).await?;
         let read = read.map_err(|e| self.inner.failed(WHAT, &path, e))?;
         let mut entries = Vec::with_capacity(under.len());
-        for ((key, _), result) in under.into_iter().zip(read) {
+        for ((key, name), result) in under.into_iter().zip(read) {
             match result {
-                MultiReadResult::Data { data, stat } => entries.push(self.entry(key, data, &stat)?),
+                MultiReadResult::Data { data, stat } => {
+                    let node = format!("{path}/{name}");
+                    entries.push(self.entry(key, &node, data, &stat)?);
+                }
                 // Deleted between the two reads: the directory's revision
                 // is older than that, so a watch from it tells it.
                 MultiReadResult::Error {
@@ -354,13 +357,11 @@ impl ZkKeys {
         Ok((entries, changed_at(&stat)))
     }
 
-    fn entry(&self, key: String, data: Vec<u8>, stat: &Stat) -> Result<Entry> {
+    /// The entry of `key`, read from its node at `node`.
+    fn entry(&self, key: String, node: &str, data: Vec<u8>, stat: &Stat) -> Result<Entry> {
         let session = owner(stat);
         let (ttl, value) = read_node(session.is_some(), data).ok_or_else(|| {
-            Error::Corrupt(format!(
-                "zookeeper node {} is not one leasehold writes",
-                self.node_path(&key)
-            ))
+            Error::Corrupt(format!("zookeeper node {node} is not one leasehold writes"))
         })?;
         Ok(Entry {
             expires_in: ttl,

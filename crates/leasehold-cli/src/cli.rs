@@ -179,6 +179,12 @@ impl StoreArgs {
         Ok(self.given()?.with_password_from_env()?)
     }
 
+    /// Refuses, before anything connects, an election name the store's
+    /// layout cannot hold (a recipe's path on ZooKeeper): exit 2.
+    pub fn check_election(&self, election: &ElectionName) -> anyhow::Result<()> {
+        Ok(self.given()?.check_election(election)?)
+    }
+
     /// Opens the store, or the default SQLite file (creating its folder).
     pub async fn open(&self) -> anyhow::Result<Arc<dyn Store>> {
         let url = self.given()?;

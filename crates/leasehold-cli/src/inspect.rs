@@ -288,6 +288,7 @@ pub fn print_line(line: &str) -> anyhow::Result<()> {
 }
 
 pub async fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
+    args.store.check_election(&args.election)?;
     let store = args.store.open_read_only().await?;
     let leader = store.leader(&args.election).await?;
     let line = read_line(&*store, &args.election, leader.as_ref()).await?;
@@ -313,6 +314,7 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<ExitCode> {
 /// the group: its members and each shard's or slot's owner, printed again
 /// whenever a member joins or leaves or an owner changes.
 pub async fn observe(args: ObserveArgs) -> anyhow::Result<ExitCode> {
+    args.store.check_election(&args.election)?;
     let store = args.store.open_read_only().await?;
     let mut watch = store.watch_status(&args.election).await?;
     let mut group = GroupWatch::new(&*store, &args.election).await?;

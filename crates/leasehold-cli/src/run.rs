@@ -45,6 +45,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         tracing::warn!(%error, "cannot become a subreaper");
     }
     args.check()?;
+    args.election
+        .store
+        .check_election(&args.election.election)?;
     let store = args.election.store.open().await?;
     let candidate = args.election.candidate();
     let metrics = RunnerMetrics::new(args.election.election.as_str(), candidate.as_str());

@@ -412,4 +412,37 @@ fn recipe_layouts_refuse_what_their_recipe_cannot_honour() {
             "{url}: {err}"
         );
     }
+    // An election no recipe's path can be: refused before anything
+    // connects (nothing listens on the port), by every command that takes
+    // an election.
+    let rootless = format!("zk://127.0.0.1:{port}?layout=curator");
+    for (election, says) in [
+        ("a//b", "no ZooKeeper path"),
+        ("a/../b", "no ZooKeeper path"),
+        ("zookeeper/quota", "/zookeeper"),
+    ] {
+        for command in [
+            &["status"][..],
+            &["observe"],
+            &["campaign"],
+            &["run", "--", "true"],
+        ] {
+            let out = leasehold()
+                .args([command[0], "--store", &rootless, "--election", election])
+                .args(&command[1..])
+                .output()
+                .expect("spawn");
+            let err = stderr(&out);
+            assert_eq!(out.status.code(), Some(2), "{command:?} {election}: {err}");
+            assert_eq!(
+                err.trim_end().lines().count(),
+                1,
+                "{command:?} {election}: {err}"
+            );
+            assert!(
+                err.contains("invalid election name") && err.contains(says),
+                "{command:?} {election}: {err}"
+            );
+        }
+    }
 }

@@ -480,6 +480,26 @@ impl StoreUrl {
         }
     }
 
+    /// Refuses, without connecting, an election name that this store's
+    /// layout cannot hold ([`Error::InvalidInput`]): with
+    /// `?layout=curator|kazoo` on ZooKeeper, one that is no ZooKeeper path
+    /// below the URL's path (an empty, `.` or `..` segment, or inside
+    /// ZooKeeper's own `/zookeeper`). The store refuses it as well, once
+    /// opened; this tells it before anything connects.
+    pub fn check_election(&self, election: &crate::names::ElectionName) -> Result<()> {
+        #[cfg(feature = "zookeeper")]
+        if let StoreUrl::ZooKeeper(url) = self
+            && url.layout.is_foreign()
+        {
+            crate::store::zookeeper::recipe_path(
+                url.path().trim_end_matches('/'),
+                election.as_str(),
+            )?;
+        }
+        let _ = election;
+        Ok(())
+    }
+
     /// The URL as text, with its password if it holds one, which parses
     /// back to this URL: for handing the URL to a process of one's own
     /// (as `leasehold run` does to its guard), never for showing.

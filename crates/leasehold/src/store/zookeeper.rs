@@ -127,6 +127,7 @@ mod sessions;
 
 pub use keys::ZkKeys;
 pub use recipes::RecipeKeys;
+pub(crate) use recipes::recipe_path;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};

@@ -85,26 +85,7 @@ impl Inner {
     /// refuse as a path, or inside ZooKeeper's own `/zookeeper`, is bad
     /// input.
     pub(super) fn recipe_dir(&self, name: &str) -> Result<String> {
-        if name
-            .split('/')
-            .any(|s| s.is_empty() || s == "." || s == "..")
-        {
-            return Err(Error::invalid(
-                "election name",
-                format!(
-                    "{name:?} is no ZooKeeper path (an empty, . or .. segment); with \
-                     ?layout=curator or kazoo an election is the path its clients join"
-                ),
-            ));
-        }
-        let dir = format!("{}/{name}", self.root);
-        if dir == "/zookeeper" || dir.starts_with("/zookeeper/") {
-            return Err(Error::invalid(
-                "election name",
-                format!("{dir} is inside ZooKeeper's own node /zookeeper"),
-            ));
-        }
-        Ok(dir)
+        recipe_path(&self.root, name)
     }
 
     /// How long the holder of the node `stat` describes has left, as well
@@ -119,6 +100,33 @@ impl Inner {
             None => client.session_timeout(),
         }
     }
+}
+
+/// The node of election `name` below `root` in a recipe's layout: `{root}/{name}`,
+/// a `/` in the name making a nested path, as the recipe's own clients
+/// name it. A name ZooKeeper would refuse as a path, or inside
+/// ZooKeeper's own `/zookeeper`, is bad input.
+pub(crate) fn recipe_path(root: &str, name: &str) -> Result<String> {
+    if name
+        .split('/')
+        .any(|s| s.is_empty() || s == "." || s == "..")
+    {
+        return Err(Error::invalid(
+            "election name",
+            format!(
+                "{name:?} is no ZooKeeper path (an empty, . or .. segment); with \
+                 ?layout=curator or kazoo an election is the path its clients join"
+            ),
+        ));
+    }
+    let dir = format!("{root}/{name}");
+    if dir == "/zookeeper" || dir.starts_with("/zookeeper/") {
+        return Err(Error::invalid(
+            "election name",
+            format!("{dir} is inside ZooKeeper's own node /zookeeper"),
+        ));
+    }
+    Ok(dir)
 }
 
 impl RecipeKeys {

@@ -406,7 +406,7 @@ impl Guard {
             .env_remove(FDS_ENV)
             .process_group(0);
         set_parent_death_signal(&mut cmd, nix::unistd::getpid());
-        let child = cmd.spawn()?;
+        let child = cmd.spawn().map_err(|error| explained(program, error))?;
         let pid = i32::try_from(child.id())
             .map_err(|_| std::io::Error::other("the command's process id is out of range"))?;
         // Reaped by `reap`, with every orphan of its tree.
@@ -518,6 +518,24 @@ async fn send(write: &mut OwnedWriteHalf, report: &Report) {
     let line = report.line() + "\n";
     // `run` may be gone; then nobody needs the report.
     let _ = write.write_all(line.as_bytes()).await;
+}
+
+/// `error` from starting `program`, with what it means when the kernel
+/// says "No such file or directory" of a file that is there: the file's
+/// interpreter (its `#!` line) or the dynamic loader it names is missing.
+fn explained(program: &std::ffi::OsStr, error: std::io::Error) -> std::io::Error {
+    let path = std::path::Path::new(program);
+    let named_by_path = program.as_encoded_bytes().contains(&b'/');
+    if error.kind() == std::io::ErrorKind::NotFound && named_by_path && path.is_file() {
+        return std::io::Error::new(
+            error.kind(),
+            format!(
+                "{error}: the file is there, so what it needs to start is not (the \
+                 interpreter its #! line names, or the dynamic loader of a binary)"
+            ),
+        );
+    }
+    error
 }
 
 #[allow(unsafe_code)]

@@ -144,29 +144,28 @@ fn leader(layout: Layout, entry: &Entry) -> Result<Leader> {
     })
 }
 
-/// The candidates of a read, in line: by creation revision (the lowest
-/// leads); in a layout whose store names them, in the recipe's order of
-/// their names (see `recipes::line`).
-fn in_line(layout: Layout, range: &Range) -> Vec<&Entry> {
-    if recipes::store_named(layout) {
-        let names: Vec<&str> = (range.entries.iter())
-            .map(|e| e.key.rsplit_once('/').map_or(e.key.as_str(), |(_, n)| n))
-            .collect();
-        return (recipes::line(layout, &names).into_iter())
-            .map(|i| &range.entries[i])
-            .collect();
-    }
-    let mut line: Vec<&Entry> = range.entries.iter().filter(|e| counts(layout, e)).collect();
-    line.sort_by_key(|e| e.created);
-    line
+/// The candidates of a read in a layout whose store names them, in the
+/// recipe's order of their names (see `recipes::line`).
+fn in_recipe_line(layout: Layout, range: &Range) -> Vec<&Entry> {
+    let names: Vec<&str> = (range.entries.iter())
+        .map(|e| e.key.rsplit_once('/').map_or(e.key.as_str(), |(_, n)| n))
+        .collect();
+    (recipes::line(layout, &names).into_iter())
+        .map(|i| &range.entries[i])
+        .collect()
 }
 
 /// The holder of an election, from a read of its candidates: the first
-/// in line (the live key of lowest creation revision).
+/// in line, the live key of lowest creation revision (in a layout whose
+/// store names the candidates, the first in the recipe's order).
 pub(crate) fn holder(layout: Layout, range: &Range) -> Result<Option<Leader>> {
-    (in_line(layout, range).first())
-        .map(|e| leader(layout, e))
-        .transpose()
+    let first = match recipes::store_named(layout) {
+        true => in_recipe_line(layout, range).first().copied(),
+        false => (range.entries.iter())
+            .filter(|e| counts(layout, e))
+            .min_by_key(|e| e.created),
+    };
+    first.map(|e| leader(layout, e)).transpose()
 }
 
 /// `session`'s candidate key among a read's, if it has one: the key of its
@@ -185,7 +184,7 @@ pub(crate) fn own<'a>(
         return Ok(range.entries.iter().find(|e| e.key == own));
     }
     let mine = |e: &&Entry| e.session == Some(session);
-    if let Some(first) = in_line(layout, range).into_iter().find(mine) {
+    if let Some(first) = in_recipe_line(layout, range).into_iter().find(mine) {
         return Ok(Some(first));
     }
     match range.entries.iter().find(mine) {
@@ -234,9 +233,16 @@ pub(crate) fn standing(
             mine.key
         )));
     }
-    let line = in_line(layout, range);
-    let at = line.iter().position(|e| e.key == mine.key);
-    let ahead = at.and_then(|at| at.checked_sub(1)).map(|i| line[i]);
+    let ahead = match recipes::store_named(layout) {
+        true => {
+            let line = in_recipe_line(layout, range);
+            let at = line.iter().position(|e| e.key == mine.key);
+            at.and_then(|at| at.checked_sub(1)).map(|i| line[i])
+        }
+        false => (range.entries.iter())
+            .filter(|e| counts(layout, e) && e.created < mine.created)
+            .max_by_key(|e| e.created),
+    };
     match ahead {
         None => {
             let leader = leader(layout, mine)?;

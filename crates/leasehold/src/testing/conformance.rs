@@ -261,6 +261,26 @@ pub async fn elector_steps_down_before_a_successor_is_granted(harness: &dyn Stor
 /// [`Error::Unsupported`], never silently wrong: priorities and lock-delay
 /// (at the campaign), transfer requests, groups of shards or slots, and
 /// the list of elections. A plain campaign still works alongside.
+/// A note, the notes and the list of elections: [`Error::Unsupported`].
+async fn notes_and_lists_are_unsupported(
+    store: &dyn Store,
+    session: SessionId,
+    election: &ElectionName,
+) {
+    assert!(matches!(
+        store.put_note(session, election, "cand", "0 - a").await,
+        Err(Error::Unsupported(_))
+    ));
+    assert!(matches!(
+        store.notes(election).await,
+        Err(Error::Unsupported(_))
+    ));
+    assert!(matches!(
+        store.elections().await,
+        Err(Error::Unsupported(_))
+    ));
+}
+
 pub async fn a_recipe_layout_refuses_what_only_leasehold_keeps(harness: &dyn StoreHarness) {
     let store = harness.open().await;
     let election = unique_election("recipe");
@@ -268,18 +288,7 @@ pub async fn a_recipe_layout_refuses_what_only_leasehold_keeps(harness: &dyn Sto
         .open_session(Duration::from_secs(5))
         .await
         .expect("session");
-    assert!(matches!(
-        store.put_note(lease.id, &election, "cand", "0 - a").await,
-        Err(Error::Unsupported(_))
-    ));
-    assert!(matches!(
-        store.notes(&election).await,
-        Err(Error::Unsupported(_))
-    ));
-    assert!(matches!(
-        store.elections().await,
-        Err(Error::Unsupported(_))
-    ));
+    notes_and_lists_are_unsupported(&*store, lease.id, &election).await;
     let prioritized = Elector::new(
         Arc::clone(&store),
         CandidateId::new("high").expect("id"),

@@ -15,7 +15,7 @@ use crate::error::Error;
 use crate::lease::LostReason;
 use crate::line;
 use crate::names::{CandidateId, ElectionName};
-use crate::store::Store;
+use crate::store::{SessionId, Store};
 use crate::transfer::request_transfer;
 
 /// How long a test waits for something that must happen.
@@ -444,6 +444,40 @@ pub async fn lock_delay_after_expiry_not_after_release(harness: &dyn StoreHarnes
     assert!(leadership.token() > token);
 }
 
+/// `n` standbys `w0`…, each on a store handle of its own that counts its
+/// calls, joined to the line of `election` in turn, and settled: every
+/// standby behind the first watches its own note and the one ahead of it.
+async fn counted_standbys(
+    harness: &dyn StoreHarness,
+    n: usize,
+    election: &ElectionName,
+    requester: &Arc<dyn Store>,
+) -> (
+    Vec<Arc<CountingStore>>,
+    Vec<tokio::task::JoinHandle<Leadership>>,
+) {
+    let mut stores = Vec::new();
+    let mut tasks = Vec::new();
+    for i in 0..n {
+        let store = Arc::new(CountingStore::new(harness.open().await));
+        let elector = Elector::new(
+            Arc::clone(&store) as Arc<dyn Store>,
+            id(&format!("w{i}")),
+            LeaseConfig::new(TTL),
+        )
+        .expect("config");
+        tasks.push(join(Arc::new(elector), election, requester).await);
+        stores.push(store);
+    }
+    within("the standbys to settle", async {
+        while stores[1..].iter().any(|s| s.counts().watches < 2) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    (stores, tasks)
+}
+
 /// No herd: with six standbys waiting, a transfer to the fourth touches
 /// only the first in line, the chosen one and the one just behind it (it
 /// watched the chosen one's note). The others neither read nor are woken
@@ -454,27 +488,7 @@ pub async fn a_transfer_wakes_only_the_front_of_the_line(harness: &dyn StoreHarn
     let election = unique_election("no-herd");
     let requester = harness.open().await;
     let (_leader, leadership) = leading(harness, &election).await;
-    let mut stores = Vec::new();
-    let mut tasks = Vec::new();
-    for i in 0..WAITERS {
-        let store = Arc::new(CountingStore::new(harness.open().await));
-        let elector = Elector::new(
-            Arc::clone(&store) as Arc<dyn Store>,
-            id(&format!("w{i}")),
-            LeaseConfig::new(TTL),
-        )
-        .expect("config");
-        tasks.push(join(Arc::new(elector), &election, &requester).await);
-        stores.push(store);
-    }
-    // Settled: every standby behind the first watches its own note and
-    // the one ahead of it, and nothing else.
-    within("the standbys to settle", async {
-        while stores[1..].iter().any(|s| s.counts().watches < 2) {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    let (stores, mut tasks) = counted_standbys(harness, WAITERS, &election, &requester).await;
     let before: Vec<Counts> = stores.iter().map(|s| s.counts()).collect();
     for (i, counts) in before.iter().enumerate().skip(1) {
         assert_eq!(
@@ -601,7 +615,7 @@ pub async fn an_unwaited_campaign_takes_only_a_free_election(harness: &dyn Store
     let (a, b) = (harness.open().await, harness.open().await);
     let sa = a.open_session(TTL).await.expect("open").id;
     let sb = b.open_session(TTL).await.expect("open").id;
-    let (ida, idb) = (id("a"), id("b"));
+    let ida = id("a");
     // Somebody waits in line (or asks for a transfer): a note.
     b.put_note(sb, &election, line::CANDIDATE, "0 - b")
         .await
@@ -629,17 +643,42 @@ pub async fn an_unwaited_campaign_takes_only_a_free_election(harness: &dyn Store
         return;
     }
     let first = first.expect("a free election that nobody waits for was not taken");
+    held_elections_are_not_taken_unwaited(&*a, &*b, (sa, sb), &election, first).await;
+
+    dropped_unwaited_campaigns_never_hold(harness, &*a, sa, &election, &ida).await;
+
+    a.close_session(sa).await.expect("close");
+    assert!(
+        matches!(
+            a.try_campaign_unwaited(sa, &election, &ida).await,
+            Err(Error::SessionExpired(_))
+        ),
+        "an ended session's unwaited campaign was not refused"
+    );
+    an_uncontended_campaign_is_one_request(harness).await;
+}
+
+/// `first`, `a`'s unwaited grant of `election`, keeps it from every other
+/// unwaited campaign, its own session's included; once released, the
+/// next unwaited grant has a greater token.
+async fn held_elections_are_not_taken_unwaited(
+    a: &dyn Store,
+    b: &dyn Store,
+    (sa, sb): (SessionId, SessionId),
+    election: &ElectionName,
+    first: crate::store::Grant,
+) {
     assert_eq!(
-        a.leader(&election).await.expect("read").map(|l| l.token),
+        a.leader(election).await.expect("read").map(|l| l.token),
         Some(first.token)
     );
-    let by_b = b.try_campaign_unwaited(sb, &election, &idb).await;
+    let by_b = b.try_campaign_unwaited(sb, election, &id("b")).await;
     assert_eq!(
         by_b.expect("attempt"),
         None,
         "rule 1 broken: an unwaited campaign took a held election"
     );
-    let again = a.try_campaign_unwaited(sa, &election, &ida).await;
+    let again = a.try_campaign_unwaited(sa, election, &id("a")).await;
     assert_eq!(
         again.expect("attempt"),
         None,
@@ -647,7 +686,7 @@ pub async fn an_unwaited_campaign_takes_only_a_free_election(harness: &dyn Store
     );
     a.resign(&first).await.expect("resign");
     let second = b
-        .try_campaign_unwaited(sb, &election, &idb)
+        .try_campaign_unwaited(sb, election, &id("b"))
         .await
         .expect("attempt")
         .expect("a released election was not taken");
@@ -658,12 +697,21 @@ pub async fn an_unwaited_campaign_takes_only_a_free_election(harness: &dyn Store
         first.token.0
     );
     b.resign(&second).await.expect("resign");
+}
 
-    // Dropped on the way: polled once (the request leaves), then dropped.
-    // On an election the store knows already, as most campaigns are.
+/// Unwaited campaigns polled once (the request leaves) and dropped, on an
+/// election the store knows already, as most campaigns are: none leaves
+/// its session holding the election.
+async fn dropped_unwaited_campaigns_never_hold(
+    harness: &dyn StoreHarness,
+    a: &dyn Store,
+    sa: SessionId,
+    election: &ElectionName,
+    ida: &CandidateId,
+) {
     let mut dropped = 0;
     for _ in 0..5 {
-        let mut attempt = a.try_campaign_unwaited(sa, &election, &ida);
+        let mut attempt = a.try_campaign_unwaited(sa, election, ida);
         let polled =
             std::future::poll_fn(|cx| std::task::Poll::Ready(attempt.as_mut().poll(cx))).await;
         drop(attempt);
@@ -680,14 +728,14 @@ pub async fn an_unwaited_campaign_takes_only_a_free_election(harness: &dyn Store
                 // to another member): the election is free again then,
                 // and stays so.
                 within("the dropped unwaited campaign withdrawn", async {
-                    while a.leader(&election).await.expect("read").is_some() {
+                    while a.leader(election).await.expect("read").is_some() {
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                 })
                 .await;
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 assert_eq!(
-                    a.leader(&election).await.expect("read"),
+                    a.leader(election).await.expect("read"),
                     None,
                     "a dropped unwaited campaign left its session holding the election"
                 );
@@ -698,16 +746,6 @@ pub async fn an_unwaited_campaign_takes_only_a_free_election(harness: &dyn Store
         dropped > 0 || !harness.durable(),
         "no attempt was dropped on the way: the case tested nothing"
     );
-
-    a.close_session(sa).await.expect("close");
-    assert!(
-        matches!(
-            a.try_campaign_unwaited(sa, &election, &ida).await,
-            Err(Error::SessionExpired(_))
-        ),
-        "an ended session's unwaited campaign was not refused"
-    );
-    an_uncontended_campaign_is_one_request(harness).await;
 }
 
 /// An uncontended [`Elector::campaign`] holds after one request: no note

@@ -3,6 +3,52 @@
 
 use super::*;
 
+/// The names and texts of `notes`.
+fn names_of(notes: Vec<crate::store::Note>) -> Vec<(String, String)> {
+    notes.into_iter().map(|n| (n.name, n.text)).collect()
+}
+
+/// The note of `short`'s session goes when it expires unrenewed, and no
+/// note can be put on it then; a deleted note goes alone (twice is fine).
+async fn the_expired_and_deleted_notes_go(
+    a: &dyn Store,
+    b: &dyn Store,
+    (sa, sb, short): (
+        &crate::store::SessionLease,
+        &crate::store::SessionLease,
+        &crate::store::SessionLease,
+    ),
+    election: &ElectionName,
+) {
+    // The short session expires unrenewed: its note goes with it.
+    tokio::time::sleep(short.ttl + Duration::from_millis(500)).await;
+    a.keep_alive(sa.id).await.expect("renew");
+    b.keep_alive(sb.id).await.expect("renew");
+    let names = names_of(a.notes(election).await.expect("notes"));
+    assert!(
+        !names.contains(&("cand".into(), "1 short".into())),
+        "an expired session's note must be gone: {names:?}"
+    );
+    match b.put_note(short.id, election, "cand", "late").await {
+        Err(Error::SessionExpired(id)) => assert_eq!(id, short.id),
+        other => panic!("a note on an ended session must fail with SessionExpired, got {other:?}"),
+    }
+    // Deleting one note leaves the session's others; deleting twice is fine.
+    a.delete_note(sa.id, election, "next")
+        .await
+        .expect("delete");
+    a.delete_note(sa.id, election, "next")
+        .await
+        .expect("delete again");
+    assert_eq!(
+        names_of(b.notes(election).await.expect("notes")),
+        [
+            ("cand".into(), "3 a again".into()),
+            ("cand".into(), "5 b".into())
+        ]
+    );
+}
+
 /// Notes (the line of standbys, transfer requests): kept in the order
 /// first put, replaced in place, one per session and name, gone with
 /// their session (closed or expired), refused on an ended session or with
@@ -15,28 +61,19 @@ pub async fn notes_are_ordered_and_end_with_their_session(harness: &dyn StoreHar
     let sa = a.open_session(LONG_TTL).await.expect("open");
     let sb = b.open_session(LONG_TTL).await.expect("open");
     let short = b.open_session(SHORT_TTL).await.expect("open");
-    a.put_note(sa.id, &election, "cand", "0 a")
-        .await
-        .expect("put");
-    b.put_note(sb.id, &election, "cand", "5 b")
-        .await
-        .expect("put");
-    b.put_note(short.id, &election, "cand", "1 short")
-        .await
-        .expect("put");
-    a.put_note(sa.id, &election, "next", "b")
-        .await
-        .expect("put");
-    b.put_note(sb.id, &other, "cand", "elsewhere")
-        .await
-        .expect("put");
+    for (store, session, on, name, text) in [
+        (&a, sa.id, &election, "cand", "0 a"),
+        (&b, sb.id, &election, "cand", "5 b"),
+        (&b, short.id, &election, "cand", "1 short"),
+        (&a, sa.id, &election, "next", "b"),
+        (&b, sb.id, &other, "cand", "elsewhere"),
+    ] {
+        store.put_note(session, on, name, text).await.expect("put");
+    }
     // Replacing keeps the note's place.
     a.put_note(sa.id, &election, "cand", "3 a again")
         .await
         .expect("replace");
-    let seen = |notes: Vec<crate::store::Note>| -> Vec<(String, String)> {
-        notes.into_iter().map(|n| (n.name, n.text)).collect()
-    };
     let notes = within("read notes", b.notes(&election))
         .await
         .expect("notes");
@@ -45,7 +82,7 @@ pub async fn notes_are_ordered_and_end_with_their_session(harness: &dyn StoreHar
         "notes must come in increasing order: {notes:?}"
     );
     assert_eq!(
-        seen(notes.clone()),
+        names_of(notes.clone()),
         [
             ("cand".into(), "3 a again".into()),
             ("cand".into(), "5 b".into()),
@@ -56,57 +93,37 @@ pub async fn notes_are_ordered_and_end_with_their_session(harness: &dyn StoreHar
     );
     assert_eq!(notes[0].session, sa.id);
     assert_eq!(notes[1].session, sb.id);
-    // The short session expires unrenewed: its note goes with it.
-    tokio::time::sleep(short.ttl + Duration::from_millis(500)).await;
-    a.keep_alive(sa.id).await.expect("renew");
-    b.keep_alive(sb.id).await.expect("renew");
-    let names = seen(a.notes(&election).await.expect("notes"));
-    assert!(
-        !names.contains(&("cand".into(), "1 short".into())),
-        "an expired session's note must be gone: {names:?}"
-    );
-    match b.put_note(short.id, &election, "cand", "late").await {
-        Err(Error::SessionExpired(id)) => assert_eq!(id, short.id),
-        other => panic!("a note on an ended session must fail with SessionExpired, got {other:?}"),
-    }
-    // Deleting one note leaves the session's others; deleting twice is fine.
-    a.delete_note(sa.id, &election, "next")
-        .await
-        .expect("delete");
-    a.delete_note(sa.id, &election, "next")
-        .await
-        .expect("delete again");
-    assert_eq!(
-        seen(b.notes(&election).await.expect("notes")),
-        [
-            ("cand".into(), "3 a again".into()),
-            ("cand".into(), "5 b".into())
-        ]
-    );
+    the_expired_and_deleted_notes_go(&*a, &*b, (&sa, &sb, &short), &election).await;
     // Closing a session removes its notes.
     a.close_session(sa.id).await.expect("close");
     assert_eq!(
-        seen(b.notes(&election).await.expect("notes")),
+        names_of(b.notes(&election).await.expect("notes")),
         [("cand".into(), "5 b".into())]
     );
     assert_eq!(
-        seen(b.notes(&other).await.expect("notes")),
+        names_of(b.notes(&other).await.expect("notes")),
         [("cand".into(), "elsewhere".into())]
     );
+    bad_notes_are_refused(&*b, sb.id, &election).await;
+}
+
+/// Notes with a name or text [`crate::store::check_note`] refuses are
+/// [`Error::InvalidInput`]; an election nobody noted has no notes.
+async fn bad_notes_are_refused(b: &dyn Store, sb: SessionId, election: &ElectionName) {
     for (name, text) in [
         ("", "x"),
         ("Cand", "x"),
         ("a/b", "x"),
         ("cand", "line\nbreak"),
     ] {
-        match b.put_note(sb.id, &election, name, text).await {
+        match b.put_note(sb, election, name, text).await {
             Err(Error::InvalidInput { .. }) => {}
             other => panic!("note {name:?} {text:?} must be refused as invalid, got {other:?}"),
         }
     }
     let long = "x".repeat(crate::store::MAX_NOTE_TEXT + 1);
     assert!(matches!(
-        b.put_note(sb.id, &election, "cand", &long).await,
+        b.put_note(sb, election, "cand", &long).await,
         Err(Error::InvalidInput { .. })
     ));
     assert!(

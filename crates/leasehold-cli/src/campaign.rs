@@ -10,10 +10,7 @@ use crate::events::{Event, emit, monotonic_ns};
 use crate::signals::{AnySignal, Handled};
 
 pub async fn run(args: CampaignArgs) -> anyhow::Result<ExitCode> {
-    args.election
-        .store
-        .check_election(&args.election.election)?;
-    let store = args.election.store.open().await?;
+    let store = args.election.open_store().await?;
     let candidate = args.election.candidate();
     // A group's name, or one of its shards or slots, belongs to its
     // members, as for `run`.

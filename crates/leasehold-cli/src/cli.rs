@@ -242,6 +242,13 @@ static DEFAULT_TTL: std::sync::LazyLock<String> =
     std::sync::LazyLock::new(|| humantime::format_duration(leasehold::DEFAULT_TTL).to_string());
 
 impl ElectionArgs {
+    /// Opens the store for this election, after refusing (exit 2, before
+    /// anything connects) a name the store's layout cannot hold.
+    pub async fn open_store(&self) -> anyhow::Result<Arc<dyn Store>> {
+        self.store.check_election(&self.election)?;
+        self.store.open().await
+    }
+
     pub fn lease_config(&self) -> LeaseConfig {
         let mut config = LeaseConfig::new(self.ttl);
         if let Some(every) = self.renew_every {

@@ -45,10 +45,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         tracing::warn!(%error, "cannot become a subreaper");
     }
     args.check()?;
-    args.election
-        .store
-        .check_election(&args.election.election)?;
-    let store = args.election.store.open().await?;
+    let store = args.election.open_store().await?;
     let candidate = args.election.candidate();
     let metrics = RunnerMetrics::new(args.election.election.as_str(), candidate.as_str());
     let config = args.election.lease_config();

@@ -34,10 +34,7 @@ const MAX_TOKEN_FILE: u64 = 4096;
 
 pub async fn run(args: SidecarArgs) -> anyhow::Result<ExitCode> {
     let admin_token = check(&args)?;
-    args.election
-        .store
-        .check_election(&args.election.election)?;
-    let store = args.election.store.open().await?;
+    let store = args.election.open_store().await?;
     // Dropped last: it stops the keeper once everything is released.
     let _keeper = keeper::Keeper::start(&*store, args.election.lease_config().ttl)?;
     let election = args.election.election.clone();

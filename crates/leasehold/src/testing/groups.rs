@@ -358,6 +358,19 @@ pub async fn slots_hold_at_most_k(harness: &dyn StoreHarness) {
     assert_eq!(ownership.gains(), 15);
 }
 
+/// Resigns the shards of `held` that were revoked; keeps the others.
+async fn give_back_revoked(held: &mut Vec<crate::group::Shard>) {
+    let mut kept = Vec::new();
+    for s in held.drain(..) {
+        if s.is_revoked() {
+            s.resign().await.expect("resign");
+        } else {
+            kept.push(s);
+        }
+    }
+    *held = kept;
+}
+
 /// A member that leaves ([`Shards::leave`]) is no member at once, even
 /// while it still holds shards: the others campaign for each of its
 /// shards and take it as soon as it is released, one by one.
@@ -382,23 +395,12 @@ pub async fn a_member_that_leaves_is_gone_at_once(harness: &dyn StoreHarness) {
         loop {
             tokio::select! {
                 shard = shards_a.next() => {
-                    let shard = shard.expect("a's shard");
-                    held_a.push(shard);
+                    held_a.push(shard.expect("a's shard"));
                     // Revoked ones go back at once.
-                    let mut kept = Vec::new();
-                    for s in held_a.drain(..) {
-                        if s.is_revoked() { s.resign().await.expect("resign") } else { kept.push(s) }
-                    }
-                    held_a = kept;
+                    give_back_revoked(&mut held_a).await;
                 }
                 shard = shards_b.next() => return shard.expect("b's shard"),
-                () = sleep(Duration::from_millis(50)) => {
-                    let mut kept = Vec::new();
-                    for s in held_a.drain(..) {
-                        if s.is_revoked() { s.resign().await.expect("resign") } else { kept.push(s) }
-                    }
-                    held_a = kept;
-                }
+                () = sleep(Duration::from_millis(50)) => give_back_revoked(&mut held_a).await,
             }
         }
     })

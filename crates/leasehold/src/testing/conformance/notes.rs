@@ -181,6 +181,44 @@ pub async fn notes_watch_sees_puts_deletes_and_expiries(harness: &dyn StoreHarne
     .expect("watch alive");
 }
 
+/// An amendment of a note never put says so and makes none.
+async fn no_amend_makes_a_note(other: &dyn Store, session: SessionId, election: &ElectionName) {
+    assert!(
+        !other
+            .amend_note(session, election, "cand", "0 x 1")
+            .await
+            .expect("amend a note never put"),
+        "amending a note that is not there must say so"
+    );
+    assert!(other.notes(election).await.expect("notes").is_empty());
+}
+
+/// An amendment with a name or text that [`crate::store::check_note`]
+/// refuses is [`Error::InvalidInput`].
+async fn invalid_amends_are_refused(other: &dyn Store, long: SessionId, election: &ElectionName) {
+    for (name, text) in [
+        (
+            "cand",
+            "line
+break",
+        ),
+        ("Cand", "x"),
+    ] {
+        assert!(
+            matches!(
+                other.amend_note(long, election, name, text).await,
+                Err(Error::InvalidInput { .. })
+            ),
+            "amending with {name:?} {text:?} must be refused as invalid"
+        );
+    }
+}
+
+/// The texts of the notes `watch` holds.
+fn texts_of(watch: &crate::watch::Receiver<Vec<crate::store::Note>>) -> Vec<String> {
+    watch.borrow().iter().map(|n| n.text.clone()).collect()
+}
+
 /// `amend_note` replaces another session's note in place (same session,
 /// same order) from any handle, and never makes a note that is not there
 /// (never put, deleted, or of an ended session). A one-note watch holds
@@ -196,32 +234,20 @@ pub async fn a_note_is_amended_in_place_and_watched_alone(harness: &dyn StoreHar
         .await
         .expect("watch one note");
     assert!(watched.borrow_and_update().is_empty());
-    assert!(
-        !other
-            .amend_note(long.id, &election, "cand", "0 x 1")
+    no_amend_makes_a_note(&*other, long.id, &election).await;
+    for (session, text) in [(short.id, "0 first"), (long.id, "0 second")] {
+        owner
+            .put_note(session, &election, "cand", text)
             .await
-            .expect("amend a note never put"),
-        "amending a note that is not there must say so"
-    );
-    assert!(other.notes(&election).await.expect("notes").is_empty());
-    owner
-        .put_note(short.id, &election, "cand", "0 first")
-        .await
-        .expect("put");
-    owner
-        .put_note(long.id, &election, "cand", "0 second")
-        .await
-        .expect("put");
-    let texts = |w: &crate::watch::Receiver<Vec<crate::store::Note>>| -> Vec<String> {
-        w.borrow().iter().map(|n| n.text.clone()).collect()
-    };
+            .expect("put");
+    }
     within(
         "the one-note watch to see its note",
         watched.wait_for(|n| !n.is_empty()),
     )
     .await
     .expect("watch alive");
-    assert_eq!(texts(&watched), ["0 second"]);
+    assert_eq!(texts_of(&watched), ["0 second"]);
     assert!(
         other
             .amend_note(long.id, &election, "cand", "0 second 7")
@@ -245,7 +271,7 @@ pub async fn a_note_is_amended_in_place_and_watched_alone(harness: &dyn StoreHar
     .expect("watch alive");
     assert_eq!(watched.borrow()[0].session, long.id);
     // Only that note: the other session's note never shows in it.
-    assert_eq!(texts(&watched), ["0 second 7"]);
+    assert_eq!(texts_of(&watched), ["0 second 7"]);
     amends_end_with_the_note(
         &*owner,
         &*other,
@@ -266,22 +292,7 @@ async fn amends_end_with_the_note(
     (short, long): (SessionId, SessionId),
     watched: &mut crate::watch::Receiver<Vec<crate::store::Note>>,
 ) {
-    for (name, text) in [
-        (
-            "cand",
-            "line
-break",
-        ),
-        ("Cand", "x"),
-    ] {
-        assert!(
-            matches!(
-                other.amend_note(long, election, name, text).await,
-                Err(Error::InvalidInput { .. })
-            ),
-            "amending with {name:?} {text:?} must be refused as invalid"
-        );
-    }
+    invalid_amends_are_refused(other, long, election).await;
     owner
         .delete_note(long, election, "cand")
         .await

@@ -109,6 +109,27 @@ pub async fn watch_ignores_renewals(harness: &dyn StoreHarness) {
     .expect("watch open");
 }
 
+/// Every one of `held` still leads, and its watch read the store no more
+/// times (`after`) than before (`before`).
+fn none_read_the_store(held: &[crate::Leadership], before: &[u64], after: &[u64]) {
+    for ((leadership, before), after) in held.iter().zip(before).zip(after) {
+        assert!(
+            leadership.is_leader(),
+            "{} was lost while held: {:?}",
+            leadership.election(),
+            leadership.lost_reason()
+        );
+        assert_eq!(
+            after - before,
+            0,
+            "{}: its holder's watch read the store {} times while its election did not \
+             change (over 2.5 TTLs, and as this process took 5 more elections)",
+            leadership.election(),
+            after - before
+        );
+    }
+}
+
 /// A process holding many elections keeps them with its renewals alone:
 /// its leaders' watches read the store when their own election changes,
 /// never once per election per renewal period, nor when this process takes
@@ -149,23 +170,7 @@ pub async fn a_holder_of_many_reads_nothing_per_period(harness: &dyn StoreHarnes
             .expect("campaign");
         held.push(more);
     }
-    let after = reads(&held);
-    for ((leadership, before), after) in held.iter().zip(&before).zip(&after) {
-        assert!(
-            leadership.is_leader(),
-            "{} was lost while held: {:?}",
-            leadership.election(),
-            leadership.lost_reason()
-        );
-        assert_eq!(
-            after - before,
-            0,
-            "{}: its holder's watch read the store {} times while its election did not \
-             change (over 2.5 TTLs, and as this process took 5 more elections)",
-            leadership.election(),
-            after - before
-        );
-    }
+    none_read_the_store(&held, &before, &reads(&held));
     // Still listening: the grant released from another handle (as a
     // runner's guard does) ends that leadership, and only that one.
     let other = harness.open().await;

@@ -393,7 +393,21 @@ fn a_command_that_cannot_start_exits_127_and_releases() {
     let scratch = Scratch::new();
     let not_executable = scratch.path("script.sh");
     std::fs::write(&not_executable, "#!/bin/sh\necho hi\n").expect("write");
-    for program in ["/no/such/program", not_executable.to_str().expect("utf-8")] {
+    // A script whose #! interpreter is missing: the kernel says "No such
+    // file or directory" of a file that is there, so the message says
+    // what is missing (a review was misled by the bare words).
+    let orphan = scratch.path("orphan.sh");
+    std::fs::write(&orphan, "#!/no/such/interpreter\necho hi\n").expect("write");
+    std::fs::set_permissions(&orphan, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    for (program, says) in [
+        ("/no/such/program", "cannot run"),
+        (not_executable.to_str().expect("utf-8"), "cannot run"),
+        (
+            orphan.to_str().expect("utf-8"),
+            "the interpreter its #! line names",
+        ),
+    ] {
         let out = leasehold()
             .args([
                 "run",
@@ -410,36 +424,11 @@ fn a_command_that_cannot_start_exits_127_and_releases() {
         let err = stderr(&out);
         assert_eq!(out.status.code(), Some(127), "{program}: {err}");
         assert!(
-            err.contains("cannot run") && err.contains(program),
+            err.contains("cannot run") && err.contains(program) && err.contains(says),
             "{program}: {err}"
         );
         assert!(status_json(&scratch.store_url(), "job")["leader"].is_null());
     }
-    // A script whose #! interpreter is missing: the kernel says "No such
-    // file or directory" of a file that is there, so the message says
-    // what is missing (a review was misled by the bare words).
-    let orphan = scratch.path("orphan.sh");
-    std::fs::write(&orphan, "#!/no/such/interpreter\necho hi\n").expect("write");
-    std::fs::set_permissions(&orphan, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-        .expect("chmod");
-    let program = orphan.to_str().expect("utf-8");
-    let out = leasehold()
-        .args([
-            "run",
-            "--election",
-            "job",
-            "--ttl",
-            "60s",
-            "--store",
-            &scratch.store_url(),
-        ])
-        .args(["--", program])
-        .output()
-        .expect("spawn");
-    let err = stderr(&out);
-    assert_eq!(out.status.code(), Some(127), "{err}");
-    assert!(err.contains("the interpreter its #! line names"), "{err}");
-    assert!(status_json(&scratch.store_url(), "job")["leader"].is_null());
 }
 
 #[test]
